@@ -1,0 +1,111 @@
+// Package pgmigrate applies embedded, numbered SQL migrations to PostgreSQL,
+// once each, safely under concurrent starts.
+//
+// Every migration file is named NNNN_description.sql. Apply runs inside the
+// caller's transaction after Lock, so two processes starting at once
+// serialise on a transaction-scoped advisory lock (a session lock taken
+// through a pool could be released on another connection) and the second one
+// finds the work done.
+package pgmigrate
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// lockKey is the advisory lock key shared by every Ordo component's
+// migrations: 'ordo.migrate' read as ASCII, fitting in a signed 64-bit int.
+const lockKey int64 = 0x6f72646f2e6d6967
+
+// Lock takes the migration lock for the rest of tx.
+func Lock(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lockKey); err != nil {
+		return fmt.Errorf("take migration lock: %w", err)
+	}
+	return nil
+}
+
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+// Apply applies, in version order, every migration in dir of fsys that
+// component has not applied yet, recording each in ordo_schema_migrations.
+// Call Lock on tx first.
+func Apply(ctx context.Context, tx pgx.Tx, component string, fsys fs.FS, dir string) error {
+	ms, err := load(fsys, dir)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS ordo_schema_migrations (
+		component  text        NOT NULL,
+		version    int         NOT NULL,
+		name       text        NOT NULL,
+		applied_at timestamptz NOT NULL DEFAULT now(),
+		PRIMARY KEY (component, version))`); err != nil {
+		return fmt.Errorf("create migrations table: %w", err)
+	}
+	var current int
+	if err := tx.QueryRow(ctx,
+		`SELECT coalesce(max(version), 0) FROM ordo_schema_migrations WHERE component = $1`,
+		component).Scan(&current); err != nil {
+		return fmt.Errorf("read %s schema version: %w", component, err)
+	}
+	if n := len(ms); n > 0 && current > ms[n-1].version {
+		return fmt.Errorf("%s schema version %d is newer than this binary knows (%d): upgrade the binary",
+			component, current, ms[n-1].version)
+	}
+	for _, m := range ms {
+		if m.version <= current {
+			continue
+		}
+		if _, err := tx.Exec(ctx, m.sql); err != nil {
+			return fmt.Errorf("apply %s migration %s: %w", component, m.name, err)
+		}
+		if _, err := tx.Exec(ctx,
+			`INSERT INTO ordo_schema_migrations (component, version, name) VALUES ($1, $2, $3)`,
+			component, m.version, m.name); err != nil {
+			return fmt.Errorf("record %s migration %s: %w", component, m.name, err)
+		}
+	}
+	return nil
+}
+
+func load(fsys fs.FS, dir string) ([]migration, error) {
+	entries, err := fs.ReadDir(fsys, dir)
+	if err != nil {
+		return nil, fmt.Errorf("read migrations: %w", err)
+	}
+	var ms []migration
+	for _, e := range entries {
+		if e.IsDir() || !strings.HasSuffix(e.Name(), ".sql") {
+			continue
+		}
+		num, _, ok := strings.Cut(e.Name(), "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil || v <= 0 {
+			return nil, fmt.Errorf("migration %q: name must start with a positive number and '_'", e.Name())
+		}
+		b, err := fs.ReadFile(fsys, path.Join(dir, e.Name()))
+		if err != nil {
+			return nil, fmt.Errorf("read migration %s: %w", e.Name(), err)
+		}
+		ms = append(ms, migration{version: v, name: e.Name(), sql: string(b)})
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
+	for i := 1; i < len(ms); i++ {
+		if ms[i].version == ms[i-1].version {
+			return nil, fmt.Errorf("migrations %s and %s share version %d", ms[i-1].name, ms[i].name, ms[i].version)
+		}
+	}
+	return ms, nil
+}

@@ -1,0 +1,76 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/ordo-relay/ordo/partition"
+)
+
+// Execer runs a statement. pgx.Tx satisfies it; Enqueue is meant to be
+// called with the caller's transaction so the messages commit with the
+// business rows.
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// Producer writes messages to the outbox. It is safe for concurrent use.
+type Producer struct {
+	partitions int
+}
+
+// NewProducer returns a Producer for an outbox installed with the given
+// partition count (see LoadPartitions).
+func NewProducer(partitions int) (*Producer, error) {
+	if err := partition.ValidateCount(partitions); err != nil {
+		return nil, err
+	}
+	return &Producer{partitions: partitions}, nil
+}
+
+// Partitions returns the partition count the producer hashes into.
+func (p *Producer) Partitions() int { return p.partitions }
+
+// Enqueue validates msgs and inserts them, in order, through tx. Each gets a
+// new UUIDv7 id (returned in the same order) and its partition; the database
+// assigns key_seq and occurred_at. If any message is invalid nothing is
+// written and the error is a *MessageError. Messages of one correlation id
+// within one call get consecutive key_seq in slice order.
+func (p *Producer) Enqueue(ctx context.Context, tx Execer, msgs ...Message) ([]uuid.UUID, error) {
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	n := len(msgs)
+	var (
+		ids        = make([]uuid.UUID, n)
+		partitions = make([]int32, n)
+		keys       = make([]string, n)
+		exchanges  = make([]string, n)
+		routing    = make([]string, n)
+		types      = make([]string, n)
+		payloads   = make([]string, n)
+		headers    = make([]string, n)
+	)
+	for i := range msgs {
+		m := &msgs[i]
+		h, err := m.validate(i)
+		if err != nil {
+			return nil, err
+		}
+		id, err := uuid.NewV7()
+		if err != nil {
+			return nil, fmt.Errorf("outbox: new message id: %w", err)
+		}
+		ids[i] = id
+		partitions[i] = int32(partition.Of(m.CorrelationID, p.partitions))
+		keys[i], exchanges[i], routing[i], types[i] = m.CorrelationID, m.Exchange, m.RoutingKey, m.Type
+		payloads[i], headers[i] = string(m.Payload), string(h)
+	}
+	if _, err := tx.Exec(ctx, sqlEnqueue, ids, partitions, keys, exchanges, routing, types, payloads, headers); err != nil {
+		return nil, fmt.Errorf("outbox: enqueue %d message(s): %w", n, err)
+	}
+	return ids, nil
+}

@@ -1,0 +1,10 @@
+package outbox
+
+// sqlEnqueue inserts one row per array element, in array order (unnest of
+// several arrays yields rows in order, so the BEFORE INSERT trigger hands out
+// key_seq in that order).
+const sqlEnqueue = `
+INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload, headers)
+SELECT id, p, k, e, r, t, pl::jsonb, h::jsonb
+FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[])
+    AS m(id, p, k, e, r, t, pl, h)`
