@@ -385,7 +385,6 @@ func TestNotifyPerPartition(t *testing.T) {
 
 func itoa(i int) string { return strconv.Itoa(i) }
 
-
 func waitFor(t *testing.T, d time.Duration, cond func() bool) {
 	t.Helper()
 	start := time.Now()
