@@ -1,0 +1,419 @@
+package testkit
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Header names Ordo sets on every message (DESIGN.md, "The AMQP message").
+const (
+	HeaderKeySeq     = "x-ordo-key-seq"
+	HeaderPrevKeySeq = "x-ordo-prev-key-seq"
+	HeaderPartition  = "x-ordo-partition"
+	HeaderEpoch      = "x-ordo-epoch"
+)
+
+// reportListCap caps Report.LostIDs and Report.Problems.
+const reportListCap = 20
+
+// checkerPrefetch bounds the unacknowledged deliveries a Checker's consumer
+// holds.
+const checkerPrefetch = 512
+
+// Delivery is one message as a Checker received it, with Ordo's headers
+// parsed. A header that is absent or not a number leaves its field zero
+// (and HasPrevKeySeq false for x-ordo-prev-key-seq).
+type Delivery struct {
+	MessageID     string
+	CorrelationID string
+	Type          string
+	RoutingKey    string
+	KeySeq        int64 // x-ordo-key-seq
+	PrevKeySeq    int64 // x-ordo-prev-key-seq, when HasPrevKeySeq
+	HasPrevKeySeq bool
+	Partition     int   // x-ordo-partition
+	Epoch         int64 // x-ordo-epoch
+	Body          []byte
+	Redelivered   bool
+	Received      time.Time
+}
+
+// DeliveryFromAMQP converts an AMQP delivery, parsing Ordo's headers, and
+// stamps it with the current time.
+func DeliveryFromAMQP(d amqp.Delivery) Delivery {
+	out := Delivery{
+		MessageID:     d.MessageId,
+		CorrelationID: d.CorrelationId,
+		Type:          d.Type,
+		RoutingKey:    d.RoutingKey,
+		Body:          d.Body,
+		Redelivered:   d.Redelivered,
+		Received:      time.Now(),
+	}
+	out.KeySeq, _ = HeaderInt(d.Headers, HeaderKeySeq)
+	out.PrevKeySeq, out.HasPrevKeySeq = HeaderInt(d.Headers, HeaderPrevKeySeq)
+	p, _ := HeaderInt(d.Headers, HeaderPartition)
+	out.Partition = int(p)
+	out.Epoch, _ = HeaderInt(d.Headers, HeaderEpoch)
+	return out
+}
+
+// HeaderInt returns header name of h as an integer. AMQP clients encode
+// integers in different widths and some producers send decimal strings, so
+// every signed and unsigned integer type, an integral float and a decimal
+// string are accepted. It reports false when the header is absent or not an
+// integer.
+func HeaderInt(h amqp.Table, name string) (int64, bool) {
+	v, ok := h[name]
+	if !ok {
+		return 0, false
+	}
+	switch n := v.(type) {
+	case int64:
+		return n, true
+	case int32:
+		return int64(n), true
+	case int16:
+		return int64(n), true
+	case int8:
+		return int64(n), true
+	case int:
+		return int64(n), true
+	case uint8:
+		return int64(n), true
+	case uint16:
+		return int64(n), true
+	case uint32:
+		return int64(n), true
+	case uint64:
+		if n > math.MaxInt64 {
+			return 0, false
+		}
+		return int64(n), true
+	case uint:
+		if uint64(n) > math.MaxInt64 {
+			return 0, false
+		}
+		return int64(n), true
+	case float64:
+		return floatInt(n)
+	case float32:
+		return floatInt(float64(n))
+	case string:
+		i, err := strconv.ParseInt(strings.TrimSpace(n), 10, 64)
+		return i, err == nil
+	case []byte:
+		i, err := strconv.ParseInt(strings.TrimSpace(string(n)), 10, 64)
+		return i, err == nil
+	}
+	return 0, false
+}
+
+func floatInt(f float64) (int64, bool) {
+	if f != math.Trunc(f) || f < math.MinInt64 || f >= math.MaxInt64 {
+		return 0, false
+	}
+	return int64(f), true
+}
+
+// Report summarises what a Checker has seen.
+type Report struct {
+	Total      int      // deliveries, redeliveries and duplicates included
+	Distinct   int      // distinct message ids
+	Duplicates int      // deliveries whose message id had been delivered before
+	Lost       int      // expected ids (see Checker.Expect) never delivered
+	Reorders   int      // first deliveries with a key_seq below the key's highest so far
+	Gaps       int      // first deliveries that skip a message of their key not skipped on purpose
+	Keys       int      // distinct correlation ids
+	LostIDs    []string // the first lost ids, at most 20, in Expect order
+	Problems   []string // the first reorders and gaps, at most 20, described
+}
+
+// String returns all counts on one line.
+func (r Report) String() string {
+	return fmt.Sprintf("total=%d distinct=%d duplicates=%d lost=%d reorders=%d gaps=%d keys=%d",
+		r.Total, r.Distinct, r.Duplicates, r.Lost, r.Reorders, r.Gaps, r.Keys)
+}
+
+// Detail returns String followed by the lost ids and the problems, one per
+// line, for failure messages.
+func (r Report) Detail() string {
+	var b strings.Builder
+	b.WriteString(r.String())
+	if len(r.LostIDs) > 0 {
+		fmt.Fprintf(&b, "\nlost ids (first %d): %s", len(r.LostIDs), strings.Join(r.LostIDs, " "))
+	}
+	for _, p := range r.Problems {
+		b.WriteString("\n  ")
+		b.WriteString(p)
+	}
+	return b.String()
+}
+
+// OK reports whether nothing was lost, reordered or skipped. Duplicates are
+// allowed: delivery is at least once.
+func (r Report) OK() bool { return r.Lost == 0 && r.Reorders == 0 && r.Gaps == 0 }
+
+// Checker records deliveries and checks them for loss and per-key order, by
+// the rules of DESIGN.md, "Ordering, precisely". Per correlation id, over
+// first deliveries only (a delivery whose message id was seen before is a
+// duplicate and nothing else), with last the highest key_seq delivered so
+// far for the key (0 initially):
+//
+//   - key_seq < last is a reorder;
+//   - otherwise, with an x-ordo-prev-key-seq header, prev_key_seq != last is
+//     a gap, and without it key_seq != last+1 is a gap;
+//   - then last = max(last, key_seq).
+//
+// Messages without Ordo headers are checked as key_seq 0 and will be
+// reported as gaps. A Checker is safe for concurrent use. One made by
+// NewChecker consumes from RabbitMQ until its test ends; one made by
+// NewRecorder is fed with Record and owns no goroutines.
+type Checker struct {
+	queue   string
+	connErr chan *amqp.Error // the consumer connection's close notification
+
+	mu         sync.Mutex
+	deliveries []Delivery
+	seen       map[string]struct{} // delivered message ids
+	last       map[string]int64    // correlation id -> highest key_seq delivered
+	expected   []string            // in Expect order, without repeats
+	expectSet  map[string]struct{}
+	pending    int // expected ids not delivered yet
+	report     Report
+	changed    chan struct{} // closed and replaced on every change
+}
+
+// NewRecorder returns a Checker fed only by Record, for checks in memory or
+// of deliveries received some other way.
+func NewRecorder() *Checker {
+	return &Checker{
+		seen:      map[string]struct{}{},
+		last:      map[string]int64{},
+		expectSet: map[string]struct{}{},
+		changed:   make(chan struct{}),
+	}
+}
+
+// NewChecker connects to amqpURL and records every message routed to
+// exchange with one of bindingKeys ("#", everything, when none is given).
+// The exchange must exist: the caller owns it. The Checker declares its own
+// non-durable, auto-delete queue (named after the test, see Queue), binds it,
+// and consumes with manual acknowledgement, acknowledging each delivery after
+// recording it. It fails tb when any of that fails. When tb ends, the
+// consumer is stopped, its goroutine waited for and the connection closed,
+// which deletes the queue.
+func NewChecker(tb testing.TB, amqpURL, exchange string, bindingKeys ...string) *Checker {
+	tb.Helper()
+	if len(bindingKeys) == 0 {
+		bindingKeys = []string{"#"}
+	}
+	c := NewRecorder()
+	c.queue = UniqueName(tb, "chk")
+
+	conn, err := amqp.DialConfig(amqpURL, amqp.Config{
+		Heartbeat:  10 * time.Second,
+		Properties: amqp.Table{"connection_name": "testkit checker " + c.queue},
+	})
+	if err != nil {
+		tb.Fatalf("checker: connect to RabbitMQ: %v", err)
+	}
+	fail := func(format string, args ...any) {
+		tb.Helper()
+		_ = conn.Close()
+		tb.Fatalf(format, args...)
+	}
+	c.connErr = conn.NotifyClose(make(chan *amqp.Error, 1))
+	ch, err := conn.Channel()
+	if err != nil {
+		fail("checker: open channel: %v", err)
+	}
+	if err := ch.Qos(checkerPrefetch, 0, false); err != nil {
+		fail("checker: set prefetch: %v", err)
+	}
+	if _, err := ch.QueueDeclare(c.queue, false, true, false, false, nil); err != nil {
+		fail("checker: declare queue %s: %v", c.queue, err)
+	}
+	for _, k := range bindingKeys {
+		if err := ch.QueueBind(c.queue, k, exchange, false, nil); err != nil {
+			fail("checker: bind queue %s to exchange %q with key %q: %v", c.queue, exchange, k, err)
+		}
+	}
+	msgs, err := ch.ConsumeWithContext(context.Background(), c.queue, c.queue, false, false, false, false, nil)
+	if err != nil {
+		fail("checker: consume from %s: %v", c.queue, err)
+	}
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for m := range msgs {
+			c.Record(DeliveryFromAMQP(m))
+			// An ack fails only when the channel is closing; the message is
+			// then redelivered to nobody, as the queue goes with it.
+			_ = m.Ack(false)
+		}
+	}()
+	tb.Cleanup(func() {
+		// Closing the connection closes msgs, which ends the consumer.
+		_ = conn.Close()
+		<-done
+	})
+	return c
+}
+
+// Queue returns the name of the queue the Checker consumes from, or "" for
+// one made by NewRecorder.
+func (c *Checker) Queue() string { return c.queue }
+
+// Expect declares message ids that must be delivered; those never delivered
+// are counted as Lost. Declaring an id again has no effect.
+func (c *Checker) Expect(ids ...string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, id := range ids {
+		if _, ok := c.expectSet[id]; ok {
+			continue
+		}
+		c.expectSet[id] = struct{}{}
+		c.expected = append(c.expected, id)
+		if _, ok := c.seen[id]; !ok {
+			c.pending++
+		}
+	}
+	c.notifyLocked()
+}
+
+// Record adds one delivery and checks it against the key's earlier ones.
+func (c *Checker) Record(d Delivery) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.deliveries = append(c.deliveries, d)
+	c.report.Total++
+	defer c.notifyLocked()
+
+	if _, dup := c.seen[d.MessageID]; dup {
+		c.report.Duplicates++
+		return
+	}
+	c.seen[d.MessageID] = struct{}{}
+	c.report.Distinct++
+	if _, ok := c.expectSet[d.MessageID]; ok {
+		c.pending--
+	}
+
+	last, known := c.last[d.CorrelationID]
+	if !known {
+		c.report.Keys++
+	}
+	switch {
+	case d.KeySeq < last:
+		c.report.Reorders++
+		c.problemLocked("reorder: key %q message %s key_seq %d arrived after key_seq %d",
+			d.CorrelationID, d.MessageID, d.KeySeq, last)
+	case d.HasPrevKeySeq && d.PrevKeySeq != last:
+		c.report.Gaps++
+		c.problemLocked("gap: key %q message %s key_seq %d has prev_key_seq %d but the last delivered is %d",
+			d.CorrelationID, d.MessageID, d.KeySeq, d.PrevKeySeq, last)
+	case !d.HasPrevKeySeq && d.KeySeq != last+1:
+		c.report.Gaps++
+		c.problemLocked("gap: key %q message %s key_seq %d follows key_seq %d (no prev_key_seq header)",
+			d.CorrelationID, d.MessageID, d.KeySeq, last)
+	}
+	c.last[d.CorrelationID] = max(last, d.KeySeq)
+}
+
+func (c *Checker) problemLocked(format string, args ...any) {
+	if len(c.report.Problems) < reportListCap {
+		c.report.Problems = append(c.report.Problems, fmt.Sprintf(format, args...))
+	}
+}
+
+// notifyLocked wakes everyone waiting for a change.
+func (c *Checker) notifyLocked() {
+	close(c.changed)
+	c.changed = make(chan struct{})
+}
+
+// Report returns what the Checker has seen so far.
+func (c *Checker) Report() Report {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.reportLocked()
+}
+
+func (c *Checker) reportLocked() Report {
+	r := c.report
+	r.Problems = append([]string(nil), c.report.Problems...)
+	r.Lost = c.pending
+	if r.Lost > 0 {
+		want := min(r.Lost, reportListCap)
+		for _, id := range c.expected {
+			if _, ok := c.seen[id]; !ok {
+				r.LostIDs = append(r.LostIDs, id)
+				if len(r.LostIDs) == want {
+					break
+				}
+			}
+		}
+	}
+	return r
+}
+
+// Deliveries returns a copy of every delivery recorded, in arrival order.
+func (c *Checker) Deliveries() []Delivery {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]Delivery(nil), c.deliveries...)
+}
+
+// WaitDistinct waits until at least n distinct messages have been delivered,
+// logs how long that took and returns the report. It fails tb with the
+// report when timeout passes first.
+func (c *Checker) WaitDistinct(tb testing.TB, n int, timeout time.Duration) Report {
+	tb.Helper()
+	start := time.Now()
+	r := c.WaitFor(tb, timeout, func(r Report) bool { return r.Distinct >= n })
+	tb.Logf("checker: %d distinct messages after %v: %v", n, time.Since(start).Round(time.Millisecond), r)
+	return r
+}
+
+// WaitFor waits until cond holds for the current report and returns that
+// report. cond is evaluated after every change, under no lock. WaitFor fails
+// tb with the report when timeout passes first, or when the Checker's
+// connection to RabbitMQ has closed and cond still does not hold.
+func (c *Checker) WaitFor(tb testing.TB, timeout time.Duration, cond func(Report) bool) Report {
+	tb.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		c.mu.Lock()
+		r := c.reportLocked()
+		changed := c.changed
+		c.mu.Unlock()
+		if cond(r) {
+			return r
+		}
+		select {
+		case <-changed:
+		case err, ok := <-c.connErr: // nil channel for a recorder: never ready
+			if !ok || err != nil {
+				// Check the final state once more before failing.
+				if r := c.Report(); cond(r) {
+					return r
+				}
+				tb.Fatalf("checker: connection to RabbitMQ closed (%v) while waiting: %s", err, c.Report().Detail())
+			}
+		case <-deadline.C:
+			tb.Fatalf("checker: condition not met after %v: %s", timeout, c.Report().Detail())
+		}
+	}
+}

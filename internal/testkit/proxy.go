@@ -1,0 +1,246 @@
+package testkit
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+)
+
+// proxyDialTimeout bounds how long the proxy waits for the target to accept
+// a forwarded connection.
+const proxyDialTimeout = 10 * time.Second
+
+// Proxy is an in-process TCP proxy in front of a real server, used to
+// simulate outages per test: Cut drops every forwarded connection and makes
+// new ones fail, Restore lets connections through again. The server itself
+// is never touched, so other tests sharing it are unaffected.
+//
+// All methods are safe for concurrent use. The proxy is closed when the test
+// that created it ends: its listener and every forwarded connection are
+// closed and all its goroutines have returned before cleanup continues.
+type Proxy struct {
+	target string
+	ln     net.Listener
+	ctx    context.Context // cancelled on close; aborts dials in progress
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // the accept loop and one per forwarded connection
+
+	mu     sync.Mutex
+	links  map[*proxyLink]struct{}
+	cut    bool
+	cuts   int
+	gen    uint64 // incremented by every Cut; a link dialled across a Cut is dropped
+	closed bool
+}
+
+// proxyLink is one forwarded connection: the client's side and the target's.
+type proxyLink struct {
+	client, server net.Conn
+	once           sync.Once
+}
+
+// abort closes both sides at once. With abrupt set, it resets them (linger
+// 0) so peers see a failure, as when a network or server goes away.
+func (l *proxyLink) abort(abrupt bool) {
+	l.once.Do(func() {
+		closeConn(l.client, abrupt)
+		closeConn(l.server, abrupt)
+	})
+}
+
+// closeConn closes c; with abrupt set it resets the TCP connection (linger
+// 0) instead of ending it cleanly.
+func closeConn(c net.Conn, abrupt bool) {
+	if tc, ok := c.(*net.TCPConn); ok && abrupt {
+		_ = tc.SetLinger(0)
+	}
+	_ = c.Close()
+}
+
+// NewProxy starts a proxy listening on 127.0.0.1 (a free port) that forwards
+// every accepted connection to target ("host:port"). It is closed, and its
+// goroutines waited for, when tb ends.
+func NewProxy(tb testing.TB, target string) *Proxy {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("proxy for %s: listen: %v", target, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &Proxy{
+		target: target,
+		ln:     ln,
+		ctx:    ctx,
+		cancel: cancel,
+		links:  map[*proxyLink]struct{}{},
+	}
+	p.wg.Add(1)
+	go p.acceptLoop()
+	tb.Cleanup(p.close)
+	return p
+}
+
+// Addr returns the proxy's listening address, "127.0.0.1:port".
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// URL returns rawURL with its host and port replaced by the proxy's address,
+// keeping scheme, user, path and query: a postgres:// or amqp:// URL of the
+// target becomes one that goes through the proxy. It panics when rawURL does
+// not parse, which is a bug in the test.
+func (p *Proxy) URL(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		panic("testkit: Proxy.URL: " + err.Error())
+	}
+	u.Host = p.Addr()
+	return u.String()
+}
+
+// Cut simulates an outage: it resets every forwarded connection at once and,
+// until Restore, accepts new connections only to reset them immediately, so
+// clients fail fast instead of hanging. Calling Cut while already cut does
+// nothing.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	if p.cut || p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.cut = true
+	p.cuts++
+	p.gen++
+	links := p.takeLinksLocked()
+	p.mu.Unlock()
+	for _, l := range links {
+		l.abort(true)
+	}
+}
+
+// Restore ends an outage started by Cut: new connections are forwarded
+// again. Connections cut before stay closed. Calling Restore when not cut
+// does nothing.
+func (p *Proxy) Restore() {
+	p.mu.Lock()
+	p.cut = false
+	p.mu.Unlock()
+}
+
+// Cuts returns how many times Cut has started an outage.
+func (p *Proxy) Cuts() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cuts
+}
+
+// takeLinksLocked empties the set of open links and returns them.
+func (p *Proxy) takeLinksLocked() []*proxyLink {
+	links := make([]*proxyLink, 0, len(p.links))
+	for l := range p.links {
+		links = append(links, l)
+		delete(p.links, l)
+	}
+	return links
+}
+
+// close stops accepting, closes every link and waits for all goroutines.
+func (p *Proxy) close() {
+	p.mu.Lock()
+	p.closed = true
+	links := p.takeLinksLocked()
+	p.mu.Unlock()
+	p.cancel()
+	_ = p.ln.Close()
+	for _, l := range links {
+		l.abort(false)
+	}
+	p.wg.Wait()
+}
+
+func (p *Proxy) acceptLoop() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			// Temporary resource errors (EMFILE and the like): back off
+			// briefly, unless the proxy is closing.
+			select {
+			case <-p.ctx.Done():
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			continue
+		}
+		p.mu.Lock()
+		if p.closed || p.cut {
+			p.mu.Unlock()
+			closeConn(c, true)
+			continue
+		}
+		gen := p.gen
+		p.wg.Add(1)
+		p.mu.Unlock()
+		go p.forward(c, gen)
+	}
+}
+
+// forward dials the target for client and copies bytes both ways until
+// either side ends or the link is cut.
+func (p *Proxy) forward(client net.Conn, gen uint64) {
+	defer p.wg.Done()
+	d := net.Dialer{Timeout: proxyDialTimeout}
+	server, err := d.DialContext(p.ctx, "tcp", p.target)
+	if err != nil {
+		closeConn(client, true)
+		return
+	}
+	l := &proxyLink{client: client, server: server}
+	p.mu.Lock()
+	if p.closed || p.cut || p.gen != gen {
+		// Cut (or closed) while dialling: this connection belongs to the
+		// outage.
+		p.mu.Unlock()
+		l.abort(true)
+		return
+	}
+	p.links[l] = struct{}{}
+	p.mu.Unlock()
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		pipe(l, server, client)
+	}()
+	pipe(l, client, server)
+	<-done
+	l.abort(false)
+
+	p.mu.Lock()
+	delete(p.links, l)
+	p.mu.Unlock()
+}
+
+// pipe copies src to dst. At a clean end of src it half-closes dst so the
+// other direction can finish; on an error it aborts the whole link.
+func pipe(l *proxyLink, dst, src net.Conn) {
+	_, err := io.Copy(dst, src)
+	if err == nil {
+		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+			if cw.CloseWrite() == nil {
+				return
+			}
+		}
+	}
+	l.abort(false)
+}
