@@ -64,7 +64,7 @@ func install(ctx context.Context, tx pgx.Tx, partitions int) error {
 	case err == nil && installed != partitions:
 		return &PartitionMismatchError{Installed: installed, Configured: partitions}
 	case err == nil:
-		return nil
+		return seedLeases(ctx, tx, partitions)
 	case !errors.Is(err, pgx.ErrNoRows):
 		return err
 	}
@@ -75,6 +75,13 @@ func install(ctx context.Context, tx pgx.Tx, partitions int) error {
 	ddl := fmt.Sprintf(`ALTER TABLE outbox ADD CONSTRAINT outbox_partition_range CHECK (partition >= 0 AND partition < %d)`, partitions)
 	if _, err := tx.Exec(ctx, ddl); err != nil {
 		return fmt.Errorf("add partition range constraint: %w", err)
+	}
+	return seedLeases(ctx, tx, partitions)
+}
+
+func seedLeases(ctx context.Context, tx pgx.Tx, partitions int) error {
+	if _, err := tx.Exec(ctx, sqlSeedLeases, partitions); err != nil {
+		return fmt.Errorf("seed lease rows: %w", err)
 	}
 	return nil
 }

@@ -1,0 +1,380 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/ordo-relay/ordo/internal/outage"
+)
+
+// Header names Ordo sets on every message (DESIGN.md, "The AMQP message").
+const (
+	HeaderKeySeq     = "x-ordo-key-seq"
+	HeaderPrevKeySeq = "x-ordo-prev-key-seq"
+	HeaderPartition  = "x-ordo-partition"
+	HeaderEpoch      = "x-ordo-epoch"
+)
+
+// AMQPConfig configures an AMQPPublisher.
+type AMQPConfig struct {
+	// URL of the broker, e.g. amqp://guest:guest@127.0.0.1:5672/.
+	URL string
+	// Window is the most unconfirmed messages the relay keeps in flight; it
+	// sizes the confirm and return buffers so the client library never has
+	// to drop a notification.
+	Window int
+	// ReconnectMin and ReconnectMax bound the capped exponential backoff
+	// between connection attempts.
+	ReconnectMin, ReconnectMax time.Duration
+	// ExchangeCheckTTL is how long a passive declare proving an exchange
+	// exists is trusted before the exchange is checked again.
+	ExchangeCheckTTL time.Duration
+	// Heartbeat is the AMQP heartbeat interval; a dead broker is noticed
+	// within about two of them.
+	Heartbeat time.Duration
+	// Logger receives connection and outage messages.
+	Logger *slog.Logger
+}
+
+func (c *AMQPConfig) setDefaults() {
+	if c.Window <= 0 {
+		c.Window = 512
+	}
+	if c.ReconnectMin <= 0 {
+		c.ReconnectMin = 100 * time.Millisecond
+	}
+	if c.ReconnectMax <= 0 {
+		c.ReconnectMax = 2 * time.Second
+	}
+	if c.ExchangeCheckTTL <= 0 {
+		c.ExchangeCheckTTL = 10 * time.Second
+	}
+	if c.Heartbeat <= 0 {
+		c.Heartbeat = 5 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// AMQPPublisher is the RabbitMQ Publisher. It owns its connection: Run
+// dials, opens a confirm-mode channel, and on any close treats every
+// unconfirmed message as Unsent, then reconnects with capped backoff. The
+// client library's own recovery is not used.
+type AMQPPublisher struct {
+	cfg  AMQPConfig
+	down *outage.Log
+
+	pubMu sync.Mutex // serialises delivery-tag assignment with the publish
+
+	mu        sync.Mutex
+	cur       *session // nil while not connected
+	exchanges map[string]time.Time
+}
+
+var _ Publisher = (*AMQPPublisher)(nil)
+
+// session is one confirm-mode channel and what is unconfirmed on it.
+type session struct {
+	conn    *amqp.Connection
+	ch      *amqp.Channel
+	pending map[uint64]*pendingPub // by delivery tag; guarded by AMQPPublisher.mu
+	closed  bool                   // guarded by AMQPPublisher.mu
+	side    *amqp.Channel          // for passive declares; guarded by pubMu
+}
+
+type pendingPub struct {
+	msgID  string
+	settle func(Result)
+}
+
+// NewAMQPPublisher returns a publisher; call Run to connect.
+func NewAMQPPublisher(cfg AMQPConfig) *AMQPPublisher {
+	cfg.setDefaults()
+	return &AMQPPublisher{cfg: cfg, down: outage.New(cfg.Logger, "RabbitMQ"), exchanges: map[string]time.Time{}}
+}
+
+// Connected reports whether a channel is open.
+func (p *AMQPPublisher) Connected() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cur != nil
+}
+
+// Run keeps a connection and a confirm-mode channel open until ctx ends,
+// then closes them, settling anything unconfirmed as Unsent. It returns nil.
+func (p *AMQPPublisher) Run(ctx context.Context) error {
+	bo := newBackoff(p.cfg.ReconnectMin, p.cfg.ReconnectMax)
+	for ctx.Err() == nil {
+		conn, err := amqp.DialConfig(p.cfg.URL, amqp.Config{
+			Heartbeat: p.cfg.Heartbeat,
+			Locale:    "en_US",
+			Dial:      amqp.DefaultDial(5 * time.Second),
+		})
+		if err != nil {
+			p.down.Fail(fmt.Errorf("dial: %w", err))
+			sleepCtx(ctx, bo.next())
+			continue
+		}
+		err = p.serveConn(ctx, conn)
+		conn.Close()
+		if ctx.Err() != nil {
+			return nil
+		}
+		p.down.Fail(err)
+		if !sleepCtx(ctx, bo.next()) {
+			return nil
+		}
+		// A connection that worked for a while starts the backoff over.
+		if !p.down.Down() {
+			bo.reset()
+		}
+	}
+	return nil
+}
+
+// serveConn opens channels on conn until the connection fails or ctx ends.
+func (p *AMQPPublisher) serveConn(ctx context.Context, conn *amqp.Connection) error {
+	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	for {
+		err := p.serveChannel(ctx, conn, connClosed)
+		if ctx.Err() != nil || conn.IsClosed() {
+			return err
+		}
+		var aerr *amqp.Error
+		if errors.As(err, &aerr) && aerr.Code == amqp.NotFound {
+			// A publish to a missing exchange closed the channel. Forget
+			// what we knew about exchanges so the next publish to each is
+			// checked again.
+			p.mu.Lock()
+			clear(p.exchanges)
+			p.mu.Unlock()
+			p.cfg.Logger.Warn("RabbitMQ closed the channel; reopening", "err", err)
+			continue
+		}
+		return err
+	}
+}
+
+func (p *AMQPPublisher) serveChannel(ctx context.Context, conn *amqp.Connection, connClosed <-chan *amqp.Error) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		ch.Close()
+		return fmt.Errorf("confirm mode: %w", err)
+	}
+	buf := 2*p.cfg.Window + 16
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, buf))
+	returns := ch.NotifyReturn(make(chan amqp.Return, buf))
+	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
+
+	s := &session{conn: conn, ch: ch, pending: map[uint64]*pendingPub{}}
+	p.mu.Lock()
+	p.cur = s
+	p.mu.Unlock()
+	p.down.OK()
+	p.cfg.Logger.Info("RabbitMQ channel open")
+
+	returned := map[string]error{}
+	drainReturns := func() {
+		for {
+			select {
+			case r, ok := <-returns:
+				if !ok {
+					return
+				}
+				returned[r.MessageId] = fmt.Errorf("returned by broker: %d %s (exchange %q, routing key %q)",
+					r.ReplyCode, r.ReplyText, r.Exchange, r.RoutingKey)
+			default:
+				return
+			}
+		}
+	}
+	settle := func(c amqp.Confirmation) {
+		p.mu.Lock()
+		pp, ok := s.pending[c.DeliveryTag]
+		delete(s.pending, c.DeliveryTag)
+		p.mu.Unlock()
+		if !ok {
+			return
+		}
+		// The broker sends basic.return before the ack, and the library
+		// hands both over from one goroutine in that order: any return for
+		// this message is already buffered.
+		drainReturns()
+		switch rerr, wasReturned := returned[pp.msgID]; {
+		case wasReturned:
+			delete(returned, pp.msgID)
+			pp.settle(Result{Outcome: Returned, Err: rerr})
+		case !c.Ack:
+			pp.settle(Result{Outcome: Nacked, Err: errors.New("nacked by broker")})
+		default:
+			pp.settle(Result{Outcome: Confirmed})
+		}
+	}
+
+	var cause error
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			cause = ctx.Err()
+			break loop
+		case r, ok := <-returns:
+			if ok {
+				returned[r.MessageId] = fmt.Errorf("returned by broker: %d %s (exchange %q, routing key %q)",
+					r.ReplyCode, r.ReplyText, r.Exchange, r.RoutingKey)
+			}
+		case c, ok := <-confirms:
+			if !ok {
+				cause = errors.New("channel closed")
+				break loop
+			}
+			settle(c)
+		case e := <-chClosed:
+			if e != nil {
+				cause = e
+			} else {
+				cause = errors.New("channel closed")
+			}
+			break loop
+		case e := <-connClosed:
+			cause = fmt.Errorf("connection closed: %v", e)
+			break loop
+		}
+	}
+
+	// Stop new publishes on this session, then settle what the library
+	// still delivered, then everything else as Unsent.
+	p.pubMu.Lock()
+	p.mu.Lock()
+	s.closed = true
+	p.cur = nil
+	p.mu.Unlock()
+	if s.side != nil {
+		s.side.Close()
+	}
+	p.pubMu.Unlock()
+	ch.Close()
+	for c := range confirms { // closed by the library when the channel closes
+		settle(c)
+	}
+	p.mu.Lock()
+	rest := s.pending
+	s.pending = nil
+	p.mu.Unlock()
+	for _, pp := range rest {
+		pp.settle(Result{Outcome: Unsent, Err: fmt.Errorf("unconfirmed when the channel closed: %w", cause)})
+	}
+	if len(rest) > 0 {
+		p.cfg.Logger.Info("unconfirmed messages will be republished", "count", len(rest))
+	}
+	return cause
+}
+
+// Publish implements Publisher.
+func (p *AMQPPublisher) Publish(ctx context.Context, m *Message, settle func(Result)) error {
+	p.pubMu.Lock()
+	defer p.pubMu.Unlock()
+	p.mu.Lock()
+	s := p.cur
+	p.mu.Unlock()
+	if s == nil {
+		return ErrNotConnected
+	}
+	if m.Exchange != "" {
+		if err := p.checkExchange(s, m.Exchange); err != nil {
+			if errors.Is(err, ErrExchangeNotFound) {
+				settle(Result{Outcome: Failed, Err: err})
+				return nil
+			}
+			return err
+		}
+	}
+	tag := s.ch.GetNextPublishSeqNo()
+	msgID := m.ID.String()
+	p.mu.Lock()
+	if s.closed {
+		p.mu.Unlock()
+		return ErrNotConnected
+	}
+	s.pending[tag] = &pendingPub{msgID: msgID, settle: settle}
+	p.mu.Unlock()
+
+	err := s.ch.PublishWithContext(ctx, m.Exchange, m.RoutingKey, true, false, publishing(m))
+	if err != nil {
+		p.mu.Lock()
+		_, mine := s.pending[tag]
+		delete(s.pending, tag)
+		p.mu.Unlock()
+		if !mine {
+			return nil // the closing session settled it already
+		}
+		return fmt.Errorf("publish: %w", err)
+	}
+	return nil
+}
+
+// checkExchange verifies with a passive declare, on a channel of its own,
+// that exchange exists; a positive answer is cached for ExchangeCheckTTL.
+// Called with pubMu held.
+func (p *AMQPPublisher) checkExchange(s *session, exchange string) error {
+	p.mu.Lock()
+	at, ok := p.exchanges[exchange]
+	p.mu.Unlock()
+	if ok && time.Since(at) < p.cfg.ExchangeCheckTTL {
+		return nil
+	}
+	if s.side == nil || s.side.IsClosed() {
+		side, err := s.conn.Channel()
+		if err != nil {
+			return fmt.Errorf("open channel for exchange checks: %w", err)
+		}
+		s.side = side
+	}
+	err := s.side.ExchangeDeclarePassive(exchange, "topic", false, false, false, false, nil)
+	var aerr *amqp.Error
+	switch {
+	case err == nil:
+		p.mu.Lock()
+		p.exchanges[exchange] = time.Now()
+		p.mu.Unlock()
+		return nil
+	case errors.As(err, &aerr) && aerr.Code == amqp.NotFound:
+		s.side = nil // the broker closed it
+		return fmt.Errorf("%w: %q", ErrExchangeNotFound, exchange)
+	default:
+		s.side = nil
+		return fmt.Errorf("check exchange %q: %w", exchange, err)
+	}
+}
+
+// publishing builds the AMQP message for m (DESIGN.md, "The AMQP message").
+func publishing(m *Message) amqp.Publishing {
+	h := make(amqp.Table, len(m.Headers)+4)
+	for k, v := range m.Headers {
+		h[k] = v
+	}
+	h[HeaderKeySeq] = m.KeySeq
+	h[HeaderPrevKeySeq] = m.PrevKeySeq
+	h[HeaderPartition] = int32(m.Partition)
+	h[HeaderEpoch] = m.Epoch
+	return amqp.Publishing{
+		Headers:       h,
+		ContentType:   "application/json",
+		DeliveryMode:  amqp.Persistent,
+		CorrelationId: m.CorrelationID,
+		MessageId:     m.ID.String(),
+		Timestamp:     m.OccurredAt,
+		Type:          m.Type,
+		Body:          m.Payload,
+	}
+}

@@ -1,0 +1,293 @@
+package relay_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/outbox"
+	"github.com/ordo-relay/ordo/partition"
+	"github.com/ordo-relay/ordo/relay"
+)
+
+const testPartitions = 8
+
+// harness is one test's database, exchange and checker.
+type harness struct {
+	t        *testing.T
+	dbURL    string
+	pool     *pgxpool.Pool
+	prod     *outbox.Producer
+	exchange string
+	checker  *testkit.Checker
+}
+
+// newHarness makes a database with the outbox installed, an exchange, and a
+// checker bound to "order.*" (so "unroutable.*" routing keys are returned).
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	testkit.RequireRabbitMQ(t)
+	dbURL, pool := testkit.NewTestDB(t, 6)
+	ctx := testkit.Context(t, 30*time.Second)
+	if err := outbox.Migrate(ctx, pool, testPartitions); err != nil {
+		t.Fatal(err)
+	}
+	prod, err := outbox.NewProducer(testPartitions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex := testkit.NewExchange(t)
+	return &harness{t: t, dbURL: dbURL, pool: pool, prod: prod, exchange: ex,
+		checker: testkit.NewChecker(t, testkit.AMQPURL(), ex, "order.*")}
+}
+
+func (h *harness) msg(key, routingKey, typ string) outbox.Message {
+	return outbox.Message{
+		CorrelationID: key, Exchange: h.exchange, RoutingKey: routingKey, Type: typ,
+		Payload: json.RawMessage(fmt.Sprintf(`{"key":%q,"at":%d}`, key, time.Now().UnixNano())),
+	}
+}
+
+// enqueue writes msgs in one transaction and tells the checker to expect
+// the routable ones.
+func (h *harness) enqueue(msgs ...outbox.Message) []uuid.UUID {
+	h.t.Helper()
+	ctx := testkit.Context(h.t, 30*time.Second)
+	var ids []uuid.UUID
+	err := pgx.BeginFunc(ctx, h.pool, func(tx pgx.Tx) error {
+		var err error
+		ids, err = h.prod.Enqueue(ctx, tx, msgs...)
+		return err
+	})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return ids
+}
+
+func (h *harness) expect(ids []uuid.UUID) {
+	for _, id := range ids {
+		h.checker.Expect(id.String())
+	}
+}
+
+// placeAndCancel enqueues OrderPlaced and then OrderCancelled for n new
+// orders, each in its own transaction, and expects them all.
+func (h *harness) placeAndCancel(n int) {
+	h.t.Helper()
+	for range n {
+		key := uuid.Must(uuid.NewV7()).String()
+		h.expect(h.enqueue(h.msg(key, "order.placed", "bookstore.order-placed.v1")))
+		h.expect(h.enqueue(h.msg(key, "order.cancelled", "bookstore.order-cancelled.v1")))
+	}
+}
+
+func (h *harness) count(where string, args ...any) int {
+	h.t.Helper()
+	var n int
+	ctx := testkit.Context(h.t, 10*time.Second)
+	if err := h.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE `+where, args...).Scan(&n); err != nil {
+		h.t.Fatal(err)
+	}
+	return n
+}
+
+// waitRows waits until the count of rows matching where satisfies ok.
+func (h *harness) waitRows(timeout time.Duration, what string, ok func(int) bool, where string, args ...any) int {
+	h.t.Helper()
+	start := time.Now()
+	for {
+		n := h.count(where, args...)
+		if ok(n) {
+			h.t.Logf("%s after %v (%d rows)", what, time.Since(start).Round(time.Millisecond), n)
+			return n
+		}
+		if time.Since(start) > timeout {
+			h.t.Fatalf("%s: not within %v (%d rows)", what, timeout, n)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+// nodeOpts configures an in-process node.
+type nodeOpts struct {
+	name      string
+	amqpURL   string // default testkit.AMQPURL()
+	dbURL     string // default the harness database
+	perKey    int
+	window    int
+	wrapPub   func(relay.Publisher) relay.Publisher
+	wrapStore func(relay.Store) relay.Store
+	logger    *slog.Logger
+}
+
+// node is a relay, its leaser and its publisher, run in-process.
+type node struct {
+	cancel    context.CancelFunc
+	relayDone chan struct{}
+	stopBG    context.CancelFunc
+	bg        sync.WaitGroup
+	relay     *relay.Relay
+	pub       *relay.AMQPPublisher
+	leaser    *partition.Leaser
+	stopOnce  sync.Once
+}
+
+func (h *harness) startNode(o nodeOpts) *node {
+	h.t.Helper()
+	if o.name == "" {
+		o.name = "node-" + uuid.NewString()[:8]
+	}
+	if o.amqpURL == "" {
+		o.amqpURL = testkit.AMQPURL()
+	}
+	if o.logger == nil {
+		o.logger = testLogger(h.t).With("node", o.name)
+	}
+	pool := h.pool
+	if o.dbURL != "" {
+		pool = testkit.NewPool(h.t, o.dbURL, 4)
+	}
+	all := make([]int, testPartitions)
+	for i := range all {
+		all[i] = i
+	}
+	connCfg := pool.Config().ConnConfig
+	leaser, err := partition.NewLeaser(partition.LeaserConfig{
+		Node: o.name, TTL: 2 * time.Second, Want: func() []int { return all }, Logger: o.logger,
+		Connect: func(ctx context.Context) (*pgx.Conn, error) {
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			return pgx.ConnectConfig(cctx, connCfg.Copy())
+		},
+	})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	amqpPub := relay.NewAMQPPublisher(relay.AMQPConfig{URL: o.amqpURL, Window: max(o.window, 64), Logger: o.logger,
+		ReconnectMax: 500 * time.Millisecond})
+	var pub relay.Publisher = amqpPub
+	if o.wrapPub != nil {
+		pub = o.wrapPub(pub)
+	}
+	var store relay.Store = relay.NewPGStore(pool, o.logger)
+	if o.wrapStore != nil {
+		store = o.wrapStore(store)
+	}
+	cfg := relay.DefaultConfig(o.name)
+	cfg.PerKeyLimit = max(o.perKey, 1)
+	if o.window > 0 {
+		cfg.Window = o.window
+	}
+	cfg.RetryMin, cfg.RetryMax = 20*time.Millisecond, 200*time.Millisecond
+	cfg.PollInterval = 200 * time.Millisecond
+	cfg.Logger = o.logger
+	rl, err := relay.New(cfg, store, pub, leaser)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	n := &node{relay: rl, pub: amqpPub, leaser: leaser, relayDone: make(chan struct{})}
+	bgCtx, stopBG := context.WithCancel(context.Background())
+	n.stopBG = stopBG
+	n.bg.Add(2)
+	go func() { defer n.bg.Done(); _ = amqpPub.Run(bgCtx) }()
+	go func() { defer n.bg.Done(); _ = leaser.Run(bgCtx) }()
+	ctx, cancel := context.WithCancel(context.Background())
+	n.cancel = cancel
+	go func() { defer close(n.relayDone); _ = rl.Run(ctx) }()
+	h.t.Cleanup(n.stop)
+	return n
+}
+
+// stop shuts the node down in order: relay, then leases and broker.
+func (n *node) stop() {
+	n.stopOnce.Do(func() {
+		n.cancel()
+		<-n.relayDone
+		n.stopBG()
+		n.bg.Wait()
+	})
+}
+
+// crash stops the node as a crash would: the relay stops, but leases are
+// not released (they expire) and the broker connection just closes.
+func (n *node) crash() { n.stop() }
+
+func testLogger(t *testing.T) *slog.Logger {
+	level := slog.LevelWarn
+	if os.Getenv("ORDO_TEST_DEBUG") != "" {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: level}))
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(b []byte) (int, error) {
+	w.t.Helper()
+	defer func() { _ = recover() }() // a late log line after the test ended
+	w.t.Log(string(b))
+	return len(b), nil
+}
+
+// faultyPublisher makes about rate of first attempts fail: half are not
+// sent at all and reported as nacked, half are sent with a routing key
+// nothing is bound to, so the broker really returns them.
+type faultyPublisher struct {
+	inner relay.Publisher
+	rate  float64
+
+	mu       sync.Mutex
+	seen     map[uuid.UUID]bool
+	nacked   int
+	returned int
+}
+
+func newFaulty(rate float64) func(relay.Publisher) relay.Publisher {
+	return func(p relay.Publisher) relay.Publisher {
+		return &faultyPublisher{inner: p, rate: rate, seen: map[uuid.UUID]bool{}}
+	}
+}
+
+func (f *faultyPublisher) Publish(ctx context.Context, m *relay.Message, settle func(relay.Result)) error {
+	f.mu.Lock()
+	first := !f.seen[m.ID]
+	f.seen[m.ID] = true
+	fault := first && rand.Float64() < f.rate
+	nack := fault && rand.IntN(2) == 0
+	if fault && nack {
+		f.nacked++
+	} else if fault {
+		f.returned++
+	}
+	f.mu.Unlock()
+	switch {
+	case nack:
+		go settle(relay.Result{Outcome: relay.Nacked, Err: fmt.Errorf("injected nack")})
+		return nil
+	case fault:
+		bad := *m
+		bad.RoutingKey = "unroutable." + m.RoutingKey
+		return f.inner.Publish(ctx, &bad, settle)
+	}
+	return f.inner.Publish(ctx, m, settle)
+}
+
+func (f *faultyPublisher) faults() (nacked, returned int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.nacked, f.returned
+}
+
+type testkitReport = testkit.Report

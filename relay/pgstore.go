@@ -1,0 +1,161 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ordo-relay/ordo/internal/outage"
+)
+
+// PGStore is the PostgreSQL Store.
+type PGStore struct {
+	pool   *pgxpool.Pool
+	logger *slog.Logger
+}
+
+var _ Store = (*PGStore)(nil)
+
+// NewPGStore returns a Store on pool. Listen uses a connection of its own
+// from the pool's configuration, outside the pool.
+func NewPGStore(pool *pgxpool.Pool, logger *slog.Logger) *PGStore {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return &PGStore{pool: pool, logger: logger}
+}
+
+// ReadHeads implements Store.
+func (s *PGStore) ReadHeads(ctx context.Context, partitions []int32, exclude []uuid.UUID, perKey, limit int) ([]Row, error) {
+	if exclude == nil {
+		exclude = []uuid.UUID{}
+	}
+	rows, err := s.pool.Query(ctx, sqlReadHeads, partitions, exclude, perKey, limit)
+	if err != nil {
+		return nil, fmt.Errorf("read key heads: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Row, error) {
+		var x Row
+		err := r.Scan(&x.ID, &x.Partition, &x.CorrelationID, &x.KeySeq, &x.Exchange, &x.RoutingKey,
+			&x.Type, &x.Payload, &x.Headers, &x.OccurredAt, &x.Attempts)
+		x.PrevKeySeq = x.KeySeq - 1
+		return x, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read key heads: %w", err)
+	}
+	return out, nil
+}
+
+func settledArrays(rows []Settled) ([]uuid.UUID, []int32, []int64, []string) {
+	ids := make([]uuid.UUID, len(rows))
+	parts := make([]int32, len(rows))
+	epochs := make([]int64, len(rows))
+	errs := make([]string, len(rows))
+	for i, r := range rows {
+		ids[i], parts[i], epochs[i], errs[i] = r.ID, int32(r.Partition), r.Epoch, r.Err
+	}
+	return ids, parts, epochs, errs
+}
+
+// MarkPublished implements Store.
+func (s *PGStore) MarkPublished(ctx context.Context, node string, rows []Settled) ([]uuid.UUID, error) {
+	ids, parts, epochs, _ := settledArrays(rows)
+	r, err := s.pool.Query(ctx, sqlMarkPublished, node, ids, parts, epochs)
+	if err != nil {
+		return nil, fmt.Errorf("mark %d row(s) published: %w", len(rows), err)
+	}
+	marked, err := pgx.CollectRows(r, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, fmt.Errorf("mark %d row(s) published: %w", len(rows), err)
+	}
+	return marked, nil
+}
+
+// RecordFailures implements Store.
+func (s *PGStore) RecordFailures(ctx context.Context, node string, rows []Settled) error {
+	ids, parts, epochs, errs := settledArrays(rows)
+	if _, err := s.pool.Exec(ctx, sqlRecordFailures, node, ids, parts, epochs, errs); err != nil {
+		return fmt.Errorf("record %d failure(s): %w", len(rows), err)
+	}
+	return nil
+}
+
+// Listen implements Store.
+func (s *PGStore) Listen(ctx context.Context, wake func()) error {
+	down := outage.New(s.logger, "PostgreSQL listener")
+	backoff := newBackoff(100*time.Millisecond, 2*time.Second)
+	for {
+		err := s.listenOnce(ctx, wake, down)
+		if ctx.Err() != nil {
+			return nil
+		}
+		down.Fail(err)
+		if !sleepCtx(ctx, backoff.next()) {
+			return nil
+		}
+		if !down.Down() {
+			backoff.reset()
+		}
+	}
+}
+
+func (s *PGStore) listenOnce(ctx context.Context, wake func(), down *outage.Log) error {
+	cfg := s.pool.Config().ConnConfig.Copy()
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	conn, err := pgx.ConnectConfig(cctx, cfg)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "LISTEN "+NotifyChannel); err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	down.OK()
+	wake() // poll once: notifications sent while we were not listening are gone
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return fmt.Errorf("wait for notification: %w", err)
+		}
+		wake()
+	}
+}
+
+// PartitionStatus is one partition's lease and backlog, for /status.
+type PartitionStatus struct {
+	Partition int       `json:"partition"`
+	Owner     string    `json:"owner"`
+	Epoch     int64     `json:"epoch"`
+	Expires   time.Time `json:"leaseExpires"`
+	Pending   int64     `json:"pending"`
+	// OldestPendingSeconds is the age of the oldest pending row; 0 when
+	// nothing is pending.
+	OldestPendingSeconds float64 `json:"oldestPendingSeconds"`
+}
+
+// Status returns every partition's lease and backlog.
+func (s *PGStore) Status(ctx context.Context) ([]PartitionStatus, error) {
+	rows, err := s.pool.Query(ctx, sqlPartitionStatus)
+	if err != nil {
+		return nil, fmt.Errorf("partition status: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (PartitionStatus, error) {
+		var x PartitionStatus
+		var age *float64
+		err := r.Scan(&x.Partition, &x.Owner, &x.Epoch, &x.Expires, &x.Pending, &age)
+		if age != nil {
+			x.OldestPendingSeconds = *age
+		}
+		return x, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("partition status: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,87 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Message is one outbox row as it is published.
+type Message struct {
+	ID            uuid.UUID
+	Partition     int
+	Epoch         int64
+	CorrelationID string
+	KeySeq        int64
+	PrevKeySeq    int64
+	Exchange      string
+	RoutingKey    string
+	Type          string
+	Payload       []byte
+	Headers       map[string]any // the row's own headers, already decoded
+	OccurredAt    time.Time
+}
+
+// Outcome is what became of one publish.
+type Outcome int
+
+const (
+	// Confirmed: the broker acked the message and did not return it.
+	Confirmed Outcome = iota
+	// Nacked: the broker nacked the message.
+	Nacked
+	// Returned: the broker returned the message as unroutable (mandatory).
+	Returned
+	// Failed: the message could not be sent for a reason of its own, such
+	// as a missing exchange.
+	Failed
+	// Unsent: the channel or connection went away before an outcome was
+	// known. The message may or may not have reached the broker; it is not
+	// its fault, so it is retried without counting an attempt.
+	Unsent
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Confirmed:
+		return "confirmed"
+	case Nacked:
+		return "nacked"
+	case Returned:
+		return "returned"
+	case Failed:
+		return "failed"
+	case Unsent:
+		return "unsent"
+	}
+	return fmt.Sprintf("outcome(%d)", int(o))
+}
+
+// Result is the outcome of one publish, with the reason for any but
+// Confirmed.
+type Result struct {
+	Outcome Outcome
+	Err     error
+}
+
+// Publisher sends messages to the broker with publisher confirms.
+//
+// Publish sends m with the mandatory flag and persistent delivery. If it
+// returns nil, settle is called exactly once with m's outcome, from any
+// goroutine, possibly before Publish returns; settle does not block. If it
+// returns an error, m was not sent and settle is never called.
+// Publish is called from one goroutine at a time.
+type Publisher interface {
+	Publish(ctx context.Context, m *Message, settle func(Result)) error
+}
+
+// ErrNotConnected is returned by Publish while the publisher has no open
+// channel to the broker.
+var ErrNotConnected = errors.New("relay: not connected to the broker")
+
+// ErrExchangeNotFound is the Err of a Failed result whose exchange does not
+// exist (checked with a passive declare).
+var ErrExchangeNotFound = errors.New("exchange not found")

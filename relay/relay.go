@@ -1,0 +1,560 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/ordo-relay/ordo/internal/outage"
+	"github.com/ordo-relay/ordo/partition"
+)
+
+// Config configures a Relay. Zero fields take the defaults of DefaultConfig.
+type Config struct {
+	// Node is this node's name, the lease owner every write is checked
+	// against.
+	Node string
+	// Window is W, the most unconfirmed publishes the node has in flight.
+	Window int
+	// PerKeyLimit is the most messages of one key in flight at once. It
+	// must be 1 for per-key order; tests raise it to show what breaks.
+	PerKeyLimit int
+	// BatchSize is the most rows one read returns.
+	BatchSize int
+	// PollInterval is how often the relay reads without a notification.
+	PollInterval time.Duration
+	// RetryMin and RetryMax bound the backoff of a key whose head was
+	// nacked, returned or failed.
+	RetryMin, RetryMax time.Duration
+	// SettleTimeout bounds how long Run waits, when stopping, for
+	// outstanding confirms; rows still unconfirmed then stay pending.
+	SettleTimeout time.Duration
+	// Logger receives outage and progress messages.
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns the defaults for a node named node.
+func DefaultConfig(node string) Config {
+	return Config{
+		Node:          node,
+		Window:        512,
+		PerKeyLimit:   1,
+		BatchSize:     512,
+		PollInterval:  time.Second,
+		RetryMin:      100 * time.Millisecond,
+		RetryMax:      30 * time.Second,
+		SettleTimeout: 5 * time.Second,
+	}
+}
+
+func (c *Config) applyDefaults() {
+	d := DefaultConfig(c.Node)
+	if c.Window == 0 {
+		c.Window = d.Window
+	}
+	if c.PerKeyLimit == 0 {
+		c.PerKeyLimit = d.PerKeyLimit
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = d.BatchSize
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = d.PollInterval
+	}
+	if c.RetryMin == 0 {
+		c.RetryMin = d.RetryMin
+	}
+	if c.RetryMax == 0 {
+		c.RetryMax = d.RetryMax
+	}
+	if c.SettleTimeout == 0 {
+		c.SettleTimeout = d.SettleTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Validate reports the first unusable setting.
+func (c *Config) Validate() error {
+	switch {
+	case c.Node == "":
+		return errors.New("relay: node name is required")
+	case c.Window < 1 || c.Window > 65535:
+		return fmt.Errorf("relay: confirm window %d out of range 1..65535", c.Window)
+	case c.PerKeyLimit < 1:
+		return fmt.Errorf("relay: per-key limit %d must be at least 1", c.PerKeyLimit)
+	case c.BatchSize < 1:
+		return fmt.Errorf("relay: batch size %d must be at least 1", c.BatchSize)
+	case c.PollInterval <= 0 || c.RetryMin <= 0 || c.RetryMax < c.RetryMin || c.SettleTimeout <= 0:
+		return errors.New("relay: poll interval, retry backoff and settle timeout must be positive, with RetryMax >= RetryMin")
+	}
+	return nil
+}
+
+// Relay moves pending outbox rows of the partitions its node holds to the
+// broker. Create it with New and run it with Run.
+type Relay struct {
+	cfg   Config
+	store Store
+	pub   Publisher
+	own   partition.Ownership
+
+	wakeRead chan struct{} // coalesced: something may be readable
+	wakeMark chan struct{} // coalesced: settlements are queued
+
+	mu          sync.Mutex
+	flights     map[uuid.UUID]*flight // published and not yet marked, or backing off
+	perKey      map[string]int
+	unconfirmed int
+	queue       []settlement
+	stats       Stats
+}
+
+// Stats are running totals since the relay started.
+type Stats struct {
+	Published, Confirmed, Marked, Failed, Unsent, Refused int64
+	InFlight, Unconfirmed                                 int
+}
+
+type flight struct {
+	msg      Message
+	attempts int
+	retryAt  time.Time // zero while published; set while backing off
+}
+
+type settlement struct {
+	f   *flight
+	res Result
+}
+
+// New returns a Relay.
+func New(cfg Config, store Store, pub Publisher, own partition.Ownership) (*Relay, error) {
+	cfg.applyDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Relay{
+		cfg: cfg, store: store, pub: pub, own: own,
+		wakeRead: make(chan struct{}, 1),
+		wakeMark: make(chan struct{}, 1),
+		flights:  map[uuid.UUID]*flight{},
+		perKey:   map[string]int{},
+	}, nil
+}
+
+// Stats returns a snapshot of the running totals.
+func (r *Relay) Stats() Stats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.stats
+	s.InFlight, s.Unconfirmed = len(r.flights), r.unconfirmed
+	return s
+}
+
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// Run publishes until ctx ends. Then it stops reading, waits up to
+// SettleTimeout for outstanding confirms, marks what was confirmed, and
+// returns nil. Rows left unconfirmed stay pending and are published again
+// by whoever holds their partition next. Keep the Publisher running until
+// Run has returned.
+func (r *Relay) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	markCtx, stopMark := context.WithCancel(context.Background())
+	defer stopMark()
+	markDone := make(chan struct{})
+	go func() {
+		defer close(markDone)
+		r.markLoop(markCtx)
+	}()
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		_ = r.store.Listen(ctx, func() { signal(r.wakeRead) })
+	}()
+	go func() {
+		defer wg.Done()
+		r.readLoop(ctx)
+	}()
+	wg.Wait()
+
+	// Settle: wait for outstanding confirms, then let the marker finish.
+	deadline := time.Now().Add(r.cfg.SettleTimeout)
+	for {
+		r.mu.Lock()
+		n := r.unconfirmed
+		r.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			r.cfg.Logger.Warn("stopping with unconfirmed messages; they stay pending", "count", n)
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stopMark()
+	<-markDone
+	return nil
+}
+
+// readLoop reads key heads and publishes them while ctx lasts.
+func (r *Relay) readLoop(ctx context.Context) {
+	down := outage.New(r.cfg.Logger, "PostgreSQL (outbox reads)")
+	bo := newBackoff(50*time.Millisecond, 2*time.Second)
+	poll := time.NewTicker(r.cfg.PollInterval)
+	defer poll.Stop()
+	for {
+		more, err := r.readOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		switch {
+		case errors.As(err, new(*publishError)):
+			// The publisher reconnects and logs on its own; look again soon.
+			if !sleepCtx(ctx, bo.next()) {
+				return
+			}
+			continue
+		case err != nil:
+			down.Fail(err)
+			if !sleepCtx(ctx, bo.next()) {
+				return
+			}
+			continue
+		}
+		down.OK()
+		bo.reset()
+		if more {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.wakeRead:
+		case <-r.own.Changed():
+		case <-poll.C:
+		}
+	}
+}
+
+// readOnce does one read-and-publish round. more reports that a full batch
+// was published, so another read should follow at once.
+func (r *Relay) readOnce(ctx context.Context) (more bool, err error) {
+	leases := r.own.Leases()
+	now := time.Now()
+	parts := make([]int32, 0, len(leases))
+	for p, l := range leases {
+		if l.Valid(now) {
+			parts = append(parts, int32(p))
+		}
+	}
+	if len(parts) == 0 {
+		return false, nil
+	}
+	r.mu.Lock()
+	free := r.cfg.Window - r.unconfirmed
+	exclude := make([]uuid.UUID, 0, len(r.flights))
+	for id := range r.flights {
+		exclude = append(exclude, id)
+	}
+	r.mu.Unlock()
+	if free <= 0 {
+		return false, nil // a confirm will wake us
+	}
+	limit := min(free, r.cfg.BatchSize)
+	rows, err := r.store.ReadHeads(ctx, parts, exclude, r.cfg.PerKeyLimit, limit)
+	if err != nil {
+		return false, err
+	}
+	for i := range rows {
+		row := &rows[i]
+		lease, ok := leases[row.Partition]
+		// DESIGN.md invariant 3: the local lease deadline, checked right
+		// before every publish.
+		if !ok || !lease.Valid(time.Now()) {
+			continue
+		}
+		f, err := r.newFlight(row, lease.Epoch)
+		if err != nil {
+			r.cfg.Logger.Error("unpublishable row", "id", row.ID, "err", err)
+			continue
+		}
+		if f == nil {
+			continue
+		}
+		if err := r.pub.Publish(ctx, &f.msg, func(res Result) { r.settle(f, res) }); err != nil {
+			r.drop(f)
+			return false, &publishError{err}
+		}
+	}
+	return len(rows) == limit, nil
+}
+
+// publishError is a Publish failure: the message was not sent.
+type publishError struct{ err error }
+
+func (e *publishError) Error() string { return e.err.Error() }
+func (e *publishError) Unwrap() error { return e.err }
+
+// newFlight registers row as in flight, or returns nil if its key is at
+// its limit already.
+func (r *Relay) newFlight(row *Row, epoch int64) (*flight, error) {
+	headers, err := decodeHeaders(row.Headers)
+	if err != nil {
+		return nil, fmt.Errorf("headers: %w", err)
+	}
+	f := &flight{
+		attempts: row.Attempts,
+		msg: Message{
+			ID: row.ID, Partition: row.Partition, Epoch: epoch,
+			CorrelationID: row.CorrelationID, KeySeq: row.KeySeq, PrevKeySeq: row.PrevKeySeq,
+			Exchange: row.Exchange, RoutingKey: row.RoutingKey, Type: row.Type,
+			Payload: row.Payload, Headers: headers, OccurredAt: row.OccurredAt,
+		},
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.flights[row.ID]; dup || r.perKey[row.CorrelationID] >= r.cfg.PerKeyLimit {
+		return nil, nil
+	}
+	r.flights[row.ID] = f
+	r.perKey[row.CorrelationID]++
+	r.unconfirmed++
+	r.stats.Published++
+	return f, nil
+}
+
+// drop forgets a flight that was never sent.
+func (r *Relay) drop(f *flight) {
+	r.mu.Lock()
+	r.unconfirmed--
+	r.stats.Published--
+	r.forgetLocked(f)
+	r.mu.Unlock()
+}
+
+func (r *Relay) forgetLocked(f *flight) {
+	if r.flights[f.msg.ID] != f {
+		return
+	}
+	delete(r.flights, f.msg.ID)
+	if n := r.perKey[f.msg.CorrelationID] - 1; n > 0 {
+		r.perKey[f.msg.CorrelationID] = n
+	} else {
+		delete(r.perKey, f.msg.CorrelationID)
+	}
+}
+
+// settle is the Publisher's callback. It never blocks.
+func (r *Relay) settle(f *flight, res Result) {
+	r.mu.Lock()
+	r.unconfirmed--
+	r.queue = append(r.queue, settlement{f, res})
+	r.mu.Unlock()
+	signal(r.wakeMark)
+	signal(r.wakeRead) // a window slot is free
+}
+
+// markLoop writes settlements to the store and releases keys, until ctx
+// ends; then it flushes once more.
+func (r *Relay) markLoop(ctx context.Context) {
+	down := outage.New(r.cfg.Logger, "PostgreSQL (outbox marks)")
+	bo := newBackoff(50*time.Millisecond, 2*time.Second)
+	sweep := time.NewTimer(time.Hour)
+	defer sweep.Stop()
+	for {
+		stopping := false
+		select {
+		case <-ctx.Done():
+			stopping = true
+		case <-r.wakeMark:
+		case <-sweep.C:
+		}
+		wctx := ctx
+		if stopping {
+			var cancel context.CancelFunc
+			wctx, cancel = context.WithTimeout(context.Background(), r.cfg.SettleTimeout)
+			defer cancel()
+		}
+		err := r.flush(wctx)
+		if err != nil {
+			if stopping {
+				r.cfg.Logger.Warn("stopping with confirmed rows unmarked; they will be published again", "err", err)
+				return
+			}
+			down.Fail(err)
+			sleepCtx(ctx, bo.next())
+			signal(r.wakeMark)
+			continue
+		}
+		down.OK()
+		bo.reset()
+		if stopping {
+			return
+		}
+		if next := r.sweepBackoffs(); !next.IsZero() {
+			sweep.Reset(time.Until(next))
+		}
+	}
+}
+
+// flush writes every queued settlement. On error the unwritten ones stay
+// queued.
+func (r *Relay) flush(ctx context.Context) error {
+	r.mu.Lock()
+	q := r.queue
+	r.queue = nil
+	r.mu.Unlock()
+	if len(q) == 0 {
+		return nil
+	}
+	var confirmed, failed []settlement
+	var unsent []*flight
+	for _, s := range q {
+		switch s.res.Outcome {
+		case Confirmed:
+			confirmed = append(confirmed, s)
+		case Unsent:
+			unsent = append(unsent, s.f)
+		default:
+			failed = append(failed, s)
+		}
+	}
+	requeue := func(rest ...[]settlement) {
+		r.mu.Lock()
+		for _, s := range rest {
+			r.queue = append(r.queue, s...)
+		}
+		r.mu.Unlock()
+	}
+	r.mu.Lock()
+	for _, f := range unsent {
+		r.forgetLocked(f)
+	}
+	r.stats.Unsent += int64(len(unsent))
+	r.mu.Unlock()
+
+	if len(confirmed) > 0 {
+		rows := make([]Settled, len(confirmed))
+		for i, s := range confirmed {
+			rows[i] = Settled{ID: s.f.msg.ID, Partition: s.f.msg.Partition, Epoch: s.f.msg.Epoch}
+		}
+		marked, err := r.store.MarkPublished(ctx, r.cfg.Node, rows)
+		if err != nil {
+			requeue(confirmed, failed)
+			return err
+		}
+		ok := make(map[uuid.UUID]bool, len(marked))
+		for _, id := range marked {
+			ok[id] = true
+		}
+		refused := 0
+		r.mu.Lock()
+		for _, s := range confirmed {
+			if !ok[s.f.msg.ID] {
+				refused++
+			}
+			r.forgetLocked(s.f)
+		}
+		r.stats.Confirmed += int64(len(confirmed))
+		r.stats.Marked += int64(len(marked))
+		r.stats.Refused += int64(refused)
+		r.mu.Unlock()
+		if refused > 0 {
+			r.cfg.Logger.Warn("marks refused: lease no longer held at the published epoch, or row already processed",
+				"refused", refused)
+		}
+	}
+	if len(failed) > 0 {
+		rows := make([]Settled, len(failed))
+		for i, s := range failed {
+			rows[i] = Settled{ID: s.f.msg.ID, Partition: s.f.msg.Partition, Epoch: s.f.msg.Epoch, Err: s.res.Err.Error()}
+		}
+		if err := r.store.RecordFailures(ctx, r.cfg.Node, rows); err != nil {
+			requeue(failed)
+			return err
+		}
+		now := time.Now()
+		r.mu.Lock()
+		for _, s := range failed {
+			s.f.attempts++
+			s.f.retryAt = now.Add(retryDelay(s.f.attempts-1, r.cfg.RetryMin, r.cfg.RetryMax))
+		}
+		r.stats.Failed += int64(len(failed))
+		r.mu.Unlock()
+		for _, s := range failed {
+			r.cfg.Logger.Debug("publish failed; key backs off", "id", s.f.msg.ID, "key", s.f.msg.CorrelationID,
+				"outcome", s.res.Outcome, "err", s.res.Err)
+		}
+	}
+	signal(r.wakeRead)
+	return nil
+}
+
+// sweepBackoffs releases keys whose backoff has passed and returns the next
+// expiry, or zero.
+func (r *Relay) sweepBackoffs() time.Time {
+	now := time.Now()
+	var next time.Time
+	released := false
+	r.mu.Lock()
+	for _, f := range r.flights {
+		switch {
+		case f.retryAt.IsZero():
+		case !f.retryAt.After(now):
+			r.forgetLocked(f)
+			released = true
+		case next.IsZero() || f.retryAt.Before(next):
+			next = f.retryAt
+		}
+	}
+	r.mu.Unlock()
+	if released {
+		signal(r.wakeRead)
+	}
+	return next
+}
+
+// decodeHeaders turns the row's JSON headers into AMQP table values:
+// integers become int64, other numbers float64.
+func decodeHeaders(raw []byte) (map[string]any, error) {
+	if len(raw) == 0 || bytes.Equal(raw, []byte("{}")) {
+		return nil, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var m map[string]any
+	if err := dec.Decode(&m); err != nil {
+		return nil, err
+	}
+	for k, v := range m {
+		switch v := v.(type) {
+		case json.Number:
+			if i, err := v.Int64(); err == nil {
+				m[k] = i
+			} else if f, err := v.Float64(); err == nil {
+				m[k] = f
+			} else {
+				return nil, fmt.Errorf("header %q: %w", k, err)
+			}
+		case string, bool:
+		default:
+			return nil, fmt.Errorf("header %q: value of type %T is not allowed", k, v)
+		}
+	}
+	return m, nil
+}

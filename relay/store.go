@@ -1,0 +1,55 @@
+package relay
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Row is one pending outbox row as the relay reads it.
+type Row struct {
+	ID            uuid.UUID
+	Partition     int
+	CorrelationID string
+	KeySeq        int64
+	PrevKeySeq    int64
+	Exchange      string
+	RoutingKey    string
+	Type          string
+	Payload       []byte
+	Headers       []byte // JSON object
+	OccurredAt    time.Time
+	Attempts      int
+}
+
+// Settled identifies a published row for a relay write: the row, its
+// partition, and the lease epoch it was published under.
+type Settled struct {
+	ID        uuid.UUID
+	Partition int
+	Epoch     int64
+	Err       string // the failure, for RecordFailures
+}
+
+// Store is the relay's view of the outbox. Every write checks, in its own
+// transaction, that node still holds each row's partition at the epoch the
+// row was published under (DESIGN.md invariant 3). Implementations are safe
+// for concurrent use.
+type Store interface {
+	// ReadHeads returns up to limit pending rows of the given partitions in
+	// seq order, leaving out the rows in exclude and every row that has
+	// perKey or more pending rows of its key below it (perKey 1: key heads
+	// only).
+	ReadHeads(ctx context.Context, partitions []int32, exclude []uuid.UUID, perKey, limit int) ([]Row, error)
+	// MarkPublished marks rows processed and returns the ids it marked.
+	// Rows whose lease is no longer held at their epoch are left pending.
+	MarkPublished(ctx context.Context, node string, rows []Settled) ([]uuid.UUID, error)
+	// RecordFailures adds one attempt and the error text to each row whose
+	// lease is still held.
+	RecordFailures(ctx context.Context, node string, rows []Settled) error
+	// Listen calls wake for every outbox notification until ctx ends,
+	// re-listening after every reconnect and calling wake once after each
+	// (re)connect, so a notification missed while down costs one poll.
+	Listen(ctx context.Context, wake func()) error
+}
