@@ -1,0 +1,52 @@
+package orderapi
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/ordo-relay/ordo/outbox"
+)
+
+// Config configures a Server. Start from DefaultConfig; New calls Validate.
+type Config struct {
+	// Exchange is the RabbitMQ exchange the order events are addressed to.
+	// Empty means the default exchange. At most outbox.MaxNameBytes bytes.
+	// Default "bookstore.ordering".
+	Exchange string
+
+	// MaxBodyBytes is the largest request body accepted; a larger one is
+	// answered 413. Default 1 MiB.
+	MaxBodyBytes int64
+
+	// MaxItems is the most items one order may hold; more is answered 400.
+	// Default 1000.
+	MaxItems int
+}
+
+// DefaultExchange is the exchange order events go to unless configured
+// otherwise.
+const DefaultExchange = "bookstore.ordering"
+
+// DefaultConfig returns the configuration the orderapi binary starts from.
+func DefaultConfig() Config {
+	return Config{
+		Exchange:     DefaultExchange,
+		MaxBodyBytes: 1 << 20,
+		MaxItems:     1000,
+	}
+}
+
+// Validate reports the first setting that cannot work.
+func (c Config) Validate() error {
+	switch {
+	case len(c.Exchange) > outbox.MaxNameBytes:
+		return fmt.Errorf("orderapi config: Exchange is %d bytes long, the limit is %d", len(c.Exchange), outbox.MaxNameBytes)
+	case strings.IndexByte(c.Exchange, 0) >= 0:
+		return fmt.Errorf("orderapi config: Exchange contains a NUL byte")
+	case c.MaxBodyBytes < 1024:
+		return fmt.Errorf("orderapi config: MaxBodyBytes is %d, it must be at least 1024", c.MaxBodyBytes)
+	case c.MaxItems < 1 || c.MaxItems > 100000:
+		return fmt.Errorf("orderapi config: MaxItems is %d, it must be between 1 and 100000", c.MaxItems)
+	}
+	return nil
+}

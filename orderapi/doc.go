@@ -1,0 +1,47 @@
+// Package orderapi is Ordo's demo service: a small bookstore order API that
+// writes its business rows and its outgoing events in one PostgreSQL
+// transaction through the outbox (package outbox). It never talks to the
+// broker; Ordo nodes publish what it commits.
+//
+// # Endpoints
+//
+//	POST /orders              place an order            201 {"id", "total"} + Location
+//	POST /orders/{id}/cancel  cancel a placed order     200 {"id", "status", "cancelledAt"}; 404; 409
+//	GET  /orders/{id}         read an order             200 {...}; 404
+//	GET  /healthz             database reachable        200 {"status": "ok"}; 503
+//
+// A new order looks like
+//
+//	{"customerId": "0190f5c2-...", "currency": "EUR",
+//	 "items": [{"bookId": "0190f5c3-...", "quantity": 2, "unitPrice": "12.50"}]}
+//
+// Every error, 4xx or 5xx, is a JSON object {"error": "..."} whose message
+// names the offending field, e.g. "items[1].unitPrice: has 3 decimal
+// places, EUR allows 2". Input that is rejected writes nothing. Database
+// failures answer 500 {"error": "internal error"}; the cause is logged, never
+// sent.
+//
+// # Money
+//
+// Amounts are exact. A unit price is a JSON string or number written as a
+// plain decimal (digits with an optional fraction: no sign, exponent or
+// hexadecimal) with at most the currency's ISO 4217 minor-unit digits, taken
+// from an embedded table (see MinorDigits). Totals are computed in integer
+// minor units, stored as numeric and returned as strings with exactly the
+// currency's minor-unit digits: "25.00" EUR, "1500" JPY, "1.250" KWD.
+//
+// # Events
+//
+// Placing an order enqueues bookstore.order-placed.v1 (routing key
+// order.placed); cancelling one enqueues bookstore.order-cancelled.v1
+// (routing key order.cancelled). Both use the order id as correlation id, so
+// an order's events are published in the order they happened, and both go
+// to Config.Exchange. A valid W3C traceparent request header is copied into
+// the message headers. Payloads:
+//
+//	{"orderId", "customerId", "currency", "total", "placedAt",
+//	 "items": [{"bookId", "quantity", "unitPrice"}]}
+//	{"orderId", "cancelledAt"}
+//
+// with amounts as decimal strings and times in RFC 3339 (nanoseconds, UTC).
+package orderapi
