@@ -2,16 +2,18 @@ module github.com/ordo-relay/ordo
 
 go 1.26.8
 
-require github.com/cespare/xxhash/v2 v2.3.0
+require (
+	github.com/cespare/xxhash/v2 v2.3.0
+	github.com/google/uuid v1.6.0
+	github.com/jackc/pgx/v5 v5.12.0
+	github.com/rabbitmq/amqp091-go v1.16.0
+	go.uber.org/goleak v1.3.0
+	golang.org/x/sync v0.22.0
+)
 
 require (
-	github.com/google/uuid v1.6.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
-	github.com/jackc/pgx/v5 v5.12.0 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
-	github.com/rabbitmq/amqp091-go v1.16.0 // indirect
-	go.uber.org/goleak v1.3.0 // indirect
-	golang.org/x/sync v0.22.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )

@@ -76,6 +76,7 @@ type AMQPPublisher struct {
 	mu        sync.Mutex
 	cur       *session // nil while not connected
 	exchanges map[string]time.Time
+	opened    int64 // channels opened, for tests and status
 }
 
 var _ Publisher = (*AMQPPublisher)(nil)
@@ -105,6 +106,13 @@ func (p *AMQPPublisher) Connected() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.cur != nil
+}
+
+// ChannelsOpened returns how many publishing channels Run has opened.
+func (p *AMQPPublisher) ChannelsOpened() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.opened
 }
 
 // Run keeps a connection and a confirm-mode channel open until ctx ends,
@@ -179,6 +187,7 @@ func (p *AMQPPublisher) serveChannel(ctx context.Context, conn *amqp.Connection,
 	s := &session{conn: conn, ch: ch, pending: map[uint64]*pendingPub{}}
 	p.mu.Lock()
 	p.cur = s
+	p.opened++
 	p.mu.Unlock()
 	p.down.OK()
 	p.cfg.Logger.Info("RabbitMQ channel open")

@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/outbox"
@@ -291,3 +292,19 @@ func (f *faultyPublisher) faults() (nacked, returned int) {
 }
 
 type testkitReport = testkit.Report
+
+func deleteExchange(t *testing.T, name string) {
+	t.Helper()
+	conn, err := amqp.Dial(testkit.AMQPURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.ExchangeDelete(name, false, false); err != nil {
+		t.Fatal(err)
+	}
+}

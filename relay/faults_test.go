@@ -1,0 +1,198 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/relay"
+)
+
+// TestUnroutableNotMarked: a message nothing is bound to is returned by the
+// broker and stays pending with its error, while a routable message sent
+// alongside is delivered and marked.
+func TestUnroutableNotMarked(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	bad := h.enqueue(h.msg("lonely", "nobody.home", "t.v1"))[0]
+	good := h.enqueue(h.msg("fine", "order.placed", "t.v1"))
+	h.expect(good)
+	h.startNode(nodeOpts{})
+	h.checker.WaitDistinct(t, 1, 30*time.Second)
+	h.waitRows(30*time.Second, "the unroutable row failed at least twice", func(n int) bool { return n == 1 },
+		"id = $1 AND attempts >= 2 AND processed_at IS NULL AND last_error LIKE '%NO_ROUTE%'", bad)
+	h.waitRows(30*time.Second, "the routable row is marked", func(n int) bool { return n == 1 },
+		"id = $1 AND processed_at IS NOT NULL", good[0])
+	if rep := h.checker.Report(); rep.Distinct != 1 || !rep.OK() {
+		t.Fatalf("checker: %s", rep.Detail())
+	}
+}
+
+// TestMissingExchangeOtherKeysFlow: messages to an exchange that does not
+// exist fail (checked by a passive declare), and every other key keeps
+// flowing; the innocent rows are never charged an attempt.
+func TestMissingExchangeOtherKeysFlow(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	missing := testkit.UniqueName(t, "nosuch")
+	var poison []uuid.UUID
+	for i := range 5 {
+		m := h.msg(fmt.Sprintf("poison-%d", i), "order.placed", "t.v1")
+		m.Exchange = missing
+		poison = append(poison, h.enqueue(m)...)
+	}
+	h.startNode(nodeOpts{})
+	const keys = 200
+	for i := range keys {
+		h.expect(h.enqueue(h.msg(fmt.Sprintf("good-%d", i), "order.placed", "t.v1")))
+	}
+	rep := h.checker.WaitFor(t, 30*time.Second, func(r testkit.Report) bool { return r.Lost == 0 })
+	if rep.Distinct != keys || !rep.OK() {
+		t.Fatalf("checker: %s", rep.Detail())
+	}
+	h.waitRows(30*time.Second, "every poison row failed with exchange not found", func(n int) bool { return n == len(poison) },
+		"exchange = $1 AND processed_at IS NULL AND attempts >= 1 AND last_error LIKE '%exchange not found%'", missing)
+	if n := h.count("exchange <> $1 AND attempts > 0", missing); n != 0 {
+		t.Fatalf("%d innocent rows were charged an attempt", n)
+	}
+}
+
+// TestMissingExchangeChannelCloseIsNotAnAttempt: when a publish to an
+// exchange deleted after its passive check closes the channel (404), the
+// other messages in flight on it are unsent, not failed, and keep flowing.
+func TestMissingExchangeChannelCloseIsNotAnAttempt(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	doomed := testkit.NewExchange(t)
+	n := h.startNode(nodeOpts{})
+	m := h.msg("doomed", "order.placed", "t.v1")
+	m.Exchange = doomed
+	h.enqueue(m) // unbound, so it is returned and retried, its exchange checked once
+	h.waitRows(30*time.Second, "the doomed row was tried", func(n int) bool { return n == 1 },
+		"exchange = $1 AND attempts >= 1", doomed)
+	deleteExchange(t, doomed)
+
+	const keys = 300
+	for i := range keys {
+		h.expect(h.enqueue(h.msg(fmt.Sprintf("good-%d", i), "order.placed", "t.v1")))
+	}
+	rep := h.checker.WaitFor(t, 30*time.Second, func(r testkit.Report) bool { return r.Lost == 0 })
+	if !rep.OK() {
+		t.Fatalf("checker: %s", rep.Detail())
+	}
+	h.waitRows(30*time.Second, "the doomed row fails with exchange not found", func(n int) bool { return n == 1 },
+		"exchange = $1 AND last_error LIKE '%exchange not found%'", doomed)
+	if got := n.pub.ChannelsOpened(); got < 2 {
+		t.Fatalf("channels opened = %d: the broker never closed the channel, so the test proved nothing", got)
+	}
+	if got := h.count("exchange <> $1 AND attempts > 0", doomed); got != 0 {
+		t.Fatalf("%d innocent rows were charged an attempt", got)
+	}
+}
+
+// failingMarks wraps a Store so MarkPublished fails while armed: the node
+// has published and been confirmed, but cannot mark, as if it died between
+// confirm and mark.
+type failingMarks struct {
+	relay.Store
+	armed     atomic.Bool
+	attempted atomic.Int64
+}
+
+func (f *failingMarks) MarkPublished(ctx context.Context, node string, rows []relay.Settled) ([]uuid.UUID, error) {
+	if f.armed.Load() {
+		f.attempted.Add(int64(len(rows)))
+		return nil, errors.New("injected: node died before marking")
+	}
+	return f.Store.MarkPublished(ctx, node, rows)
+}
+
+// TestCrashBetweenConfirmAndMark: rows confirmed but never marked are
+// published again by the next owner, with the same message-id and key_seq.
+func TestCrashBetweenConfirmAndMark(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	const n = 50
+	for i := range n {
+		h.expect(h.enqueue(h.msg(fmt.Sprintf("k-%d", i%10), "order.placed", "t.v1")))
+	}
+	fm := &failingMarks{}
+	fm.armed.Store(true)
+	first := h.startNode(nodeOpts{name: "crashy", wrapStore: func(s relay.Store) relay.Store { fm.Store = s; return fm }})
+	// Keys have 5 rows each and only heads go out: 10 are confirmed, and
+	// then nothing more can move.
+	h.checker.WaitDistinct(t, 10, 30*time.Second)
+	first.crash()
+	if got := h.count("processed_at IS NOT NULL"); got != 0 {
+		t.Fatalf("%d rows marked although every mark failed", got)
+	}
+	before := h.checker.Deliveries()
+
+	h.startNode(nodeOpts{name: "crashy"}) // restarted under the same name
+	rep := h.checker.WaitFor(t, 30*time.Second, func(r testkit.Report) bool { return r.Lost == 0 })
+	if !rep.OK() || rep.Duplicates < 10 {
+		t.Fatalf("want every row delivered, the first 10 twice: %s", rep.Detail())
+	}
+	keySeq := map[string]int64{}
+	for _, d := range before {
+		keySeq[d.MessageID] = d.KeySeq
+	}
+	epochs := map[int64]bool{}
+	for _, d := range h.checker.Deliveries() {
+		if ks, ok := keySeq[d.MessageID]; ok && ks != d.KeySeq {
+			t.Fatalf("message %s republished with key_seq %d, first sent with %d", d.MessageID, d.KeySeq, ks)
+		}
+		epochs[d.Epoch] = true
+	}
+	if len(epochs) < 2 {
+		t.Fatalf("the restarted node did not claim a new epoch: %v", epochs)
+	}
+	h.waitRows(30*time.Second, "all rows marked", func(n int) bool { return n == 0 }, "processed_at IS NULL")
+}
+
+// TestBrokerOutageThroughProxy: with the broker cut, rows wait; when it is
+// back, all are published and nothing is lost.
+func TestBrokerOutageThroughProxy(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	proxy := testkit.NewProxy(t, strings.TrimSuffix(strings.TrimPrefix(testkit.AMQPURL(), "amqp://guest:guest@"), "/"))
+	n := h.startNode(nodeOpts{amqpURL: proxy.URL(testkit.AMQPURL())})
+	h.expect(h.enqueue(h.msg("before", "order.placed", "t.v1")))
+	h.checker.WaitDistinct(t, 1, 30*time.Second)
+
+	proxy.Cut()
+	waitCond(t, 30*time.Second, "publisher notices the cut", func() bool { return !n.pub.Connected() })
+	for i := range 5 {
+		h.expect(h.enqueue(h.msg(fmt.Sprintf("during-%d", i), "order.placed", "t.v1")))
+	}
+	if got := h.count("processed_at IS NULL"); got != 5 {
+		t.Fatalf("%d pending rows during the outage, want 5", got)
+	}
+	restored := time.Now()
+	proxy.Restore()
+	rep := h.checker.WaitFor(t, 30*time.Second, func(r testkit.Report) bool { return r.Lost == 0 })
+	t.Logf("broker back: all delivered %v after restore", time.Since(restored).Round(time.Millisecond))
+	if !rep.OK() || rep.Distinct != 6 {
+		t.Fatalf("checker: %s", rep.Detail())
+	}
+	h.waitRows(30*time.Second, "all rows marked", func(n int) bool { return n == 0 }, "processed_at IS NULL")
+}
+
+func waitCond(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > timeout {
+			t.Fatalf("%s: not within %v", what, timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("%s after %v", what, time.Since(start).Round(time.Millisecond))
+}
