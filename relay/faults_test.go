@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -167,10 +169,17 @@ func TestBrokerOutageThroughProxy(t *testing.T) {
 	h.expect(h.enqueue(h.msg("before", "order.placed", "t.v1")))
 	h.checker.WaitDistinct(t, 1, 30*time.Second)
 
+	api := h.orderAPI()
 	proxy.Cut()
 	waitCond(t, 30*time.Second, "publisher notices the cut", func() bool { return !n.pub.Connected() })
-	for i := range 5 {
-		h.expect(h.enqueue(h.msg(fmt.Sprintf("during-%d", i), "order.placed", "t.v1")))
+	for range 5 {
+		id := postOrder(t, api)
+		var msgID uuid.UUID
+		ctx := testkit.Context(t, 10*time.Second)
+		if err := h.pool.QueryRow(ctx, `SELECT id FROM outbox WHERE correlation_id = $1`, id).Scan(&msgID); err != nil {
+			t.Fatal(err)
+		}
+		h.expect([]uuid.UUID{msgID})
 	}
 	if got := h.count("processed_at IS NULL"); got != 5 {
 		t.Fatalf("%d pending rows during the outage, want 5", got)
@@ -195,4 +204,77 @@ func waitCond(t *testing.T, timeout time.Duration, what string, cond func() bool
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Logf("%s after %v", what, time.Since(start).Round(time.Millisecond))
+}
+
+// TestPostgresOutageThroughProxy: the node loses PostgreSQL for longer than
+// its lease TTL while producers keep writing (directly). It logs the outage
+// once per component instead of storming, and when PostgreSQL is back it
+// renews or reclaims its leases and publishes everything, in order.
+func TestPostgresOutageThroughProxy(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	pgAddr := strings.TrimPrefix(strings.SplitN(strings.TrimPrefix(testkit.PostgresURL(), "postgres://"), "/", 2)[0], "postgres@")
+	proxy := testkit.NewProxy(t, pgAddr)
+	logs := &countingHandler{}
+	h.startNode(nodeOpts{dbURL: proxy.URL(h.dbURL), logger: slog.New(logs)})
+	h.placeAndCancel(20)
+	h.checker.WaitDistinct(t, 40, 30*time.Second)
+
+	proxy.Cut()
+	cutAt := time.Now()
+	h.placeAndCancel(50)
+	waitCond(t, 30*time.Second, "the node reports the outage", func() bool { return logs.warnings() > 0 })
+	// Stay down past the lease TTL (2 s), so the local deadline passes.
+	for time.Since(cutAt) < 3*time.Second {
+		h.placeAndCancel(1)
+	}
+	if got := h.checker.Report().Distinct; got > 40 {
+		t.Fatalf("%d messages published with the database unreachable", got)
+	}
+	warnDuring := logs.warnings()
+	proxy.Restore()
+	restored := time.Now()
+	want := h.count("true")
+	rep := h.checker.WaitFor(t, 30*time.Second, func(r testkit.Report) bool { return r.Lost == 0 && r.Distinct == want })
+	t.Logf("PostgreSQL back: %d messages delivered %v after restore; %d warnings during the outage",
+		want, time.Since(restored).Round(time.Millisecond), warnDuring)
+	if !rep.OK() {
+		t.Fatalf("checker: %s", rep.Detail())
+	}
+	if warnDuring > 8 {
+		t.Fatalf("%d warnings during a 3 s outage: a log storm\n%s", warnDuring, logs.text())
+	}
+	h.waitRows(30*time.Second, "all rows marked", func(n int) bool { return n == 0 }, "processed_at IS NULL")
+}
+
+// countingHandler is a slog handler that keeps every record.
+type countingHandler struct {
+	mu    sync.Mutex
+	lines []string
+	warns int
+}
+
+func (c *countingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (c *countingHandler) Handle(_ context.Context, r slog.Record) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r.Level >= slog.LevelWarn {
+		c.warns++
+	}
+	line := r.Level.String() + " " + r.Message
+	r.Attrs(func(a slog.Attr) bool { line += " " + a.String(); return true })
+	c.lines = append(c.lines, line)
+	return nil
+}
+func (c *countingHandler) WithAttrs([]slog.Attr) slog.Handler { return c }
+func (c *countingHandler) WithGroup(string) slog.Handler      { return c }
+func (c *countingHandler) warnings() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.warns
+}
+func (c *countingHandler) text() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return strings.Join(c.lines, "\n")
 }

@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,6 +20,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/orderapi"
 	"github.com/ordo-relay/ordo/outbox"
 	"github.com/ordo-relay/ordo/partition"
 	"github.com/ordo-relay/ordo/relay"
@@ -307,4 +311,40 @@ func deleteExchange(t *testing.T, name string) {
 	if err := ch.ExchangeDelete(name, false, false); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// orderAPI serves the demo order API on the harness database, publishing
+// to the harness exchange.
+func (h *harness) orderAPI() *httptest.Server {
+	h.t.Helper()
+	ctx := testkit.Context(h.t, 30*time.Second)
+	if err := orderapi.Migrate(ctx, h.pool); err != nil {
+		h.t.Fatal(err)
+	}
+	cfg := orderapi.DefaultConfig()
+	cfg.Exchange = h.exchange
+	srv, err := orderapi.New(cfg, h.pool, h.prod, nil)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	ts := httptest.NewServer(srv)
+	h.t.Cleanup(ts.Close)
+	return ts
+}
+
+// postOrder places an order and returns its id; anything but 201 fails.
+func postOrder(t *testing.T, api *httptest.Server) string {
+	t.Helper()
+	body := fmt.Sprintf(`{"customerId":%q,"currency":"EUR","items":[{"bookId":%q,"quantity":2,"unitPrice":"12.50"}]}`,
+		uuid.NewString(), uuid.NewString())
+	resp, err := http.Post(api.URL+"/orders", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out struct{ ID string }
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != http.StatusCreated {
+		t.Fatalf("POST /orders: %d %v", resp.StatusCode, err)
+	}
+	return out.ID
 }
