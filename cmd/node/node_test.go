@@ -1,0 +1,227 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/outbox"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testkit.RemoveBinaries()
+	os.Exit(code)
+}
+
+type fixture struct {
+	dbURL    string
+	pool     *pgxpool.Pool
+	prod     *outbox.Producer
+	exchange string
+	checker  *testkit.Checker
+	bin      string
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	testkit.RequireRabbitMQ(t)
+	dbURL, pool := testkit.NewTestDB(t, 4)
+	ctx := testkit.Context(t, 30*time.Second)
+	if err := outbox.Migrate(ctx, pool, 64); err != nil {
+		t.Fatal(err)
+	}
+	prod, err := outbox.NewProducer(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex := testkit.NewExchange(t)
+	return &fixture{dbURL: dbURL, pool: pool, prod: prod, exchange: ex,
+		checker: testkit.NewChecker(t, testkit.AMQPURL(), ex, "#"),
+		bin:     testkit.BuildBinary(t, "github.com/ordo-relay/ordo/cmd/node")}
+}
+
+// enqueue writes n messages over keys keys, in transactions of 1,000.
+func (f *fixture) enqueue(t *testing.T, n, keys int) {
+	t.Helper()
+	ctx := testkit.Context(t, 60*time.Second)
+	for done := 0; done < n; {
+		batch := make([]outbox.Message, 0, min(1000, n-done))
+		for range cap(batch) {
+			batch = append(batch, outbox.Message{
+				CorrelationID: fmt.Sprintf("key-%d", done%keys), Exchange: f.exchange,
+				RoutingKey: "load", Type: "load.v1", Payload: json.RawMessage(`{"n":1}`),
+			})
+			done++
+		}
+		err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+			ids, err := f.prod.Enqueue(ctx, tx, batch...)
+			for _, id := range ids {
+				f.checker.Expect(id.String())
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func (f *fixture) start(t *testing.T, name string, extra ...string) (*testkit.Process, string) {
+	t.Helper()
+	addr := testkit.FreeAddr(t)
+	env := []string{
+		"ORDO_POSTGRES_URL=" + f.dbURL,
+		"ORDO_AMQP_URL=" + testkit.AMQPURL(),
+		"ORDO_NODE_NAME=" + name,
+		"ORDO_HTTP_ADDR=" + addr,
+		"ORDO_POLL_INTERVAL=200ms",
+	}
+	env = append(env, extra...)
+	p := testkit.StartProcess(t, name, f.bin, nil, env)
+	p.WaitOutput(t, "node started", 30*time.Second)
+	return p, "http://" + addr
+}
+
+func getJSON(t *testing.T, url string, v any) int {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if v != nil {
+		if err := json.Unmarshal(b, v); err != nil {
+			t.Fatalf("%s: %v: %s", url, err, b)
+		}
+	}
+	return resp.StatusCode
+}
+
+// TestSIGTERMUnderLoad: SIGTERM while draining a backlog exits 0 within
+// the settle bound, and nothing is marked that the broker did not take.
+func TestSIGTERMUnderLoad(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.enqueue(t, 20000, 2000)
+	p, _ := f.start(t, "sigterm-node", "ORDO_SETTLE_TIMEOUT=5s")
+	f.checker.WaitDistinct(t, 2000, 30*time.Second)
+	sent := time.Now()
+	if err := p.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	code, err := p.Wait(20 * time.Second)
+	t.Logf("exit %d %v after %v", code, err, time.Since(sent).Round(time.Millisecond))
+	if err != nil || code != 0 {
+		t.Fatalf("node exited %d (%v), want 0", code, err)
+	}
+	ctx := testkit.Context(t, 30*time.Second)
+	rows, err := f.pool.Query(ctx, `SELECT id FROM outbox WHERE processed_at IS NOT NULL`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	marked, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(marked) < 2000 || len(marked) == 20000 {
+		t.Fatalf("%d rows marked: want a drain stopped part way", len(marked))
+	}
+	// Every marked row must have reached the queue; give the consumer time
+	// to catch up with what the broker already holds.
+	f.checker.WaitDistinct(t, len(marked), 30*time.Second)
+	got := map[string]bool{}
+	for _, d := range f.checker.Deliveries() {
+		got[d.MessageID] = true
+	}
+	for _, id := range marked {
+		if !got[id.String()] {
+			t.Fatalf("row %s is marked processed but never reached the broker", id)
+		}
+	}
+	var leased int
+	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM ordo_leases WHERE owner IS NOT NULL`).Scan(&leased); err != nil || leased != 0 {
+		t.Fatalf("%d leases still held after a clean stop (%v)", leased, err)
+	}
+	if rep := f.checker.Report(); rep.Reorders != 0 || rep.Gaps != 0 {
+		t.Fatalf("checker: %s", rep.Detail())
+	}
+}
+
+// TestHTTPEndpoints: /healthz, /readyz and /status of a running node.
+func TestHTTPEndpoints(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.enqueue(t, 10, 5)
+	_, base := f.start(t, "http-node")
+	if code := getJSON(t, base+"/healthz", nil); code != http.StatusOK {
+		t.Fatalf("/healthz %d", code)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for getJSON(t, base+"/readyz", nil) != http.StatusOK {
+		if time.Now().After(deadline) {
+			t.Fatal("/readyz never became ready")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	f.checker.WaitDistinct(t, 10, 30*time.Second)
+	var st statusDoc
+	if code := getJSON(t, base+"/status", &st); code != http.StatusOK {
+		t.Fatalf("/status %d", code)
+	}
+	if st.Node != "http-node" || len(st.Map) != 64 || st.Held != 64 {
+		t.Fatalf("status: node %q, %d partitions, %d held", st.Node, len(st.Map), st.Held)
+	}
+	for _, p := range st.Map {
+		if p.Owner != "http-node" || p.Epoch < 1 {
+			t.Fatalf("partition %d: owner %q epoch %d", p.Partition, p.Owner, p.Epoch)
+		}
+	}
+}
+
+// TestPartitionMismatchRefused: a node configured with another P exits 1
+// with a message naming both counts.
+func TestPartitionMismatchRefused(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	p := testkit.StartProcess(t, "mismatch", f.bin, []string{"-partitions", "32", "-http-addr", testkit.FreeAddr(t)},
+		[]string{"ORDO_POSTGRES_URL=" + f.dbURL, "ORDO_AMQP_URL=" + testkit.AMQPURL()})
+	code, err := p.Wait(30 * time.Second)
+	if err != nil || code != 1 {
+		t.Fatalf("exit %d (%v), want 1", code, err)
+	}
+	if out := p.Output(); !strings.Contains(out, "installed with 64 partitions") || !strings.Contains(out, "configured with 32") {
+		t.Fatalf("output does not explain the mismatch:\n%s", out)
+	}
+}
+
+func TestParseConfig(t *testing.T) {
+	env := map[string]string{"ORDO_CONFIRM_WINDOW": "64", "ORDO_NODE_NAME": "n1"}
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	c, err := parseConfig([]string{"-lease-ttl", "3s"}, lookup, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ConfirmWindow != 64 || c.NodeName != "n1" || c.LeaseTTL != 3*time.Second || c.Partitions != 64 {
+		t.Fatalf("config %+v", c)
+	}
+	for _, bad := range [][]string{
+		{"-partitions", "0"}, {"-lease-ttl", "10ms"}, {"-db-max-conns", "1"}, {"-log-level", "loud"}, {"stray"},
+	} {
+		if _, err := parseConfig(bad, lookup, io.Discard); err == nil {
+			t.Errorf("parseConfig(%q) accepted", bad)
+		}
+	}
+}
