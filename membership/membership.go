@@ -1,0 +1,354 @@
+// Package membership runs gossip membership for an Ordo cluster with
+// hashicorp/memberlist and hands the live member set to partition code as
+// copied values.
+//
+// Gossip decides who should own a partition (see partition.Assign); the
+// PostgreSQL lease decides who does. Views may disagree for seconds during
+// joins, failures and network splits: that is safe because every relay
+// write is fenced by the lease epoch.
+package membership
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// Config configures a Membership.
+type Config struct {
+	// NodeName is this node's name; it must be unique in the cluster and
+	// stay the same across restarts.
+	NodeName string
+	// BindAddr is the host:port gossip listens on (TCP and UDP).
+	BindAddr string
+	// AdvertiseAddr is the host:port other nodes reach this one at; empty
+	// means BindAddr.
+	AdvertiseAddr string
+	// Join lists seed addresses (host:port). Run joins them at start and
+	// again every RejoinInterval, so the two sides of a healed split find
+	// each other again (memberlist never rejoins a peer it declared dead).
+	Join []string
+	// RejoinInterval is how often the seeds are joined again.
+	RejoinInterval time.Duration
+	// JoinTimeout bounds the first join: if seeds are configured and none
+	// answers within it, Run fails.
+	JoinTimeout time.Duration
+	// Keys are gossip encryption keys (16, 24 or 32 bytes each); the first
+	// encrypts, all decrypt, which allows rotation. Empty: no encryption.
+	Keys [][]byte
+	// ProbeInterval and SuspicionMult set failure detection: a silent node
+	// is suspected after a failed probe and declared dead after about
+	// SuspicionMult * max(1, log10(N)) * ProbeInterval more.
+	ProbeInterval time.Duration
+	SuspicionMult int
+	// Transport replaces memberlist's network transport (tests use it to
+	// drop gossip between groups). Nil: UDP+TCP on BindAddr.
+	Transport memberlist.Transport
+	// Logger receives membership events and memberlist's own warnings.
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns the settings tuned for Ordo's failover target: a
+// dead node is noticed in about a second in a small cluster.
+func DefaultConfig(name, bind string) Config {
+	return Config{
+		NodeName:       name,
+		BindAddr:       bind,
+		RejoinInterval: 10 * time.Second,
+		JoinTimeout:    time.Minute,
+		ProbeInterval:  200 * time.Millisecond,
+		SuspicionMult:  3,
+	}
+}
+
+// ParseKeys decodes a comma-separated list of base64 gossip keys.
+func ParseKeys(s string) ([][]byte, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var keys [][]byte
+	for _, part := range bytes.Split([]byte(s), []byte(",")) {
+		k, err := base64.StdEncoding.DecodeString(string(bytes.TrimSpace(part)))
+		if err != nil {
+			return nil, fmt.Errorf("gossip key: not base64: %w", err)
+		}
+		if n := len(k); n != 16 && n != 24 && n != 32 {
+			return nil, fmt.Errorf("gossip key: %d bytes; want 16, 24 or 32", n)
+		}
+		keys = append(keys, k)
+	}
+	return keys, nil
+}
+
+// Member is one node as this node sees it.
+type Member struct {
+	Name  string `json:"name"`
+	Addr  string `json:"addr"`
+	State string `json:"state"` // alive, or gone (left or declared dead)
+}
+
+// Membership is a running gossip member. Create with New, then Run.
+type Membership struct {
+	cfg     Config
+	ml      *memberlist.Memberlist
+	changed chan struct{}
+
+	mu     sync.Mutex
+	events []event // copied in callbacks, applied by Run
+	view   map[string]Member
+	alive  []string
+	evSig  chan struct{}
+}
+
+// ErrJoin is returned (wrapped) when none of the seeds could be joined.
+var ErrJoin = errors.New("cannot join the cluster")
+
+// New creates the memberlist and starts gossiping on BindAddr, but joins
+// no one until Run.
+func New(cfg Config) (*Membership, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.NodeName == "" {
+		return nil, errors.New("membership: node name is required")
+	}
+	host, portStr, err := net.SplitHostPort(cfg.BindAddr)
+	if err != nil {
+		return nil, fmt.Errorf("membership: gossip bind address %q: %w", cfg.BindAddr, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, fmt.Errorf("membership: gossip bind port %q: %w", portStr, err)
+	}
+	m := &Membership{cfg: cfg, changed: make(chan struct{}, 1), view: map[string]Member{}, evSig: make(chan struct{}, 1)}
+
+	mc := memberlist.DefaultLANConfig()
+	mc.Name = cfg.NodeName
+	mc.BindAddr, mc.BindPort = host, port
+	mc.AdvertiseAddr, mc.AdvertisePort = host, port
+	if cfg.AdvertiseAddr != "" {
+		ah, ap, err := net.SplitHostPort(cfg.AdvertiseAddr)
+		if err != nil {
+			return nil, fmt.Errorf("membership: advertise address %q: %w", cfg.AdvertiseAddr, err)
+		}
+		mc.AdvertiseAddr = ah
+		if mc.AdvertisePort, err = strconv.Atoi(ap); err != nil {
+			return nil, fmt.Errorf("membership: advertise port %q: %w", ap, err)
+		}
+	}
+	if cfg.ProbeInterval > 0 {
+		mc.ProbeInterval = cfg.ProbeInterval
+		mc.ProbeTimeout = cfg.ProbeInterval / 2
+		mc.GossipInterval = min(mc.GossipInterval, cfg.ProbeInterval/2)
+	}
+	if cfg.SuspicionMult > 0 {
+		mc.SuspicionMult = cfg.SuspicionMult
+	}
+	mc.PushPullInterval = 5 * time.Second
+	mc.TCPTimeout = 2 * time.Second
+	if len(cfg.Keys) > 0 {
+		kr, err := memberlist.NewKeyring(cfg.Keys, cfg.Keys[0])
+		if err != nil {
+			return nil, fmt.Errorf("membership: gossip keys: %w", err)
+		}
+		mc.Keyring = kr
+		mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true
+	}
+	mc.Events = (*delegate)(m)
+	mc.Logger = newLogBridge(cfg.Logger)
+	if cfg.Transport != nil {
+		mc.Transport = cfg.Transport
+	}
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		return nil, fmt.Errorf("membership: start gossip on %s: %w", cfg.BindAddr, err)
+	}
+	m.ml = ml
+	return m, nil
+}
+
+// event is a membership callback's node, copied.
+type event struct {
+	name, addr string
+	state      memberlist.NodeStateType
+}
+
+// delegate receives memberlist's callbacks. They run with memberlist's
+// locks held, so they only copy the node and queue it; they never call
+// back into memberlist.
+type delegate Membership
+
+func (d *delegate) push(n *memberlist.Node, state memberlist.NodeStateType) {
+	m := (*Membership)(d)
+	m.mu.Lock()
+	m.events = append(m.events, event{name: n.Name, addr: net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port))), state: state})
+	m.mu.Unlock()
+	select {
+	case m.evSig <- struct{}{}:
+	default:
+	}
+}
+
+// memberlist does not keep Node.State current, so the callback says it.
+func (d *delegate) NotifyJoin(n *memberlist.Node)   { d.push(n, memberlist.StateAlive) }
+func (d *delegate) NotifyLeave(n *memberlist.Node)  { d.push(n, memberlist.StateDead) }
+func (d *delegate) NotifyUpdate(n *memberlist.Node) { d.push(n, memberlist.StateAlive) }
+
+// Alive returns the names of the live members (alive or suspect),
+// sorted, this node included.
+func (m *Membership) Alive() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.alive)
+}
+
+// Members returns every member this node knows of, with its state.
+func (m *Membership) Members() []Member {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]Member, 0, len(m.view))
+	for _, x := range m.view {
+		out = append(out, x)
+	}
+	slices.SortFunc(out, func(a, b Member) int { return cmpString(a.Name, b.Name) })
+	return out
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Changed is signalled (coalesced) whenever Alive changes.
+func (m *Membership) Changed() <-chan struct{} { return m.changed }
+
+// Run joins the seeds, applies membership events until ctx ends, rejoins
+// the seeds every RejoinInterval, and on ctx's end leaves the cluster
+// gracefully and shuts gossip down. It returns an error only if the first
+// join found seeds but could reach none of them within a minute.
+func (m *Membership) Run(ctx context.Context) error {
+	defer func() {
+		if err := m.ml.Leave(2 * time.Second); err != nil {
+			m.cfg.Logger.Warn("leave the cluster", "err", err)
+		}
+		if err := m.ml.Shutdown(); err != nil {
+			m.cfg.Logger.Warn("shut gossip down", "err", err)
+		}
+	}()
+	m.apply()
+	if err := m.firstJoin(ctx); err != nil {
+		return err
+	}
+	rejoin := time.NewTicker(max(m.cfg.RejoinInterval, time.Second))
+	defer rejoin.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-m.evSig:
+			m.apply()
+		case <-rejoin.C:
+			m.join()
+		}
+	}
+}
+
+func (m *Membership) firstJoin(ctx context.Context) error {
+	if len(m.cfg.Join) == 0 {
+		return nil
+	}
+	deadline := time.Now().Add(max(m.cfg.JoinTimeout, time.Second))
+	for {
+		n, err := m.ml.Join(m.cfg.Join)
+		if n > 0 {
+			m.cfg.Logger.Info("joined the cluster", "seeds_reached", n)
+			return nil
+		}
+		if time.Now().After(deadline) {
+			hint := ""
+			if len(m.cfg.Keys) == 0 {
+				hint = " (if the cluster uses gossip encryption, this node needs its key: set ORDO_GOSSIP_KEY)"
+			} else {
+				hint = " (check that every node has the same gossip key)"
+			}
+			return fmt.Errorf("%w via %v: %v%s", ErrJoin, m.cfg.Join, err, hint)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(500 * time.Millisecond):
+		}
+		m.apply()
+		if len(m.Alive()) > 1 {
+			return nil // someone else joined us meanwhile
+		}
+	}
+}
+
+func (m *Membership) join() {
+	if len(m.cfg.Join) == 0 {
+		return
+	}
+	if _, err := m.ml.Join(m.cfg.Join); err != nil {
+		m.cfg.Logger.Debug("rejoin seeds", "err", err)
+	}
+}
+
+// apply folds queued events into the view.
+func (m *Membership) apply() {
+	m.mu.Lock()
+	evs := m.events
+	m.events = nil
+	if len(m.view) == 0 {
+		// This node itself; memberlist reports it through NotifyJoin too,
+		// but the view must never be empty.
+		m.view[m.cfg.NodeName] = Member{Name: m.cfg.NodeName, Addr: m.cfg.BindAddr, State: "alive"}
+	}
+	for _, e := range evs {
+		m.view[e.name] = Member{Name: e.name, Addr: e.addr, State: stateName(e.state)}
+	}
+	alive := make([]string, 0, len(m.view))
+	for _, x := range m.view {
+		if x.State == "alive" || x.State == "suspect" {
+			alive = append(alive, x.Name)
+		}
+	}
+	slices.Sort(alive)
+	changed := !slices.Equal(alive, m.alive)
+	m.alive = alive
+	m.mu.Unlock()
+	if changed {
+		m.cfg.Logger.Info("membership changed", "alive", alive)
+		select {
+		case m.changed <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func stateName(s memberlist.NodeStateType) string {
+	switch s {
+	case memberlist.StateAlive:
+		return "alive"
+	case memberlist.StateSuspect:
+		return "suspect"
+	case memberlist.StateDead, memberlist.StateLeft:
+		return "gone"
+	}
+	return "unknown"
+}
