@@ -1,0 +1,365 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// stopGrace is how long a service gets to stop after SIGTERM.
+const stopGrace = 15 * time.Second
+
+// statusWait bounds the wait for the node to mark the last rows processed.
+const statusWait = 5 * time.Second
+
+// Header names Ordo sets on every message (DESIGN.md, "The AMQP message").
+const (
+	headerKeySeq     = "x-ordo-key-seq"
+	headerPrevKeySeq = "x-ordo-prev-key-seq"
+)
+
+// run is the whole demo. It returns nil when every expected event arrived
+// in order, and stops the services it started before it returns.
+func run(ctx context.Context, cfg config, con *console) (err error) {
+	start := time.Now()
+
+	con.Step("PostgreSQL: database %s", cfg.Database)
+	dbURL, created, err := ensureDatabase(ctx, cfg.PostgresURL, cfg.Database)
+	if err != nil {
+		return err
+	}
+	if created {
+		con.Printf("created database %s\n", cfg.Database)
+	} else {
+		con.Printf("using existing database %s\n", cfg.Database)
+	}
+
+	con.Step("Building cmd/node and cmd/orderapi")
+	dir, err := os.MkdirTemp("", "ordo-demo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	t0 := time.Now()
+	nodeBin, apiBin, err := buildBinaries(ctx, dir)
+	if err != nil {
+		return err
+	}
+	con.Printf("built in %v\n", since(t0))
+
+	con.Step("RabbitMQ: exchange %s, queue %s bound with order.*", cfg.Exchange, cfg.Queue)
+	b, err := openBroker(cfg)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	con.Printf("consuming from %s\n", cfg.Queue)
+
+	con.Step("Starting the order API and one node")
+	apiAddr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	nodeAddr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	parts := strconv.Itoa(cfg.Partitions)
+	launched := time.Now()
+	api, err := startChild(con, "orderapi", apiBin, childEnv(
+		"ORDO_POSTGRES_URL="+dbURL,
+		"ORDO_HTTP_ADDR="+apiAddr,
+		"ORDO_EXCHANGE="+cfg.Exchange,
+		"ORDO_PARTITIONS="+parts,
+		"ORDO_DB_MAX_CONNS=4",
+	))
+	if err != nil {
+		return err
+	}
+	// Stop the services whatever happens; the order API first, so that
+	// the node has nothing new to publish while it stops.
+	var node *child
+	defer func() {
+		stopErr := api.Stop(stopGrace)
+		if node != nil {
+			stopErr = errors.Join(stopErr, node.Stop(stopGrace))
+		}
+		if err == nil {
+			err = stopErr
+		}
+	}()
+	node, err = startChild(con, "node", nodeBin, childEnv(
+		"ORDO_POSTGRES_URL="+dbURL,
+		"ORDO_AMQP_URL="+cfg.AMQPURL,
+		"ORDO_NODE_NAME=demo-node",
+		"ORDO_HTTP_ADDR="+nodeAddr,
+		"ORDO_PARTITIONS="+parts,
+	))
+	if err != nil {
+		return err
+	}
+	client := newHTTPClient()
+	defer client.CloseIdleConnections()
+	apiURL, nodeURL := "http://"+apiAddr, "http://"+nodeAddr
+	if err := waitReady(ctx, client, api, apiURL+"/healthz", cfg.Wait); err != nil {
+		return err
+	}
+	con.Printf("order API ready at %s, %v after start\n", apiURL, since(launched))
+	if err := waitReady(ctx, client, node, nodeURL+"/readyz", cfg.Wait); err != nil {
+		return err
+	}
+	con.Printf("node ready at %s, %v after start (it holds partition leases and is connected to the broker)\n", nodeURL, since(launched))
+
+	con.Step("Placing %d orders and cancelling every other one", cfg.Orders)
+	orders, err := placeOrders(ctx, con, client, apiURL, cfg.Orders)
+	if err != nil {
+		return err
+	}
+
+	exp := newExpectation(orders)
+	con.Step("Events from queue %s (expecting %d)", cfg.Queue, exp.total())
+	if err := receive(ctx, con, b.deliveries, exp, cfg.Wait, api, node); err != nil {
+		return err
+	}
+	con.Printf("all %d events arrived, each order's in order, %v after the start\n", exp.total(), since(start))
+
+	con.Step("Node status (GET %s/status)", nodeURL)
+	st, err := fetchStatus(ctx, client, nodeURL+"/status", statusWait)
+	if err != nil {
+		return err
+	}
+	pending, owned := st.pending()
+	con.Printf("node %s holds %d of %d partitions (the database agrees on %d); broker connected: %v\n",
+		st.Node, st.Held, st.PartitionCount, owned, st.Broker)
+	con.Printf("relay: %d published, %d confirmed, %d marked processed, %d failed\n",
+		st.Relay.Published, st.Relay.Confirmed, st.Relay.Marked, st.Relay.Failed)
+	con.Printf("outbox: %d pending\n", pending)
+
+	if cfg.Keep {
+		if err := keep(ctx, con, b.deliveries, exp, apiURL, nodeURL, api, node); err != nil {
+			return err
+		}
+	}
+
+	con.Step("Stopping")
+	if err := api.Stop(stopGrace); err != nil {
+		return err
+	}
+	con.Printf("orderapi stopped\n")
+	if err := node.Stop(stopGrace); err != nil {
+		return err
+	}
+	con.Printf("node stopped\n")
+	con.Printf("\ndone in %v\n", since(start))
+	return nil
+}
+
+func since(t time.Time) time.Duration { return time.Since(t).Round(10 * time.Millisecond) }
+
+// eventKey identifies one event of one order: an order's events carry its
+// id as correlation id and key_seq 1, 2, ... in the order they happened.
+type eventKey struct {
+	order  string
+	keySeq int64
+}
+
+// expectation tracks the events of this run's orders as they arrive.
+type expectation struct {
+	want    map[eventKey]bool // expected events; true once arrived
+	ours    map[string]bool   // this run's order ids
+	last    map[string]int64  // highest key_seq seen per order
+	arrived int
+	wrong   []string // out-of-order arrivals
+}
+
+func newExpectation(orders []placedOrder) *expectation {
+	e := &expectation{want: map[eventKey]bool{}, ours: map[string]bool{}, last: map[string]int64{}}
+	for _, o := range orders {
+		e.ours[o.ID] = true
+		e.want[eventKey{o.ID, 1}] = false // placed
+		if o.Cancelled {
+			e.want[eventKey{o.ID, 2}] = false // cancelled
+		}
+	}
+	return e
+}
+
+func (e *expectation) total() int { return len(e.want) }
+func (e *expectation) done() bool { return e.arrived == len(e.want) }
+
+// record notes one delivery and returns a remark for it: "" for the next
+// event of one of this run's orders, otherwise what it is.
+func (e *expectation) record(order string, keySeq int64) string {
+	if !e.ours[order] {
+		return "not from this run (an earlier run's event, or another producer's)"
+	}
+	k := eventKey{order, keySeq}
+	arrived, expected := e.want[k]
+	last := e.last[order]
+	switch {
+	case !expected:
+		return "unexpected event for this order"
+	case arrived:
+		return fmt.Sprintf("duplicate of key_seq %d: delivery is at least once; a consumer drops key_seq <= the last it applied", keySeq)
+	}
+	e.want[k] = true
+	e.arrived++
+	if keySeq > last {
+		e.last[order] = keySeq
+	}
+	if keySeq != last+1 {
+		msg := fmt.Sprintf("order %s: key_seq %d arrived after %d", order, keySeq, last)
+		e.wrong = append(e.wrong, msg)
+		return "OUT OF ORDER: " + msg
+	}
+	return ""
+}
+
+// adopt makes event keySeq of order expected, unless it already is, so
+// that events of orders placed by hand are checked like the demo's own.
+func (e *expectation) adopt(order string, keySeq int64) {
+	e.ours[order] = true
+	k := eventKey{order, keySeq}
+	if _, ok := e.want[k]; !ok {
+		e.want[k] = false
+	}
+}
+
+// missing lists the events that have not arrived.
+func (e *expectation) missing() []string {
+	var m []string
+	for k, arrived := range e.want {
+		if !arrived {
+			m = append(m, fmt.Sprintf("order %s key_seq %d", k.order, k.keySeq))
+		}
+	}
+	sort.Strings(m)
+	return m
+}
+
+// receive prints deliveries until every expected event has arrived, wait
+// passes, ctx ends, a service exits or the broker connection is lost.
+func receive(ctx context.Context, con *console, deliveries <-chan amqp.Delivery, exp *expectation, wait time.Duration, api, node *child) error {
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	for !exp.done() {
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				return errors.New("the broker closed the demo's consumer (connection lost?)")
+			}
+			printDelivery(con, d, exp)
+		case <-deadline.C:
+			return fmt.Errorf("%d of %d events did not arrive within %v: %s", len(exp.missing()), exp.total(), wait, strings.Join(exp.missing(), ", "))
+		case <-ctx.Done():
+			return fmt.Errorf("interrupted while waiting for events: %w", ctx.Err())
+		case <-api.done:
+			return fmt.Errorf("orderapi exited (see its output above): %v", api.exitError())
+		case <-node.done:
+			return fmt.Errorf("node exited (see its output above): %v", node.exitError())
+		}
+	}
+	if len(exp.wrong) > 0 {
+		return fmt.Errorf("events arrived out of order: %s", strings.Join(exp.wrong, "; "))
+	}
+	return nil
+}
+
+// printDelivery prints one message and records it.
+func printDelivery(con *console, d amqp.Delivery, exp *expectation) {
+	keySeq, _ := headerInt(d.Headers, headerKeySeq)
+	remark := exp.record(d.CorrelationId, keySeq)
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-16s %s\n", d.RoutingKey, d.Type)
+	fmt.Fprintf(&b, "    order (correlation-id) %s  %s %s", d.CorrelationId, headerKeySeq, headerText(d.Headers, headerKeySeq))
+	if prev, ok := d.Headers[headerPrevKeySeq]; ok {
+		fmt.Fprintf(&b, " (prev %v)", prev)
+	}
+	fmt.Fprintf(&b, "  message-id %s\n", d.MessageId)
+	fmt.Fprintf(&b, "    %s\n", compact(d.Body))
+	if remark != "" {
+		fmt.Fprintf(&b, "    ^ %s\n", remark)
+	}
+	con.Printf("%s", b.String())
+}
+
+// headerInt reads an integer header, whatever integer type the AMQP table
+// carries it in.
+func headerInt(h amqp.Table, name string) (int64, bool) {
+	switch v := h[name].(type) {
+	case int64:
+		return v, true
+	case int32:
+		return int64(v), true
+	case int16:
+		return int64(v), true
+	case int8:
+		return int64(v), true
+	case int:
+		return int64(v), true
+	case uint8:
+		return int64(v), true
+	case uint16:
+		return int64(v), true
+	case uint32:
+		return int64(v), true
+	}
+	return 0, false
+}
+
+func headerText(h amqp.Table, name string) string {
+	v, ok := h[name]
+	if !ok {
+		return "(missing)"
+	}
+	return fmt.Sprint(v)
+}
+
+// keep leaves both services running and prints every event until ctx ends
+// (Ctrl-C) or a service exits.
+func keep(ctx context.Context, con *console, deliveries <-chan amqp.Delivery, exp *expectation, apiURL, nodeURL string, api, node *child) error {
+	host := apiURL
+	if u, err := url.Parse(apiURL); err == nil {
+		host = u.Host
+	}
+	con.Step("Both services keep running; press Ctrl-C to stop")
+	con.Printf("order API  %s   (POST /orders, POST /orders/{id}/cancel, GET /orders/{id})\n", apiURL)
+	con.Printf("node       %s/status\n", nodeURL)
+	con.Printf("try:\n  curl -s -X POST http://%s/orders -H 'Content-Type: application/json' \\\n"+
+		"    -d '{\"customerId\":\"%s\",\"currency\":\"EUR\",\"items\":[{\"bookId\":\"%s\",\"quantity\":1,\"unitPrice\":\"9.90\"}]}'\n",
+		host, exampleUUID1, exampleUUID2)
+	con.Printf("events from the queue are printed below.\n\n")
+	for {
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				return errors.New("the broker closed the demo's consumer (connection lost?)")
+			}
+			// Orders placed by hand are checked like the demo's own.
+			keySeq, _ := headerInt(d.Headers, headerKeySeq)
+			exp.adopt(d.CorrelationId, keySeq)
+			printDelivery(con, d, exp)
+		case <-ctx.Done():
+			con.Printf("\n")
+			return nil
+		case <-api.done:
+			return fmt.Errorf("orderapi exited (see its output above): %v", api.exitError())
+		case <-node.done:
+			return fmt.Errorf("node exited (see its output above): %v", node.exitError())
+		}
+	}
+}
+
+// Example ids for the curl command printed by -keep.
+const (
+	exampleUUID1 = "0190f5c2-7d1e-7a3b-9c4d-5e6f708192a3"
+	exampleUUID2 = "0190f5c3-0000-7000-8000-00000000000a"
+)

@@ -1,0 +1,167 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// The demo's SQL: it only ever creates its database.
+const (
+	sqlDatabaseExists = `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`
+	// sqlCreateDatabase is completed with a sanitised identifier.
+	sqlCreateDatabase = `CREATE DATABASE `
+)
+
+// SQLSTATE duplicate_database: another demo created it first.
+const pgDuplicateDatabase = "42P04"
+
+// ensureDatabase creates database name on the server of adminURL unless it
+// exists, and returns the URL of that database. It reports whether it
+// created it.
+func ensureDatabase(ctx context.Context, adminURL, name string) (dbURL string, created bool, err error) {
+	u, err := url.Parse(adminURL)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return "", false, fmt.Errorf("-postgres-url: want a postgres:// URL, got %q", adminURL)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(cctx, adminURL)
+	if err != nil {
+		return "", false, fmt.Errorf("connect to PostgreSQL at %s (is it running? see -postgres-url): %w", u.Host, err)
+	}
+	defer conn.Close(context.Background())
+	var exists bool
+	if err := conn.QueryRow(cctx, sqlDatabaseExists, name).Scan(&exists); err != nil {
+		return "", false, fmt.Errorf("look for database %s: %w", name, err)
+	}
+	if !exists {
+		_, err := conn.Exec(cctx, sqlCreateDatabase+pgx.Identifier{name}.Sanitize())
+		var pgErr *pgconn.PgError
+		switch {
+		case err == nil:
+			created = true
+		case errors.As(err, &pgErr) && pgErr.Code == pgDuplicateDatabase:
+		default:
+			return "", false, fmt.Errorf("create database %s: %w", name, err)
+		}
+	}
+	u.Path = "/" + name
+	return u.String(), created, nil
+}
+
+// The programs the demo runs, by import path so that go build finds them
+// from any directory of the module.
+const (
+	pkgNode     = "github.com/ordo-relay/ordo/cmd/node"
+	pkgOrderAPI = "github.com/ordo-relay/ordo/cmd/orderapi"
+)
+
+// buildBinaries builds the node and the order API into dir with the go
+// command and returns their paths.
+func buildBinaries(ctx context.Context, dir string) (node, orderapi string, err error) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		return "", "", fmt.Errorf("the go command is needed to build the services: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	// With several packages, -o names a directory; each binary is named
+	// after its package's last path element.
+	cmd := exec.CommandContext(ctx, gobin, "build", "-o", dir+string(filepath.Separator), pkgNode, pkgOrderAPI)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", "", fmt.Errorf("go build (run the demo from the repository: go run ./cmd/demo): %w\n%s", err, out)
+	}
+	return filepath.Join(dir, "node"), filepath.Join(dir, "orderapi"), nil
+}
+
+// broker is the demo's side of RabbitMQ: one connection, one channel, and
+// the deliveries of the demo queue.
+type broker struct {
+	conn       *amqp.Connection
+	deliveries <-chan amqp.Delivery
+}
+
+// openBroker declares cfg.Exchange (a durable topic exchange: the node
+// only checks that it exists), declares the demo's queue, binds it with
+// order.* and starts consuming with automatic acks. Close ends it all.
+func openBroker(cfg config) (*broker, error) {
+	u, err := url.Parse(cfg.AMQPURL)
+	if err != nil {
+		return nil, fmt.Errorf("-amqp-url: %w", err)
+	}
+	conn, err := amqp.DialConfig(cfg.AMQPURL, amqp.Config{
+		Dial:       amqp.DefaultDial(10 * time.Second),
+		Properties: amqp.Table{"connection_name": "ordo-demo"},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("connect to RabbitMQ at %s (is it running? see -amqp-url): %w", u.Host, err)
+	}
+	b := &broker{conn: conn}
+	if err := b.setup(cfg); err != nil {
+		b.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+func (b *broker) setup(cfg config) error {
+	ch, err := b.conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open AMQP channel: %w", err)
+	}
+	if err := ch.ExchangeDeclare(cfg.Exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declare exchange %s (an existing exchange of that name must be a durable topic exchange): %w", cfg.Exchange, err)
+	}
+	// Not durable, auto-delete and exclusive: the queue lives as long as
+	// this demo's connection, and a second demo running at the same time
+	// is refused instead of taking half of the messages.
+	if _, err := ch.QueueDeclare(cfg.Queue, false, true, true, false, nil); err != nil {
+		var ae *amqp.Error
+		if errors.As(err, &ae) && ae.Code == amqp.ResourceLocked {
+			return fmt.Errorf("queue %s is in use: is another demo running? %w", cfg.Queue, err)
+		}
+		return fmt.Errorf("declare queue %s: %w", cfg.Queue, err)
+	}
+	if err := ch.QueueBind(cfg.Queue, "order.*", cfg.Exchange, false, nil); err != nil {
+		return fmt.Errorf("bind queue %s to %s: %w", cfg.Queue, cfg.Exchange, err)
+	}
+	d, err := ch.Consume(cfg.Queue, "ordo-demo", true, true, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consume from %s: %w", cfg.Queue, err)
+	}
+	b.deliveries = d
+	return nil
+}
+
+// Close closes the connection, which deletes the queue and ends the
+// deliveries channel. It is idempotent.
+func (b *broker) Close() {
+	if !b.conn.IsClosed() {
+		_ = b.conn.Close()
+	}
+}
+
+// freeAddr returns 127.0.0.1:port for a port that was free a moment ago.
+// The service that gets it binds it itself; another process could take it
+// first, which would make that service fail to start, visibly.
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("find a free port: %w", err)
+	}
+	addr := ln.Addr().String()
+	if err := ln.Close(); err != nil {
+		return "", fmt.Errorf("find a free port: %w", err)
+	}
+	return addr, nil
+}
