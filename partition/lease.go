@@ -55,6 +55,16 @@ type LeaserConfig struct {
 	Want func() []int
 	// Connect opens the leaser's dedicated connection.
 	Connect func(ctx context.Context) (*pgx.Conn, error)
+	// Drained reports whether the relay has nothing in flight for a
+	// partition (published and not yet marked). A partition no longer
+	// wanted is released once it is drained, or after HandoffTimeout,
+	// whichever comes first. Nil: release at once.
+	Drained func(partition int) bool
+	// HandoffTimeout bounds the wait for Drained. Default TTL/2.
+	HandoffTimeout time.Duration
+	// Wake, when signalled, makes the leaser act on Want at once instead
+	// of at the next renewal (e.g. on a membership change).
+	Wake <-chan struct{}
 	// Logger receives claim, loss and outage messages.
 	Logger *slog.Logger
 }
@@ -75,6 +85,12 @@ func (c *LeaserConfig) setDefaults() error {
 	if c.Margin >= c.TTL || c.RenewEvery >= c.TTL-c.Margin {
 		return fmt.Errorf("leaser: renew period %v and margin %v must fit in TTL %v", c.RenewEvery, c.Margin, c.TTL)
 	}
+	if c.HandoffTimeout <= 0 {
+		c.HandoffTimeout = c.TTL / 2
+	}
+	if c.Drained == nil {
+		c.Drained = func(int) bool { return true }
+	}
 	if c.Want == nil || c.Connect == nil {
 		return errors.New("leaser: Want and Connect are required")
 	}
@@ -90,8 +106,19 @@ type Leaser struct {
 	cfg     LeaserConfig
 	changed chan struct{}
 
-	mu     sync.Mutex
-	leases map[int]Lease
+	lastRenew time.Time // owned by Run
+
+	mu       sync.Mutex
+	leases   map[int]Lease
+	revoking map[int]time.Time // held, no longer wanted: draining since
+	handoffs []Handoff
+}
+
+// Handoff is one partition given back because it is no longer wanted.
+type Handoff struct {
+	Partition int
+	Drained   bool          // false: HandoffTimeout passed first
+	Took      time.Duration // from no longer wanted to released
 }
 
 var _ Ownership = (*Leaser)(nil)
@@ -101,11 +128,25 @@ func NewLeaser(cfg LeaserConfig) (*Leaser, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	return &Leaser{cfg: cfg, changed: make(chan struct{}, 1), leases: map[int]Lease{}}, nil
+	return &Leaser{cfg: cfg, changed: make(chan struct{}, 1), leases: map[int]Lease{}, revoking: map[int]time.Time{}}, nil
 }
 
-// Leases implements Ownership.
+// Leases implements Ownership. Leases being handed off are left out, so
+// the relay stops reading them while their in-flight messages settle.
 func (l *Leaser) Leases() map[int]Lease {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := make(map[int]Lease, len(l.leases))
+	for p, x := range l.leases {
+		if _, ok := l.revoking[p]; !ok {
+			m[p] = x
+		}
+	}
+	return m
+}
+
+// held returns every lease held, handoffs included.
+func (l *Leaser) held() map[int]Lease {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	m := make(map[int]Lease, len(l.leases))
@@ -113,6 +154,15 @@ func (l *Leaser) Leases() map[int]Lease {
 		m[p] = x
 	}
 	return m
+}
+
+// Handoffs returns and forgets the handoffs completed since the last call.
+func (l *Leaser) Handoffs() []Handoff {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	h := l.handoffs
+	l.handoffs = nil
+	return h
 }
 
 // Changed implements Ownership.
@@ -146,6 +196,7 @@ func (l *Leaser) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		case <-l.cfg.Wake:
 		}
 		if conn == nil || conn.IsClosed() {
 			c, err := l.cfg.Connect(ctx)
@@ -156,7 +207,8 @@ func (l *Leaser) Run(ctx context.Context) error {
 			}
 			conn = c
 		}
-		if err := l.tick(ctx, conn); err != nil {
+		busy, err := l.tick(ctx, conn)
+		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -166,61 +218,83 @@ func (l *Leaser) Run(ctx context.Context) error {
 		} else {
 			down.OK()
 		}
-		t.Reset(l.cfg.RenewEvery)
+		next := l.cfg.RenewEvery - time.Since(l.lastRenew)
+		if busy {
+			// A handoff is draining, or a wanted partition is still held
+			// elsewhere: look again soon.
+			next = min(next, l.cfg.TTL/20)
+		}
+		t.Reset(max(next, 10*time.Millisecond))
 	}
 }
 
-// tick renews what is held, drops what is lost or no longer wanted, and
-// claims what is wanted and free.
-func (l *Leaser) tick(ctx context.Context, conn *pgx.Conn) error {
+// tick renews what is held (once per RenewEvery), hands off what is no
+// longer wanted, and claims what is wanted and free. busy reports work
+// that wants another tick soon.
+func (l *Leaser) tick(ctx context.Context, conn *pgx.Conn) (busy bool, err error) {
 	qctx, cancel := context.WithTimeout(ctx, l.cfg.RenewEvery)
 	defer cancel()
-	held := l.Leases()
 	want := l.cfg.Want()
 	wantSet := make(map[int]bool, len(want))
 	for _, p := range want {
 		wantSet[p] = true
 	}
-	// Renew everything held, then give back what is no longer wanted (the
-	// cluster's handoff waits for the relay first; see Release).
-	if len(held) > 0 {
-		parts := make([]int32, 0, len(held))
-		epochs := make([]int64, 0, len(held))
-		for p, x := range held {
-			parts = append(parts, int32(p))
-			epochs = append(epochs, x.Epoch)
-		}
-		sent := time.Now()
-		rows, err := conn.Query(qctx, sqlRenew, l.cfg.Node, l.cfg.TTL.Seconds(), parts, epochs)
-		if err != nil {
-			return fmt.Errorf("renew leases: %w", err)
-		}
-		renewed, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-		if err != nil {
-			return fmt.Errorf("renew leases: %w", err)
-		}
-		ok := make(map[int]bool, len(renewed))
-		for _, p := range renewed {
-			ok[int(p)] = true
-		}
-		l.mu.Lock()
-		var lost []int
-		for p, x := range held {
-			if ok[p] {
-				x.Deadline = sent.Add(l.cfg.TTL - l.cfg.Margin)
-				l.leases[p] = x
-			} else {
-				delete(l.leases, p)
-				lost = append(lost, p)
-			}
-		}
-		l.mu.Unlock()
-		if len(lost) > 0 {
-			slices.Sort(lost)
-			l.cfg.Logger.Warn("leases lost: another node holds them now", "partitions", lost)
-			l.signal()
+	if time.Since(l.lastRenew) >= l.cfg.RenewEvery {
+		if err := l.renew(qctx, conn); err != nil {
+			return false, err
 		}
 	}
+	held := l.held()
+
+	// Handoff: stop reading, let in-flight messages settle, then release.
+	now := time.Now()
+	var release []Lease
+	var done []Handoff
+	for p, x := range held {
+		l.mu.Lock()
+		since, revoking := l.revoking[p]
+		l.mu.Unlock()
+		switch {
+		case wantSet[p] && revoking:
+			l.mu.Lock()
+			delete(l.revoking, p) // wanted again before it was released
+			l.mu.Unlock()
+			l.signal()
+		case wantSet[p]:
+		case !revoking:
+			l.mu.Lock()
+			l.revoking[p] = now
+			l.mu.Unlock()
+			l.signal()
+			busy = true
+		case l.cfg.Drained(p) || now.Sub(since) >= l.cfg.HandoffTimeout:
+			release = append(release, x)
+			done = append(done, Handoff{Partition: p, Drained: l.cfg.Drained(p), Took: now.Sub(since)})
+		default:
+			busy = true
+		}
+	}
+	if len(release) > 0 {
+		if err := l.releaseLeases(qctx, conn, release); err != nil {
+			return false, err
+		}
+		l.mu.Lock()
+		for _, x := range release {
+			delete(l.leases, x.Partition)
+			delete(l.revoking, x.Partition)
+		}
+		l.handoffs = append(l.handoffs, done...)
+		l.mu.Unlock()
+		for _, h := range done {
+			if !h.Drained {
+				l.cfg.Logger.Warn("handoff timed out; unconfirmed rows stay pending for the next owner",
+					"partition", h.Partition, "after", h.Took.Round(time.Millisecond))
+			}
+		}
+		l.cfg.Logger.Info("leases handed off", "count", len(release))
+		l.signal()
+	}
+
 	var claim []int32
 	for _, p := range want {
 		if _, ok := held[p]; !ok {
@@ -228,12 +302,75 @@ func (l *Leaser) tick(ctx context.Context, conn *pgx.Conn) error {
 		}
 	}
 	if len(claim) == 0 {
+		return busy, nil
+	}
+	got, err := l.claim(qctx, conn, claim)
+	if err != nil {
+		return false, err
+	}
+	return busy || got < len(claim), nil
+}
+
+// renew extends every held lease and drops the ones found lost.
+func (l *Leaser) renew(ctx context.Context, conn *pgx.Conn) error {
+	held := l.held()
+	sent := time.Now()
+	if len(held) == 0 {
+		l.lastRenew = sent
 		return nil
 	}
-	sent := time.Now()
-	rows, err := conn.Query(qctx, sqlClaim, l.cfg.Node, l.cfg.TTL.Seconds(), claim)
+	parts := make([]int32, 0, len(held))
+	epochs := make([]int64, 0, len(held))
+	for p, x := range held {
+		parts = append(parts, int32(p))
+		epochs = append(epochs, x.Epoch)
+	}
+	rows, err := conn.Query(ctx, sqlRenew, l.cfg.Node, l.cfg.TTL.Seconds(), parts, epochs)
 	if err != nil {
-		return fmt.Errorf("claim leases: %w", err)
+		return fmt.Errorf("renew leases: %w", err)
+	}
+	renewed, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return fmt.Errorf("renew leases: %w", err)
+	}
+	l.lastRenew = sent
+	ok := make(map[int]bool, len(renewed))
+	for _, p := range renewed {
+		ok[int(p)] = true
+	}
+	var lostParts []int32
+	var lostEpochs []int64
+	l.mu.Lock()
+	for p, x := range held {
+		if ok[p] {
+			x.Deadline = sent.Add(l.cfg.TTL - l.cfg.Margin)
+			l.leases[p] = x
+		} else {
+			delete(l.leases, p)
+			delete(l.revoking, p)
+			lostParts = append(lostParts, int32(p))
+			lostEpochs = append(lostEpochs, x.Epoch)
+		}
+	}
+	l.mu.Unlock()
+	if len(lostParts) == 0 {
+		return nil
+	}
+	slices.Sort(lostParts)
+	l.cfg.Logger.Warn("leases lost: another node holds them now", "partitions", lostParts)
+	l.signal()
+	if _, err := conn.Exec(ctx, sqlRenewFailed, l.cfg.Node, lostParts, lostEpochs); err != nil {
+		return fmt.Errorf("audit lost leases: %w", err)
+	}
+	return nil
+}
+
+// claim takes what it can of parts and returns how many it got.
+func (l *Leaser) claim(ctx context.Context, conn *pgx.Conn, parts []int32) (int, error) {
+	sent := time.Now()
+	rows, err := conn.Query(ctx, sqlClaim, l.cfg.Node, l.cfg.TTL.Seconds(), parts)
+	if err != nil {
+		return 0, fmt.Errorf("claim leases: %w", err)
 	}
 	type claimed struct {
 		Partition int32
@@ -241,10 +378,10 @@ func (l *Leaser) tick(ctx context.Context, conn *pgx.Conn) error {
 	}
 	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[claimed])
 	if err != nil {
-		return fmt.Errorf("claim leases: %w", err)
+		return 0, fmt.Errorf("claim leases: %w", err)
 	}
 	if len(got) == 0 {
-		return nil
+		return 0, nil
 	}
 	l.mu.Lock()
 	ps := make([]int, 0, len(got))
@@ -256,24 +393,34 @@ func (l *Leaser) tick(ctx context.Context, conn *pgx.Conn) error {
 	slices.Sort(ps)
 	l.cfg.Logger.Info("leases claimed", "count", len(ps), "partitions", ps)
 	l.signal()
+	return len(got), nil
+}
+
+func (l *Leaser) releaseLeases(ctx context.Context, conn *pgx.Conn, leases []Lease) error {
+	parts := make([]int32, len(leases))
+	epochs := make([]int64, len(leases))
+	for i, x := range leases {
+		parts[i], epochs[i] = int32(x.Partition), x.Epoch
+	}
+	if _, err := conn.Exec(ctx, sqlRelease, l.cfg.Node, parts, epochs); err != nil {
+		return fmt.Errorf("release leases: %w", err)
+	}
 	return nil
 }
 
 // release gives back every held lease so another node can claim it at once.
 func (l *Leaser) release(conn *pgx.Conn) {
-	held := l.Leases()
+	held := l.held()
 	if len(held) == 0 {
 		return
 	}
-	parts := make([]int32, 0, len(held))
-	epochs := make([]int64, 0, len(held))
-	for p, x := range held {
-		parts = append(parts, int32(p))
-		epochs = append(epochs, x.Epoch)
+	all := make([]Lease, 0, len(held))
+	for _, x := range held {
+		all = append(all, x)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	tag, err := conn.Exec(ctx, sqlRelease, l.cfg.Node, parts, epochs)
+	err := l.releaseLeases(ctx, conn, all)
 	l.mu.Lock()
 	clear(l.leases)
 	l.mu.Unlock()
@@ -282,20 +429,36 @@ func (l *Leaser) release(conn *pgx.Conn) {
 		l.cfg.Logger.Warn("release leases: they will expire instead", "err", err)
 		return
 	}
-	l.cfg.Logger.Info("leases released", "count", tag.RowsAffected())
+	l.cfg.Logger.Info("leases released", "count", len(all))
 }
 
 const (
 	// sqlClaim takes free, expired or own leases, bumping the epoch so any
-	// earlier holder's writes are refused from now on.
+	// earlier holder's writes are refused from now on, and records the
+	// claim (and the expiry of another node's lease it replaces).
 	sqlClaim = `
-UPDATE ordo_leases
-SET owner = $1, epoch = epoch + 1,
-    expires_at = clock_timestamp() + make_interval(secs => $2),
-    claimed_at = clock_timestamp()
-WHERE partition = ANY($3::int[])
-  AND (owner IS NULL OR owner = $1 OR expires_at < clock_timestamp())
-RETURNING partition, epoch`
+WITH prev AS (
+    SELECT partition, owner, epoch, expires_at < clock_timestamp() AS expired
+    FROM ordo_leases
+    WHERE partition = ANY($3::int[])
+      AND (owner IS NULL OR owner = $1 OR expires_at < clock_timestamp())
+    FOR UPDATE
+), claimed AS (
+    UPDATE ordo_leases AS l
+    SET owner = $1, epoch = l.epoch + 1,
+        expires_at = clock_timestamp() + make_interval(secs => $2),
+        claimed_at = clock_timestamp()
+    FROM prev WHERE l.partition = prev.partition
+    RETURNING l.partition, l.epoch
+), expired AS (
+    INSERT INTO ordo_lease_audit (node, partition, epoch, event, detail)
+    SELECT prev.owner, prev.partition, prev.epoch, 'expire', 'taken over by ' || $1
+    FROM prev WHERE prev.owner IS NOT NULL AND prev.owner <> $1 AND prev.expired
+), audit AS (
+    INSERT INTO ordo_lease_audit (node, partition, epoch, event)
+    SELECT $1, partition, epoch, 'claim' FROM claimed
+)
+SELECT partition, epoch FROM claimed`
 
 	// sqlRenew extends leases still held at the same epoch.
 	sqlRenew = `
@@ -305,10 +468,21 @@ FROM unnest($3::int[], $4::bigint[]) AS h(partition, epoch)
 WHERE l.partition = h.partition AND l.epoch = h.epoch AND l.owner = $1
 RETURNING l.partition`
 
-	// sqlRelease frees leases still held at the same epoch.
+	// sqlRenewFailed records leases a renewal found gone.
+	sqlRenewFailed = `
+INSERT INTO ordo_lease_audit (node, partition, epoch, event, detail)
+SELECT $1, p, e, 'renew-failed', 'held by another node or epoch now'
+FROM unnest($2::int[], $3::bigint[]) AS h(p, e)`
+
+	// sqlRelease frees leases still held at the same epoch and records it.
 	sqlRelease = `
-UPDATE ordo_leases AS l
-SET owner = NULL, expires_at = '-infinity'
-FROM unnest($2::int[], $3::bigint[]) AS h(partition, epoch)
-WHERE l.partition = h.partition AND l.epoch = h.epoch AND l.owner = $1`
+WITH released AS (
+    UPDATE ordo_leases AS l
+    SET owner = NULL, expires_at = '-infinity'
+    FROM unnest($2::int[], $3::bigint[]) AS h(partition, epoch)
+    WHERE l.partition = h.partition AND l.epoch = h.epoch AND l.owner = $1
+    RETURNING l.partition, l.epoch
+)
+INSERT INTO ordo_lease_audit (node, partition, epoch, event)
+SELECT $1, partition, epoch, 'release' FROM released`
 )

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/relay"
@@ -277,4 +278,49 @@ func (c *countingHandler) text() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return strings.Join(c.lines, "\n")
+}
+
+// stealBeforeMark hands every partition to another node (epoch + 1) right
+// before the first mark, as a takeover during a pause would.
+type stealBeforeMark struct {
+	relay.Store
+	pool  *pgxpool.Pool
+	stole atomic.Bool
+}
+
+func (s *stealBeforeMark) MarkPublished(ctx context.Context, node string, rows []relay.Settled) ([]uuid.UUID, error) {
+	if s.stole.CompareAndSwap(false, true) {
+		if _, err := s.pool.Exec(ctx, `UPDATE ordo_leases SET owner = 'thief', epoch = epoch + 1,
+			expires_at = clock_timestamp() + interval '1 hour'`); err != nil {
+			return nil, err
+		}
+	}
+	return s.Store.MarkPublished(ctx, node, rows)
+}
+
+// TestStaleEpochMarkRefused: a mark under an epoch that is no longer
+// current changes nothing and is recorded in the audit table.
+func TestStaleEpochMarkRefused(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	for i := range 20 {
+		h.expect(h.enqueue(h.msg(fmt.Sprintf("k-%d", i), "order.placed", "t.v1")))
+	}
+	h.startNode(nodeOpts{name: "victim", wrapStore: func(s relay.Store) relay.Store {
+		return &stealBeforeMark{Store: s, pool: h.pool}
+	}})
+	ctx := testkit.Context(t, 30*time.Second)
+	var refused int
+	waitCond(t, 30*time.Second, "refused writes audited", func() bool {
+		_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM ordo_lease_audit WHERE node = 'victim' AND event = 'refused-write'`).Scan(&refused)
+		return refused > 0
+	})
+	waitCond(t, 30*time.Second, "lost leases audited", func() bool {
+		var n int
+		_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM ordo_lease_audit WHERE node = 'victim' AND event = 'renew-failed'`).Scan(&n)
+		return n == testPartitions
+	})
+	if n := h.count("processed_at IS NOT NULL"); n != 0 {
+		t.Fatalf("%d rows marked under a stale epoch", n)
+	}
 }

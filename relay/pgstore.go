@@ -80,7 +80,7 @@ func (s *PGStore) MarkPublished(ctx context.Context, node string, rows []Settled
 // RecordFailures implements Store.
 func (s *PGStore) RecordFailures(ctx context.Context, node string, rows []Settled) error {
 	ids, parts, epochs, errs := settledArrays(rows)
-	if _, err := s.pool.Exec(ctx, sqlRecordFailures, node, ids, parts, epochs, errs); err != nil {
+	if _, err := s.pool.Exec(ctx, sqlRecordFailures, node, ids, parts, epochs, errs); err != nil { // returns one row
 		return fmt.Errorf("record %d failure(s): %w", len(rows), err)
 	}
 	return nil

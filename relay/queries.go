@@ -28,22 +28,39 @@ held AS (
     WHERE l.owner = $1 AND (l.partition, l.epoch) IN (SELECT DISTINCT partition, epoch FROM m)
     FOR SHARE)`
 
+// sqlRefused records, once per partition and epoch, the rows a write
+// skipped because the lease is no longer held at the published epoch.
+func sqlRefused(what string) string {
+	return `
+refused AS (
+    INSERT INTO ordo_lease_audit (node, partition, epoch, event, detail)
+    SELECT $1, r.partition, r.epoch, 'refused-write', '` + what + ` of ' || r.n || ' row(s) with a stale epoch'
+    FROM (SELECT partition, epoch, count(*) AS n FROM m
+          WHERE (partition, epoch) NOT IN (SELECT partition, epoch FROM held)
+          GROUP BY partition, epoch) AS r)`
+}
+
 // sqlMarkPublished marks confirmed rows processed, epoch-checked.
-const sqlMarkPublished = `
-WITH ` + sqlHeld + `
-UPDATE outbox AS o SET processed_at = clock_timestamp()
-FROM m JOIN held AS h ON h.partition = m.partition AND h.epoch = m.epoch
-WHERE o.id = m.id AND o.partition = m.partition AND o.processed_at IS NULL
-RETURNING o.id`
+var sqlMarkPublished = `
+WITH ` + sqlHeld + `,
+marked AS (
+    UPDATE outbox AS o SET processed_at = clock_timestamp()
+    FROM m JOIN held AS h ON h.partition = m.partition AND h.epoch = m.epoch
+    WHERE o.id = m.id AND o.partition = m.partition AND o.processed_at IS NULL
+    RETURNING o.id),` + sqlRefused("mark") + `
+SELECT id FROM marked`
 
 // sqlRecordFailures counts one failed attempt per row, epoch-checked.
-const sqlRecordFailures = `
+var sqlRecordFailures = `
 WITH ` + sqlHeld + `,
-e AS (SELECT * FROM unnest($2::uuid[], $5::text[]) AS e(id, err))
-UPDATE outbox AS o SET attempts = o.attempts + 1, last_error = left(e.err, 1000)
-FROM m JOIN held AS h ON h.partition = m.partition AND h.epoch = m.epoch
-       JOIN e ON e.id = m.id
-WHERE o.id = m.id AND o.partition = m.partition AND o.processed_at IS NULL`
+e AS (SELECT * FROM unnest($2::uuid[], $5::text[]) AS e(id, err)),
+failed AS (
+    UPDATE outbox AS o SET attempts = o.attempts + 1, last_error = left(e.err, 1000)
+    FROM m JOIN held AS h ON h.partition = m.partition AND h.epoch = m.epoch
+           JOIN e ON e.id = m.id
+    WHERE o.id = m.id AND o.partition = m.partition AND o.processed_at IS NULL
+    RETURNING o.id),` + sqlRefused("failure record") + `
+SELECT count(*) FROM failed`
 
 // NotifyChannel is the LISTEN/NOTIFY channel the outbox triggers signal,
 // with the partition number as payload.
