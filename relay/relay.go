@@ -304,6 +304,20 @@ func (r *Relay) readOnce(ctx context.Context) (more bool, err error) {
 	return len(rows) == limit, nil
 }
 
+// Drained reports whether no message of partition is published and not
+// yet settled and marked. Messages backing off after a failure do not
+// count: they are not in flight. Safe for concurrent use.
+func (r *Relay) Drained(partition int) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, f := range r.flights {
+		if f.msg.Partition == partition && f.retryAt.IsZero() {
+			return false
+		}
+	}
+	return true
+}
+
 // publishError is a Publish failure: the message was not sent.
 type publishError struct{ err error }
 

@@ -1,7 +1,10 @@
-// Command node runs one Ordo relay node: it holds partition leases in
-// PostgreSQL and publishes their pending outbox rows to RabbitMQ in per-key
-// order. See the README for configuration; every flag has an ORDO_*
-// environment variable equivalent.
+// Command node runs one Ordo relay node: it gossips membership with its
+// peers, holds the leases of the partitions assigned to it, and publishes
+// their pending outbox rows to RabbitMQ in per-key order. Every flag has an
+// ORDO_* environment variable equivalent (see -h).
+//
+//	node [flags]                       run a node
+//	node status [-http ADDR]           print a node's view of the cluster
 package main
 
 import (
@@ -13,88 +16,73 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
-	"time"
 
 	"github.com/ordo-relay/ordo/internal/envflag"
-	"github.com/ordo-relay/ordo/partition"
+	"github.com/ordo-relay/ordo/membership"
+	"github.com/ordo-relay/ordo/node"
 )
 
-// config is everything the node is configured with.
-type config struct {
-	PostgresURL   string        // outbox database
-	AMQPURL       string        // broker
-	NodeName      string        // lease owner name; stable across restarts
-	HTTPAddr      string        // /healthz, /readyz, /status
-	Partitions    int           // P; must match the installed count
-	ConfirmWindow int           // W: most unconfirmed publishes in flight
-	BatchSize     int           // most rows per read
-	PollInterval  time.Duration // read without a notification this often
-	LeaseTTL      time.Duration // lease lifetime in the database
-	SettleTimeout time.Duration // bound on settling confirms at shutdown
-	RetryMin      time.Duration // first backoff of a failed key
-	RetryMax      time.Duration // backoff cap
-	DBMaxConns    int           // pool size
-	LogLevel      string        // debug, info, warn, error
+// options is the parsed command line of "node [flags]".
+type options struct {
+	node.Config
+	LogLevel slog.Level
 }
 
-func defaultNodeName() string {
-	h, err := os.Hostname()
-	if err != nil || h == "" {
-		return "ordo-node"
-	}
-	return h
-}
-
-func parseConfig(args []string, lookup func(string) (string, bool), out io.Writer) (config, error) {
-	var c config
+func parseConfig(args []string, lookup func(string) (string, bool), out io.Writer) (options, error) {
+	o := options{Config: node.DefaultConfig()}
+	c := &o.Config
 	fs := flag.NewFlagSet("node", flag.ContinueOnError)
 	fs.SetOutput(out)
-	fs.StringVar(&c.PostgresURL, "postgres-url", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "PostgreSQL URL of the outbox database")
-	fs.StringVar(&c.AMQPURL, "amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL")
-	fs.StringVar(&c.NodeName, "node-name", defaultNodeName(), "this node's name (the lease owner); keep it stable across restarts")
-	fs.StringVar(&c.HTTPAddr, "http-addr", "127.0.0.1:8081", "address for /healthz, /readyz and /status")
-	fs.IntVar(&c.Partitions, "partitions", partition.DefaultCount, "partition count P; fixed at install")
-	fs.IntVar(&c.ConfirmWindow, "confirm-window", 512, "W: the most unconfirmed publishes in flight")
-	fs.IntVar(&c.BatchSize, "batch-size", 512, "most rows per read")
-	fs.DurationVar(&c.PollInterval, "poll-interval", time.Second, "read this often without a notification")
-	fs.DurationVar(&c.LeaseTTL, "lease-ttl", 2*time.Second, "partition lease lifetime; renewed every third of it")
-	fs.DurationVar(&c.SettleTimeout, "settle-timeout", 5*time.Second, "how long to wait for outstanding confirms when stopping")
-	fs.DurationVar(&c.RetryMin, "retry-min", 100*time.Millisecond, "first backoff of a key whose message failed")
-	fs.DurationVar(&c.RetryMax, "retry-max", 30*time.Second, "backoff cap of a failing key")
-	fs.IntVar(&c.DBMaxConns, "db-max-conns", 6, "PostgreSQL pool size")
-	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
-	fs.Usage = envflag.Usage(fs, "ORDO", "usage: node [flags]\n\nRuns one Ordo relay node.")
+	fs.StringVar(&c.PostgresURL, "postgres-url", c.PostgresURL, "PostgreSQL URL of the outbox database")
+	fs.StringVar(&c.AMQPURL, "amqp-url", c.AMQPURL, "RabbitMQ URL")
+	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "this node's name (lease owner and gossip name); keep it stable across restarts")
+	fs.StringVar(&c.HTTPAddr, "http-addr", c.HTTPAddr, "address for /healthz, /readyz and /status")
+	fs.IntVar(&c.Partitions, "partitions", c.Partitions, "partition count P; fixed at install")
+	fs.IntVar(&c.ConfirmWindow, "confirm-window", c.ConfirmWindow, "W: the most unconfirmed publishes in flight")
+	fs.IntVar(&c.BatchSize, "batch-size", c.BatchSize, "most rows per read")
+	fs.DurationVar(&c.PollInterval, "poll-interval", c.PollInterval, "read this often without a notification")
+	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "partition lease lifetime; renewed every third of it")
+	fs.DurationVar(&c.SettleTimeout, "settle-timeout", c.SettleTimeout, "how long to wait for outstanding confirms when stopping")
+	fs.DurationVar(&c.RetryMin, "retry-min", c.RetryMin, "first backoff of a key whose message failed")
+	fs.DurationVar(&c.RetryMax, "retry-max", c.RetryMax, "backoff cap of a failing key")
+	fs.IntVar(&c.DBMaxConns, "db-max-conns", c.DBMaxConns, "PostgreSQL pool size")
+	fs.StringVar(&c.GossipAddr, "gossip-addr", "", "host:port for gossip (TCP and UDP); empty runs the node alone, owning every partition")
+	fs.StringVar(&c.GossipAdvertise, "gossip-advertise", "", "host:port peers reach this node at (default: -gossip-addr)")
+	join := fs.String("join", "", "comma-separated seed gossip addresses")
+	keys := fs.String("gossip-key", "", "comma-separated base64 gossip encryption keys (16, 24 or 32 bytes); the first encrypts, all decrypt")
+	fs.DurationVar(&c.RejoinInterval, "rejoin-interval", c.RejoinInterval, "how often to join the seeds again (heals splits)")
+	level := fs.String("log-level", "info", "debug, info, warn or error")
+	fs.Usage = envflag.Usage(fs, "ORDO", "usage: node [flags]\n       node status [-http ADDR]\n\nRuns one Ordo relay node.")
 	if err := envflag.Parse(fs, "ORDO", args, lookup); err != nil {
-		return c, err
+		return o, err
 	}
 	if fs.NArg() > 0 {
-		return c, fmt.Errorf("unexpected arguments: %q", fs.Args())
+		return o, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
-	return c, c.validate()
-}
-
-func (c config) validate() error {
-	switch {
-	case c.NodeName == "":
-		return errors.New("node name is empty (set -node-name or ORDO_NODE_NAME)")
-	case c.DBMaxConns < 3:
-		return fmt.Errorf("db-max-conns %d: need at least 3 (reads, marks, status)", c.DBMaxConns)
-	case c.LeaseTTL < 300*time.Millisecond:
-		return fmt.Errorf("lease-ttl %v is too short (at least 300ms)", c.LeaseTTL)
+	if *join != "" {
+		for _, s := range strings.Split(*join, ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				c.Join = append(c.Join, s)
+			}
+		}
 	}
-	if err := partition.ValidateCount(c.Partitions); err != nil {
-		return err
+	var err error
+	if c.GossipKeys, err = membership.ParseKeys(*keys); err != nil {
+		return o, err
 	}
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(c.LogLevel)); err != nil {
-		return fmt.Errorf("log-level %q: %w", c.LogLevel, err)
+	if err := o.LogLevel.UnmarshalText([]byte(*level)); err != nil {
+		return o, fmt.Errorf("log-level %q: %w", *level, err)
 	}
-	return nil
+	return o, c.Validate()
 }
 
 func main() {
-	cfg, err := parseConfig(os.Args[1:], os.LookupEnv, os.Stderr)
+	if len(os.Args) > 1 && os.Args[1] == "status" {
+		os.Exit(statusMain(os.Args[2:], os.LookupEnv, os.Stdout, os.Stderr))
+	}
+	o, err := parseConfig(os.Args[1:], os.LookupEnv, os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
 	}
@@ -102,11 +90,9 @@ func main() {
 		fmt.Fprintln(os.Stderr, "node:", err)
 		os.Exit(2)
 	}
-	var level slog.Level
-	_ = level.UnmarshalText([]byte(cfg.LogLevel))
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("node", cfg.NodeName)
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: o.LogLevel})).With("node", o.NodeName)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	err = run(ctx, cfg, logger)
+	err = node.Run(ctx, o.Config, node.Options{Logger: logger})
 	stop()
 	if err != nil {
 		logger.Error("node stopped", "err", err)

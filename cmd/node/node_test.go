@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/node"
 	"github.com/ordo-relay/ordo/outbox"
 )
 
@@ -177,14 +178,14 @@ func TestHTTPEndpoints(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	f.checker.WaitDistinct(t, 10, 30*time.Second)
-	var st statusDoc
+	var st node.Status
 	if code := getJSON(t, base+"/status", &st); code != http.StatusOK {
 		t.Fatalf("/status %d", code)
 	}
-	if st.Node != "http-node" || len(st.Map) != 64 || st.Held != 64 {
-		t.Fatalf("status: node %q, %d partitions, %d held", st.Node, len(st.Map), st.Held)
+	if st.Node != "http-node" || len(st.Leases) != 64 || len(st.Held) != 64 {
+		t.Fatalf("status: node %q, %d partitions, %d held", st.Node, len(st.Leases), len(st.Held))
 	}
-	for _, p := range st.Map {
+	for _, p := range st.Leases {
 		if p.Owner != "http-node" || p.Epoch < 1 {
 			t.Fatalf("partition %d: owner %q epoch %d", p.Partition, p.Owner, p.Epoch)
 		}
@@ -210,15 +211,16 @@ func TestPartitionMismatchRefused(t *testing.T) {
 func TestParseConfig(t *testing.T) {
 	env := map[string]string{"ORDO_CONFIRM_WINDOW": "64", "ORDO_NODE_NAME": "n1"}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
-	c, err := parseConfig([]string{"-lease-ttl", "3s"}, lookup, io.Discard)
+	c, err := parseConfig([]string{"-lease-ttl", "3s", "-gossip-addr", "127.0.0.1:7946", "-join", "a:1, b:2"}, lookup, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.ConfirmWindow != 64 || c.NodeName != "n1" || c.LeaseTTL != 3*time.Second || c.Partitions != 64 {
+	if c.ConfirmWindow != 64 || c.NodeName != "n1" || c.LeaseTTL != 3*time.Second || c.Partitions != 64 || len(c.Join) != 2 || c.Join[1] != "b:2" {
 		t.Fatalf("config %+v", c)
 	}
 	for _, bad := range [][]string{
 		{"-partitions", "0"}, {"-lease-ttl", "10ms"}, {"-db-max-conns", "1"}, {"-log-level", "loud"}, {"stray"},
+		{"-join", "a:1"}, {"-gossip-key", "short"}, {"-confirm-window", "0"},
 	} {
 		if _, err := parseConfig(bad, lookup, io.Discard); err == nil {
 			t.Errorf("parseConfig(%q) accepted", bad)

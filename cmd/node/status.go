@@ -1,0 +1,85 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/ordo-relay/ordo/internal/envflag"
+	"github.com/ordo-relay/ordo/node"
+)
+
+// statusMain is "node status": it fetches a node's /status and prints it as
+// tables for people. It returns the exit code.
+func statusMain(args []string, lookup func(string) (string, bool), stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("node status", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("http", "127.0.0.1:8081", "the node's HTTP address (host:port or URL)")
+	fs.Usage = envflag.Usage(fs, "ORDO_STATUS", "usage: node status [-http ADDR]\n\nPrints a node's view of the cluster.")
+	if err := envflag.Parse(fs, "ORDO_STATUS", args, lookup); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	url := *addr
+	if !strings.Contains(url, "://") {
+		url = "http://" + url
+	}
+	client := &http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Get(strings.TrimSuffix(url, "/") + "/status")
+	if err != nil {
+		fmt.Fprintln(stderr, "node status:", err)
+		return 1
+	}
+	defer resp.Body.Close()
+	var st node.Status
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		fmt.Fprintf(stderr, "node status: %s answered %s: %s\n", url, resp.Status, strings.TrimSpace(string(b)))
+		return 1
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		fmt.Fprintln(stderr, "node status: decode:", err)
+		return 1
+	}
+	printStatus(stdout, st)
+	return 0
+}
+
+func printStatus(w io.Writer, st node.Status) {
+	fmt.Fprintf(w, "node %s: %d of %d partitions held, broker connected: %v\n", st.Node, len(st.Held), st.Partitions, st.Broker)
+	fmt.Fprintf(w, "relay: published %d, marked %d, failed %d, refused %d, in flight %d\n\n",
+		st.Relay.Published, st.Relay.Marked, st.Relay.Failed, st.Relay.Refused, st.Relay.InFlight)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MEMBER\tADDRESS\tSTATE\tASSIGNED")
+	assigned := map[string]int{}
+	for _, o := range st.Assignment {
+		assigned[o]++
+	}
+	for _, m := range st.Members {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", m.Name, m.Addr, m.State, assigned[m.Name])
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "PARTITION\tASSIGNED TO\tLEASE OWNER\tEPOCH\tPENDING\tOLDEST (s)\t")
+	for _, p := range st.Leases {
+		a := ""
+		if p.Partition < len(st.Assignment) {
+			a = st.Assignment[p.Partition]
+		}
+		owner := p.Owner
+		if owner == "" {
+			owner = "-"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%.1f\t\n", p.Partition, a, owner, p.Epoch, p.Pending, p.OldestPendingSeconds)
+	}
+	tw.Flush()
+}

@@ -1,0 +1,118 @@
+// Package node composes one Ordo relay node: gossip membership, partition
+// assignment, leases, the relay, the AMQP publisher and the HTTP endpoints.
+// cmd/node parses flags into a Config and calls Run; tests run several
+// nodes in one process the same way.
+package node
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+
+	"github.com/ordo-relay/ordo/membership"
+	"github.com/ordo-relay/ordo/partition"
+	"github.com/ordo-relay/ordo/relay"
+)
+
+// Config is everything a node is configured with.
+type Config struct {
+	PostgresURL   string        // outbox database
+	AMQPURL       string        // broker
+	NodeName      string        // lease owner and gossip name; stable across restarts
+	HTTPAddr      string        // /healthz, /readyz, /status
+	Partitions    int           // P; must match the installed count
+	ConfirmWindow int           // W: most unconfirmed publishes in flight
+	BatchSize     int           // most rows per read
+	PollInterval  time.Duration // read without a notification this often
+	LeaseTTL      time.Duration // lease lifetime in the database
+	SettleTimeout time.Duration // bound on settling confirms at shutdown
+	RetryMin      time.Duration // first backoff of a failed key
+	RetryMax      time.Duration // backoff cap
+	DBMaxConns    int           // pool size
+
+	// GossipAddr is the host:port gossip listens on; empty runs the node
+	// alone (it wants every partition) without gossip.
+	GossipAddr string
+	// GossipAdvertise is the host:port peers reach this node at; empty
+	// means GossipAddr.
+	GossipAdvertise string
+	// Join lists seed gossip addresses.
+	Join []string
+	// GossipKeys are the gossip encryption keys (first encrypts).
+	GossipKeys [][]byte
+	// RejoinInterval is how often seeds are joined again.
+	RejoinInterval time.Duration
+}
+
+// DefaultConfig returns settings that work against the local servers.
+func DefaultConfig() Config {
+	name, err := os.Hostname()
+	if err != nil || name == "" {
+		name = "ordo-node"
+	}
+	return Config{
+		PostgresURL:    "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
+		AMQPURL:        "amqp://guest:guest@127.0.0.1:5672/",
+		NodeName:       name,
+		HTTPAddr:       "127.0.0.1:8081",
+		Partitions:     partition.DefaultCount,
+		ConfirmWindow:  512,
+		BatchSize:      512,
+		PollInterval:   time.Second,
+		LeaseTTL:       2 * time.Second,
+		SettleTimeout:  5 * time.Second,
+		RetryMin:       100 * time.Millisecond,
+		RetryMax:       30 * time.Second,
+		DBMaxConns:     6,
+		RejoinInterval: 10 * time.Second,
+	}
+}
+
+// Validate reports the first unusable setting.
+func (c Config) Validate() error {
+	switch {
+	case c.NodeName == "":
+		return errors.New("node name is empty (set -node-name or ORDO_NODE_NAME)")
+	case c.DBMaxConns < 3:
+		return fmt.Errorf("db-max-conns %d: need at least 3 (reads, marks, status)", c.DBMaxConns)
+	case c.LeaseTTL < 300*time.Millisecond:
+		return fmt.Errorf("lease-ttl %v is too short (at least 300ms)", c.LeaseTTL)
+	case c.GossipAddr == "" && len(c.Join) > 0:
+		return errors.New("join addresses need a gossip address (-gossip-addr)")
+	}
+	if err := partition.ValidateCount(c.Partitions); err != nil {
+		return err
+	}
+	rc := relay.Config{Node: c.NodeName, Window: c.ConfirmWindow, PerKeyLimit: 1, BatchSize: c.BatchSize,
+		PollInterval: c.PollInterval, RetryMin: c.RetryMin, RetryMax: c.RetryMax, SettleTimeout: c.SettleTimeout}
+	return rc.Validate()
+}
+
+// Options are hooks for tests and embedding; the zero value is fine.
+type Options struct {
+	// Logger receives everything; nil means slog.Default().
+	Logger *slog.Logger
+	// GossipTransport replaces memberlist's network transport.
+	GossipTransport memberlist.Transport
+	// WrapPublisher wraps the AMQP publisher (fault injection in tests).
+	WrapPublisher func(relay.Publisher) relay.Publisher
+	// Ready, if set, is called once with the HTTP address when serving.
+	Ready func(httpAddr string)
+}
+
+func (c Config) membership(logger *slog.Logger, tr memberlist.Transport) membership.Config {
+	mc := membership.DefaultConfig(c.NodeName, c.GossipAddr)
+	mc.AdvertiseAddr = c.GossipAdvertise
+	mc.Join = c.Join
+	mc.Keys = c.GossipKeys
+	if c.RejoinInterval > 0 {
+		mc.RejoinInterval = c.RejoinInterval
+	}
+	mc.Transport = tr
+	mc.Logger = logger
+	return mc
+}
