@@ -1,0 +1,297 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/node"
+	"github.com/ordo-relay/ordo/outbox"
+)
+
+// cluster is n node processes sharing one database and gossiping.
+type cluster struct {
+	f      *fixture
+	names  []string
+	gossip []string
+	http   []string
+	procs  []*testkit.Process
+	extra  []string
+}
+
+func newCluster(t *testing.T, f *fixture, n int, extra ...string) *cluster {
+	c := &cluster{f: f, extra: extra}
+	for i := range n {
+		c.names = append(c.names, fmt.Sprintf("n%d", i+1))
+		c.gossip = append(c.gossip, testkit.FreeAddr(t))
+		c.http = append(c.http, testkit.FreeAddr(t))
+	}
+	c.procs = make([]*testkit.Process, n)
+	for i := range n {
+		c.start(t, i)
+	}
+	return c
+}
+
+func (c *cluster) start(t *testing.T, i int) {
+	t.Helper()
+	env := append([]string{
+		"ORDO_POSTGRES_URL=" + c.f.dbURL,
+		"ORDO_AMQP_URL=" + testkit.AMQPURL(),
+		"ORDO_NODE_NAME=" + c.names[i],
+		"ORDO_HTTP_ADDR=" + c.http[i],
+		"ORDO_GOSSIP_ADDR=" + c.gossip[i],
+		"ORDO_JOIN=" + strings.Join(c.gossip, ","),
+		"ORDO_REJOIN_INTERVAL=1s",
+		"ORDO_POLL_INTERVAL=200ms",
+		"ORDO_DB_MAX_CONNS=3",
+	}, c.extra...)
+	c.procs[i] = testkit.StartProcess(t, c.names[i], c.f.bin, nil, env)
+	c.procs[i].WaitOutput(t, "node started", 30*time.Second)
+}
+
+func (c *cluster) status(t *testing.T, i int) (node.Status, bool) {
+	t.Helper()
+	var st node.Status
+	resp, err := httpClient.Get("http://" + c.http[i] + "/status")
+	if err != nil {
+		return st, false
+	}
+	defer resp.Body.Close()
+	return st, resp.StatusCode == 200 && json.NewDecoder(resp.Body).Decode(&st) == nil
+}
+
+// waitConverged waits until the running nodes agree on the map, it is
+// balanced over them, and the database's lease holders match it.
+func (c *cluster) waitConverged(t *testing.T, running []int, timeout time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	var why string
+	for time.Since(start) < timeout {
+		why = c.converged(t, running)
+		if why == "" {
+			d := time.Since(start)
+			t.Logf("cluster %v converged after %v", running, d.Round(time.Millisecond))
+			return d
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("cluster %v did not converge within %v: %s", running, timeout, why)
+	return 0
+}
+
+func (c *cluster) converged(t *testing.T, running []int) string {
+	var first []string
+	for _, i := range running {
+		st, ok := c.status(t, i)
+		if !ok {
+			return fmt.Sprintf("%s: no status", c.names[i])
+		}
+		if first == nil {
+			first = st.Assignment
+		} else if !slices.Equal(first, st.Assignment) {
+			return fmt.Sprintf("%s's map differs", c.names[i])
+		}
+		counts := map[string]int{}
+		for _, o := range st.Assignment {
+			counts[o]++
+		}
+		limit := (len(st.Assignment) + len(running) - 1) / len(running)
+		if len(counts) != len(running) {
+			return fmt.Sprintf("%s's map has %d owners, want %d", c.names[i], len(counts), len(running))
+		}
+		for o, n := range counts {
+			if n > limit {
+				return fmt.Sprintf("%s owns %d > %d", o, n, limit)
+			}
+		}
+		for _, l := range st.Leases {
+			if l.Owner != st.Assignment[l.Partition] {
+				return fmt.Sprintf("partition %d leased to %q, assigned to %q", l.Partition, l.Owner, st.Assignment[l.Partition])
+			}
+		}
+	}
+	return ""
+}
+
+// load commits OrderPlaced + OrderCancelled pairs until stopped.
+type load struct {
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+	n    int
+}
+
+func (f *fixture) startLoad(t *testing.T) *load {
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &load{stop: cancel}
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		for ctx.Err() == nil {
+			key := uuid.NewString()
+			for _, typ := range []string{"placed", "cancelled"} {
+				err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+					ids, err := f.prod.Enqueue(ctx, tx, outbox.Message{CorrelationID: key, Exchange: f.exchange,
+						RoutingKey: "order." + typ, Type: "order-" + typ, Payload: json.RawMessage(`{}`)})
+					if err == nil {
+						f.checker.Expect(ids[0].String())
+					}
+					return err
+				})
+				if err != nil {
+					return
+				}
+				l.n++
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	t.Cleanup(l.halt)
+	return l
+}
+
+func (l *load) halt() { l.stop(); l.wg.Wait() }
+
+func TestClusterMapAgreement(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	c := newCluster(t, f, 3)
+	c.waitConverged(t, []int{0, 1, 2}, 30*time.Second)
+}
+
+// TestClusterKillNode: kill -9 a node under load; its partitions are taken
+// over, nothing is lost and per-key order holds.
+func TestClusterKillNode(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	c := newCluster(t, f, 3)
+	c.waitConverged(t, []int{0, 1, 2}, 30*time.Second)
+	st, _ := c.status(t, 2)
+	l := f.startLoad(t)
+	f.checker.WaitDistinct(t, 200, 30*time.Second)
+
+	killed := time.Now()
+	c.procs[2].Kill()
+	c.waitConverged(t, []int{0, 1}, 30*time.Second)
+	ctx := testkit.Context(t, 10*time.Second)
+	var last time.Time
+	if err := f.pool.QueryRow(ctx, `SELECT max(at) FROM ordo_lease_audit WHERE event = 'claim' AND node <> 'n3' AND partition = ANY($1)`,
+		st.Held).Scan(&last); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("takeover: every partition of the killed node claimed %v after kill -9", last.Sub(killed).Round(time.Millisecond))
+	time.Sleep(500 * time.Millisecond) // keep the load running across the takeover
+	l.halt()
+	rep := f.checker.WaitFor(t, 30*time.Second, func(r testkit.Report) bool { return r.Lost == 0 })
+	t.Logf("after kill -9 with %d messages: %s", l.n, rep)
+	if !rep.OK() {
+		t.Fatalf("checker: %s", rep.Detail())
+	}
+}
+
+// TestClusterRollingRestart: restart every node in turn under load.
+func TestClusterRollingRestart(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	c := newCluster(t, f, 3)
+	c.waitConverged(t, []int{0, 1, 2}, 30*time.Second)
+	l := f.startLoad(t)
+	for i := range 3 {
+		if err := c.procs[i].Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if code, err := c.procs[i].Wait(20 * time.Second); err != nil || code != 0 {
+			t.Fatalf("%s exited %d (%v)", c.names[i], code, err)
+		}
+		c.start(t, i)
+		c.waitConverged(t, []int{0, 1, 2}, 30*time.Second)
+	}
+	l.halt()
+	rep := f.checker.WaitFor(t, 30*time.Second, func(r testkit.Report) bool { return r.Lost == 0 })
+	t.Logf("rolling restart with %d messages: %s", l.n, rep)
+	if !rep.OK() {
+		t.Fatalf("checker: %s", rep.Detail())
+	}
+}
+
+// TestClusterPausedNode: SIGSTOP a node past its lease, then SIGCONT. Its
+// stale-epoch writes are refused; after the takeover at most W of its
+// messages carry the old epoch; no first delivery is out of key order.
+func TestClusterPausedNode(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	const window = 16
+	c := newCluster(t, f, 3, fmt.Sprintf("ORDO_CONFIRM_WINDOW=%d", window))
+	c.waitConverged(t, []int{0, 1, 2}, 30*time.Second)
+	st, _ := c.status(t, 2)
+	oldEpoch := map[int]int64{}
+	for _, l := range st.Leases {
+		if l.Owner == "n3" {
+			oldEpoch[l.Partition] = l.Epoch
+		}
+	}
+	l := f.startLoad(t)
+	f.checker.WaitDistinct(t, 200, 30*time.Second)
+
+	stoppedAt := time.Now()
+	if err := c.procs[2].Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	c.waitConverged(t, []int{0, 1}, 30*time.Second)
+	ctx := testkit.Context(t, 30*time.Second)
+	var claimedAt time.Time
+	if err := f.pool.QueryRow(ctx, `SELECT min(at) FROM ordo_lease_audit WHERE event = 'claim' AND node <> 'n3'
+		AND partition = ANY($1) AND at > $2`, keys(oldEpoch), stoppedAt).Scan(&claimedAt); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the paused node's partitions were first claimed %v after SIGSTOP", claimedAt.Sub(stoppedAt).Round(time.Millisecond))
+	if err := c.procs[2].Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	c.waitConverged(t, []int{0, 1, 2}, 30*time.Second)
+	l.halt()
+	rep := f.checker.WaitFor(t, 30*time.Second, func(r testkit.Report) bool { return r.Lost == 0 })
+	t.Logf("paused node, %d messages: %s", l.n, rep)
+	if rep.Reorders != 0 || rep.Lost != 0 {
+		t.Fatalf("checker: %s", rep.Detail())
+	}
+	stale := 0
+	for _, d := range f.checker.Deliveries() {
+		if e, ok := oldEpoch[d.Partition]; ok && d.Epoch == e && d.Received.After(claimedAt) {
+			stale++
+		}
+	}
+	t.Logf("%d messages with the paused node's old epoch arrived after the takeover (W = %d)", stale, window)
+	if stale > window {
+		t.Fatalf("%d stale-epoch messages after the takeover, more than W = %d", stale, window)
+	}
+	var refusedMarks int64
+	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM ordo_lease_audit WHERE node = 'n3' AND event IN ('refused-write', 'renew-failed')`).Scan(&refusedMarks); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("audit: %d refused writes and lost renewals for the paused node", refusedMarks)
+	if refusedMarks == 0 {
+		t.Fatal("the paused node's stale leases left no trace in the audit table")
+	}
+}
+
+func keys(m map[int]int64) []int32 {
+	out := make([]int32, 0, len(m))
+	for k := range m {
+		out = append(out, int32(k))
+	}
+	return out
+}
+
+var httpClient = &http.Client{Timeout: 5 * time.Second}
