@@ -163,7 +163,7 @@ func placeOrders(ctx context.Context, con *console, client *http.Client, base st
 type nodeStatus struct {
 	Node           string `json:"node"`
 	PartitionCount int    `json:"partitionCount"`
-	Held           int    `json:"held"`
+	Held           count  `json:"held"`
 	Broker         bool   `json:"brokerConnected"`
 	Relay          struct {
 		Published, Confirmed, Marked, Failed int64
@@ -173,6 +173,24 @@ type nodeStatus struct {
 		Owner     string `json:"owner"`
 		Pending   int64  `json:"pending"`
 	} `json:"partitions"`
+}
+
+// count decodes a JSON number, or the length of a JSON array: /status
+// lists the partitions a node holds, and once only counted them.
+type count int
+
+func (c *count) UnmarshalJSON(b []byte) error {
+	var list []json.RawMessage
+	if err := json.Unmarshal(b, &list); err == nil {
+		*c = count(len(list))
+		return nil
+	}
+	var n int
+	if err := json.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf("want a number or an array, got %s", b)
+	}
+	*c = count(n)
+	return nil
 }
 
 // pending returns the rows waiting in every partition, and how many
