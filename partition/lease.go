@@ -183,10 +183,22 @@ func (l *Leaser) signal() {
 func (l *Leaser) Run(ctx context.Context) error {
 	var conn *pgx.Conn
 	defer func() {
-		if conn != nil {
-			l.release(conn)
-			conn.Close(context.Background())
+		if conn == nil || conn.IsClosed() {
+			// The connection died with ctx (a cancelled query closes it);
+			// releasing is worth a fresh one.
+			cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			c, err := l.cfg.Connect(cctx)
+			cancel()
+			if err != nil {
+				if len(l.held()) > 0 {
+					l.cfg.Logger.Warn("release leases: they will expire instead", "err", err)
+				}
+				return
+			}
+			conn = c
 		}
+		l.release(conn)
+		conn.Close(context.Background())
 	}()
 	down := outage.New(l.cfg.Logger, "lease database")
 	t := time.NewTimer(0)

@@ -129,11 +129,11 @@ func (s *PGStore) listenOnce(ctx context.Context, wake func(), down *outage.Log)
 
 // PartitionStatus is one partition's lease and backlog, for /status.
 type PartitionStatus struct {
-	Partition int       `json:"partition"`
-	Owner     string    `json:"owner"`
-	Epoch     int64     `json:"epoch"`
-	Expires   time.Time `json:"leaseExpires"`
-	Pending   int64     `json:"pending"`
+	Partition int        `json:"partition"`
+	Owner     string     `json:"owner"`
+	Epoch     int64      `json:"epoch"`
+	Expires   *time.Time `json:"leaseExpires,omitempty"` // nil when free
+	Pending   int64      `json:"pending"`
 	// OldestPendingSeconds is the age of the oldest pending row; 0 when
 	// nothing is pending.
 	OldestPendingSeconds float64 `json:"oldestPendingSeconds"`

@@ -68,7 +68,7 @@ const NotifyChannel = "ordo_outbox"
 
 // sqlPartitionStatus is one row per partition: its lease and its backlog.
 const sqlPartitionStatus = `
-SELECT l.partition, coalesce(l.owner, ''), l.epoch, l.expires_at,
+SELECT l.partition, coalesce(l.owner, ''), l.epoch, nullif(l.expires_at, '-infinity'),
        coalesce(p.pending, 0), extract(epoch FROM clock_timestamp() - p.oldest)::float8
 FROM ordo_leases AS l
 LEFT JOIN (
