@@ -169,6 +169,7 @@ func TestBrokerOutageThroughProxy(t *testing.T) {
 	n := h.startNode(nodeOpts{amqpURL: proxy.URL(testkit.AMQPURL())})
 	h.expect(h.enqueue(h.msg("before", "order.placed", "t.v1")))
 	h.checker.WaitDistinct(t, 1, 30*time.Second)
+	h.waitRows(30*time.Second, "the first row is marked", func(n int) bool { return n == 0 }, "processed_at IS NULL")
 
 	api := h.orderAPI()
 	proxy.Cut()

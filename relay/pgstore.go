@@ -42,7 +42,7 @@ func (s *PGStore) ReadHeads(ctx context.Context, partitions []int32, exclude []u
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Row, error) {
 		var x Row
 		err := r.Scan(&x.ID, &x.Partition, &x.CorrelationID, &x.KeySeq, &x.Exchange, &x.RoutingKey,
-			&x.Type, &x.Payload, &x.Headers, &x.OccurredAt, &x.Attempts)
+			&x.Type, &x.Payload, &x.Headers, &x.OccurredAt, &x.Attempts, &x.PrevDead)
 		x.PrevKeySeq = x.KeySeq - 1
 		return x, err
 	})
@@ -52,20 +52,21 @@ func (s *PGStore) ReadHeads(ctx context.Context, partitions []int32, exclude []u
 	return out, nil
 }
 
-func settledArrays(rows []Settled) ([]uuid.UUID, []int32, []int64, []string) {
+func settledArrays(rows []Settled) ([]uuid.UUID, []int32, []int64, []string, []float64) {
 	ids := make([]uuid.UUID, len(rows))
 	parts := make([]int32, len(rows))
 	epochs := make([]int64, len(rows))
 	errs := make([]string, len(rows))
+	delays := make([]float64, len(rows))
 	for i, r := range rows {
-		ids[i], parts[i], epochs[i], errs[i] = r.ID, int32(r.Partition), r.Epoch, r.Err
+		ids[i], parts[i], epochs[i], errs[i], delays[i] = r.ID, int32(r.Partition), r.Epoch, r.Err, r.Delay.Seconds()
 	}
-	return ids, parts, epochs, errs
+	return ids, parts, epochs, errs, delays
 }
 
 // MarkPublished implements Store.
 func (s *PGStore) MarkPublished(ctx context.Context, node string, rows []Settled) ([]uuid.UUID, error) {
-	ids, parts, epochs, _ := settledArrays(rows)
+	ids, parts, epochs, _, _ := settledArrays(rows)
 	r, err := s.pool.Query(ctx, sqlMarkPublished, node, ids, parts, epochs)
 	if err != nil {
 		return nil, fmt.Errorf("mark %d row(s) published: %w", len(rows), err)
@@ -78,12 +79,35 @@ func (s *PGStore) MarkPublished(ctx context.Context, node string, rows []Settled
 }
 
 // RecordFailures implements Store.
-func (s *PGStore) RecordFailures(ctx context.Context, node string, rows []Settled) error {
-	ids, parts, epochs, errs := settledArrays(rows)
-	if _, err := s.pool.Exec(ctx, sqlRecordFailures, node, ids, parts, epochs, errs); err != nil { // returns one row
-		return fmt.Errorf("record %d failure(s): %w", len(rows), err)
+func (s *PGStore) RecordFailures(ctx context.Context, node string, rows []Settled, maxAttempts int) ([]uuid.UUID, error) {
+	ids, parts, epochs, errs, delays := settledArrays(rows)
+	r, err := s.pool.Query(ctx, sqlRecordFailures, node, ids, parts, epochs, errs, delays, maxAttempts)
+	if err != nil {
+		return nil, fmt.Errorf("record %d failure(s): %w", len(rows), err)
 	}
-	return nil
+	parked, err := pgx.CollectRows(r, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, fmt.Errorf("record %d failure(s): %w", len(rows), err)
+	}
+	return parked, nil
+}
+
+// PrevKeySeq implements Store.
+func (s *PGStore) PrevKeySeq(ctx context.Context, key string, keySeq int64) (int64, error) {
+	var prev int64
+	if err := s.pool.QueryRow(ctx, sqlPrevKeySeq, key, keySeq).Scan(&prev); err != nil {
+		return 0, fmt.Errorf("previous key_seq of %q/%d: %w", key, keySeq, err)
+	}
+	return prev, nil
+}
+
+// DeleteProcessed implements Store.
+func (s *PGStore) DeleteProcessed(ctx context.Context, node string, partition int, epoch int64, olderThan time.Duration, limit int) (int64, error) {
+	tag, err := s.pool.Exec(ctx, sqlRetention, node, partition, limit, olderThan.Seconds(), epoch)
+	if err != nil {
+		return 0, fmt.Errorf("delete processed rows of partition %d: %w", partition, err)
+	}
+	return tag.RowsAffected(), nil
 }
 
 // Listen implements Store.

@@ -5,10 +5,15 @@ package relay
 // commits late would be skipped.
 const sqlReadHeads = `
 SELECT o.id, o.partition, o.correlation_id, o.key_seq, o.exchange, o.routing_key, o.type,
-       o.payload, o.headers, o.occurred_at, o.attempts
+       o.payload, o.headers, o.occurred_at, o.attempts,
+       EXISTS (SELECT 1 FROM outbox AS d
+               WHERE d.correlation_id = o.correlation_id AND d.key_seq = o.key_seq - 1
+                 AND d.dead_at IS NOT NULL) AS prev_dead
 FROM outbox AS o
 WHERE o.processed_at IS NULL
   AND o.partition = ANY($1::int[])
+  AND o.parked_at IS NULL
+  AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= clock_timestamp())
   AND NOT (o.id = ANY(coalesce($2::uuid[], '{}')))
   AND (SELECT count(*) FROM (
          SELECT 1 FROM outbox AS b
@@ -17,6 +22,20 @@ WHERE o.processed_at IS NULL
          LIMIT $3) AS ahead) < $3
 ORDER BY o.seq
 LIMIT $4`
+
+// sqlPrevKeySeq walks down from key_seq $2 - 1 over the key's dead rows
+// and returns the first key_seq that is not dead (0 if none): the
+// x-ordo-prev-key-seq of row $2. A row missing below was deleted by
+// retention, which never deletes dead rows, so it was not dead.
+const sqlPrevKeySeq = `
+WITH RECURSIVE run(k) AS (
+    SELECT $2::bigint - 1
+    UNION ALL
+    SELECT run.k - 1 FROM run
+    WHERE run.k > 0 AND EXISTS (
+        SELECT 1 FROM outbox WHERE correlation_id = $1 AND key_seq = run.k AND dead_at IS NOT NULL)
+)
+SELECT greatest(min(k), 0) FROM run`
 
 // sqlHeld is the lease check shared by every relay write: the leases of
 // node at the epochs given, locked FOR SHARE until the write commits, so
@@ -50,17 +69,38 @@ marked AS (
     RETURNING o.id),` + sqlRefused("mark") + `
 SELECT id FROM marked`
 
-// sqlRecordFailures counts one failed attempt per row, epoch-checked.
+// sqlRecordFailures counts one failed attempt per row, epoch-checked,
+// sets when it may be tried again ($6, seconds from now), and parks it once
+// it has failed $7 times.
 var sqlRecordFailures = `
 WITH ` + sqlHeld + `,
-e AS (SELECT * FROM unnest($2::uuid[], $5::text[]) AS e(id, err)),
+e AS (SELECT * FROM unnest($2::uuid[], $5::text[], $6::float8[]) AS e(id, err, delay)),
 failed AS (
-    UPDATE outbox AS o SET attempts = o.attempts + 1, last_error = left(e.err, 1000)
+    UPDATE outbox AS o
+    SET attempts = o.attempts + 1,
+        last_error = left(e.err, 1000),
+        next_attempt_at = clock_timestamp() + make_interval(secs => e.delay),
+        parked_at = CASE WHEN o.attempts + 1 >= $7 THEN clock_timestamp() END
     FROM m JOIN held AS h ON h.partition = m.partition AND h.epoch = m.epoch
            JOIN e ON e.id = m.id
     WHERE o.id = m.id AND o.partition = m.partition AND o.processed_at IS NULL
-    RETURNING o.id),` + sqlRefused("failure record") + `
-SELECT count(*) FROM failed`
+    RETURNING o.id, o.parked_at IS NOT NULL AS parked),` + sqlRefused("failure record") + `
+SELECT id FROM failed WHERE parked`
+
+// sqlRetention deletes up to $3 processed, not dead, rows of partition $2
+// processed more than $4 seconds ago, while node $1 holds the partition at
+// epoch $5.
+const sqlRetention = `
+WITH held AS (
+    SELECT 1 FROM ordo_leases WHERE partition = $2 AND owner = $1 AND epoch = $5 FOR SHARE
+), doomed AS (
+    SELECT o.id FROM outbox AS o
+    WHERE o.partition = $2 AND o.processed_at < clock_timestamp() - make_interval(secs => $4) AND o.dead_at IS NULL AND EXISTS (SELECT 1 FROM held)
+    ORDER BY o.processed_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM outbox WHERE id IN (SELECT id FROM doomed)`
 
 // NotifyChannel is the LISTEN/NOTIFY channel the outbox triggers signal,
 // with the partition number as payload.

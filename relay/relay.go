@@ -36,6 +36,16 @@ type Config struct {
 	// SettleTimeout bounds how long Run waits, when stopping, for
 	// outstanding confirms; rows still unconfirmed then stay pending.
 	SettleTimeout time.Duration
+	// MaxAttempts is how many failed attempts park a message. A parked
+	// message, and every later message of its key, waits for an operator.
+	MaxAttempts int
+	// RetentionAge is how long processed rows are kept; 0 keeps them
+	// forever. Dead (skipped) rows stay until purged.
+	RetentionAge time.Duration
+	// RetentionInterval is how often retention runs; RetentionChunk is the
+	// most rows one DELETE removes, so no statement holds locks for long.
+	RetentionInterval time.Duration
+	RetentionChunk    int
 	// Logger receives outage and progress messages.
 	Logger *slog.Logger
 }
@@ -43,14 +53,18 @@ type Config struct {
 // DefaultConfig returns the defaults for a node named node.
 func DefaultConfig(node string) Config {
 	return Config{
-		Node:          node,
-		Window:        512,
-		PerKeyLimit:   1,
-		BatchSize:     512,
-		PollInterval:  time.Second,
-		RetryMin:      100 * time.Millisecond,
-		RetryMax:      30 * time.Second,
-		SettleTimeout: 5 * time.Second,
+		Node:              node,
+		Window:            512,
+		PerKeyLimit:       1,
+		BatchSize:         512,
+		PollInterval:      time.Second,
+		RetryMin:          100 * time.Millisecond,
+		RetryMax:          30 * time.Second,
+		SettleTimeout:     5 * time.Second,
+		MaxAttempts:       5,
+		RetentionAge:      24 * time.Hour,
+		RetentionInterval: time.Minute,
+		RetentionChunk:    1000,
 	}
 }
 
@@ -77,6 +91,15 @@ func (c *Config) applyDefaults() {
 	if c.SettleTimeout == 0 {
 		c.SettleTimeout = d.SettleTimeout
 	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = d.MaxAttempts
+	}
+	if c.RetentionInterval == 0 {
+		c.RetentionInterval = d.RetentionInterval
+	}
+	if c.RetentionChunk == 0 {
+		c.RetentionChunk = d.RetentionChunk
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -95,6 +118,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("relay: batch size %d must be at least 1", c.BatchSize)
 	case c.PollInterval <= 0 || c.RetryMin <= 0 || c.RetryMax < c.RetryMin || c.SettleTimeout <= 0:
 		return errors.New("relay: poll interval, retry backoff and settle timeout must be positive, with RetryMax >= RetryMin")
+	case c.MaxAttempts < 1:
+		return fmt.Errorf("relay: max attempts %d must be at least 1", c.MaxAttempts)
+	case c.RetentionAge < 0 || c.RetentionInterval <= 0 || c.RetentionChunk < 1:
+		return errors.New("relay: retention age must not be negative; retention interval and chunk must be positive")
 	}
 	return nil
 }
@@ -107,8 +134,9 @@ type Relay struct {
 	pub   Publisher
 	own   partition.Ownership
 
-	wakeRead chan struct{} // coalesced: something may be readable
-	wakeMark chan struct{} // coalesced: settlements are queued
+	wakeRead chan struct{}  // coalesced: something may be readable
+	wakeMark chan struct{}  // coalesced: settlements are queued
+	retryAt  chan time.Time // a failed key may be read again at this time
 
 	mu          sync.Mutex
 	flights     map[uuid.UUID]*flight // published and not yet marked, or backing off
@@ -120,14 +148,13 @@ type Relay struct {
 
 // Stats are running totals since the relay started.
 type Stats struct {
-	Published, Confirmed, Marked, Failed, Unsent, Refused int64
-	InFlight, Unconfirmed                                 int
+	Published, Confirmed, Marked, Failed, Parked, Unsent, Refused, Deleted int64
+	InFlight, Unconfirmed                                                  int
 }
 
 type flight struct {
 	msg      Message
 	attempts int
-	retryAt  time.Time // zero while published; set while backing off
 }
 
 type settlement struct {
@@ -145,6 +172,7 @@ func New(cfg Config, store Store, pub Publisher, own partition.Ownership) (*Rela
 		cfg: cfg, store: store, pub: pub, own: own,
 		wakeRead: make(chan struct{}, 1),
 		wakeMark: make(chan struct{}, 1),
+		retryAt:  make(chan time.Time, 64),
 		flights:  map[uuid.UUID]*flight{},
 		perKey:   map[string]int{},
 	}, nil
@@ -180,10 +208,14 @@ func (r *Relay) Run(ctx context.Context) error {
 		defer close(markDone)
 		r.markLoop(markCtx)
 	}()
-	wg.Add(2)
+	wg.Add(3)
 	go func() {
 		defer wg.Done()
 		_ = r.store.Listen(ctx, func() { signal(r.wakeRead) })
+	}()
+	go func() {
+		defer wg.Done()
+		r.retentionLoop(ctx)
 	}()
 	go func() {
 		defer wg.Done()
@@ -217,6 +249,9 @@ func (r *Relay) readLoop(ctx context.Context) {
 	bo := newBackoff(50*time.Millisecond, 2*time.Second)
 	poll := time.NewTicker(r.cfg.PollInterval)
 	defer poll.Stop()
+	retry := time.NewTimer(time.Hour)
+	defer retry.Stop()
+	var nextRetry time.Time
 	for {
 		more, err := r.readOnce(ctx)
 		if ctx.Err() != nil {
@@ -241,12 +276,26 @@ func (r *Relay) readLoop(ctx context.Context) {
 		if more {
 			continue
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-r.wakeRead:
-		case <-r.own.Changed():
-		case <-poll.C:
+		for waiting := true; waiting; {
+			select {
+			case <-ctx.Done():
+				return
+			case <-r.wakeRead:
+				waiting = false
+			case <-r.own.Changed():
+				waiting = false
+			case <-poll.C:
+				waiting = false
+			case <-retry.C:
+				nextRetry = time.Time{}
+				waiting = false
+			case at := <-r.retryAt:
+				// Wake when the earliest failed key may go again.
+				if nextRetry.IsZero() || at.Before(nextRetry) {
+					nextRetry = at
+					retry.Reset(time.Until(at))
+				}
+			}
 		}
 	}
 }
@@ -288,6 +337,13 @@ func (r *Relay) readOnce(ctx context.Context) (more bool, err error) {
 		if !ok || !lease.Valid(time.Now()) {
 			continue
 		}
+		if row.PrevDead {
+			prev, err := r.store.PrevKeySeq(ctx, row.CorrelationID, row.KeySeq)
+			if err != nil {
+				return false, err
+			}
+			row.PrevKeySeq = prev
+		}
 		f, err := r.newFlight(row, lease.Epoch)
 		if err != nil {
 			r.cfg.Logger.Error("unpublishable row", "id", row.ID, "err", err)
@@ -311,7 +367,7 @@ func (r *Relay) Drained(partition int) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, f := range r.flights {
-		if f.msg.Partition == partition && f.retryAt.IsZero() {
+		if f.msg.Partition == partition {
 			return false
 		}
 	}
@@ -388,15 +444,12 @@ func (r *Relay) settle(f *flight, res Result) {
 func (r *Relay) markLoop(ctx context.Context) {
 	down := outage.New(r.cfg.Logger, "PostgreSQL (outbox marks)")
 	bo := newBackoff(50*time.Millisecond, 2*time.Second)
-	sweep := time.NewTimer(time.Hour)
-	defer sweep.Stop()
 	for {
 		stopping := false
 		select {
 		case <-ctx.Done():
 			stopping = true
 		case <-r.wakeMark:
-		case <-sweep.C:
 		}
 		wctx := ctx
 		if stopping {
@@ -419,9 +472,6 @@ func (r *Relay) markLoop(ctx context.Context) {
 		bo.reset()
 		if stopping {
 			return
-		}
-		if next := r.sweepBackoffs(); !next.IsZero() {
-			sweep.Reset(time.Until(next))
 		}
 	}
 }
@@ -495,52 +545,42 @@ func (r *Relay) flush(ctx context.Context) error {
 	}
 	if len(failed) > 0 {
 		rows := make([]Settled, len(failed))
+		earliest := time.Duration(-1)
 		for i, s := range failed {
-			rows[i] = Settled{ID: s.f.msg.ID, Partition: s.f.msg.Partition, Epoch: s.f.msg.Epoch, Err: s.res.Err.Error()}
+			d := retryDelay(s.f.attempts, r.cfg.RetryMin, r.cfg.RetryMax)
+			rows[i] = Settled{ID: s.f.msg.ID, Partition: s.f.msg.Partition, Epoch: s.f.msg.Epoch, Err: s.res.Err.Error(), Delay: d}
+			if earliest < 0 || d < earliest {
+				earliest = d
+			}
 		}
-		if err := r.store.RecordFailures(ctx, r.cfg.Node, rows); err != nil {
+		parked, err := r.store.RecordFailures(ctx, r.cfg.Node, rows, r.cfg.MaxAttempts)
+		if err != nil {
 			requeue(failed)
 			return err
 		}
-		now := time.Now()
+		// The database now holds each key back until its next attempt.
 		r.mu.Lock()
 		for _, s := range failed {
-			s.f.attempts++
-			s.f.retryAt = now.Add(retryDelay(s.f.attempts-1, r.cfg.RetryMin, r.cfg.RetryMax))
+			r.forgetLocked(s.f)
 		}
 		r.stats.Failed += int64(len(failed))
+		r.stats.Parked += int64(len(parked))
 		r.mu.Unlock()
+		select {
+		case r.retryAt <- time.Now().Add(earliest):
+		default: // the reader has plenty of wake-ups queued; polling covers the rest
+		}
 		for _, s := range failed {
 			r.cfg.Logger.Debug("publish failed; key backs off", "id", s.f.msg.ID, "key", s.f.msg.CorrelationID,
 				"outcome", s.res.Outcome, "err", s.res.Err)
 		}
+		for _, id := range parked {
+			r.cfg.Logger.Warn("message parked after repeated failures; its key waits for an operator (retry or skip)",
+				"id", id, "attempts", r.cfg.MaxAttempts)
+		}
 	}
 	signal(r.wakeRead)
 	return nil
-}
-
-// sweepBackoffs releases keys whose backoff has passed and returns the next
-// expiry, or zero.
-func (r *Relay) sweepBackoffs() time.Time {
-	now := time.Now()
-	var next time.Time
-	released := false
-	r.mu.Lock()
-	for _, f := range r.flights {
-		switch {
-		case f.retryAt.IsZero():
-		case !f.retryAt.After(now):
-			r.forgetLocked(f)
-			released = true
-		case next.IsZero() || f.retryAt.Before(next):
-			next = f.retryAt
-		}
-	}
-	r.mu.Unlock()
-	if released {
-		signal(r.wakeRead)
-	}
-	return next
 }
 
 // decodeHeaders turns the row's JSON headers into AMQP table values:

@@ -21,6 +21,9 @@ type Row struct {
 	Headers       []byte // JSON object
 	OccurredAt    time.Time
 	Attempts      int
+	// PrevDead: the row just below is dead (skipped), so PrevKeySeq must
+	// be looked up with Store.PrevKeySeq.
+	PrevDead bool
 }
 
 // Settled identifies a published row for a relay write: the row, its
@@ -29,7 +32,8 @@ type Settled struct {
 	ID        uuid.UUID
 	Partition int
 	Epoch     int64
-	Err       string // the failure, for RecordFailures
+	Err       string        // the failure, for RecordFailures
+	Delay     time.Duration // wait before the next attempt, for RecordFailures
 }
 
 // Store is the relay's view of the outbox. Every write checks, in its own
@@ -45,9 +49,19 @@ type Store interface {
 	// MarkPublished marks rows processed and returns the ids it marked.
 	// Rows whose lease is no longer held at their epoch are left pending.
 	MarkPublished(ctx context.Context, node string, rows []Settled) ([]uuid.UUID, error)
-	// RecordFailures adds one attempt and the error text to each row whose
-	// lease is still held.
-	RecordFailures(ctx context.Context, node string, rows []Settled) error
+	// RecordFailures adds one attempt, the error text and the time of the
+	// next attempt (now + Delay) to each row whose lease is still held, and
+	// parks the rows that have now failed maxAttempts times. It returns the
+	// ids it parked.
+	RecordFailures(ctx context.Context, node string, rows []Settled, maxAttempts int) ([]uuid.UUID, error)
+	// PrevKeySeq returns the highest key_seq of key below keySeq that is
+	// not dead, or 0.
+	PrevKeySeq(ctx context.Context, key string, keySeq int64) (int64, error)
+	// DeleteProcessed deletes up to limit processed, not dead, rows of
+	// partition processed more than olderThan ago (by the database's
+	// clock), if node holds the partition at epoch, and returns how many it
+	// deleted.
+	DeleteProcessed(ctx context.Context, node string, partition int, epoch int64, olderThan time.Duration, limit int) (int64, error)
 	// Listen calls wake for every outbox notification until ctx ends,
 	// re-listening after every reconnect and calling wake once after each
 	// (re)connect, so a notification missed while down costs one poll.
