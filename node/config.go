@@ -33,6 +33,18 @@ type Config struct {
 	RetryMin      time.Duration // first backoff of a failed key
 	RetryMax      time.Duration // backoff cap
 	DBMaxConns    int           // pool size
+	MaxAttempts   int           // failed attempts that park a message
+
+	// RetentionAge is how long processed rows are kept (0: forever);
+	// RetentionInterval how often retention runs; RetentionChunk the most
+	// rows one DELETE removes.
+	RetentionAge      time.Duration
+	RetentionInterval time.Duration
+	RetentionChunk    int
+
+	// AdminToken is the bearer token of the /admin actions; empty turns
+	// them off.
+	AdminToken string
 
 	// GossipAddr is the host:port gossip listens on; empty runs the node
 	// alone (it wants every partition) without gossip.
@@ -68,7 +80,12 @@ func DefaultConfig() Config {
 		RetryMin:       100 * time.Millisecond,
 		RetryMax:       30 * time.Second,
 		DBMaxConns:     6,
+		MaxAttempts:    5,
 		RejoinInterval: 10 * time.Second,
+
+		RetentionAge:      24 * time.Hour,
+		RetentionInterval: time.Minute,
+		RetentionChunk:    1000,
 	}
 }
 
@@ -87,9 +104,17 @@ func (c Config) Validate() error {
 	if err := partition.ValidateCount(c.Partitions); err != nil {
 		return err
 	}
-	rc := relay.Config{Node: c.NodeName, Window: c.ConfirmWindow, PerKeyLimit: 1, BatchSize: c.BatchSize,
-		PollInterval: c.PollInterval, RetryMin: c.RetryMin, RetryMax: c.RetryMax, SettleTimeout: c.SettleTimeout}
+	rc := c.relay(nil)
 	return rc.Validate()
+}
+
+func (c Config) relay(logger *slog.Logger) relay.Config {
+	return relay.Config{
+		Node: c.NodeName, Window: c.ConfirmWindow, PerKeyLimit: 1, BatchSize: c.BatchSize,
+		PollInterval: c.PollInterval, RetryMin: c.RetryMin, RetryMax: c.RetryMax, SettleTimeout: c.SettleTimeout,
+		MaxAttempts: c.MaxAttempts, RetentionAge: c.RetentionAge, RetentionInterval: c.RetentionInterval,
+		RetentionChunk: c.RetentionChunk, Logger: logger,
+	}
 }
 
 // Options are hooks for tests and embedding; the zero value is fine.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ordo-relay/ordo/admin"
 	"github.com/ordo-relay/ordo/membership"
 	"github.com/ordo-relay/ordo/partition"
 	"github.com/ordo-relay/ordo/relay"
@@ -37,6 +38,7 @@ func newHTTP(cfg Config, pool *pgxpool.Pool, pub *relay.AMQPPublisher, leaser *p
 		return members.Alive()
 	}
 	mux := http.NewServeMux()
+	mux.Handle("/admin/", admin.Handler(admin.NewStore(pool), cfg.AdminToken, logger))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})

@@ -99,16 +99,7 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 		pub = opts.WrapPublisher(pub)
 	}
 	store := relay.NewPGStore(pool, logger)
-	r, err := relay.New(relay.Config{
-		Node:          cfg.NodeName,
-		Window:        cfg.ConfirmWindow,
-		BatchSize:     cfg.BatchSize,
-		PollInterval:  cfg.PollInterval,
-		RetryMin:      cfg.RetryMin,
-		RetryMax:      cfg.RetryMax,
-		SettleTimeout: cfg.SettleTimeout,
-		Logger:        logger,
-	}, store, pub, leaser)
+	r, err := relay.New(cfg.relay(logger), store, pub, leaser)
 	if err != nil {
 		return err
 	}

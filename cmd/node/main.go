@@ -3,8 +3,12 @@
 // their pending outbox rows to RabbitMQ in per-key order. Every flag has an
 // ORDO_* environment variable equivalent (see -h).
 //
-//	node [flags]                       run a node
-//	node status [-http ADDR]           print a node's view of the cluster
+//	node [flags]                           run a node
+//	node status [-http ADDR]               print a node's view of the cluster
+//	node parked [-http ADDR]               list parked messages
+//	node retry  [-http ADDR] ID | -key K   retry a parked message
+//	node skip   [-http ADDR] ID            skip (kill) a parked message
+//	node purge  [-http ADDR]               delete purgeable dead rows
 package main
 
 import (
@@ -48,13 +52,18 @@ func parseConfig(args []string, lookup func(string) (string, bool), out io.Write
 	fs.DurationVar(&c.RetryMin, "retry-min", c.RetryMin, "first backoff of a key whose message failed")
 	fs.DurationVar(&c.RetryMax, "retry-max", c.RetryMax, "backoff cap of a failing key")
 	fs.IntVar(&c.DBMaxConns, "db-max-conns", c.DBMaxConns, "PostgreSQL pool size")
+	fs.IntVar(&c.MaxAttempts, "max-attempts", c.MaxAttempts, "failed attempts after which a message is parked")
+	fs.DurationVar(&c.RetentionAge, "retention-age", c.RetentionAge, "delete processed rows older than this (0 keeps them)")
+	fs.DurationVar(&c.RetentionInterval, "retention-interval", c.RetentionInterval, "how often retention runs")
+	fs.IntVar(&c.RetentionChunk, "retention-chunk", c.RetentionChunk, "most rows one retention DELETE removes")
+	fs.StringVar(&c.AdminToken, "admin-token", "", "bearer token for the /admin actions (empty: actions off)")
 	fs.StringVar(&c.GossipAddr, "gossip-addr", "", "host:port for gossip (TCP and UDP); empty runs the node alone, owning every partition")
 	fs.StringVar(&c.GossipAdvertise, "gossip-advertise", "", "host:port peers reach this node at (default: -gossip-addr)")
 	join := fs.String("join", "", "comma-separated seed gossip addresses")
 	keys := fs.String("gossip-key", "", "comma-separated base64 gossip encryption keys (16, 24 or 32 bytes); the first encrypts, all decrypt")
 	fs.DurationVar(&c.RejoinInterval, "rejoin-interval", c.RejoinInterval, "how often to join the seeds again (heals splits)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
-	fs.Usage = envflag.Usage(fs, "ORDO", "usage: node [flags]\n       node status [-http ADDR]\n\nRuns one Ordo relay node.")
+	fs.Usage = envflag.Usage(fs, "ORDO", "usage: node [flags]\n       node status|parked|retry|skip|purge -h\n\nRuns one Ordo relay node.")
 	if err := envflag.Parse(fs, "ORDO", args, lookup); err != nil {
 		return o, err
 	}
@@ -79,8 +88,13 @@ func parseConfig(args []string, lookup func(string) (string, bool), out io.Write
 }
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "status" {
-		os.Exit(statusMain(os.Args[2:], os.LookupEnv, os.Stdout, os.Stderr))
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "status":
+			os.Exit(statusMain(os.Args[2:], os.LookupEnv, os.Stdout, os.Stderr))
+		case "parked", "retry", "skip", "purge":
+			os.Exit(adminMain(os.Args[1], os.Args[2:], os.LookupEnv, os.Stdout, os.Stderr))
+		}
 	}
 	o, err := parseConfig(os.Args[1:], os.LookupEnv, os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {

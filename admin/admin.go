@@ -1,0 +1,192 @@
+// Package admin is the operator's side of Ordo: list parked messages,
+// retry or skip them, purge dead rows. Every action is recorded in
+// ordo_operator_audit with the operator's name, the caller's address, the
+// action, its target and the result. The HTTP handler serves the same
+// actions behind a bearer token.
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrNotFound is returned when no outbox row has the given id (or no
+// parked row has the given key).
+var ErrNotFound = errors.New("no such message")
+
+// ErrNotParked is returned by Retry and Skip for a message that is not
+// parked: only parked messages can be retried or skipped (a pending one may
+// be in flight right now).
+var ErrNotParked = errors.New("message is not parked")
+
+// Actor is who asks for an action, for the audit trail.
+type Actor struct {
+	Operator   string // a person's or tool's name
+	RemoteAddr string // where the request came from
+}
+
+// Parked is one parked message and what waits behind it.
+type Parked struct {
+	ID            uuid.UUID `json:"id"`
+	Partition     int       `json:"partition"`
+	CorrelationID string    `json:"correlationId"`
+	KeySeq        int64     `json:"keySeq"`
+	Exchange      string    `json:"exchange"`
+	RoutingKey    string    `json:"routingKey"`
+	Type          string    `json:"type"`
+	Attempts      int       `json:"attempts"`
+	LastError     string    `json:"lastError"`
+	ParkedAt      time.Time `json:"parkedAt"`
+	// Waiting is the number of later messages of the key held behind it.
+	Waiting int64 `json:"waiting"`
+}
+
+// Store runs operator actions against the outbox database. Safe for
+// concurrent use.
+type Store struct {
+	pool *pgxpool.Pool
+}
+
+// NewStore returns a Store on pool.
+func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+
+// ListParked returns up to limit parked messages, oldest first.
+func (s *Store) ListParked(ctx context.Context, limit int) ([]Parked, error) {
+	rows, err := s.pool.Query(ctx, sqlListParked, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list parked messages: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Parked, error) {
+		var p Parked
+		var lastErr *string
+		err := r.Scan(&p.ID, &p.Partition, &p.CorrelationID, &p.KeySeq, &p.Exchange, &p.RoutingKey, &p.Type,
+			&p.Attempts, &lastErr, &p.ParkedAt, &p.Waiting)
+		if lastErr != nil {
+			p.LastError = *lastErr
+		}
+		return p, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list parked messages: %w", err)
+	}
+	return out, nil
+}
+
+// Retry puts a parked message back at the head of its key with a fresh
+// attempt count.
+func (s *Store) Retry(ctx context.Context, who Actor, id uuid.UUID) error {
+	return s.act(ctx, who, "retry", "message "+id.String(), func(tx pgx.Tx) (string, error) {
+		return "retried", s.onParked(ctx, tx, sqlRetry, id)
+	})
+}
+
+// RetryKey retries the parked message of key, and returns how many it
+// retried (0 or 1: only a key's head can be parked).
+func (s *Store) RetryKey(ctx context.Context, who Actor, key string) (int, error) {
+	var n int
+	err := s.act(ctx, who, "retry-key", "key "+key, func(tx pgx.Tx) (string, error) {
+		rows, err := tx.Query(ctx, sqlRetryKey, key)
+		if err != nil {
+			return "", err
+		}
+		parts, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		if err != nil {
+			return "", err
+		}
+		if len(parts) == 0 {
+			return "", fmt.Errorf("%w: no parked message for key %q", ErrNotFound, key)
+		}
+		n = len(parts)
+		return fmt.Sprintf("retried %d", n), notify(ctx, tx, parts...)
+	})
+	return n, err
+}
+
+// Skip marks a parked message dead: it is never published, and its key
+// goes on; the next message's x-ordo-prev-key-seq shows the skip.
+func (s *Store) Skip(ctx context.Context, who Actor, id uuid.UUID) error {
+	return s.act(ctx, who, "skip", "message "+id.String(), func(tx pgx.Tx) (string, error) {
+		return "skipped", s.onParked(ctx, tx, sqlSkip, id)
+	})
+}
+
+// Purge deletes dead rows whose key has no later pending row and has a
+// later row already published (so every future message's
+// x-ordo-prev-key-seq is still computed right), and returns how many.
+func (s *Store) Purge(ctx context.Context, who Actor) (int64, error) {
+	var n int64
+	err := s.act(ctx, who, "purge", "dead rows", func(tx pgx.Tx) (string, error) {
+		tag, err := tx.Exec(ctx, sqlPurge)
+		n = tag.RowsAffected()
+		return fmt.Sprintf("purged %d", n), err
+	})
+	return n, err
+}
+
+// onParked runs one of the parked-only updates on id, telling a missing
+// row from one that is not parked.
+func (s *Store) onParked(ctx context.Context, tx pgx.Tx, sql string, id uuid.UUID) error {
+	var part int32
+	err := tx.QueryRow(ctx, sql, id).Scan(&part)
+	if errors.Is(err, pgx.ErrNoRows) {
+		var exists bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox WHERE id = $1)`, id).Scan(&exists); err != nil {
+			return err
+		}
+		if exists {
+			return fmt.Errorf("%w: %s", ErrNotParked, id)
+		}
+		return fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	if err != nil {
+		return err
+	}
+	return notify(ctx, tx, part)
+}
+
+// notify wakes the relays of partitions.
+func notify(ctx context.Context, tx pgx.Tx, partitions ...int32) error {
+	_, err := tx.Exec(ctx, `SELECT pg_notify('ordo_outbox', p::text) FROM unnest($1::int[]) AS p`, partitions)
+	return err
+}
+
+// act runs f in a transaction and records the action, whatever its
+// outcome.
+func (s *Store) act(ctx context.Context, who Actor, action, target string, f func(pgx.Tx) (string, error)) error {
+	var result string
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var err error
+		result, err = f(tx)
+		if err != nil {
+			return err
+		}
+		return audit(ctx, tx, who, action, target, result)
+	})
+	if err != nil {
+		// The action rolled back: record the refusal on its own.
+		if aerr := audit(ctx, s.pool, who, action, target, "error: "+err.Error()); aerr != nil {
+			return errors.Join(err, aerr)
+		}
+		return err
+	}
+	return nil
+}
+
+// execer runs a statement: pgx.Tx and *pgxpool.Pool.
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+func audit(ctx context.Context, db execer, who Actor, action, target, result string) error {
+	if _, err := db.Exec(ctx, sqlAudit, who.Operator, who.RemoteAddr, action, target, result); err != nil {
+		return fmt.Errorf("record operator action: %w", err)
+	}
+	return nil
+}

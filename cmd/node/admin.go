@@ -1,0 +1,120 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os/user"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/ordo-relay/ordo/admin"
+	"github.com/ordo-relay/ordo/internal/envflag"
+)
+
+// adminMain runs an operator subcommand against a node's /admin endpoints
+// and returns the exit code: 0 done, 1 refused or failed, 2 bad usage.
+func adminMain(cmd string, args []string, lookup func(string) (string, bool), stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("node "+cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("http", "127.0.0.1:8081", "the node's HTTP address (host:port or URL)")
+	token := fs.String("admin-token", "", "the node's admin bearer token")
+	op := fs.String("operator", currentUser(), "your name, recorded with the action")
+	key := fs.String("key", "", "retry: the correlation id whose parked message to retry (instead of an id)")
+	usage := map[string]string{
+		"parked": "usage: node parked [flags]\n\nLists parked messages with their error and what waits behind each.",
+		"retry":  "usage: node retry [flags] MESSAGE-ID\n       node retry [flags] -key CORRELATION-ID\n\nPuts a parked message back at the head of its key.",
+		"skip":   "usage: node skip [flags] MESSAGE-ID\n\nMarks a parked message dead: it is never published and its key goes on.",
+		"purge":  "usage: node purge [flags]\n\nDeletes dead rows no longer needed to compute x-ordo-prev-key-seq.",
+	}[cmd]
+	// ORDO_ADMIN_TOKEN is the node's own variable; the CLI reads it too.
+	fs.Usage = envflag.Usage(fs, "ORDO", usage)
+	if err := envflag.Parse(fs, "ORDO", args, lookup); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	var method, path string
+	switch cmd {
+	case "parked":
+		method, path = http.MethodGet, "/admin/parked"
+	case "purge":
+		method, path = http.MethodPost, "/admin/purge"
+	case "retry", "skip":
+		switch {
+		case cmd == "retry" && *key != "" && fs.NArg() == 0:
+			method, path = http.MethodPost, "/admin/keys/"+url.PathEscape(*key)+"/retry"
+		case fs.NArg() == 1 && *key == "":
+			method, path = http.MethodPost, "/admin/messages/"+url.PathEscape(fs.Arg(0))+"/"+cmd
+		default:
+			fmt.Fprintf(stderr, "node %s: give exactly one message id%s\n", cmd, map[bool]string{true: " or -key", false: ""}[cmd == "retry"])
+			return 2
+		}
+	}
+	if cmd != "retry" && cmd != "skip" && fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "node %s: unexpected arguments %q\n", cmd, fs.Args())
+		return 2
+	}
+	base := *addr
+	if !strings.Contains(base, "://") {
+		base = "http://" + base
+	}
+	req, err := http.NewRequest(method, strings.TrimSuffix(base, "/")+path, nil)
+	if err != nil {
+		fmt.Fprintf(stderr, "node %s: %v\n", cmd, err)
+		return 2
+	}
+	if *token != "" {
+		req.Header.Set("Authorization", "Bearer "+*token)
+	}
+	req.Header.Set(admin.OperatorHeader, *op)
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		fmt.Fprintf(stderr, "node %s: %v\n", cmd, err)
+		return 1
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		var e struct{ Error string }
+		if json.Unmarshal(body, &e) != nil || e.Error == "" {
+			e.Error = strings.TrimSpace(string(body))
+		}
+		fmt.Fprintf(stderr, "node %s: %s (%s)\n", cmd, e.Error, resp.Status)
+		return 1
+	}
+	if cmd != "parked" {
+		fmt.Fprintln(stdout, strings.TrimSpace(string(body)))
+		return 0
+	}
+	var list []admin.Parked
+	if err := json.Unmarshal(body, &list); err != nil {
+		fmt.Fprintf(stderr, "node parked: decode: %v\n", err)
+		return 1
+	}
+	if len(list) == 0 {
+		fmt.Fprintln(stdout, "no parked messages")
+		return 0
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tKEY\tKEY_SEQ\tATTEMPTS\tWAITING\tPARKED\tERROR")
+	for _, p := range list {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\n", p.ID, p.CorrelationID, p.KeySeq, p.Attempts, p.Waiting,
+			p.ParkedAt.Format(time.RFC3339), p.LastError)
+	}
+	tw.Flush()
+	return 0
+}
+
+func currentUser() string {
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return "unknown"
+}
