@@ -135,6 +135,9 @@ type nodeOpts struct {
 	wrapPub   func(relay.Publisher) relay.Publisher
 	wrapStore func(relay.Store) relay.Store
 	logger    *slog.Logger
+	// retention enables retention with this age, run every 100 ms.
+	retention      time.Duration
+	retentionChunk int
 }
 
 // node is a relay, its leaser and its publisher, run in-process.
@@ -198,6 +201,11 @@ func (h *harness) startNode(o nodeOpts) *node {
 	cfg.RetryMin, cfg.RetryMax = 20*time.Millisecond, 200*time.Millisecond
 	cfg.PollInterval = 200 * time.Millisecond
 	cfg.Logger = o.logger
+	cfg.RetentionAge = o.retention
+	cfg.RetentionInterval = 100 * time.Millisecond
+	if o.retentionChunk > 0 {
+		cfg.RetentionChunk = o.retentionChunk
+	}
 	rl, err := relay.New(cfg, store, pub, leaser)
 	if err != nil {
 		h.t.Fatal(err)
@@ -347,4 +355,49 @@ func postOrder(t *testing.T, api *httptest.Server) string {
 		t.Fatalf("POST /orders: %d %v", resp.StatusCode, err)
 	}
 	return out.ID
+}
+
+func withChannel(t *testing.T, f func(*amqp.Channel) error) {
+	t.Helper()
+	conn, err := amqp.Dial(testkit.AMQPURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f(ch); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// countingStore records retention calls.
+type countingStore struct {
+	relay.Store
+	mu      sync.Mutex
+	n       int
+	biggest int64
+}
+
+func (c *countingStore) DeleteProcessed(ctx context.Context, node string, partition int, epoch int64, olderThan time.Duration, limit int) (int64, error) {
+	n, err := c.Store.DeleteProcessed(ctx, node, partition, epoch, olderThan, limit)
+	c.mu.Lock()
+	c.n++
+	c.biggest = max(c.biggest, n)
+	c.mu.Unlock()
+	return n, err
+}
+
+func (c *countingStore) calls() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n
+}
+
+func (c *countingStore) maxDeleted() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.biggest
 }
