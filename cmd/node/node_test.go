@@ -1,6 +1,7 @@
 package main
 
 import (
+	stdctx "context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -78,6 +79,29 @@ func (f *fixture) enqueue(t *testing.T, n, keys int) {
 		}
 	}
 }
+
+// enqueueTo writes n messages of one key to exchange with a routing key, in one
+// transaction, and returns their ids (not expected by the checker).
+func (f *fixture) enqueueTo(t *testing.T, exchange, key, routingKey string, n int) []uuid.UUID {
+	t.Helper()
+	ctx := testkit.Context(t, 30*time.Second)
+	msgs := make([]outbox.Message, n)
+	for i := range msgs {
+		msgs[i] = outbox.Message{CorrelationID: key, Exchange: exchange, RoutingKey: routingKey, Type: "t", Payload: json.RawMessage(`{}`)}
+	}
+	var ids []uuid.UUID
+	err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+		var err error
+		ids, err = f.prod.Enqueue(ctx, tx, msgs...)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+func ctx30(t *testing.T) stdctx.Context { return testkit.Context(t, 30*time.Second) }
 
 func (f *fixture) start(t *testing.T, name string, extra ...string) (*testkit.Process, string) {
 	t.Helper()

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
+)
+
+func runAdmin(t *testing.T, env map[string]string, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	code := adminMain(args[0], args[1:], lookup, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// TestAdminEndToEnd drives the operator subcommands against a real node
+// process: a message with no binding is parked; parked lists it; bad
+// arguments and tokens get clear errors; skip releases it.
+func TestAdminEndToEnd(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	lonely := testkit.NewExchange(t) // nothing bound: every message is returned
+	ids := f.enqueueTo(t, lonely, "stuck", "nowhere.bound", 2)
+	_, base := f.start(t, "admin-node", "ORDO_ADMIN_TOKEN=s3cret", "ORDO_RETRY_MIN=10ms", "ORDO_RETRY_MAX=50ms")
+	addr := strings.TrimPrefix(base, "http://")
+	env := map[string]string{"ORDO_ADMIN_TOKEN": "s3cret"}
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, out, _ := runAdmin(t, env, "parked", "-http", addr)
+		if code == 0 && strings.Contains(out, ids[0].String()) {
+			if !strings.Contains(out, "NO_ROUTE") || !strings.Contains(out, "stuck") {
+				t.Fatalf("parked listing lacks the error or key:\n%s", out)
+			}
+			t.Logf("parked:\n%s", out)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("message never parked (exit %d):\n%s", code, out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	for _, c := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		code int
+		msg  string
+	}{
+		{"no token", nil, []string{"parked", "-http", addr}, 1, "missing bearer token"},
+		{"wrong token", map[string]string{"ORDO_ADMIN_TOKEN": "nope"}, []string{"parked", "-http", addr}, 1, "wrong admin token"},
+		{"malformed id", env, []string{"skip", "-http", addr, "not-a-uuid"}, 1, "malformed message id"},
+		{"unknown id", env, []string{"skip", "-http", addr, uuid.NewString()}, 1, "no such message"},
+		{"not parked", env, []string{"retry", "-http", addr, ids[1].String()}, 1, "not parked"},
+		{"unknown key", env, []string{"retry", "-http", addr, "-key", "ghost"}, 1, "no parked message for key"},
+		{"no id", env, []string{"skip", "-http", addr}, 2, "exactly one message id"},
+		{"stray args", env, []string{"purge", "-http", addr, "x"}, 2, "unexpected arguments"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			code, _, errOut := runAdmin(t, c.env, c.args...)
+			if code != c.code || !strings.Contains(errOut, c.msg) {
+				t.Fatalf("exit %d, stderr %q; want %d and %q", code, errOut, c.code, c.msg)
+			}
+		})
+	}
+
+	code, out, errOut := runAdmin(t, env, "skip", "-http", addr, "-operator", "alice", ids[0].String())
+	if code != 0 {
+		t.Fatalf("skip: exit %d %s", code, errOut)
+	}
+	t.Logf("skip: %s", out)
+	ctx := ctx30(t)
+	var op, action, remote string
+	if err := f.pool.QueryRow(ctx, `SELECT operator, action, remote_addr FROM ordo_operator_audit
+		WHERE result = 'skipped'`).Scan(&op, &action, &remote); err != nil {
+		t.Fatal(err)
+	}
+	if op != "alice" || action != "skip" || !strings.HasPrefix(remote, "127.0.0.1:") {
+		t.Fatalf("audit: operator %q action %q from %q", op, action, remote)
+	}
+	var refused int
+	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM ordo_operator_audit WHERE result LIKE 'error:%'`).Scan(&refused); err != nil || refused < 3 {
+		t.Fatalf("refused actions audited: %d (%v)", refused, err)
+	}
+}
+
+// TestAdminOffWithoutToken: with no token configured, the actions are off
+// and the answer says so.
+func TestAdminOffWithoutToken(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	_, base := f.start(t, "no-admin-node")
+	code, _, errOut := runAdmin(t, map[string]string{"ORDO_ADMIN_TOKEN": "anything"}, "parked", "-http", strings.TrimPrefix(base, "http://"))
+	if code != 1 || !strings.Contains(errOut, "admin actions are off") || !strings.Contains(errOut, "ORDO_ADMIN_TOKEN") {
+		t.Fatalf("exit %d, %q", code, errOut)
+	}
+}
