@@ -135,7 +135,12 @@ func New(cfg Config) (*Membership, error) {
 	mc := memberlist.DefaultLANConfig()
 	mc.Name = cfg.NodeName
 	mc.BindAddr, mc.BindPort = host, port
-	mc.AdvertiseAddr, mc.AdvertisePort = host, port
+	mc.AdvertisePort = port
+	if ip := net.ParseIP(host); ip == nil || !ip.IsUnspecified() {
+		// A specific address is advertised as is; for 0.0.0.0 memberlist
+		// picks this host's private address.
+		mc.AdvertiseAddr = host
+	}
 	if cfg.AdvertiseAddr != "" {
 		ah, ap, err := net.SplitHostPort(cfg.AdvertiseAddr)
 		if err != nil {
