@@ -214,6 +214,19 @@ func TestHTTPEndpoints(t *testing.T) {
 			t.Fatalf("partition %d: owner %q epoch %d", p.Partition, p.Owner, p.Epoch)
 		}
 	}
+	// node status prints the same as a table.
+	var out, errOut strings.Builder
+	if code := statusMain([]string{"-http", strings.TrimPrefix(base, "http://")}, func(string) (string, bool) { return "", false }, &out, &errOut); code != 0 {
+		t.Fatalf("node status: exit %d: %s", code, errOut.String())
+	}
+	for _, want := range []string{"node http-node: 64 of 64 partitions held", "MEMBER", "http-node", "PARTITION", "LEASE OWNER"} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("node status output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if code := statusMain([]string{"-http", testkit.FreeAddr(t)}, func(string) (string, bool) { return "", false }, &out, &errOut); code != 1 {
+		t.Fatalf("node status against nothing: exit %d, want 1", code)
+	}
 }
 
 // TestPartitionMismatchRefused: a node configured with another P exits 1
