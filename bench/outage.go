@@ -1,0 +1,212 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"sync"
+	"time"
+)
+
+// outageTail is how long the producer keeps going after the backlog has
+// drained, to see the node back in its steady state.
+const outageTail = 2 * time.Second
+
+// runOutage measures recovery from a broker outage. A producer commits
+// -rate rows a second (default 500, one row per transaction, keys drawn
+// from -keys, default 1000) for the whole run. The node reaches RabbitMQ
+// through a TCP proxy; after -before (3 s) the proxy cuts the link for
+// -outage (10 s), then restores it. The consumer is connected straight to
+// the broker throughout. Measured from the restore: the first delivery of
+// a message committed during the outage, and the moment every message
+// committed before the restore has arrived.
+func runOutage(ctx context.Context, o options) (*Result, error) {
+	rate, keys := o.rateOr(500), o.keysOr(1000)
+	r, err := newRig(ctx, o, "outage", int32(o.Workers+1))
+	if err != nil {
+		return nil, err
+	}
+	defer r.close()
+	res := newResult("outage")
+	res.Param("nodes", 1)
+	res.Param("rate", rate)
+	res.Param("keys", keys)
+	res.Param("workers", o.Workers)
+	res.Param("before", o.Before)
+	res.Param("outage", o.Outage)
+	res.Param("partitions", o.Partitions)
+	res.Param("confirm_window", o.ConfirmWindow)
+
+	c, err := r.startConsumer(ctx)
+	if err != nil {
+		return nil, err
+	}
+	target, err := hostPort(o.AMQPURL, "5672")
+	if err != nil {
+		return nil, err
+	}
+	px, err := r.startProxy(target)
+	if err != nil {
+		return nil, err
+	}
+	viaProxy, err := px.URL(o.AMQPURL)
+	if err != nil {
+		return nil, err
+	}
+	n, err := r.startNode(ctx, viaProxy)
+	if err != nil {
+		return nil, err
+	}
+	if err := n.waitReady(ctx, min(o.Timeout, time.Minute)); err != nil {
+		return nil, err
+	}
+
+	p, err := newProducer(producerConfig{Rate: rate, Workers: o.Workers, Keys: keys, Payload: o.Payload, Exchange: r.exchange}, r.pool, o.Partitions)
+	if err != nil {
+		return nil, err
+	}
+	pctx, cancelProducer := context.WithCancel(ctx)
+	producerDone := make(chan error, 1)
+	go func() { producerDone <- p.run(pctx) }()
+	// On every return path the producer is stopped and waited for.
+	stopProducer := sync.OnceValue(func() error {
+		cancelProducer()
+		return <-producerDone
+	})
+	defer stopProducer()
+
+	if err := sleep(ctx, o.Before); err != nil {
+		return nil, err
+	}
+	cutAt := time.Now()
+	px.Cut()
+	fmt.Printf("cut the node's broker link for %v\n", o.Outage)
+	if err := sleep(ctx, o.Outage); err != nil {
+		return nil, err
+	}
+	restoreAt := time.Now()
+	px.Restore()
+	fmt.Println("restored the node's broker link")
+	backlog := p.committedBefore(restoreAt)
+	if err := c.waitAll(ctx, backlog, o.Timeout, n.failed); err != nil {
+		return nil, err
+	}
+	if err := sleep(ctx, outageTail); err != nil {
+		return nil, err
+	}
+	if err := stopProducer(); err != nil {
+		return nil, err
+	}
+	ids, commits := p.snapshot()
+	if err := c.waitAll(ctx, ids, o.Timeout, n.failed); err != nil {
+		return nil, err
+	}
+	if _, err := r.waitPending(ctx, n); err != nil {
+		return nil, err
+	}
+	detectedAt, detected := n.lineAfter("RabbitMQ unavailable", cutAt)
+	reopenedAt, reopened := n.lineAfter("RabbitMQ channel open", restoreAt)
+	if _, err := n.stop(nodeStopTimeout); err != nil {
+		return nil, err
+	}
+
+	m := measureOutage(ids, commits, c.receiveTimes(), cutAt, restoreAt, o.Before)
+	ps := p.stats()
+	res.Figure("committed_during_outage", float64(m.duringOutage), "")
+	res.Figure("backlog_at_restore", float64(m.backlog), "")
+	res.Figure("delivered_during_outage", float64(m.deliveredDuringOutage), "")
+	if detected {
+		res.Seconds("outage_noticed_seconds", detectedAt.Sub(cutAt))
+	}
+	if reopened {
+		res.Seconds("channel_open_seconds", reopenedAt.Sub(restoreAt))
+	}
+	if !m.firstAfterRestore.IsZero() {
+		res.Seconds("first_delivery_after_restore_seconds", m.firstAfterRestore.Sub(restoreAt))
+	}
+	if !m.firstOutageMsg.IsZero() {
+		res.Seconds("first_outage_msg_seconds", m.firstOutageMsg.Sub(restoreAt))
+	}
+	res.Seconds("backlog_drained_seconds", m.drainedAt.Sub(restoreAt))
+	if d := m.drainedAt.Sub(m.firstAfterRestore); d > 0 && m.backlog > 0 {
+		res.Figure("backlog_msgs_per_sec", float64(m.backlog)/d.Seconds(), "msg/s")
+	}
+	if len(m.steady) > 0 {
+		d := distributionOf(m.steady)
+		res.Millis("steady_latency_p50", d.p50)
+		res.Millis("steady_latency_p99", d.p99)
+	}
+	res.Figure("msgs", float64(ps.committed), "")
+	res.Figure("achieved_rate", float64(ps.committed)/ps.elapsed.Seconds(), "msg/s")
+	res.Figure("producer_missed", float64(ps.missed), "")
+	res.Figure("producer_errors", float64(ps.errors), "")
+	res.Check = c.report(ids)
+	res.Finished = time.Now()
+	if !reopened {
+		res.Note("the node never logged \"RabbitMQ channel open\" after the restore")
+	}
+	return res, nil
+}
+
+// outageTimes is what happened around an outage, from every committed
+// message's commit and first receive times.
+type outageTimes struct {
+	firstOutageMsg        time.Time       // first delivery of a message committed during the outage
+	firstAfterRestore     time.Time       // first delivery of any message after the restore
+	drainedAt             time.Time       // last delivery of a message committed before the restore
+	duringOutage          int             // messages committed during the outage
+	backlog               int             // committed before the restore, delivered after it
+	deliveredDuringOutage int             // deliveries between cut and restore
+	steady                []time.Duration // latencies before the cut, first second excluded
+}
+
+func measureOutage(ids []string, commits map[string]commitTimes, recv map[string]time.Time, cutAt, restoreAt time.Time, before time.Duration) outageTimes {
+	var m outageTimes
+	steadyFrom := cutAt.Add(-before + time.Second)
+	for _, id := range ids {
+		ct, got := commits[id].committed, recv[id]
+		if got.IsZero() {
+			continue // never delivered: the checker reports it as lost
+		}
+		if !got.Before(restoreAt) && (m.firstAfterRestore.IsZero() || got.Before(m.firstAfterRestore)) {
+			m.firstAfterRestore = got
+		}
+		if !got.Before(cutAt) && got.Before(restoreAt) {
+			m.deliveredDuringOutage++
+		}
+		if !ct.Before(restoreAt) {
+			continue
+		}
+		if !got.Before(restoreAt) {
+			m.backlog++
+		}
+		if got.After(m.drainedAt) {
+			m.drainedAt = got
+		}
+		switch {
+		case !ct.Before(cutAt):
+			m.duringOutage++
+			if m.firstOutageMsg.IsZero() || got.Before(m.firstOutageMsg) {
+				m.firstOutageMsg = got
+			}
+		case ct.After(steadyFrom) && got.Before(cutAt):
+			// Delivered before the cut: messages caught in flight by the
+			// cut wait for the restore and are not steady state.
+			m.steady = append(m.steady, got.Sub(ct))
+		}
+	}
+	return m
+}
+
+// hostPort returns the host:port of rawURL, with defPort when it has none.
+func hostPort(rawURL, defPort string) (string, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "", fmt.Errorf("parse %q: %w", rawURL, err)
+	}
+	if u.Port() == "" {
+		return net.JoinHostPort(u.Hostname(), defPort), nil
+	}
+	return u.Host, nil
+}

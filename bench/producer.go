@@ -1,0 +1,227 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/ordo-relay/ordo/outbox"
+)
+
+const (
+	// pacerTick is how often the pacer hands out the commits that have
+	// come due. Short enough that commits are spread evenly; long enough
+	// that a loaded 2-core machine keeps up with the ticker.
+	pacerTick = 2 * time.Millisecond
+	// txTimeout bounds one producer transaction.
+	txTimeout = 10 * time.Second
+	// commitErrorsShown is how many commit errors are printed.
+	commitErrorsShown = 5
+)
+
+// producerConfig configures a paced producer.
+type producerConfig struct {
+	Rate     int    // commits per second, all workers together
+	Workers  int    // goroutines, one connection each
+	Keys     int    // correlation ids are drawn uniformly from Keys of them
+	Payload  int    // approximate payload size in bytes
+	Exchange string // where the messages go
+}
+
+// commitTimes is when one message's transaction ran.
+type commitTimes struct {
+	begun     time.Time // before BEGIN
+	sent      time.Time // before COMMIT was sent
+	committed time.Time // after COMMIT returned
+}
+
+// producer commits one outbox row per transaction at a fixed rate: a pacer
+// goroutine turns a ticker into commit tokens (as many as have come due
+// since the start, so ticks the runtime drops do not lower the rate), and
+// workers take tokens. A token nobody is free to take is counted as missed
+// rather than queued, so a producer that cannot keep up shows as a lower
+// achieved rate, not as latency. Safe for concurrent use.
+type producer struct {
+	cfg  producerConfig
+	pool *pgxpool.Pool
+	out  *outbox.Producer
+
+	mu      sync.Mutex
+	commits map[string]commitTimes // message id -> times, committed rows only
+	order   []string               // message ids in commit order
+	errors  int
+	missed  int64
+	started time.Time
+	stopped time.Time
+}
+
+func newProducer(cfg producerConfig, pool *pgxpool.Pool, partitions int) (*producer, error) {
+	out, err := outbox.NewProducer(partitions)
+	if err != nil {
+		return nil, err
+	}
+	return &producer{cfg: cfg, pool: pool, out: out, commits: map[string]commitTimes{}}, nil
+}
+
+// run commits at the configured rate until ctx ends, then waits for the
+// transactions in progress (they run under a context of their own, so
+// stopping never leaves a commit of unknown outcome) and returns nil.
+func (p *producer) run(ctx context.Context) error {
+	tokens := make(chan struct{}, p.cfg.Workers)
+	var g errgroup.Group
+	p.mu.Lock()
+	p.started = time.Now()
+	p.mu.Unlock()
+	g.Go(func() error {
+		defer close(tokens)
+		p.pace(ctx, tokens)
+		return nil
+	})
+	for w := range p.cfg.Workers {
+		g.Go(func() error {
+			p.work(w, tokens)
+			return nil
+		})
+	}
+	err := g.Wait()
+	p.mu.Lock()
+	p.stopped = time.Now()
+	p.mu.Unlock()
+	return err
+}
+
+func (p *producer) pace(ctx context.Context, tokens chan<- struct{}) {
+	start := time.Now()
+	tick := time.NewTicker(pacerTick)
+	defer tick.Stop()
+	var emitted int64
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			due := int64(now.Sub(start).Seconds() * float64(p.cfg.Rate))
+			for emitted < due {
+				select {
+				case tokens <- struct{}{}:
+					emitted++
+				default: // every worker is busy: the rest of this tick is missed
+					p.mu.Lock()
+					p.missed += due - emitted
+					p.mu.Unlock()
+					emitted = due
+				}
+			}
+		}
+	}
+}
+
+func (p *producer) work(worker int, tokens <-chan struct{}) {
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(worker)))
+	pad := strings.Repeat("x", max(0, p.cfg.Payload-len(`{"key":"key-1234","pad":"","t":1767000000000000000}`)))
+	for range tokens {
+		key := "key-" + strconv.Itoa(rng.IntN(p.cfg.Keys))
+		id, t, err := p.commitOne(key, pad)
+		p.mu.Lock()
+		if err != nil {
+			p.errors++
+			if p.errors <= commitErrorsShown {
+				fmt.Fprintf(os.Stderr, "bench: producer: %v\n", err)
+			}
+		} else {
+			p.commits[id] = t
+			p.order = append(p.order, id)
+		}
+		p.mu.Unlock()
+	}
+}
+
+// commitOne writes one message in a transaction of its own.
+func (p *producer) commitOne(key, pad string) (string, commitTimes, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), txTimeout)
+	defer cancel()
+	var t commitTimes
+	t.begun = time.Now()
+	tx, err := p.pool.Begin(ctx)
+	if err != nil {
+		return "", t, fmt.Errorf("begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }() // no-op after Commit
+	// "t" is the producer's clock when the row was written, for consumers
+	// that want a latency without the bench's bookkeeping.
+	payload, err := json.Marshal(map[string]any{"key": key, "t": time.Now().UnixNano(), "pad": pad})
+	if err != nil {
+		return "", t, fmt.Errorf("payload: %w", err)
+	}
+	ids, err := p.out.Enqueue(ctx, tx, outbox.Message{
+		CorrelationID: key,
+		Exchange:      p.cfg.Exchange,
+		RoutingKey:    "bench.event",
+		Type:          "ordo.bench.event.v1",
+		Payload:       payload,
+	})
+	if err != nil {
+		return "", t, err
+	}
+	t.sent = time.Now()
+	if err := tx.Commit(ctx); err != nil {
+		return "", t, fmt.Errorf("commit: %w", err)
+	}
+	t.committed = time.Now()
+	return ids[0].String(), t, nil
+}
+
+// snapshot returns the committed messages so far, in commit order, with
+// their times.
+func (p *producer) snapshot() ([]string, map[string]commitTimes) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := make(map[string]commitTimes, len(p.commits))
+	for k, v := range p.commits {
+		m[k] = v
+	}
+	return append([]string(nil), p.order...), m
+}
+
+// committedBefore returns the ids whose COMMIT returned before t.
+func (p *producer) committedBefore(t time.Time) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var ids []string
+	for _, id := range p.order {
+		if p.commits[id].committed.Before(t) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// startedAt returns when run started.
+func (p *producer) startedAt() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.started
+}
+
+// producerStats are a finished producer's totals.
+type producerStats struct {
+	committed int
+	errors    int
+	missed    int64
+	elapsed   time.Duration
+}
+
+func (p *producer) stats() producerStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return producerStats{committed: len(p.order), errors: p.errors, missed: p.missed, elapsed: p.stopped.Sub(p.started)}
+}

@@ -1,0 +1,277 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/ordo-relay/ordo/outbox"
+)
+
+// cleanupTimeout bounds all of a rig's cleanups together.
+const cleanupTimeout = 60 * time.Second
+
+// setupTimeout bounds each setup step (create database, migrate, declare).
+const setupTimeout = 30 * time.Second
+
+// rig is one scenario's private world: a fresh database with the outbox
+// installed, a pool on it, and a topic exchange, all named
+// ordo_bench_<scenario>_<random>. Everything a rig creates (consumers,
+// nodes, proxies too) is registered with onClose and removed by close, last
+// created first.
+type rig struct {
+	o        options
+	name     string // database and exchange name
+	dbURL    string
+	pool     *pgxpool.Pool
+	exchange string
+	nodes    int // nodes started, for unique names
+
+	cleanups []cleanup
+}
+
+type cleanup struct {
+	what string
+	f    func(ctx context.Context) error
+}
+
+// newRig creates the database (migrated, with a pool of poolConns
+// connections) and the exchange. On error, whatever was created is removed.
+func newRig(ctx context.Context, o options, scenario string, poolConns int32) (r *rig, err error) {
+	r = &rig{o: o, name: "ordo_bench_" + scenario + "_" + randomHex(4)}
+	defer func() {
+		if err != nil {
+			r.close()
+			r = nil
+		}
+	}()
+	if err := r.createDatabase(ctx, poolConns); err != nil {
+		return nil, err
+	}
+	if err := r.declareExchange(ctx); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// onClose registers f to run at close.
+func (r *rig) onClose(what string, f func(ctx context.Context) error) {
+	r.cleanups = append(r.cleanups, cleanup{what, f})
+}
+
+// close runs every cleanup, last registered first, within cleanupTimeout,
+// even when the scenario's context was cancelled. Failures are printed: a
+// cleanup has nobody to return them to.
+func (r *rig) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	for i := len(r.cleanups) - 1; i >= 0; i-- {
+		c := r.cleanups[i]
+		if err := c.f(ctx); err != nil {
+			fmt.Fprintf(os.Stderr, "bench: cleanup: %s: %v\n", c.what, err)
+		}
+	}
+	r.cleanups = nil
+}
+
+func (r *rig) createDatabase(ctx context.Context, poolConns int32) error {
+	sctx, cancel := context.WithTimeout(ctx, setupTimeout)
+	defer cancel()
+	admin, err := pgx.Connect(sctx, r.o.PostgresURL)
+	if err != nil {
+		return fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	defer admin.Close(context.Background())
+	ident := pgx.Identifier{r.name}.Sanitize()
+	if _, err := admin.Exec(sctx, "CREATE DATABASE "+ident); err != nil {
+		return fmt.Errorf("create database %s: %w", r.name, err)
+	}
+	r.onClose("drop database "+r.name, func(ctx context.Context) error {
+		c, err := pgx.Connect(ctx, r.o.PostgresURL)
+		if err != nil {
+			return err
+		}
+		defer c.Close(context.Background())
+		_, err = c.Exec(ctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)")
+		return err
+	})
+
+	u, err := url.Parse(r.o.PostgresURL)
+	if err != nil {
+		return fmt.Errorf("postgres-url: %w", err)
+	}
+	u.Path = "/" + r.name
+	r.dbURL = u.String()
+	cfg, err := pgxpool.ParseConfig(r.dbURL)
+	if err != nil {
+		return fmt.Errorf("postgres-url: %w", err)
+	}
+	cfg.MaxConns = poolConns
+	pool, err := pgxpool.NewWithConfig(sctx, cfg)
+	if err != nil {
+		return fmt.Errorf("open pool on %s: %w", r.name, err)
+	}
+	r.pool = pool
+	r.onClose("close pool", func(context.Context) error { pool.Close(); return nil })
+	if err := outbox.Migrate(sctx, pool, r.o.Partitions); err != nil {
+		return fmt.Errorf("migrate %s: %w", r.name, err)
+	}
+	return nil
+}
+
+// declareExchange declares the rig's topic exchange. It is auto-delete, so
+// RabbitMQ removes it with the consumer's queue even if the bench dies
+// before its cleanup.
+func (r *rig) declareExchange(ctx context.Context) error {
+	r.exchange = r.name
+	err := withChannel(ctx, r.o.AMQPURL, func(ch *amqp.Channel) error {
+		return ch.ExchangeDeclare(r.exchange, "topic", false, true, false, false, nil)
+	})
+	if err != nil {
+		return fmt.Errorf("declare exchange %s: %w", r.exchange, err)
+	}
+	r.onClose("delete exchange "+r.exchange, func(ctx context.Context) error {
+		err := withChannel(ctx, r.o.AMQPURL, func(ch *amqp.Channel) error {
+			return ch.ExchangeDelete(r.exchange, false, false)
+		})
+		var aerr *amqp.Error
+		if errors.As(err, &aerr) && aerr.Code == amqp.NotFound {
+			return nil // auto-deleted with the queue already
+		}
+		return err
+	})
+	return nil
+}
+
+// withChannel runs f on a short-lived connection and channel. ctx bounds
+// the dial only: amqp091-go calls do not take a context.
+func withChannel(ctx context.Context, amqpURL string, f func(*amqp.Channel) error) error {
+	d := 10 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(dl))
+	}
+	conn, err := amqp.DialConfig(amqpURL, amqp.Config{Dial: amqp.DefaultDial(d)})
+	if err != nil {
+		return fmt.Errorf("connect to RabbitMQ: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	return f(ch)
+}
+
+// startConsumer starts the rig's consumer, stopped at close.
+func (r *rig) startConsumer(ctx context.Context) (*consumer, error) {
+	c, err := startConsumer(ctx, r.o.AMQPURL, r.exchange, r.name)
+	if err != nil {
+		return nil, err
+	}
+	r.onClose("stop consumer", func(context.Context) error { return c.close() })
+	return c, nil
+}
+
+// startNode starts a relay node on the rig's database, publishing to
+// amqpURL (the broker, or a proxy in front of it). It is stopped at close
+// if the scenario has not stopped it.
+func (r *rig) startNode(ctx context.Context, amqpURL string) (*node, error) {
+	r.nodes++
+	name := fmt.Sprintf("%s-%d", r.name, r.nodes)
+	n, err := startNode(ctx, r.o, name, r.dbURL, amqpURL)
+	if err != nil {
+		return nil, err
+	}
+	r.onClose("stop node "+name, func(context.Context) error {
+		_, err := n.stop(nodeStopTimeout)
+		return err
+	})
+	return n, nil
+}
+
+// startProxy starts a TCP proxy in front of target ("host:port"), closed at
+// close.
+func (r *rig) startProxy(target string) (*proxy, error) {
+	p, err := newProxy(target)
+	if err != nil {
+		return nil, err
+	}
+	r.onClose("close proxy", func(context.Context) error { p.Close(); return nil })
+	return p, nil
+}
+
+// pending returns how many outbox rows are not processed yet.
+func (r *rig) pending(ctx context.Context) (int, error) {
+	var n int
+	if err := r.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE processed_at IS NULL`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count pending rows: %w", err)
+	}
+	return n, nil
+}
+
+// waitPending waits until no outbox row is pending and returns when that
+// was first seen.
+func (r *rig) waitPending(ctx context.Context, n *node) (time.Time, error) {
+	var at time.Time
+	err := waitUntil(ctx, r.o.Timeout, 50*time.Millisecond, "no pending rows", func() (bool, error) {
+		if err := n.failed(); err != nil {
+			return false, err
+		}
+		p, err := r.pending(ctx)
+		at = time.Now()
+		return p == 0, err
+	})
+	return at, err
+}
+
+// waitUntil evaluates cond every poll until it holds, returns an error, ctx
+// ends or timeout passes.
+func waitUntil(ctx context.Context, timeout, poll time.Duration, what string, cond func() (bool, error)) error {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(poll)
+	defer tick.Stop()
+	for {
+		ok, err := cond()
+		if err != nil {
+			return fmt.Errorf("wait for %s: %w", what, err)
+		}
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for %s: %w", what, ctx.Err())
+		case <-deadline.C:
+			return fmt.Errorf("wait for %s: not within %v", what, timeout)
+		case <-tick.C:
+		}
+	}
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails on Linux
+	return hex.EncodeToString(b)
+}
