@@ -247,6 +247,9 @@ func (r *Relay) Run(ctx context.Context) error {
 func (r *Relay) readLoop(ctx context.Context) {
 	down := outage.New(r.cfg.Logger, "PostgreSQL (outbox reads)")
 	bo := newBackoff(50*time.Millisecond, 2*time.Second)
+	// The publisher reconnects on its own; check for it often so the first
+	// publish follows a broker's return closely.
+	pubWait := newBackoff(20*time.Millisecond, 200*time.Millisecond)
 	poll := time.NewTicker(r.cfg.PollInterval)
 	defer poll.Stop()
 	retry := time.NewTimer(time.Hour)
@@ -260,7 +263,7 @@ func (r *Relay) readLoop(ctx context.Context) {
 		switch {
 		case errors.As(err, new(*publishError)):
 			// The publisher reconnects and logs on its own; look again soon.
-			if !sleepCtx(ctx, bo.next()) {
+			if !sleepCtx(ctx, pubWait.next()) {
 				return
 			}
 			continue
@@ -273,6 +276,7 @@ func (r *Relay) readLoop(ctx context.Context) {
 		}
 		down.OK()
 		bo.reset()
+		pubWait.reset()
 		if more {
 			continue
 		}
@@ -313,6 +317,9 @@ func (r *Relay) readOnce(ctx context.Context) (more bool, err error) {
 	}
 	if len(parts) == 0 {
 		return false, nil
+	}
+	if c, ok := r.pub.(interface{ Connected() bool }); ok && !c.Connected() {
+		return false, &publishError{ErrNotConnected} // no read while there is nowhere to publish
 	}
 	r.mu.Lock()
 	free := r.cfg.Window - r.unconfirmed
