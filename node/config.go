@@ -45,6 +45,8 @@ type Config struct {
 	// AdminToken is the bearer token of the /admin actions; empty turns
 	// them off.
 	AdminToken string
+	// PProf serves net/http/pprof under /debug/pprof/ on the HTTP address.
+	PProf bool
 
 	// GossipAddr is the host:port gossip listens on; empty runs the node
 	// alone (it wants every partition) without gossip.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http"
+	"net/http/pprof"
 	"slices"
 	"time"
 
@@ -39,6 +40,11 @@ func newHTTP(cfg Config, pool *pgxpool.Pool, pub *relay.AMQPPublisher, leaser *p
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/admin/", admin.Handler(admin.NewStore(pool), cfg.AdminToken, logger))
+	if cfg.PProf {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})

@@ -57,6 +57,7 @@ func parseConfig(args []string, lookup func(string) (string, bool), out io.Write
 	fs.DurationVar(&c.RetentionInterval, "retention-interval", c.RetentionInterval, "how often retention runs")
 	fs.IntVar(&c.RetentionChunk, "retention-chunk", c.RetentionChunk, "most rows one retention DELETE removes")
 	fs.StringVar(&c.AdminToken, "admin-token", "", "bearer token for the /admin actions (empty: actions off)")
+	fs.BoolVar(&c.PProf, "pprof", false, "serve Go's profiler under /debug/pprof/ on the HTTP address")
 	fs.StringVar(&c.GossipAddr, "gossip-addr", "", "host:port for gossip (TCP and UDP); empty runs the node alone, owning every partition")
 	fs.StringVar(&c.GossipAdvertise, "gossip-advertise", "", "host:port peers reach this node at (default: -gossip-addr)")
 	join := fs.String("join", "", "comma-separated seed gossip addresses")
