@@ -50,7 +50,7 @@ func (c *AMQPConfig) setDefaults() {
 		c.ReconnectMin = 100 * time.Millisecond
 	}
 	if c.ReconnectMax <= 0 {
-		c.ReconnectMax = 2 * time.Second
+		c.ReconnectMax = time.Second
 	}
 	if c.ExchangeCheckTTL <= 0 {
 		c.ExchangeCheckTTL = 10 * time.Second
