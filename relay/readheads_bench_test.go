@@ -1,0 +1,63 @@
+package relay_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/outbox"
+	"github.com/ordo-relay/ordo/relay"
+)
+
+// BenchmarkReadHeads is key-head selection against the real PostgreSQL:
+// one read of 512 heads from a 100,000-row backlog over 10,000 keys, with
+// 256 rows in flight to leave out.
+func BenchmarkReadHeads(b *testing.B) {
+	_, pool := testkit.NewTestDB(b, 4)
+	ctx := testkit.Context(b, 5*time.Minute)
+	if err := outbox.Migrate(ctx, pool, 64); err != nil {
+		b.Fatal(err)
+	}
+	prod, _ := outbox.NewProducer(64)
+	payload := json.RawMessage(fmt.Sprintf(`{"pad":%q}`, strings.Repeat("x", 280)))
+	for batch := range 100 {
+		msgs := make([]outbox.Message, 1000)
+		for i := range msgs {
+			msgs[i] = outbox.Message{CorrelationID: fmt.Sprintf("key-%d", (batch*1000+i)%10000),
+				Exchange: "x", RoutingKey: "r", Type: "t", Payload: payload}
+		}
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { _, err := prod.Enqueue(ctx, tx, msgs...); return err }); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctx, "ANALYZE outbox"); err != nil {
+		b.Fatal(err)
+	}
+	store := relay.NewPGStore(pool, nil)
+	parts := make([]int32, 64)
+	for i := range parts {
+		parts[i] = int32(i)
+	}
+	first, err := store.ReadHeads(ctx, parts, nil, 1, 256)
+	if err != nil {
+		b.Fatal(err)
+	}
+	exclude := make([]uuid.UUID, len(first))
+	for i, r := range first {
+		exclude[i] = r.ID
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		rows, err := store.ReadHeads(ctx, parts, exclude, 1, 512)
+		if err != nil || len(rows) != 512 {
+			b.Fatalf("%d rows, %v", len(rows), err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/512, "µs/row")
+}
