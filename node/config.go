@@ -20,20 +20,21 @@ import (
 
 // Config is everything a node is configured with.
 type Config struct {
-	PostgresURL   string        // outbox database
-	AMQPURL       string        // broker
-	NodeName      string        // lease owner and gossip name; stable across restarts
-	HTTPAddr      string        // /healthz, /readyz, /status
-	Partitions    int           // P; must match the installed count
-	ConfirmWindow int           // W: most unconfirmed publishes in flight
-	BatchSize     int           // most rows per read
-	PollInterval  time.Duration // read without a notification this often
-	LeaseTTL      time.Duration // lease lifetime in the database
-	SettleTimeout time.Duration // bound on settling confirms at shutdown
-	RetryMin      time.Duration // first backoff of a failed key
-	RetryMax      time.Duration // backoff cap
-	DBMaxConns    int           // pool size
-	MaxAttempts   int           // failed attempts that park a message
+	PostgresURL    string        // outbox database
+	AMQPURL        string        // broker
+	NodeName       string        // lease owner and gossip name; stable across restarts
+	HTTPAddr       string        // /healthz, /readyz, /status
+	Partitions     int           // P; must match the installed count
+	ConfirmWindow  int           // W: most unconfirmed publishes in flight
+	BatchSize      int           // most rows per read
+	PollInterval   time.Duration // read without a notification this often
+	LeaseTTL       time.Duration // lease lifetime in the database
+	SettleTimeout  time.Duration // bound on settling confirms at shutdown
+	RetryMin       time.Duration // first backoff of a failed key
+	RetryMax       time.Duration // backoff cap
+	DBMaxConns     int           // pool size
+	MaxAttempts    int           // failed attempts that park a message
+	ConfirmTimeout time.Duration // a publish unconfirmed this long on an open channel is a failure
 
 	// RetentionAge is how long processed rows are kept (0: forever);
 	// RetentionInterval how often retention runs; RetentionChunk the most
@@ -83,6 +84,7 @@ func DefaultConfig() Config {
 		RetryMax:       30 * time.Second,
 		DBMaxConns:     6,
 		MaxAttempts:    5,
+		ConfirmTimeout: 30 * time.Second,
 		RejoinInterval: 10 * time.Second,
 
 		RetentionAge:      24 * time.Hour,

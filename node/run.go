@@ -101,7 +101,7 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 	if err != nil {
 		return err
 	}
-	amqpPub := relay.NewAMQPPublisher(relay.AMQPConfig{URL: cfg.AMQPURL, Window: cfg.ConfirmWindow, Logger: logger})
+	amqpPub := relay.NewAMQPPublisher(relay.AMQPConfig{URL: cfg.AMQPURL, Window: cfg.ConfirmWindow, ConfirmTimeout: cfg.ConfirmTimeout, Logger: logger})
 	var pub relay.Publisher = amqpPub
 	if opts.WrapPublisher != nil {
 		pub = opts.WrapPublisher(pub)

@@ -38,6 +38,10 @@ type AMQPConfig struct {
 	// Heartbeat is the AMQP heartbeat interval; a dead broker is noticed
 	// within about two of them.
 	Heartbeat time.Duration
+	// ConfirmTimeout is how long a publish may wait for its confirm on a
+	// channel that stays open; past it the message is Failed (an attempt
+	// for its key), and a confirm that comes later is ignored.
+	ConfirmTimeout time.Duration
 	// Logger receives connection and outage messages.
 	Logger *slog.Logger
 }
@@ -57,6 +61,9 @@ func (c *AMQPConfig) setDefaults() {
 	}
 	if c.Heartbeat <= 0 {
 		c.Heartbeat = 5 * time.Second
+	}
+	if c.ConfirmTimeout <= 0 {
+		c.ConfirmTimeout = 30 * time.Second
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -92,8 +99,13 @@ type session struct {
 
 type pendingPub struct {
 	msgID  string
+	sent   time.Time
 	settle func(Result)
 }
+
+// ErrConfirmTimeout is the Err of a Failed result whose confirm did not
+// come within ConfirmTimeout on an open channel.
+var ErrConfirmTimeout = errors.New("no publisher confirm within the confirm timeout")
 
 // NewAMQPPublisher returns a publisher; call Run to connect.
 func NewAMQPPublisher(cfg AMQPConfig) *AMQPPublisher {
@@ -230,6 +242,8 @@ func (p *AMQPPublisher) serveChannel(ctx context.Context, conn *amqp.Connection,
 		}
 	}
 
+	expire := time.NewTicker(max(p.cfg.ConfirmTimeout/4, 10*time.Millisecond))
+	defer expire.Stop()
 	var cause error
 loop:
 	for {
@@ -237,6 +251,8 @@ loop:
 		case <-ctx.Done():
 			cause = ctx.Err()
 			break loop
+		case now := <-expire.C:
+			p.expire(s, now)
 		case r, ok := <-returns:
 			if ok {
 				returned[r.MessageId] = fmt.Errorf("returned by broker: %d %s (exchange %q, routing key %q)",
@@ -289,6 +305,26 @@ loop:
 	return cause
 }
 
+// expire fails the publishes of s waiting longer than ConfirmTimeout.
+func (p *AMQPPublisher) expire(s *session, now time.Time) {
+	var late []*pendingPub
+	p.mu.Lock()
+	for tag, pp := range s.pending {
+		if now.Sub(pp.sent) >= p.cfg.ConfirmTimeout {
+			late = append(late, pp)
+			delete(s.pending, tag)
+		}
+	}
+	p.mu.Unlock()
+	for _, pp := range late {
+		pp.settle(Result{Outcome: Failed, Err: fmt.Errorf("%w (%v)", ErrConfirmTimeout, p.cfg.ConfirmTimeout)})
+	}
+	if len(late) > 0 {
+		p.cfg.Logger.Warn("publishes unconfirmed past the confirm timeout; counted as failed attempts",
+			"count", len(late), "timeout", p.cfg.ConfirmTimeout)
+	}
+}
+
 // Publish implements Publisher.
 func (p *AMQPPublisher) Publish(ctx context.Context, m *Message, settle func(Result)) error {
 	p.pubMu.Lock()
@@ -315,7 +351,7 @@ func (p *AMQPPublisher) Publish(ctx context.Context, m *Message, settle func(Res
 		p.mu.Unlock()
 		return ErrNotConnected
 	}
-	s.pending[tag] = &pendingPub{msgID: msgID, settle: settle}
+	s.pending[tag] = &pendingPub{msgID: msgID, sent: time.Now(), settle: settle}
 	p.mu.Unlock()
 
 	err := s.ch.PublishWithContext(ctx, m.Exchange, m.RoutingKey, true, false, publishing(m))

@@ -325,3 +325,28 @@ func TestStaleEpochMarkRefused(t *testing.T) {
 		t.Fatalf("%d rows marked under a stale epoch", n)
 	}
 }
+
+// TestConfirmTimeoutIsAFailure: a broker that stops answering on an open
+// connection (the proxy holds every byte back) leaves publishes without a
+// confirm; past the confirm timeout each is a failed attempt for its key.
+// When the network answers again everything is delivered.
+func TestConfirmTimeoutIsAFailure(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	proxy := testkit.NewProxy(t, strings.TrimSuffix(strings.TrimPrefix(testkit.AMQPURL(), "amqp://guest:guest@"), "/"))
+	h.startNode(nodeOpts{amqpURL: proxy.URL(testkit.AMQPURL()), confirmTimeout: 300 * time.Millisecond})
+	h.expect(h.enqueue(h.msg("warmup", "order.placed", "t.v1")))
+	h.checker.WaitDistinct(t, 1, 30*time.Second)
+
+	proxy.Stall()
+	ids := h.enqueue(h.msg("stalled", "order.placed", "t.v1"))
+	h.expect(ids)
+	h.waitRows(30*time.Second, "the unconfirmed publish counted as a failed attempt", func(n int) bool { return n == 1 },
+		"id = $1 AND attempts >= 1 AND processed_at IS NULL AND last_error LIKE '%no publisher confirm%'", ids[0])
+	proxy.Resume()
+	rep := h.checker.WaitFor(t, 30*time.Second, func(r testkit.Report) bool { return r.Lost == 0 })
+	if !rep.OK() {
+		t.Fatalf("checker: %s", rep.Detail())
+	}
+	h.waitRows(30*time.Second, "all rows marked", func(n int) bool { return n == 0 }, "processed_at IS NULL")
+}

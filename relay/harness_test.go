@@ -138,6 +138,7 @@ type nodeOpts struct {
 	// retention enables retention with this age, run every 100 ms.
 	retention      time.Duration
 	retentionChunk int
+	confirmTimeout time.Duration
 }
 
 // node is a relay, its leaser and its publisher, run in-process.
@@ -184,7 +185,7 @@ func (h *harness) startNode(o nodeOpts) *node {
 		h.t.Fatal(err)
 	}
 	amqpPub := relay.NewAMQPPublisher(relay.AMQPConfig{URL: o.amqpURL, Window: max(o.window, 64), Logger: o.logger,
-		ReconnectMax: 500 * time.Millisecond})
+		ReconnectMax: 500 * time.Millisecond, ConfirmTimeout: o.confirmTimeout})
 	var pub relay.Publisher = amqpPub
 	if o.wrapPub != nil {
 		pub = o.wrapPub(pub)

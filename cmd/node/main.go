@@ -53,6 +53,7 @@ func parseConfig(args []string, lookup func(string) (string, bool), out io.Write
 	fs.DurationVar(&c.RetryMax, "retry-max", c.RetryMax, "backoff cap of a failing key")
 	fs.IntVar(&c.DBMaxConns, "db-max-conns", c.DBMaxConns, "PostgreSQL pool size")
 	fs.IntVar(&c.MaxAttempts, "max-attempts", c.MaxAttempts, "failed attempts after which a message is parked")
+	fs.DurationVar(&c.ConfirmTimeout, "confirm-timeout", c.ConfirmTimeout, "a publish unconfirmed this long on an open channel counts as a failed attempt")
 	fs.DurationVar(&c.RetentionAge, "retention-age", c.RetentionAge, "delete processed rows older than this (0 keeps them)")
 	fs.DurationVar(&c.RetentionInterval, "retention-interval", c.RetentionInterval, "how often retention runs")
 	fs.IntVar(&c.RetentionChunk, "retention-chunk", c.RetentionChunk, "most rows one retention DELETE removes")

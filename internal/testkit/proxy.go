@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -36,6 +37,8 @@ type Proxy struct {
 	cuts   int
 	gen    uint64 // incremented by every Cut; a link dialled across a Cut is dropped
 	closed bool
+
+	stall atomic.Pointer[chan struct{}] // non-nil while stalled; closed by Resume
 }
 
 // proxyLink is one forwarded connection: the client's side and the target's.
@@ -220,9 +223,9 @@ func (p *Proxy) forward(client net.Conn, gen uint64) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		pipe(l, server, client)
+		p.pipe(l, server, client)
 	}()
-	pipe(l, client, server)
+	p.pipe(l, client, server)
 	<-done
 	l.abort(false)
 
@@ -231,16 +234,53 @@ func (p *Proxy) forward(client net.Conn, gen uint64) {
 	p.mu.Unlock()
 }
 
-// pipe copies src to dst. At a clean end of src it half-closes dst so the
-// other direction can finish; on an error it aborts the whole link.
-func pipe(l *proxyLink, dst, src net.Conn) {
-	_, err := io.Copy(dst, src)
-	if err == nil {
-		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
-			if cw.CloseWrite() == nil {
+// pipe copies src to dst, holding data back while the proxy is stalled. At
+// a clean end of src it half-closes dst so the other direction can finish;
+// on an error it aborts the whole link.
+func (p *Proxy) pipe(l *proxyLink, dst, src net.Conn) {
+	buf := make([]byte, 32*1024)
+	for {
+		n, rerr := src.Read(buf)
+		if n > 0 {
+			if g := p.stall.Load(); g != nil {
+				select {
+				case <-*g:
+				case <-p.ctx.Done():
+					l.abort(false)
+					return
+				}
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				l.abort(false)
 				return
 			}
 		}
+		if rerr == io.EOF {
+			if cw, ok := dst.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
+				return
+			}
+			l.abort(false)
+			return
+		}
+		if rerr != nil {
+			l.abort(false)
+			return
+		}
 	}
-	l.abort(false)
+}
+
+// Stall holds back every byte in both directions, on every connection,
+// without closing anything: the peers see a network that stopped
+// answering. Resume lets the held data through. Both are idempotent and
+// safe for concurrent use.
+func (p *Proxy) Stall() {
+	g := make(chan struct{})
+	p.stall.CompareAndSwap(nil, &g)
+}
+
+// Resume ends a Stall.
+func (p *Proxy) Resume() {
+	if g := p.stall.Swap(nil); g != nil {
+		close(*g)
+	}
 }

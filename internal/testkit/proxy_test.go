@@ -294,3 +294,41 @@ func mustHost(t *testing.T, rawURL string) string {
 	}
 	return u.Host
 }
+
+// TestProxyStall: data sent while stalled is held, not lost, and arrives
+// after Resume; the connection stays open.
+func TestProxyStall(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = io.Copy(c, c)
+	}()
+	p := NewProxy(t, ln.Addr().String())
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	p.Stall()
+	if _, err := c.Write([]byte("held")); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	buf := make([]byte, 4)
+	if n, err := c.Read(buf); n != 0 || err == nil {
+		t.Fatalf("read %q while stalled (err %v)", buf[:n], err)
+	}
+	p.Resume()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "held" {
+		t.Fatalf("after Resume: %q, %v", buf, err)
+	}
+}
