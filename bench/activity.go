@@ -36,7 +36,8 @@ type activitySampler struct {
 }
 
 // statementKinds classify the relay's statements by a fragment of their
-// text (see relay/queries.go and partition/lease.go).
+// text (see relay/queries.go, partition/lease.go and classic.go); the
+// first match wins.
 var statementKinds = []struct{ kind, fragment string }{
 	{"read", "FROM outbox AS o"},
 	{"mark", "SET processed_at"},
@@ -44,6 +45,7 @@ var statementKinds = []struct{ kind, fragment string }{
 	{"lease", "ordo_leases"},
 	{"bench", "count(*) FROM outbox"},
 	{"insert", "INSERT INTO outbox"},
+	{"read", "FOR UPDATE SKIP LOCKED"}, // the classic relay's batch select
 }
 
 func classify(query string) string {

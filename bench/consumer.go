@@ -35,9 +35,10 @@ type consumer struct {
 	closed chan *amqp.Error
 
 	mu       sync.Mutex
-	recv     map[string]time.Time // message id -> first receive time
-	first    time.Time            // first delivery
-	last     time.Time            // last delivery of a new message id
+	recv     map[string]time.Time        // message id -> first receive time
+	epochs   map[int]map[int64]time.Time // partition -> x-ordo-epoch -> first receive time
+	first    time.Time                   // first delivery
+	last     time.Time                   // last delivery of a new message id
 	ackErr   error
 	stopped  bool        // the delivery loop has returned
 	closeErr *amqp.Error // why the connection closed, once known
@@ -63,6 +64,7 @@ func startConsumer(ctx context.Context, amqpURL, exchange, queue string) (*consu
 		done:   make(chan struct{}),
 		closed: conn.NotifyClose(make(chan *amqp.Error, 1)),
 		recv:   map[string]time.Time{},
+		epochs: map[int]map[int64]time.Time{},
 	}
 	msgs, ch, err := c.subscribe(exchange)
 	if err != nil {
@@ -144,6 +146,14 @@ func (c *consumer) record(d testkit.Delivery) {
 	if c.first.IsZero() {
 		c.first = d.Received
 	}
+	pe := c.epochs[d.Partition]
+	if pe == nil {
+		pe = map[int64]time.Time{}
+		c.epochs[d.Partition] = pe
+	}
+	if _, seen := pe[d.Epoch]; !seen {
+		pe[d.Epoch] = d.Received
+	}
 	if _, seen := c.recv[d.MessageID]; !seen {
 		c.recv[d.MessageID] = d.Received
 		c.last = d.Received
@@ -156,6 +166,20 @@ func (c *consumer) distinct() (n int, first, last time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.recv), c.first, c.last
+}
+
+// firstAbove returns when the first delivery from partition p with an
+// x-ordo-epoch above epoch arrived, and false when none has yet.
+func (c *consumer) firstAbove(p int, epoch int64) (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var first time.Time
+	for e, at := range c.epochs[p] {
+		if e > epoch && (first.IsZero() || at.Before(first)) {
+			first = at
+		}
+	}
+	return first, !first.IsZero()
 }
 
 // receiveTimes returns a copy of every message's first receive time.

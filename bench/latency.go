@@ -6,45 +6,74 @@ import (
 	"time"
 )
 
-// runLatency measures commit-to-delivery latency. Producers commit -rate
-// rows a second (default 1000, one row per transaction, keys drawn from
-// -keys, default 10000) for -duration (30 s), paced by a ticker. Latency
-// is the consumer's receive time minus the time the producer's COMMIT
-// returned, both on the bench's clock; commits in the first -warmup (2 s)
-// are not measured.
-func runLatency(ctx context.Context, o options) (*Result, error) {
+// runLatency measures Ordo's commit-to-delivery latency with one node:
+// see latencyOnce.
+func runLatency(ctx context.Context, o options, emit func(*Result)) error {
+	res, err := latencyOnce(ctx, o, ordo(1))
+	if err != nil {
+		return err
+	}
+	emit(res)
+	return nil
+}
+
+// runClassicLatency measures the classic relay's latency the same way,
+// with the first count of -instances (default 1).
+func runClassicLatency(ctx context.Context, o options, emit func(*Result)) error {
+	res, err := latencyOnce(ctx, o, classic(o.Instances[0]))
+	if err != nil {
+		return err
+	}
+	emit(res)
+	return nil
+}
+
+// latencyOnce measures commit-to-delivery latency through the relays of
+// spec. Producers commit -rate rows a second (default 1000, one row per
+// transaction, keys drawn from -keys, default 10000) for -duration (30 s),
+// paced by a ticker. Latency is the consumer's receive time minus the time
+// the producer's COMMIT returned, both on the bench's clock; commits in
+// the first -warmup (2 s) are not measured.
+func latencyOnce(ctx context.Context, o options, spec systemSpec) (*Result, error) {
 	rate, keys := o.rateOr(1000), o.keysOr(10000)
-	r, err := newRig(ctx, o, "latency", int32(o.Workers+2))
+	scenario := "latency"
+	if spec.classic {
+		scenario = "classic-latency"
+	}
+	r, err := newRig(ctx, o, scenario, int32(o.Workers+2))
 	if err != nil {
 		return nil, err
 	}
 	defer r.close()
-	res := newResult("latency")
-	res.Param("nodes", 1)
+	res := newResult(scenario)
+	res.Label = spec.String()
+	spec.addParams(res)
 	res.Param("rate", rate)
 	res.Param("keys", keys)
 	res.Param("workers", o.Workers)
 	res.Param("duration", o.Duration)
 	res.Param("warmup", o.Warmup)
 	res.Param("partitions", o.Partitions)
-	res.Param("confirm_window", o.ConfirmWindow)
+	if spec.classic {
+		res.Param("batch", o.ClassicBatch)
+		res.Param("interval", o.ClassicEvery)
+	} else {
+		res.Param("confirm_window", o.ConfirmWindow)
+	}
 
 	c, err := r.startConsumer(ctx)
 	if err != nil {
 		return nil, err
 	}
-	n, err := r.startNode(ctx, o.AMQPURL)
+	sys, err := spec.start(ctx, r)
 	if err != nil {
-		return nil, err
-	}
-	if err := n.waitReady(ctx, min(o.Timeout, time.Minute)); err != nil {
 		return nil, err
 	}
 	p, err := newProducer(producerConfig{Rate: rate, Workers: o.Workers, Keys: keys, Payload: o.Payload, Exchange: r.exchange}, r.pool, o.Partitions)
 	if err != nil {
 		return nil, err
 	}
-	nodeCPU0, err := n.cpu()
+	relayCPU0, err := usageNow(sys)
 	if err != nil {
 		return nil, err
 	}
@@ -62,23 +91,22 @@ func runLatency(ctx context.Context, o options) (*Result, error) {
 		return nil, err
 	}
 	cpu1 := sampleCPU()
-	nodeCPU1, err := n.cpu()
-	if err != nil {
+	ps := p.stats()
+	if err := addUsage(res, sys, relayCPU0, ps.committed); err != nil {
 		return nil, err
 	}
 	ids, commits := p.snapshot()
-	if err := c.waitAll(ctx, ids, o.Timeout, n.failed); err != nil {
+	if err := c.waitAll(ctx, ids, o.Timeout, sys.failed); err != nil {
 		return nil, err
 	}
-	if _, err := r.waitPending(ctx, n); err != nil {
+	if _, err := r.waitPending(ctx, sys.failed); err != nil {
 		return nil, err
 	}
-	rss, err := n.peakRSSMiB()
-	if err != nil {
+	if err := sys.stop(); err != nil {
 		return nil, err
 	}
-	if _, err := n.stop(nodeStopTimeout); err != nil {
-		return nil, err
+	if cs, ok := sys.(*classicSystem); ok {
+		cs.addTo(res)
 	}
 
 	recv := c.receiveTimes()
@@ -99,7 +127,6 @@ func runLatency(ctx context.Context, o options) (*Result, error) {
 		tx = append(tx, ct.committed.Sub(ct.begun))
 		commit = append(commit, ct.committed.Sub(ct.sent))
 	}
-	ps := p.stats()
 	res.Figure("msgs", float64(ps.committed), "")
 	res.Figure("measured", float64(len(lat)), "")
 	res.Figure("achieved_rate", float64(ps.committed)/ps.elapsed.Seconds(), "msg/s")
@@ -116,10 +143,6 @@ func runLatency(ctx context.Context, o options) (*Result, error) {
 	res.Figure("delivered_before_commit_returned", float64(early), "")
 	res.Figure("producer_missed", float64(ps.missed), "")
 	res.Figure("producer_errors", float64(ps.errors), "")
-	res.Figure("node_rss_peak", rss, "MiB")
-	nodeCPU := nodeCPU1 - nodeCPU0
-	res.Seconds("node_cpu", nodeCPU)
-	res.Figure("node_cpu_per_1k_msgs", 1000*nodeCPU.Seconds()/float64(max(1, ps.committed)), "s")
 	addCPU(res, cpu0, cpu1, "")
 	activity.addTo(res)
 	res.Check = c.report(ids)

@@ -7,15 +7,23 @@
 //
 // Scenarios (see docs/bench.md for what each measures):
 //
-//	drain    a backlog of -rows pending rows, drained by one node
-//	outage   a steady producer while the node's broker link is cut and restored
-//	latency  commit-to-delivery latency at a fixed commit rate
+//	compare          all of the below that compare Ordo with the broker and the classic design, and a table of ratios (the default)
+//	drain            a backlog of -rows pending rows, drained by -nodes Ordo nodes
+//	outage           a steady producer while the node's broker link is cut and restored
+//	latency          commit-to-delivery latency at a fixed commit rate
+//	broker           a bare publisher with pipelined confirms: the broker's ceiling
+//	classic          the article's relay (50 rows a second, one confirm at a time) draining the same backlog
+//	classic-latency  the classic relay's commit-to-delivery latency
+//	race             OrderPlaced then OrderCancelled: how many arrive reversed, classic vs Ordo
+//	failover         kill -9 of one of 3 nodes under load: seconds until its partitions publish again
+//	join             a 3rd node joins 2 under load: seconds until it publishes on all its partitions
 //
 // Every flag also reads ORDO_BENCH_<FLAG> (e.g. ORDO_BENCH_ROWS) when not
 // given. Each scenario prints a table, one "RESULT key=value ..." line and
 // the checker's counts, and writes every figure to a JSON file under -out.
 // The exit status is 1 when a scenario failed or the checker found a lost,
-// reordered or skipped message.
+// reordered or skipped message (reorders of the classic baseline are
+// expected and only reported).
 //
 // Each scenario creates and drops its own database (ordo_bench_*) and
 // exchange and queue (ordo_bench_*). A bench killed with SIGKILL leaves its
@@ -30,6 +38,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -49,32 +58,57 @@ type options struct {
 	NodeBin       string        // a prebuilt node binary; empty builds ./cmd/node
 	Timeout       time.Duration // bound on every wait of a scenario
 
-	Rows     int           // drain: pending rows
+	Rows     int           // drain, classic, broker: messages
 	Keys     int           // distinct correlation ids (0: the scenario's default)
 	Payload  int           // approximate payload size in bytes
-	Analyze  bool          // drain: ANALYZE the outbox after loading it
-	Rate     int           // outage, latency: commits per second (0: the scenario's default)
-	Workers  int           // outage, latency: producer goroutines (connections)
+	Analyze  bool          // drain, classic: ANALYZE the outbox after loading it
+	Rate     int           // outage, latency, failover, join: commits per second; race: orders per second (0: the scenario's default)
+	Workers  int           // producer goroutines (connections)
 	Duration time.Duration // latency: how long producers run
 	Warmup   time.Duration // latency: commits in this first part are not measured
 	Before   time.Duration // outage: steady running before the cut
 	Outage   time.Duration // outage: how long the broker link stays cut
+
+	Nodes          []int         // drain: node counts, one run each
+	Instances      []int         // classic: instance counts, one run each; classic-latency uses the first
+	Reps           int           // failover, join: repetitions
+	Orders         int           // race: orders
+	RaceInstances  int           // race: classic instances
+	RaceNodes      int           // race: Ordo nodes
+	BrokerWindow   int           // broker: unconfirmed publishes in flight
+	ClassicBatch   int           // classic: rows per batch
+	ClassicEvery   time.Duration // classic: polling interval
+	Quick          bool          // smaller defaults for a quick look
+	FailoverTarget time.Duration // failover: the target the figures are judged against
+	JoinTarget     time.Duration // join: the target the figures are judged against
 }
 
 // scenario is one benchmark. run owns everything it creates and removes it
-// before returning, on error and cancellation too.
+// before returning, on error and cancellation too. It hands every result
+// to emit as soon as it has it (a scenario may produce several: one per
+// node count, say) and returns the first error that stopped it.
 type scenario struct {
 	name    string
 	summary string
-	run     func(ctx context.Context, o options) (*Result, error)
+	run     func(ctx context.Context, o options, emit func(*Result)) error
 }
 
-// scenarios is every scenario, in the order "all" runs them.
+// scenarios is every scenario, in the order "all" runs them. compare is
+// kept out of "all": it runs most of the others itself.
 var scenarios = []scenario{
-	{"drain", "a backlog of pending rows drained by one node: msgs/s, node RSS", runDrain},
+	{"drain", "a backlog of pending rows drained by -nodes Ordo nodes: msgs/s, node RSS", runDrain},
 	{"outage", "broker link cut under a steady producer: seconds to resume and to drain the backlog", runOutage},
 	{"latency", "commit-to-delivery latency at a fixed commit rate: p50, p99, max", runLatency},
+	{"broker", "a bare publisher with pipelined confirms and no database: the broker's ceiling in msgs/s", runBroker},
+	{"classic", "the article's relay (50 oldest rows a second, one confirm at a time) as -instances instances: msgs/s", runClassic},
+	{"classic-latency", "the classic relay's commit-to-delivery latency at the latency scenario's rate", runClassicLatency},
+	{"race", "OrderPlaced then OrderCancelled per order: reversed arrivals, classic (2 instances) vs Ordo (3 nodes)", runRace},
+	{"failover", "kill -9 of one of 3 nodes under load: seconds until its partitions publish again", runFailover},
+	{"join", "a 3rd node joins 2 under load: seconds until it publishes on each of its partitions", runJoin},
 }
+
+// compareScenario is the default: see runCompare.
+var compareScenario = scenario{"compare", "broker, classic, drain, latency, race, failover and join in one go, with a table of ratios", runCompare}
 
 func parseOptions(args []string, lookup func(string) (string, bool), out io.Writer) (options, []string, error) {
 	var o options
@@ -87,31 +121,68 @@ func parseOptions(args []string, lookup func(string) (string, bool), out io.Writ
 	fs.IntVar(&o.ConfirmWindow, "confirm-window", 512, "the node's confirm window W")
 	fs.StringVar(&o.NodeBin, "node-bin", "", "prebuilt node binary (default: go build ./cmd/node)")
 	fs.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "bound on every wait")
-	fs.IntVar(&o.Rows, "rows", 100000, "drain: pending rows")
-	fs.IntVar(&o.Keys, "keys", 0, "distinct correlation ids (0: drain 10000, outage 1000, latency 10000)")
+	fs.IntVar(&o.Rows, "rows", 100000, "drain, classic, broker: messages")
+	fs.IntVar(&o.Keys, "keys", 0, "distinct correlation ids (0: drain, classic, broker, latency 10000; outage, failover, join 1000)")
 	fs.IntVar(&o.Payload, "payload", 300, "approximate JSON payload size in bytes")
-	fs.BoolVar(&o.Analyze, "analyze", true, "drain: ANALYZE the outbox after loading it, as autovacuum would soon")
-	fs.IntVar(&o.Rate, "rate", 0, "commits per second (0: outage 500, latency 1000)")
-	fs.IntVar(&o.Workers, "workers", 16, "outage, latency: producer goroutines, one connection each")
+	fs.BoolVar(&o.Analyze, "analyze", true, "drain, classic: ANALYZE the outbox after loading it, as autovacuum would soon")
+	fs.IntVar(&o.Rate, "rate", 0, "commits per second (0: outage, failover, join 500, latency 1000); race: orders per second (0: 250)")
+	fs.IntVar(&o.Workers, "workers", 16, "producer goroutines, one connection each")
 	fs.DurationVar(&o.Duration, "duration", 30*time.Second, "latency: how long producers run")
 	fs.DurationVar(&o.Warmup, "warmup", 2*time.Second, "latency: commits in this first part are not measured")
 	fs.DurationVar(&o.Before, "before", 3*time.Second, "outage: steady running before the cut")
 	fs.DurationVar(&o.Outage, "outage", 10*time.Second, "outage: how long the broker link stays cut")
+	nodes := fs.String("nodes", "1", "drain: comma-separated Ordo node counts, one run each (compare: 1,2,3)")
+	instances := fs.String("instances", "1,2", "classic: comma-separated instance counts, one run each; classic-latency uses the first")
+	fs.IntVar(&o.Reps, "reps", 3, "failover, join: repetitions")
+	fs.IntVar(&o.Orders, "orders", 5000, "race: orders (two messages each)")
+	fs.IntVar(&o.RaceInstances, "race-instances", 2, "race: classic relay instances")
+	fs.IntVar(&o.RaceNodes, "race-nodes", 3, "race: Ordo nodes")
+	fs.IntVar(&o.BrokerWindow, "broker-window", 1024, "broker: most unconfirmed publishes in flight")
+	fs.IntVar(&o.ClassicBatch, "classic-batch", 50, "classic: rows per batch")
+	fs.DurationVar(&o.ClassicEvery, "classic-interval", time.Second, "classic: polling interval")
+	fs.BoolVar(&o.Quick, "quick", false, "smaller defaults for a quick look: rows 20000, keys 2000, duration 10s, orders 1000, reps 1 (flags given win)")
+	fs.DurationVar(&o.FailoverTarget, "failover-target", 3*time.Second, "failover: target")
+	fs.DurationVar(&o.JoinTarget, "join-target", 5*time.Second, "join: target")
 
 	var names []string
-	for _, s := range scenarios {
-		names = append(names, fmt.Sprintf("  %-8s %s", s.name, s.summary))
+	for _, s := range append([]scenario{compareScenario}, scenarios...) {
+		names = append(names, fmt.Sprintf("  %-16s %s", s.name, s.summary))
 	}
-	fs.Usage = envflag.Usage(fs, "ORDO_BENCH", "usage: go run ./bench [flags] scenario... (or all)\n\nScenarios:\n"+strings.Join(names, "\n"))
+	fs.Usage = envflag.Usage(fs, "ORDO_BENCH", "usage: go run ./bench [flags] [scenario... | all | compare]\n\nWithout a scenario, compare runs.\n\nScenarios:\n"+strings.Join(names, "\n"))
 	if err := envflag.Parse(fs, "ORDO_BENCH", args, lookup); err != nil {
 		return o, nil, err
 	}
-	if fs.NArg() == 0 {
-		fs.Usage()
-		return o, nil, errors.New("no scenario given")
+	var err error
+	if o.Nodes, err = parseCounts("nodes", *nodes); err != nil {
+		return o, nil, err
+	}
+	if o.Instances, err = parseCounts("instances", *instances); err != nil {
+		return o, nil, err
+	}
+	if o.Quick {
+		given := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+		for _, q := range []struct {
+			name string
+			set  func()
+		}{
+			{"rows", func() { o.Rows = 20000 }},
+			{"keys", func() { o.Keys = 2000 }},
+			{"duration", func() { o.Duration = 10 * time.Second }},
+			{"orders", func() { o.Orders = 1000 }},
+			{"reps", func() { o.Reps = 1 }},
+		} {
+			if !given[q.name] {
+				q.set()
+			}
+		}
 	}
 	var run []string
-	for _, a := range fs.Args() {
+	args = fs.Args()
+	if len(args) == 0 {
+		args = []string{compareScenario.name}
+	}
+	for _, a := range args {
 		if a == "all" {
 			for _, s := range scenarios {
 				run = append(run, s.name)
@@ -126,10 +197,25 @@ func parseOptions(args []string, lookup func(string) (string, bool), out io.Writ
 	return o, run, o.validate()
 }
 
+// parseCounts parses "1,2,3" into positive counts of at most 8.
+func parseCounts(flagName, s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 8 {
+			return nil, fmt.Errorf("-%s %q: want comma-separated counts from 1 to 8", flagName, s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
 func (o options) validate() error {
 	switch {
 	case o.ConfirmWindow < 1 || o.ConfirmWindow > 65535:
 		return fmt.Errorf("confirm-window %d out of range 1..65535", o.ConfirmWindow)
+	case o.BrokerWindow < 1 || o.BrokerWindow > 65535:
+		return fmt.Errorf("broker-window %d out of range 1..65535", o.BrokerWindow)
 	case o.Rows < 1:
 		return fmt.Errorf("rows %d must be positive", o.Rows)
 	case o.Keys < 0 || o.Rate < 0:
@@ -142,6 +228,14 @@ func (o options) validate() error {
 		return errors.New("timeout, duration and outage must be positive; warmup and before not negative")
 	case o.Warmup >= o.Duration:
 		return fmt.Errorf("warmup %v must be shorter than duration %v", o.Warmup, o.Duration)
+	case o.Reps < 1 || o.Reps > 20:
+		return fmt.Errorf("reps %d out of range 1..20", o.Reps)
+	case o.Orders < 1:
+		return fmt.Errorf("orders %d must be positive", o.Orders)
+	case o.RaceInstances < 1 || o.RaceInstances > 8 || o.RaceNodes < 1 || o.RaceNodes > 8:
+		return errors.New("race-instances and race-nodes must be 1..8")
+	case o.ClassicBatch < 1 || o.ClassicEvery <= 0:
+		return errors.New("classic-batch and classic-interval must be positive")
 	}
 	return partition.ValidateCount(o.Partitions)
 }
@@ -163,6 +257,9 @@ func (o options) rateOr(def int) int {
 }
 
 func findScenario(name string) *scenario {
+	if name == compareScenario.name {
+		return &compareScenario
+	}
 	for i := range scenarios {
 		if scenarios[i].name == name {
 			return &scenarios[i]
@@ -190,6 +287,11 @@ func main() {
 // run runs the named scenarios in order and returns the exit status.
 func run(ctx context.Context, o options, names []string) int {
 	code := 0
+	emit := func(res *Result) {
+		if !report(res, o.Out) {
+			code = 1
+		}
+	}
 	for _, name := range names {
 		if ctx.Err() != nil {
 			fmt.Fprintln(os.Stderr, "bench: interrupted")
@@ -197,23 +299,25 @@ func run(ctx context.Context, o options, names []string) int {
 		}
 		s := findScenario(name)
 		fmt.Printf("\n=== %s: %s\n", s.name, s.summary)
-		res, err := s.run(ctx, o)
-		if err != nil {
+		if err := s.run(ctx, o, emit); err != nil {
 			fmt.Fprintf(os.Stderr, "bench: %s: %v\n", s.name, err)
-			code = 1
-			continue
-		}
-		res.Print(os.Stdout)
-		path, err := res.WriteJSON(o.Out)
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "bench: %s: %v\n", s.name, err)
-			code = 1
-		} else {
-			fmt.Printf("results written to %s\n", path)
-		}
-		if !res.Check.OK() {
 			code = 1
 		}
 	}
 	return code
+}
+
+// report prints res and writes its JSON under dir. It reports false when
+// the JSON could not be written or the checker found a problem the result
+// does not expect.
+func report(res *Result, dir string) bool {
+	res.Print(os.Stdout)
+	ok := res.Passed()
+	path, err := res.WriteJSON(dir)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %s: %v\n", res.Scenario, err)
+		return false
+	}
+	fmt.Printf("results written to %s\n", path)
+	return ok
 }

@@ -104,13 +104,17 @@ type node struct {
 	log      *nodeLog
 	stopping sync.Once
 	stopErr  error
+
+	killMu sync.Mutex
+	killed bool // exited because kill was called: not a failure
 }
 
 // startNode starts the node binary as a child in its own process group (so
 // a Ctrl-C reaches only the bench, which then stops the node in order) with
 // Pdeathsig SIGKILL (so it dies with the bench). Its output is printed with
-// a "[name]" prefix and kept for logLines.
-func startNode(ctx context.Context, o options, name, dbURL, amqpURL string) (*node, error) {
+// a "[name]" prefix and kept for logLines. env adds or overrides ORDO_*
+// variables (gossip settings, say).
+func startNode(ctx context.Context, o options, name, dbURL, amqpURL string, env ...string) (*node, error) {
 	bin, err := nodeBinary(ctx, o)
 	if err != nil {
 		return nil, err
@@ -129,6 +133,7 @@ func startNode(ctx context.Context, o options, name, dbURL, amqpURL string) (*no
 		"ORDO_CONFIRM_WINDOW="+strconv.Itoa(o.ConfirmWindow),
 		"ORDO_PARTITIONS="+strconv.Itoa(o.Partitions),
 	)
+	cmd.Env = append(cmd.Env, env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	// One writer for both streams: exec then copies them from one pipe.
 	cmd.Stdout = n.log
@@ -172,9 +177,9 @@ func (n *node) exited() bool {
 }
 
 // failed returns an error when the node has exited (it should not, until
-// stopped); nil while it runs.
+// stopped or killed); nil while it runs.
 func (n *node) failed() error {
-	if !n.exited() {
+	if !n.exited() || n.wasKilled() {
 		return nil
 	}
 	return fmt.Errorf("node %s exited early (%v); last output:\n%s", n.name, n.waitErr, n.log.tail(20))
@@ -196,6 +201,23 @@ func (n *node) waitReady(ctx context.Context, timeout time.Duration) error {
 		_ = resp.Body.Close()
 		return resp.StatusCode == http.StatusOK, nil
 	})
+}
+
+// kill sends SIGKILL to the node's process (only it, not its group) and
+// waits until it has exited. A killed node is not a failure: failed and
+// stop return nil for it.
+func (n *node) kill() {
+	n.killMu.Lock()
+	n.killed = true
+	n.killMu.Unlock()
+	_ = n.cmd.Process.Kill()
+	<-n.done
+}
+
+func (n *node) wasKilled() bool {
+	n.killMu.Lock()
+	defer n.killMu.Unlock()
+	return n.killed
 }
 
 // stop sends SIGTERM and waits up to timeout for a graceful exit, then

@@ -21,7 +21,16 @@ const outageTail = 2 * time.Second
 // the broker throughout. Measured from the restore: the first delivery of
 // a message committed during the outage, and the moment every message
 // committed before the restore has arrived.
-func runOutage(ctx context.Context, o options) (*Result, error) {
+func runOutage(ctx context.Context, o options, emit func(*Result)) error {
+	res, err := outageOnce(ctx, o)
+	if err != nil {
+		return err
+	}
+	emit(res)
+	return nil
+}
+
+func outageOnce(ctx context.Context, o options) (*Result, error) {
 	rate, keys := o.rateOr(500), o.keysOr(1000)
 	r, err := newRig(ctx, o, "outage", int32(o.Workers+1))
 	if err != nil {
@@ -102,7 +111,7 @@ func runOutage(ctx context.Context, o options) (*Result, error) {
 	if err := c.waitAll(ctx, ids, o.Timeout, n.failed); err != nil {
 		return nil, err
 	}
-	if _, err := r.waitPending(ctx, n); err != nil {
+	if _, err := r.waitPending(ctx, n.failed); err != nil {
 		return nil, err
 	}
 	detectedAt, detected := n.lineAfter("RabbitMQ unavailable", cutAt)

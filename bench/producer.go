@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
@@ -35,10 +36,20 @@ type producerConfig struct {
 	Keys     int    // correlation ids are drawn uniformly from Keys of them
 	Payload  int    // approximate payload size in bytes
 	Exchange string // where the messages go
+	// Orders makes every token an order: a fresh correlation id gets
+	// OrderPlaced and then, in a second transaction right after the first
+	// commits, OrderCancelled. Rate is then orders per second.
+	Orders bool
+	// Max stops the producer after this many tokens (0: until its context
+	// ends). With Max, a token waits for a free worker rather than being
+	// missed, so exactly Max are produced unless ctx ends first.
+	Max int64
 }
 
 // commitTimes is when one message's transaction ran.
 type commitTimes struct {
+	key       string    // correlation id
+	typ       string    // message type
 	begun     time.Time // before BEGIN
 	sent      time.Time // before COMMIT was sent
 	committed time.Time // after COMMIT returned
@@ -110,7 +121,19 @@ func (p *producer) pace(ctx context.Context, tokens chan<- struct{}) {
 			return
 		case now := <-tick.C:
 			due := int64(now.Sub(start).Seconds() * float64(p.cfg.Rate))
+			if p.cfg.Max > 0 {
+				due = min(due, p.cfg.Max)
+			}
 			for emitted < due {
+				if p.cfg.Max > 0 {
+					select {
+					case tokens <- struct{}{}: // waits for a free worker
+						emitted++
+					case <-ctx.Done():
+						return
+					}
+					continue
+				}
 				select {
 				case tokens <- struct{}{}:
 					emitted++
@@ -121,6 +144,9 @@ func (p *producer) pace(ctx context.Context, tokens chan<- struct{}) {
 					emitted = due
 				}
 			}
+			if p.cfg.Max > 0 && emitted == p.cfg.Max {
+				return
+			}
 		}
 	}
 }
@@ -129,27 +155,40 @@ func (p *producer) work(worker int, tokens <-chan struct{}) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(worker)))
 	pad := strings.Repeat("x", max(0, p.cfg.Payload-len(`{"key":"key-1234","pad":"","t":1767000000000000000}`)))
 	for range tokens {
-		key := "key-" + strconv.Itoa(rng.IntN(p.cfg.Keys))
-		id, t, err := p.commitOne(key, pad)
-		p.mu.Lock()
-		if err != nil {
-			p.errors++
-			if p.errors <= commitErrorsShown {
-				fmt.Fprintf(os.Stderr, "bench: producer: %v\n", err)
-			}
-		} else {
-			p.commits[id] = t
-			p.order = append(p.order, id)
+		if !p.cfg.Orders {
+			p.commit("key-"+strconv.Itoa(rng.IntN(p.cfg.Keys)), "ordo.bench.event.v1", pad)
+			continue
 		}
-		p.mu.Unlock()
+		key := "order-" + uuid.NewString()
+		if p.commit(key, "OrderPlaced", pad) {
+			p.commit(key, "OrderCancelled", pad)
+		}
 	}
 }
 
+// commit writes one message in a transaction of its own and records it.
+// It reports whether the transaction committed.
+func (p *producer) commit(key, typ, pad string) bool {
+	id, t, err := p.commitOne(key, typ, pad)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err != nil {
+		p.errors++
+		if p.errors <= commitErrorsShown {
+			fmt.Fprintf(os.Stderr, "bench: producer: %v\n", err)
+		}
+		return false
+	}
+	p.commits[id] = t
+	p.order = append(p.order, id)
+	return true
+}
+
 // commitOne writes one message in a transaction of its own.
-func (p *producer) commitOne(key, pad string) (string, commitTimes, error) {
+func (p *producer) commitOne(key, typ, pad string) (string, commitTimes, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), txTimeout)
 	defer cancel()
-	var t commitTimes
+	t := commitTimes{key: key, typ: typ}
 	t.begun = time.Now()
 	tx, err := p.pool.Begin(ctx)
 	if err != nil {
@@ -166,7 +205,7 @@ func (p *producer) commitOne(key, pad string) (string, commitTimes, error) {
 		CorrelationID: key,
 		Exchange:      p.cfg.Exchange,
 		RoutingKey:    "bench.event",
-		Type:          "ordo.bench.event.v1",
+		Type:          typ,
 		Payload:       payload,
 	})
 	if err != nil {

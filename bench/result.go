@@ -21,6 +21,13 @@ import (
 // script, WriteJSON keeps it.
 type Result struct {
 	Scenario string
+	// Label tells apart results of one scenario run (e.g. "3-nodes"); it
+	// becomes part of the JSON file name.
+	Label string
+	// Baseline marks a result of the classic design, which does not keep
+	// per-key order: reorders and gaps are reported loudly but expected,
+	// so they do not fail the run. Losses still do.
+	Baseline bool
 	Started  time.Time
 	Finished time.Time
 	Params   []Param  // in the order they were added
@@ -66,8 +73,27 @@ func checkFrom(r testkit.Report) Check {
 // OK reports whether nothing was lost, reordered or skipped.
 func (c Check) OK() bool { return c.Lost == 0 && c.Reorders == 0 && c.Gaps == 0 }
 
+// Passed reports whether the run should count as a success: nothing lost,
+// and for Ordo nothing reordered or skipped either.
+func (r *Result) Passed() bool {
+	if r.Baseline {
+		return r.Check.Lost == 0
+	}
+	return r.Check.OK()
+}
+
 func newResult(scenario string) *Result {
 	return &Result{Scenario: scenario, Started: time.Now()}
+}
+
+// figure returns the named figure's value, and whether it was recorded.
+func (r *Result) figure(name string) (float64, bool) {
+	for _, f := range r.Figures {
+		if f.Name == name {
+			return f.Value, true
+		}
+	}
+	return 0, false
 }
 
 // Param adds an input.
@@ -117,11 +143,15 @@ func formatValue(v any) string {
 // with a loud line for anything lost, reordered or skipped.
 func (r *Result) Print(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "\n%s\tparameter\t\n", r.Scenario)
+	title := r.Scenario
+	if r.Label != "" {
+		title += " " + r.Label
+	}
+	fmt.Fprintf(tw, "\n%s\tparameter\t\n", title)
 	for _, p := range r.Params {
 		fmt.Fprintf(tw, "  %s\t%s\t\n", p.Name, formatValue(p.Value))
 	}
-	fmt.Fprintf(tw, "\t\t\n%s\tfigure\tunit\n", r.Scenario)
+	fmt.Fprintf(tw, "\t\t\n%s\tfigure\tunit\n", title)
 	for _, f := range r.Figures {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\n", f.Name, formatValue(f.Value), f.Unit)
 	}
@@ -136,11 +166,15 @@ func (r *Result) Print(w io.Writer) {
 	if c.Lost > 0 {
 		fmt.Fprintf(w, "!!! LOST %d (first ids: %s)\n", c.Lost, strings.Join(c.LostIDs, " "))
 	}
+	expected := ""
+	if r.Baseline {
+		expected = " (the classic baseline: it does not keep per-key order)"
+	}
 	if c.Reorders > 0 {
-		fmt.Fprintf(w, "!!! REORDERED %d\n", c.Reorders)
+		fmt.Fprintf(w, "!!! REORDERED %d%s\n", c.Reorders, expected)
 	}
 	if c.Gaps > 0 {
-		fmt.Fprintf(w, "!!! GAPS %d\n", c.Gaps)
+		fmt.Fprintf(w, "!!! GAPS %d%s\n", c.Gaps, expected)
 	}
 	for _, p := range c.Problems {
 		fmt.Fprintf(w, "  %s\n", p)
@@ -153,6 +187,9 @@ func (r *Result) Print(w io.Writer) {
 func (r *Result) Line() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "RESULT scenario=%s", r.Scenario)
+	if r.Label != "" {
+		fmt.Fprintf(&b, " label=%s", r.Label)
+	}
 	for _, p := range r.Params {
 		fmt.Fprintf(&b, " %s=%s", p.Name, strings.ReplaceAll(formatValue(p.Value), " ", "_"))
 	}
@@ -168,6 +205,8 @@ func (r *Result) Line() string {
 // jsonResult is the file format of WriteJSON.
 type jsonResult struct {
 	Scenario string             `json:"scenario"`
+	Label    string             `json:"label,omitempty"`
+	Baseline bool               `json:"baseline,omitempty"`
 	Started  time.Time          `json:"started"`
 	Finished time.Time          `json:"finished"`
 	Machine  machine            `json:"machine"`
@@ -190,10 +229,10 @@ type machine struct {
 // dir, and returns the file's path.
 func (r *Result) WriteJSON(dir string) (string, error) {
 	doc := jsonResult{
-		Scenario: r.Scenario, Started: r.Started, Finished: r.Finished,
+		Scenario: r.Scenario, Label: r.Label, Baseline: r.Baseline, Started: r.Started, Finished: r.Finished,
 		Machine: machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH},
 		Params:  map[string]any{}, Figures: map[string]float64{}, Units: map[string]string{},
-		Check: r.Check, OK: r.Check.OK(), Notes: r.Notes,
+		Check: r.Check, OK: r.Passed(), Notes: r.Notes,
 	}
 	for _, p := range r.Params {
 		doc.Params[p.Name] = p.Value
@@ -217,7 +256,11 @@ func (r *Result) WriteJSON(dir string) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("results directory: %w", err)
 	}
-	path := filepath.Join(dir, fmt.Sprintf("%s-%s.json", r.Scenario, r.Started.Format("20060102-150405")))
+	name := r.Scenario
+	if r.Label != "" {
+		name += "-" + r.Label
+	}
+	path := filepath.Join(dir, fmt.Sprintf("%s-%s.json", name, r.Started.Format("20060102-150405")))
 	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
 		return "", fmt.Errorf("write result: %w", err)
 	}

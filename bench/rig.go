@@ -186,8 +186,13 @@ func (r *rig) startConsumer(ctx context.Context) (*consumer, error) {
 // if the scenario has not stopped it.
 func (r *rig) startNode(ctx context.Context, amqpURL string) (*node, error) {
 	r.nodes++
-	name := fmt.Sprintf("%s-%d", r.name, r.nodes)
-	n, err := startNode(ctx, r.o, name, r.dbURL, amqpURL)
+	return r.startNamedNode(ctx, fmt.Sprintf("%s-%d", r.name, r.nodes), amqpURL)
+}
+
+// startNamedNode is startNode with a given node name and extra ORDO_*
+// environment.
+func (r *rig) startNamedNode(ctx context.Context, name, amqpURL string, env ...string) (*node, error) {
+	n, err := startNode(ctx, r.o, name, r.dbURL, amqpURL, env...)
 	if err != nil {
 		return nil, err
 	}
@@ -219,11 +224,11 @@ func (r *rig) pending(ctx context.Context) (int, error) {
 }
 
 // waitPending waits until no outbox row is pending and returns when that
-// was first seen.
-func (r *rig) waitPending(ctx context.Context, n *node) (time.Time, error) {
+// was first seen. abort (a relay that died, say) is checked on every poll.
+func (r *rig) waitPending(ctx context.Context, abort func() error) (time.Time, error) {
 	var at time.Time
 	err := waitUntil(ctx, r.o.Timeout, 50*time.Millisecond, "no pending rows", func() (bool, error) {
-		if err := n.failed(); err != nil {
+		if err := abort(); err != nil {
 			return false, err
 		}
 		p, err := r.pending(ctx)

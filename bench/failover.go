@@ -1,0 +1,259 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+)
+
+const (
+	// clusterSize is the node count of failover and join.
+	clusterSize = 3
+	// steadyBefore is how long the load runs on a converged cluster
+	// before a kill or a join.
+	steadyBefore = 2 * time.Second
+	// eventTimeout bounds the wait for partitions to publish again after a
+	// kill or a join: far above the targets, so a miss is measured, not cut.
+	eventTimeout = 60 * time.Second
+)
+
+// runFailover measures failover: 3 gossiping nodes under a steady load of
+// -rate commits a second (default 500; keys uniform over -keys, default
+// 1000, so every key has many messages). Each of -reps repetitions waits
+// until the cluster has converged, records the partitions the victim holds
+// and their epochs from its /status, kills it with SIGKILL, and measures
+// the seconds from the kill until every one of those partitions has a
+// delivered message with a higher x-ordo-epoch: its partitions publish
+// again. It also reads when ordo_lease_audit shows a claim of each, and
+// when a survivor logged the membership change. The victim is then started
+// again (same name and gossip address) for the next repetition; victims
+// rotate n1, n2, n3.
+func runFailover(ctx context.Context, o options, emit func(*Result)) error {
+	res, err := failoverOnce(ctx, o)
+	if err != nil {
+		return err
+	}
+	emit(res)
+	return nil
+}
+
+// failoverRep is one repetition's figures, from the kill.
+type failoverRep struct {
+	victim     string
+	partitions int
+	detected   time.Duration // first survivor log of the membership change
+	claimed    time.Duration // every partition claimed (lease audit)
+	firstPub   time.Duration // the first of its partitions published again
+	published  time.Duration // every partition published again
+	rejoined   time.Duration // victim restarted until converged again
+}
+
+func failoverOnce(ctx context.Context, o options) (*Result, error) {
+	rate, keys := o.rateOr(500), o.keysOr(1000)
+	r, err := newRig(ctx, o, "failover", int32(o.Workers+2))
+	if err != nil {
+		return nil, err
+	}
+	defer r.close()
+	res := newResult("failover")
+	res.Param("nodes", clusterSize)
+	res.Param("reps", o.Reps)
+	res.Param("rate", rate)
+	res.Param("keys", keys)
+	res.Param("partitions", o.Partitions)
+	res.Param("rejoin_interval", rejoinInterval)
+
+	c, err := r.startConsumer(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cl, err := newCluster(r, o.AMQPURL, clusterSize, true)
+	if err != nil {
+		return nil, err
+	}
+	all := make([]int, clusterSize)
+	for i := range all {
+		all[i] = i
+		if _, err := cl.start(ctx, i); err != nil {
+			return nil, err
+		}
+	}
+	if _, _, err := cl.waitConverged(ctx, all, convergeTimeout); err != nil {
+		return nil, err
+	}
+	stopLoad, p, err := startLoad(ctx, r, o, rate, keys)
+	if err != nil {
+		return nil, err
+	}
+	defer stopLoad()
+
+	var reps []failoverRep
+	for rep := range o.Reps {
+		fr, err := failoverRepOnce(ctx, o, cl, c, all, rep%clusterSize)
+		if err != nil {
+			return nil, fmt.Errorf("repetition %d: %w", rep+1, err)
+		}
+		fmt.Printf("failover %d: %s (%d partitions) killed; survivors noticed after %v, all claimed after %v, all publishing after %v; back in %v\n",
+			rep+1, fr.victim, fr.partitions, fr.detected.Round(time.Millisecond), fr.claimed.Round(time.Millisecond),
+			fr.published.Round(time.Millisecond), fr.rejoined.Round(time.Millisecond))
+		reps = append(reps, fr)
+	}
+
+	if err := stopLoad(); err != nil {
+		return nil, err
+	}
+	ids, _ := p.snapshot()
+	if err := c.waitAll(ctx, ids, o.Timeout, cl.failed); err != nil {
+		return nil, err
+	}
+	if _, err := r.waitPending(ctx, cl.failed); err != nil {
+		return nil, err
+	}
+	sys := &ordoSystem{c: cl}
+	_, rss, err := sys.usage()
+	if err != nil {
+		return nil, err
+	}
+	if err := sys.stop(); err != nil {
+		return nil, err
+	}
+
+	var worst, worstClaim time.Duration
+	for i, fr := range reps {
+		n := i + 1
+		res.Seconds(fmt.Sprintf("rep%d_publish_again_seconds", n), fr.published)
+		res.Seconds(fmt.Sprintf("rep%d_claimed_seconds", n), fr.claimed)
+		res.Seconds(fmt.Sprintf("rep%d_first_publish_seconds", n), fr.firstPub)
+		res.Seconds(fmt.Sprintf("rep%d_detected_seconds", n), fr.detected)
+		res.Seconds(fmt.Sprintf("rep%d_rejoin_converged_seconds", n), fr.rejoined)
+		res.Figure(fmt.Sprintf("rep%d_partitions", n), float64(fr.partitions), "")
+		worst = max(worst, fr.published)
+		worstClaim = max(worstClaim, fr.claimed)
+	}
+	res.Seconds("publish_again_seconds_max", worst)
+	res.Seconds("claimed_seconds_max", worstClaim)
+	res.Seconds("target_seconds", o.FailoverTarget)
+	ps := p.stats()
+	res.Figure("msgs", float64(ps.committed), "")
+	res.Figure("achieved_rate", float64(ps.committed)/ps.elapsed.Seconds(), "msg/s")
+	res.Figure("producer_missed", float64(ps.missed), "")
+	res.Figure("node_rss_peak", rss, "MiB")
+	res.Check = c.report(ids)
+	res.Finished = time.Now()
+	if worst > o.FailoverTarget {
+		res.Note("failover took %v, above the %v target", worst.Round(time.Millisecond), o.FailoverTarget)
+	}
+	return res, nil
+}
+
+// failoverRepOnce kills slot victim once and restarts it.
+func failoverRepOnce(ctx context.Context, o options, cl *cluster, c *consumer, all []int, victim int) (failoverRep, error) {
+	fr := failoverRep{victim: cl.names[victim]}
+	if _, _, err := cl.waitConverged(ctx, all, convergeTimeout); err != nil {
+		return fr, err
+	}
+	if err := sleep(ctx, steadyBefore); err != nil {
+		return fr, err
+	}
+	// The victim's partitions and epochs, from its own /status, in a
+	// converged state (checked again, as a move could have slipped in).
+	sts, why := cl.converged(ctx, all)
+	if why != "" {
+		return fr, fmt.Errorf("cluster no longer converged before the kill: %s", why)
+	}
+	st := sts[slices.Index(all, victim)]
+	held := map[int]int64{} // partition -> the victim's epoch
+	for _, l := range st.Leases {
+		if l.Owner == fr.victim && slices.Contains(st.Held, l.Partition) {
+			held[l.Partition] = l.Epoch
+		}
+	}
+	if len(held) == 0 {
+		return fr, fmt.Errorf("%s holds no partition", fr.victim)
+	}
+	fr.partitions = len(held)
+	survivors := slices.DeleteFunc(slices.Clone(all), func(i int) bool { return i == victim })
+
+	killAt := time.Now()
+	cl.nodes[victim].kill()
+	var pubAt map[int]time.Time
+	err := waitUntil(ctx, eventTimeout, 10*time.Millisecond, fmt.Sprintf("%s's partitions to publish again", fr.victim), func() (bool, error) {
+		for _, i := range survivors {
+			if err := cl.nodes[i].failed(); err != nil {
+				return false, err
+			}
+		}
+		if err := c.failed(); err != nil {
+			return false, err
+		}
+		pubAt = map[int]time.Time{}
+		for p, e := range held {
+			at, ok := c.firstAbove(p, e)
+			if !ok {
+				return false, nil
+			}
+			pubAt[p] = at
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fr, err
+	}
+	for _, at := range pubAt {
+		d := at.Sub(killAt)
+		fr.published = max(fr.published, d)
+		if fr.firstPub == 0 || d < fr.firstPub {
+			fr.firstPub = d
+		}
+	}
+	var claims map[int]time.Time
+	err = waitUntil(ctx, eventTimeout, 20*time.Millisecond, "claims in ordo_lease_audit", func() (bool, error) {
+		var err error
+		claims, err = cl.claimTimes(ctx, held)
+		return len(claims) == len(held), err
+	})
+	if err != nil {
+		return fr, err
+	}
+	for _, at := range claims {
+		fr.claimed = max(fr.claimed, at.Sub(killAt))
+	}
+	for _, i := range survivors {
+		if at, ok := cl.nodes[i].lineAfter("membership changed", killAt); ok {
+			if d := at.Sub(killAt); fr.detected == 0 || d < fr.detected {
+				fr.detected = d
+			}
+		}
+	}
+
+	restartAt := time.Now()
+	if _, err := cl.start(ctx, victim); err != nil {
+		return fr, err
+	}
+	_, at, err := cl.waitConverged(ctx, all, convergeTimeout)
+	if err != nil {
+		return fr, err
+	}
+	fr.rejoined = at.Sub(restartAt)
+	return fr, nil
+}
+
+// startLoad starts a producer of rate commits a second over keys keys.
+// stop ends it and waits for its transactions; it is idempotent and
+// returns the producer's error.
+func startLoad(ctx context.Context, r *rig, o options, rate, keys int) (stop func() error, p *producer, err error) {
+	p, err = newProducer(producerConfig{Rate: rate, Workers: o.Workers, Keys: keys, Payload: o.Payload, Exchange: r.exchange}, r.pool, o.Partitions)
+	if err != nil {
+		return nil, nil, err
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- p.run(pctx) }()
+	stop = sync.OnceValue(func() error {
+		cancel()
+		return <-done
+	})
+	return stop, p, nil
+}

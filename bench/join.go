@@ -1,0 +1,215 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// runJoin measures scale-out: 2 gossiping nodes under a steady load of
+// -rate commits a second (default 500, keys uniform over -keys, default
+// 1000). Each of -reps repetitions waits until the two have converged,
+// records every partition's epoch, starts the 3rd node, and measures the
+// seconds from its process start, and separately from its "node started"
+// log line, until the 3 nodes agree on a map with 3 owners, every lease is
+// held by its owner, and the new node has published (a delivery with a
+// higher x-ordo-epoch) on each of its partitions. The 3rd node then stops
+// with SIGTERM for the next repetition.
+func runJoin(ctx context.Context, o options, emit func(*Result)) error {
+	res, err := joinOnce(ctx, o)
+	if err != nil {
+		return err
+	}
+	emit(res)
+	return nil
+}
+
+// joinRep is one repetition's figures.
+type joinRep struct {
+	partitions  int           // the new node's partitions
+	startedLine time.Duration // process start to its "node started" line
+	converged   time.Duration // process start to the 3-node map agreed and leases held
+	claimed     time.Duration // process start to its last claim (lease audit)
+	published   time.Duration // process start to a publish on each of its partitions
+	done        time.Duration // max(converged, published)
+}
+
+func joinOnce(ctx context.Context, o options) (*Result, error) {
+	rate, keys := o.rateOr(500), o.keysOr(1000)
+	r, err := newRig(ctx, o, "join", int32(o.Workers+2))
+	if err != nil {
+		return nil, err
+	}
+	defer r.close()
+	res := newResult("join")
+	res.Param("nodes", clusterSize)
+	res.Param("reps", o.Reps)
+	res.Param("rate", rate)
+	res.Param("keys", keys)
+	res.Param("partitions", o.Partitions)
+	res.Param("rejoin_interval", rejoinInterval)
+
+	c, err := r.startConsumer(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cl, err := newCluster(r, o.AMQPURL, clusterSize, true)
+	if err != nil {
+		return nil, err
+	}
+	two, all := []int{0, 1}, []int{0, 1, 2}
+	for _, i := range two {
+		if _, err := cl.start(ctx, i); err != nil {
+			return nil, err
+		}
+	}
+	if _, _, err := cl.waitConverged(ctx, two, convergeTimeout); err != nil {
+		return nil, err
+	}
+	stopLoad, p, err := startLoad(ctx, r, o, rate, keys)
+	if err != nil {
+		return nil, err
+	}
+	defer stopLoad()
+
+	var reps []joinRep
+	for rep := range o.Reps {
+		jr, err := joinRepOnce(ctx, cl, c, two, all)
+		if err != nil {
+			return nil, fmt.Errorf("repetition %d: %w", rep+1, err)
+		}
+		fmt.Printf("join %d: n3 (%d partitions) logged \"node started\" after %v, converged after %v, published on all after %v\n",
+			rep+1, jr.partitions, jr.startedLine.Round(time.Millisecond), jr.converged.Round(time.Millisecond), jr.published.Round(time.Millisecond))
+		reps = append(reps, jr)
+		if rep < o.Reps-1 {
+			if _, err := cl.nodes[2].stop(nodeStopTimeout); err != nil {
+				return nil, err
+			}
+		}
+	}
+
+	if err := stopLoad(); err != nil {
+		return nil, err
+	}
+	ids, _ := p.snapshot()
+	if err := c.waitAll(ctx, ids, o.Timeout, cl.failed); err != nil {
+		return nil, err
+	}
+	if _, err := r.waitPending(ctx, cl.failed); err != nil {
+		return nil, err
+	}
+	sys := &ordoSystem{c: cl}
+	_, rss, err := sys.usage()
+	if err != nil {
+		return nil, err
+	}
+	if err := sys.stop(); err != nil {
+		return nil, err
+	}
+
+	var worst, worstFromLine time.Duration
+	for i, jr := range reps {
+		n := i + 1
+		res.Seconds(fmt.Sprintf("rep%d_join_seconds", n), jr.done)
+		res.Seconds(fmt.Sprintf("rep%d_join_from_started_line_seconds", n), jr.done-jr.startedLine)
+		res.Seconds(fmt.Sprintf("rep%d_started_line_seconds", n), jr.startedLine)
+		res.Seconds(fmt.Sprintf("rep%d_converged_seconds", n), jr.converged)
+		res.Seconds(fmt.Sprintf("rep%d_claimed_seconds", n), jr.claimed)
+		res.Seconds(fmt.Sprintf("rep%d_published_seconds", n), jr.published)
+		res.Figure(fmt.Sprintf("rep%d_partitions", n), float64(jr.partitions), "")
+		worst = max(worst, jr.done)
+		worstFromLine = max(worstFromLine, jr.done-jr.startedLine)
+	}
+	res.Seconds("join_seconds_max", worst)
+	res.Seconds("join_from_started_line_seconds_max", worstFromLine)
+	res.Seconds("target_seconds", o.JoinTarget)
+	ps := p.stats()
+	res.Figure("msgs", float64(ps.committed), "")
+	res.Figure("achieved_rate", float64(ps.committed)/ps.elapsed.Seconds(), "msg/s")
+	res.Figure("producer_missed", float64(ps.missed), "")
+	res.Figure("node_rss_peak", rss, "MiB")
+	res.Check = c.report(ids)
+	res.Finished = time.Now()
+	if worst > o.JoinTarget {
+		res.Note("joining took %v, above the %v target", worst.Round(time.Millisecond), o.JoinTarget)
+	}
+	return res, nil
+}
+
+// joinRepOnce starts slot 2 once next to the converged slots two.
+func joinRepOnce(ctx context.Context, cl *cluster, c *consumer, two, all []int) (joinRep, error) {
+	var jr joinRep
+	if _, _, err := cl.waitConverged(ctx, two, convergeTimeout); err != nil {
+		return jr, err
+	}
+	if err := sleep(ctx, steadyBefore); err != nil {
+		return jr, err
+	}
+	sts, why := cl.converged(ctx, two)
+	if why != "" {
+		return jr, fmt.Errorf("the two nodes no longer converged before the join: %s", why)
+	}
+	before := sts[0].epochs()
+
+	n3, err := cl.start(ctx, 2)
+	if err != nil {
+		return jr, err
+	}
+	startAt := n3.started
+	var convergedAt time.Time
+	var mine map[int]int64 // n3's partitions -> epoch before the join
+	var pubAt time.Time
+	err = waitUntil(ctx, eventTimeout, convergePoll, "n3 to converge and publish on its partitions", func() (bool, error) {
+		if err := cl.failed(); err != nil {
+			return false, err
+		}
+		if err := c.failed(); err != nil {
+			return false, err
+		}
+		if convergedAt.IsZero() {
+			sts, why := cl.converged(ctx, all)
+			if why != "" {
+				return false, nil
+			}
+			convergedAt = time.Now()
+			mine = map[int]int64{}
+			for _, p := range sts[0].assigned(cl.names[2]) {
+				mine[p] = before[p]
+			}
+		}
+		pubAt = time.Time{}
+		for p, e := range mine {
+			at, ok := c.firstAbove(p, e)
+			if !ok {
+				return false, nil
+			}
+			pubAt = maxTime(pubAt, at)
+		}
+		return true, nil
+	})
+	if err != nil {
+		return jr, err
+	}
+	jr.partitions = len(mine)
+	jr.converged = convergedAt.Sub(startAt)
+	jr.published = pubAt.Sub(startAt)
+	jr.done = max(jr.converged, jr.published)
+	if at, ok := n3.lineAfter("node started", startAt); ok {
+		jr.startedLine = at.Sub(startAt)
+	}
+	claims, err := cl.claimTimes(ctx, mine)
+	if err != nil {
+		return jr, err
+	}
+	for _, at := range claims {
+		jr.claimed = max(jr.claimed, at.Sub(startAt))
+	}
+	return jr, nil
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}

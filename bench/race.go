@@ -1,0 +1,140 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// runRace is the article's ordering problem made measurable: -orders
+// orders (default 5000), each an OrderPlaced and then, in a second
+// transaction right after the first commits, an OrderCancelled of the same
+// correlation id, committed at -rate orders a second (default 250) while
+// the relays run. It counts the orders whose Cancelled arrived before
+// their Placed (first deliveries), with the classic relay on
+// -race-instances instances (default 2) and then with Ordo on -race-nodes
+// nodes (default 3).
+func runRace(ctx context.Context, o options, emit func(*Result)) error {
+	for _, spec := range []systemSpec{classic(o.RaceInstances), ordo(o.RaceNodes)} {
+		res, err := raceOnce(ctx, o, spec)
+		if err != nil {
+			return fmt.Errorf("%s: %w", spec, err)
+		}
+		emit(res)
+	}
+	return nil
+}
+
+func raceOnce(ctx context.Context, o options, spec systemSpec) (*Result, error) {
+	rate := o.rateOr(250)
+	r, err := newRig(ctx, o, "race", int32(o.Workers+2))
+	if err != nil {
+		return nil, err
+	}
+	defer r.close()
+	res := newResult("race")
+	res.Label = spec.String()
+	spec.addParams(res)
+	res.Param("orders", o.Orders)
+	res.Param("orders_per_sec", rate)
+	res.Param("workers", o.Workers)
+	res.Param("partitions", o.Partitions)
+
+	c, err := r.startConsumer(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sys, err := spec.start(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	p, err := newProducer(producerConfig{Rate: rate, Workers: o.Workers, Payload: o.Payload,
+		Exchange: r.exchange, Orders: true, Max: int64(o.Orders)}, r.pool, o.Partitions)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Printf("placing and cancelling %d orders at %d/s through %s\n", o.Orders, rate, spec)
+	pctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	err = p.run(pctx) // returns after Max orders, with every transaction finished
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	ids, commits := p.snapshot()
+	if err := c.waitAll(ctx, ids, o.Timeout, sys.failed); err != nil {
+		return nil, err
+	}
+	if _, err := r.waitPending(ctx, sys.failed); err != nil {
+		return nil, err
+	}
+	if err := sys.stop(); err != nil {
+		return nil, err
+	}
+	if cs, ok := sys.(*classicSystem); ok {
+		cs.addTo(res)
+	}
+
+	m := measureRace(ids, commits, c.receiveTimes())
+	ps := p.stats()
+	res.Figure("orders_committed", float64(m.orders), "")
+	res.Figure("reversed", float64(m.reversed), "")
+	res.Figure("reversed_percent", 100*float64(m.reversed)/float64(max(1, m.orders)), "%")
+	res.Figure("achieved_orders_per_sec", float64(m.orders)/ps.elapsed.Seconds(), "orders/s")
+	res.Figure("producer_errors", float64(ps.errors), "")
+	if len(m.gaps) > 0 {
+		d := distributionOf(m.gaps)
+		res.Millis("placed_to_cancelled_commit_p50", d.p50)
+	}
+	res.Check = c.report(ids)
+	res.Finished = time.Now()
+	if m.reversed > 0 {
+		res.Note("%d of %d orders: OrderCancelled arrived before OrderPlaced", m.reversed, m.orders)
+	}
+	return res, nil
+}
+
+// raceTimes is what measureRace found.
+type raceTimes struct {
+	orders   int             // orders with both messages committed
+	reversed int             // of those, Cancelled first received before Placed
+	gaps     []time.Duration // Cancelled's COMMIT returned minus Placed's
+}
+
+// measureRace pairs each order's OrderPlaced and OrderCancelled by
+// correlation id and compares their first receive times. An order with a
+// message not received is left to the checker (lost).
+func measureRace(ids []string, commits map[string]commitTimes, recv map[string]time.Time) raceTimes {
+	type pair struct{ placed, cancelled string }
+	orders := map[string]*pair{}
+	for _, id := range ids {
+		ct := commits[id]
+		pr := orders[ct.key]
+		if pr == nil {
+			pr = &pair{}
+			orders[ct.key] = pr
+		}
+		switch ct.typ {
+		case "OrderPlaced":
+			pr.placed = id
+		case "OrderCancelled":
+			pr.cancelled = id
+		}
+	}
+	var m raceTimes
+	for _, pr := range orders {
+		if pr.placed == "" || pr.cancelled == "" {
+			continue
+		}
+		m.orders++
+		m.gaps = append(m.gaps, commits[pr.cancelled].committed.Sub(commits[pr.placed].committed))
+		tp, okp := recv[pr.placed]
+		tc, okc := recv[pr.cancelled]
+		if okp && okc && tc.Before(tp) {
+			m.reversed++
+		}
+	}
+	return m
+}

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// system is the relay under test in a scenario: Ordo node processes or
+// classic relay instances.
+type system interface {
+	// failed returns an error once a relay has died; nil while all run.
+	failed() error
+	// usage returns the relays' CPU so far and their largest peak RSS in
+	// MiB; errors.ErrUnsupported for relays inside the bench process.
+	usage() (cpu time.Duration, rssMiB float64, err error)
+	// stop stops every relay and waits for them.
+	stop() error
+}
+
+var (
+	_ system = (*ordoSystem)(nil)
+	_ system = (*classicSystem)(nil)
+)
+
+// systemSpec says which relay to run, and how many of it.
+type systemSpec struct {
+	classic bool
+	n       int // Ordo nodes or classic instances
+}
+
+func ordo(n int) systemSpec    { return systemSpec{n: n} }
+func classic(n int) systemSpec { return systemSpec{classic: true, n: n} }
+
+// String is "ordo-3" or "classic-2".
+func (s systemSpec) String() string {
+	if s.classic {
+		return fmt.Sprintf("classic-%d", s.n)
+	}
+	return fmt.Sprintf("ordo-%d", s.n)
+}
+
+// addParams records the relay in res, and marks a classic result as the
+// baseline.
+func (s systemSpec) addParams(res *Result) {
+	if s.classic {
+		res.Param("relay", "classic")
+		res.Param("instances", s.n)
+		res.Baseline = true
+		return
+	}
+	res.Param("relay", "ordo")
+	res.Param("nodes", s.n)
+}
+
+// start starts the relays on the rig and returns once they are ready:
+// Ordo nodes converged on a map with every lease held, classic instances
+// started (they connect on their own).
+func (s systemSpec) start(ctx context.Context, r *rig) (system, error) {
+	if s.classic {
+		return startClassic(r, s.n), nil
+	}
+	return startOrdo(ctx, r, s.n)
+}
+
+// addUsage adds the relays' CPU since cpu0 and peak RSS to res as
+// node_cpu, node_cpu_per_1k_msgs and node_rss_peak, when measurable.
+func addUsage(res *Result, sys system, cpu0 time.Duration, msgs int) error {
+	cpu, rss, err := sys.usage()
+	if errors.Is(err, errors.ErrUnsupported) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	res.Figure("node_rss_peak", rss, "MiB")
+	res.Seconds("node_cpu", cpu-cpu0)
+	res.Figure("node_cpu_per_1k_msgs", 1000*(cpu-cpu0).Seconds()/float64(max(1, msgs)), "s")
+	return nil
+}
+
+// usageNow returns the relays' CPU so far, 0 when not measurable.
+func usageNow(sys system) (time.Duration, error) {
+	cpu, _, err := sys.usage()
+	if errors.Is(err, errors.ErrUnsupported) {
+		return 0, nil
+	}
+	return cpu, err
+}
