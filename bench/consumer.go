@@ -36,7 +36,7 @@ type consumer struct {
 
 	mu       sync.Mutex
 	recv     map[string]time.Time        // message id -> first receive time
-	epochs   map[int]map[int64]time.Time // partition -> x-ordo-epoch -> first receive time
+	epochs   map[int]map[int64]epochFirst // partition -> x-ordo-epoch -> its first delivery
 	first    time.Time                   // first delivery
 	last     time.Time                   // last delivery of a new message id
 	ackErr   error
@@ -64,7 +64,7 @@ func startConsumer(ctx context.Context, amqpURL, exchange, queue string) (*consu
 		done:   make(chan struct{}),
 		closed: conn.NotifyClose(make(chan *amqp.Error, 1)),
 		recv:   map[string]time.Time{},
-		epochs: map[int]map[int64]time.Time{},
+		epochs: map[int]map[int64]epochFirst{},
 	}
 	msgs, ch, err := c.subscribe(exchange)
 	if err != nil {
@@ -148,11 +148,11 @@ func (c *consumer) record(d testkit.Delivery) {
 	}
 	pe := c.epochs[d.Partition]
 	if pe == nil {
-		pe = map[int64]time.Time{}
+		pe = map[int64]epochFirst{}
 		c.epochs[d.Partition] = pe
 	}
 	if _, seen := pe[d.Epoch]; !seen {
-		pe[d.Epoch] = d.Received
+		pe[d.Epoch] = epochFirst{at: d.Received, id: d.MessageID}
 	}
 	if _, seen := c.recv[d.MessageID]; !seen {
 		c.recv[d.MessageID] = d.Received
@@ -168,18 +168,24 @@ func (c *consumer) distinct() (n int, first, last time.Time) {
 	return len(c.recv), c.first, c.last
 }
 
-// firstAbove returns when the first delivery from partition p with an
-// x-ordo-epoch above epoch arrived, and false when none has yet.
-func (c *consumer) firstAbove(p int, epoch int64) (time.Time, bool) {
+// epochFirst is the first delivery of one partition at one epoch.
+type epochFirst struct {
+	at time.Time
+	id string // its message id
+}
+
+// firstAbove returns the first delivery from partition p with an
+// x-ordo-epoch above epoch, and false when none has arrived yet.
+func (c *consumer) firstAbove(p int, epoch int64) (epochFirst, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var first time.Time
-	for e, at := range c.epochs[p] {
-		if e > epoch && (first.IsZero() || at.Before(first)) {
-			first = at
+	var first epochFirst
+	for e, f := range c.epochs[p] {
+		if e > epoch && (first.at.IsZero() || f.at.Before(first.at)) {
+			first = f
 		}
 	}
-	return first, !first.IsZero()
+	return first, !first.at.IsZero()
 }
 
 // receiveTimes returns a copy of every message's first receive time.

@@ -47,6 +47,7 @@ type failoverRep struct {
 	claimed    time.Duration // every partition claimed (lease audit)
 	firstPub   time.Duration // the first of its partitions published again
 	published  time.Duration // every partition published again
+	lag        time.Duration // the most a first publish came after both its claim and its commit
 	rejoined   time.Duration // victim restarted until converged again
 }
 
@@ -91,7 +92,7 @@ func failoverOnce(ctx context.Context, o options) (*Result, error) {
 
 	var reps []failoverRep
 	for rep := range o.Reps {
-		fr, err := failoverRepOnce(ctx, o, cl, c, all, rep%clusterSize)
+		fr, err := failoverRepOnce(ctx, cl, c, p, all, rep%clusterSize)
 		if err != nil {
 			return nil, fmt.Errorf("repetition %d: %w", rep+1, err)
 		}
@@ -127,6 +128,7 @@ func failoverOnce(ctx context.Context, o options) (*Result, error) {
 		res.Seconds(fmt.Sprintf("rep%d_claimed_seconds", n), fr.claimed)
 		res.Seconds(fmt.Sprintf("rep%d_first_publish_seconds", n), fr.firstPub)
 		res.Seconds(fmt.Sprintf("rep%d_detected_seconds", n), fr.detected)
+		res.Millis(fmt.Sprintf("rep%d_publish_after_claim_ms_max", n), fr.lag)
 		res.Seconds(fmt.Sprintf("rep%d_rejoin_converged_seconds", n), fr.rejoined)
 		res.Figure(fmt.Sprintf("rep%d_partitions", n), float64(fr.partitions), "")
 		worst = max(worst, fr.published)
@@ -149,7 +151,7 @@ func failoverOnce(ctx context.Context, o options) (*Result, error) {
 }
 
 // failoverRepOnce kills slot victim once and restarts it.
-func failoverRepOnce(ctx context.Context, o options, cl *cluster, c *consumer, all []int, victim int) (failoverRep, error) {
+func failoverRepOnce(ctx context.Context, cl *cluster, c *consumer, prod *producer, all []int, victim int) (failoverRep, error) {
 	fr := failoverRep{victim: cl.names[victim]}
 	if _, _, err := cl.waitConverged(ctx, all, convergeTimeout); err != nil {
 		return fr, err
@@ -178,7 +180,7 @@ func failoverRepOnce(ctx context.Context, o options, cl *cluster, c *consumer, a
 
 	killAt := time.Now()
 	cl.nodes[victim].kill()
-	var pubAt map[int]time.Time
+	var pubAt map[int]epochFirst
 	err := waitUntil(ctx, eventTimeout, 10*time.Millisecond, fmt.Sprintf("%s's partitions to publish again", fr.victim), func() (bool, error) {
 		for _, i := range survivors {
 			if err := cl.nodes[i].failed(); err != nil {
@@ -188,21 +190,21 @@ func failoverRepOnce(ctx context.Context, o options, cl *cluster, c *consumer, a
 		if err := c.failed(); err != nil {
 			return false, err
 		}
-		pubAt = map[int]time.Time{}
+		pubAt = map[int]epochFirst{}
 		for p, e := range held {
-			at, ok := c.firstAbove(p, e)
+			f, ok := c.firstAbove(p, e)
 			if !ok {
 				return false, nil
 			}
-			pubAt[p] = at
+			pubAt[p] = f
 		}
 		return true, nil
 	})
 	if err != nil {
 		return fr, err
 	}
-	for _, at := range pubAt {
-		d := at.Sub(killAt)
+	for _, f := range pubAt {
+		d := f.at.Sub(killAt)
 		fr.published = max(fr.published, d)
 		if fr.firstPub == 0 || d < fr.firstPub {
 			fr.firstPub = d
@@ -220,6 +222,8 @@ func failoverRepOnce(ctx context.Context, o options, cl *cluster, c *consumer, a
 	for _, at := range claims {
 		fr.claimed = max(fr.claimed, at.Sub(killAt))
 	}
+	_, commits := prod.snapshot()
+	fr.lag = publishLag(pubAt, claims, commits)
 	for _, i := range survivors {
 		if at, ok := cl.nodes[i].lineAfter("membership changed", killAt); ok {
 			if d := at.Sub(killAt); fr.detected == 0 || d < fr.detected {
@@ -238,6 +242,25 @@ func failoverRepOnce(ctx context.Context, o options, cl *cluster, c *consumer, a
 	}
 	fr.rejoined = at.Sub(restartAt)
 	return fr, nil
+}
+
+// publishLag returns, over the partitions of first, the most that a
+// partition's first delivery under its new epoch came after the later of
+// the partition's claim and that message's commit: the relay's own delay,
+// without the wait for the lease or for traffic.
+func publishLag(first map[int]epochFirst, claims map[int]time.Time, commits map[string]commitTimes) time.Duration {
+	var worst time.Duration
+	for p, f := range first {
+		from := claims[p]
+		if ct, ok := commits[f.id]; ok && ct.committed.After(from) {
+			from = ct.committed
+		}
+		if from.IsZero() {
+			continue
+		}
+		worst = max(worst, f.at.Sub(from))
+	}
+	return worst
 }
 
 // startLoad starts a producer of rate commits a second over keys keys.

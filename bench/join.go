@@ -31,6 +31,8 @@ type joinRep struct {
 	converged   time.Duration // process start to the 3-node map agreed and leases held
 	claimed     time.Duration // process start to its last claim (lease audit)
 	published   time.Duration // process start to a publish on each of its partitions
+	lag         time.Duration // the most a first publish came after both its claim and its commit
+	waitTraffic time.Duration // process start to the commit of the last partition's first message
 	done        time.Duration // max(converged, published)
 }
 
@@ -74,7 +76,7 @@ func joinOnce(ctx context.Context, o options) (*Result, error) {
 
 	var reps []joinRep
 	for rep := range o.Reps {
-		jr, err := joinRepOnce(ctx, cl, c, two, all)
+		jr, err := joinRepOnce(ctx, cl, c, p, two, all)
 		if err != nil {
 			return nil, fmt.Errorf("repetition %d: %w", rep+1, err)
 		}
@@ -116,6 +118,8 @@ func joinOnce(ctx context.Context, o options) (*Result, error) {
 		res.Seconds(fmt.Sprintf("rep%d_converged_seconds", n), jr.converged)
 		res.Seconds(fmt.Sprintf("rep%d_claimed_seconds", n), jr.claimed)
 		res.Seconds(fmt.Sprintf("rep%d_published_seconds", n), jr.published)
+		res.Millis(fmt.Sprintf("rep%d_publish_after_claim_ms_max", n), jr.lag)
+		res.Seconds(fmt.Sprintf("rep%d_last_first_msg_committed_seconds", n), jr.waitTraffic)
 		res.Figure(fmt.Sprintf("rep%d_partitions", n), float64(jr.partitions), "")
 		worst = max(worst, jr.done)
 		worstFromLine = max(worstFromLine, jr.done-jr.startedLine)
@@ -137,7 +141,7 @@ func joinOnce(ctx context.Context, o options) (*Result, error) {
 }
 
 // joinRepOnce starts slot 2 once next to the converged slots two.
-func joinRepOnce(ctx context.Context, cl *cluster, c *consumer, two, all []int) (joinRep, error) {
+func joinRepOnce(ctx context.Context, cl *cluster, c *consumer, prod *producer, two, all []int) (joinRep, error) {
 	var jr joinRep
 	if _, _, err := cl.waitConverged(ctx, two, convergeTimeout); err != nil {
 		return jr, err
@@ -159,6 +163,7 @@ func joinRepOnce(ctx context.Context, cl *cluster, c *consumer, two, all []int) 
 	var convergedAt time.Time
 	var mine map[int]int64 // n3's partitions -> epoch before the join
 	var pubAt time.Time
+	var firsts map[int]epochFirst
 	err = waitUntil(ctx, eventTimeout, convergePoll, "n3 to converge and publish on its partitions", func() (bool, error) {
 		if err := cl.failed(); err != nil {
 			return false, err
@@ -178,12 +183,14 @@ func joinRepOnce(ctx context.Context, cl *cluster, c *consumer, two, all []int) 
 			}
 		}
 		pubAt = time.Time{}
+		firsts = map[int]epochFirst{}
 		for p, e := range mine {
-			at, ok := c.firstAbove(p, e)
+			f, ok := c.firstAbove(p, e)
 			if !ok {
 				return false, nil
 			}
-			pubAt = maxTime(pubAt, at)
+			firsts[p] = f
+			pubAt = maxTime(pubAt, f.at)
 		}
 		return true, nil
 	})
@@ -203,6 +210,13 @@ func joinRepOnce(ctx context.Context, cl *cluster, c *consumer, two, all []int) 
 	}
 	for _, at := range claims {
 		jr.claimed = max(jr.claimed, at.Sub(startAt))
+	}
+	_, commits := prod.snapshot()
+	jr.lag = publishLag(firsts, claims, commits)
+	for _, f := range firsts {
+		if ct, ok := commits[f.id]; ok {
+			jr.waitTraffic = max(jr.waitTraffic, ct.committed.Sub(startAt))
+		}
 	}
 	return jr, nil
 }

@@ -105,8 +105,8 @@ type node struct {
 	stopping sync.Once
 	stopErr  error
 
-	killMu sync.Mutex
-	killed bool // exited because kill was called: not a failure
+	endMu sync.Mutex
+	ended bool // stop or kill was called: exiting is not a failure
 }
 
 // startNode starts the node binary as a child in its own process group (so
@@ -176,10 +176,10 @@ func (n *node) exited() bool {
 	}
 }
 
-// failed returns an error when the node has exited (it should not, until
-// stopped or killed); nil while it runs.
+// failed returns an error when the node has exited without being stopped
+// or killed; nil while it runs.
 func (n *node) failed() error {
-	if !n.exited() || n.wasKilled() {
+	if !n.exited() || n.endedOnPurpose() {
 		return nil
 	}
 	return fmt.Errorf("node %s exited early (%v); last output:\n%s", n.name, n.waitErr, n.log.tail(20))
@@ -207,17 +207,21 @@ func (n *node) waitReady(ctx context.Context, timeout time.Duration) error {
 // waits until it has exited. A killed node is not a failure: failed and
 // stop return nil for it.
 func (n *node) kill() {
-	n.killMu.Lock()
-	n.killed = true
-	n.killMu.Unlock()
+	n.markEnded()
 	_ = n.cmd.Process.Kill()
 	<-n.done
 }
 
-func (n *node) wasKilled() bool {
-	n.killMu.Lock()
-	defer n.killMu.Unlock()
-	return n.killed
+func (n *node) markEnded() {
+	n.endMu.Lock()
+	n.ended = true
+	n.endMu.Unlock()
+}
+
+func (n *node) endedOnPurpose() bool {
+	n.endMu.Lock()
+	defer n.endMu.Unlock()
+	return n.ended
 }
 
 // stop sends SIGTERM and waits up to timeout for a graceful exit, then
@@ -231,6 +235,7 @@ func (n *node) stop(timeout time.Duration) (time.Duration, error) {
 			n.stopErr = n.failed()
 			return
 		}
+		n.markEnded()
 		_ = n.cmd.Process.Signal(syscall.SIGTERM)
 		t := time.NewTimer(timeout)
 		defer t.Stop()
