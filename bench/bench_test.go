@@ -4,10 +4,16 @@ import (
 	"bufio"
 	"io"
 	"net"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
 )
 
 func TestPercentile(t *testing.T) {
@@ -234,5 +240,215 @@ func TestMeasureOutage(t *testing.T) {
 	}
 	if len(m.steady) != 1 || m.steady[0] != 4*time.Millisecond {
 		t.Errorf("steady = %v, want [4ms]", m.steady)
+	}
+}
+
+func TestParseCounts(t *testing.T) {
+	tests := []struct {
+		name string
+		in   string
+		want []int
+		ok   bool
+	}{
+		{"one", "1", []int{1}, true},
+		{"list with spaces", "1, 2,3", []int{1, 2, 3}, true},
+		{"zero", "0", nil, false},
+		{"too many", "9", nil, false},
+		{"not a number", "a", nil, false},
+		{"empty item", "1,,2", nil, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseCounts("nodes", tc.in)
+			if (err == nil) != tc.ok || tc.ok && !slices.Equal(got, tc.want) {
+				t.Fatalf("parseCounts(%q) = %v, %v; want %v (ok %v)", tc.in, got, err, tc.want, tc.ok)
+			}
+		})
+	}
+}
+
+func TestDefaultScenarioAndQuick(t *testing.T) {
+	none := func(string) (string, bool) { return "", false }
+	o, names, err := parseOptions([]string{"-quick", "-rows", "5000"}, none, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(names) != 1 || names[0] != "compare" {
+		t.Fatalf("no scenario runs %v, want compare", names)
+	}
+	if o.Rows != 5000 || o.Keys != 2000 || o.Reps != 1 || o.Orders != 1000 || o.Duration != 10*time.Second {
+		t.Fatalf("-quick with -rows 5000: rows=%d keys=%d reps=%d orders=%d duration=%v", o.Rows, o.Keys, o.Reps, o.Orders, o.Duration)
+	}
+	if _, names, err := parseOptions([]string{"all"}, none, io.Discard); err != nil || len(names) != len(scenarios) {
+		t.Fatalf("all = %v, %v", names, err)
+	}
+}
+
+func TestBaselineReordersDoNotFail(t *testing.T) {
+	r := newResult("race")
+	r.Label = "classic-2"
+	r.Baseline = true
+	r.Check = Check{Total: 4, Distinct: 4, Reorders: 1, Gaps: 1}
+	if !r.Passed() {
+		t.Fatal("a baseline's reorders failed the run")
+	}
+	var b strings.Builder
+	r.Print(&b)
+	if !strings.Contains(b.String(), "!!! REORDERED 1 (the classic baseline") {
+		t.Fatalf("Print does not say the reorder loudly:\n%s", b.String())
+	}
+	if !strings.HasPrefix(r.Line(), "RESULT scenario=race label=classic-2 ") {
+		t.Fatalf("Line = %s", r.Line())
+	}
+	r.Check.Lost = 1
+	if r.Passed() {
+		t.Fatal("a baseline's loss passed")
+	}
+	r.Baseline = false
+	r.Check.Lost = 0
+	if r.Passed() {
+		t.Fatal("Ordo's reorders passed")
+	}
+}
+
+func TestMeasureRace(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	commits := map[string]commitTimes{
+		"p1": {key: "o1", typ: "OrderPlaced", committed: at(0)},
+		"c1": {key: "o1", typ: "OrderCancelled", committed: at(2)},
+		"p2": {key: "o2", typ: "OrderPlaced", committed: at(1)},
+		"c2": {key: "o2", typ: "OrderCancelled", committed: at(4)},
+		"p3": {key: "o3", typ: "OrderPlaced", committed: at(5)}, // its Cancel never committed
+	}
+	recv := map[string]time.Time{
+		"p1": at(10), "c1": at(11), // in order
+		"p2": at(30), "c2": at(20), // reversed
+		"p3": at(12),
+	}
+	m := measureRace([]string{"p1", "p2", "c1", "c2", "p3"}, commits, recv)
+	if m.orders != 2 || m.reversed != 1 || len(m.gaps) != 2 {
+		t.Fatalf("orders=%d reversed=%d gaps=%v; want 2 1 [2ms 3ms]", m.orders, m.reversed, m.gaps)
+	}
+}
+
+func TestPublishLag(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	first := map[int]epochFirst{
+		1: {at: at(130), id: "backlog"}, // committed before the claim: lag from the claim
+		2: {at: at(250), id: "later"},   // committed after the claim: lag from the commit
+	}
+	claims := map[int]time.Time{1: at(100), 2: at(100)}
+	commits := map[string]commitTimes{"backlog": {committed: at(50)}, "later": {committed: at(240)}}
+	if got := publishLag(first, claims, commits); got != 30*time.Millisecond {
+		t.Fatalf("publishLag = %v, want 30ms", got)
+	}
+}
+
+func TestComparisonRatios(t *testing.T) {
+	mk := func(scenario, label string, figs map[string]float64) *Result {
+		r := newResult(scenario)
+		r.Label = label
+		for k, v := range figs {
+			r.Figure(k, v, "")
+		}
+		return r
+	}
+	rs := []*Result{
+		mk("broker", "", map[string]float64{"msgs_per_sec": 10000}),
+		mk("classic", "classic-1", map[string]float64{"msgs_per_sec": 2000}),
+		mk("drain", "ordo-1", map[string]float64{"msgs_per_sec": 4000}),
+		mk("drain", "ordo-3", map[string]float64{"msgs_per_sec": 6000}),
+		mk("failover", "", map[string]float64{"publish_again_seconds_max": 3.5}),
+	}
+	o := options{Instances: []int{1}, RaceInstances: 2, RaceNodes: 3, FailoverTarget: 3 * time.Second, JoinTarget: 5 * time.Second}
+	rows := buildComparison(rs, o)
+	byKey := map[string]comparisonRow{}
+	for _, r := range rows {
+		byKey[r.key] = r
+	}
+	for key, want := range map[string]float64{"ordo1_over_broker": 0.4, "ordo1_over_classic1": 2, "ordo3_over_ordo1": 1.5} {
+		if got := byKey[key].ratio; got != want {
+			t.Errorf("%s = %v, want %v", key, got, want)
+		}
+	}
+	if got := byKey["failover_seconds_max"].shown; got != "ABOVE" {
+		t.Errorf("failover 3.5 s against 3 s shown as %q", got)
+	}
+	if got := byKey["ordo2_over_ordo1"].shown; got != "—" {
+		t.Errorf("a missing figure shown as %q", got)
+	}
+	var b strings.Builder
+	printComparison(&b, rows)
+	if !strings.Contains(b.String(), "2.00×") {
+		t.Errorf("table:\n%s", b.String())
+	}
+}
+
+func TestThousands(t *testing.T) {
+	for in, want := range map[int64]string{0: "0", 999: "999", 1000: "1,000", 1234567: "1,234,567", -4200: "-4,200"} {
+		if got := thousands(in); got != want {
+			t.Errorf("thousands(%d) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// newTestConsumer returns a consumer with no connection, for record.
+func newTestConsumer() *consumer {
+	return &consumer{rec: testkit.NewRecorder(), recv: map[string]time.Time{}, epochs: map[int]map[int64]epochFirst{}}
+}
+
+func TestConsumerFirstAbove(t *testing.T) {
+	c := newTestConsumer()
+	t0 := time.Unix(1000, 0)
+	for _, d := range []testkit.Delivery{
+		{MessageID: "a", CorrelationID: "k", KeySeq: 1, Partition: 7, Epoch: 3, Received: t0},
+		{MessageID: "b", CorrelationID: "k", KeySeq: 2, Partition: 7, Epoch: 4, Received: t0.Add(time.Second)},
+		{MessageID: "c", CorrelationID: "k", KeySeq: 3, Partition: 7, Epoch: 5, Received: t0.Add(2 * time.Second)},
+	} {
+		c.record(d)
+	}
+	if f, ok := c.firstAbove(7, 3); !ok || f.id != "b" {
+		t.Fatalf("firstAbove(7, 3) = %+v, %v; want b", f, ok)
+	}
+	if _, ok := c.firstAbove(7, 5); ok {
+		t.Fatal("firstAbove(7, 5) found a delivery")
+	}
+	if _, ok := c.firstAbove(8, 0); ok {
+		t.Fatal("firstAbove of an unseen partition found a delivery")
+	}
+}
+
+// BenchmarkConsumerRecord is the bench's own cost per delivery (checker,
+// receive times, epochs): it runs on the same two cores as the relays.
+func BenchmarkConsumerRecord(b *testing.B) {
+	c := newTestConsumer()
+	ids := make([]string, 1<<16)
+	for i := range ids {
+		ids[i] = uuid.NewString()
+	}
+	now := time.Now()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		c.record(testkit.Delivery{
+			MessageID: ids[i%len(ids)], CorrelationID: "key-" + strconv.Itoa(i%10000),
+			KeySeq: int64(i/10000) + 1, PrevKeySeq: int64(i / 10000), HasPrevKeySeq: true,
+			Partition: i % 64, Epoch: 1, Received: now,
+		})
+		i++
+	}
+}
+
+// BenchmarkDistribution is the percentile summary of a 30 s latency run.
+func BenchmarkDistribution(b *testing.B) {
+	ds := make([]time.Duration, 30000)
+	for i := range ds {
+		ds[i] = time.Duration((i*7919)%30000) * time.Microsecond
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = distributionOf(ds)
 	}
 }

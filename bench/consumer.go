@@ -35,10 +35,10 @@ type consumer struct {
 	closed chan *amqp.Error
 
 	mu       sync.Mutex
-	recv     map[string]time.Time        // message id -> first receive time
+	recv     map[string]time.Time         // message id -> first receive time
 	epochs   map[int]map[int64]epochFirst // partition -> x-ordo-epoch -> its first delivery
-	first    time.Time                   // first delivery
-	last     time.Time                   // last delivery of a new message id
+	first    time.Time                    // first delivery
+	last     time.Time                    // last delivery of a new message id
 	ackErr   error
 	stopped  bool        // the delivery loop has returned
 	closeErr *amqp.Error // why the connection closed, once known
