@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -120,7 +121,7 @@ func (s *PGStore) DeleteProcessed(ctx context.Context, node string, partition in
 }
 
 // Listen implements Store.
-func (s *PGStore) Listen(ctx context.Context, wake func()) error {
+func (s *PGStore) Listen(ctx context.Context, wake func(partition int)) error {
 	down := outage.New(s.logger, "PostgreSQL listener")
 	backoff := newBackoff(100*time.Millisecond, 2*time.Second)
 	for {
@@ -138,7 +139,7 @@ func (s *PGStore) Listen(ctx context.Context, wake func()) error {
 	}
 }
 
-func (s *PGStore) listenOnce(ctx context.Context, wake func(), down *outage.Log) error {
+func (s *PGStore) listenOnce(ctx context.Context, wake func(int), down *outage.Log) error {
 	cfg := s.pool.Config().ConnConfig.Copy()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	conn, err := pgx.ConnectConfig(cctx, cfg)
@@ -151,12 +152,17 @@ func (s *PGStore) listenOnce(ctx context.Context, wake func(), down *outage.Log)
 		return fmt.Errorf("listen: %w", err)
 	}
 	down.OK()
-	wake() // poll once: notifications sent while we were not listening are gone
+	wake(-1) // poll once: notifications sent while we were not listening are gone
 	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
 			return fmt.Errorf("wait for notification: %w", err)
 		}
-		wake()
+		p, err := strconv.Atoi(n.Payload)
+		if err != nil {
+			p = -1 // not ours to interpret: read anyway
+		}
+		wake(p)
 	}
 }
 

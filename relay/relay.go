@@ -178,6 +178,12 @@ func New(cfg Config, store Store, pub Publisher, own partition.Ownership) (*Rela
 	}, nil
 }
 
+// holds reports whether the node holds partition p now.
+func (r *Relay) holds(p int) bool {
+	_, ok := r.own.Leases()[p]
+	return ok
+}
+
 // Stats returns a snapshot of the running totals.
 func (r *Relay) Stats() Stats {
 	r.mu.Lock()
@@ -211,7 +217,14 @@ func (r *Relay) Run(ctx context.Context) error {
 	wg.Add(3)
 	go func() {
 		defer wg.Done()
-		_ = r.store.Listen(ctx, func() { signal(r.wakeRead) })
+		_ = r.store.Listen(ctx, func(p int) {
+			// Another node's partition is another node's business: with
+			// N nodes, waking on every notification would make N reads of
+			// every producer's commit.
+			if p < 0 || r.holds(p) {
+				signal(r.wakeRead)
+			}
+		})
 	}()
 	go func() {
 		defer wg.Done()

@@ -62,8 +62,9 @@ type Store interface {
 	// clock), if node holds the partition at epoch, and returns how many it
 	// deleted.
 	DeleteProcessed(ctx context.Context, node string, partition int, epoch int64, olderThan time.Duration, limit int) (int64, error)
-	// Listen calls wake for every outbox notification until ctx ends,
-	// re-listening after every reconnect and calling wake once after each
+	// Listen calls wake with the partition of every outbox notification
+	// until ctx ends, re-listening after every reconnect and calling wake
+	// with partition -1 (any) once after each
 	// (re)connect, so a notification missed while down costs one poll.
-	Listen(ctx context.Context, wake func()) error
+	Listen(ctx context.Context, wake func(partition int)) error
 }
