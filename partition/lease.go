@@ -244,7 +244,9 @@ func (l *Leaser) Run(ctx context.Context) error {
 // longer wanted, and claims what is wanted and free. busy reports work
 // that wants another tick soon.
 func (l *Leaser) tick(ctx context.Context, conn *pgx.Conn) (busy bool, err error) {
-	qctx, cancel := context.WithTimeout(ctx, l.cfg.RenewEvery)
+	// A renewal may wait behind relay writes holding the lease rows FOR
+	// SHARE; give it until half the TTL before calling the database down.
+	qctx, cancel := context.WithTimeout(ctx, max(l.cfg.RenewEvery, l.cfg.TTL/2))
 	defer cancel()
 	want := l.cfg.Want()
 	wantSet := make(map[int]bool, len(want))
