@@ -42,6 +42,17 @@ func Handler(store *Store, token string, logger *slog.Logger) http.Handler {
 	return mux
 }
 
+// Guard wraps next with the same bearer-token check as Handler's actions,
+// for operator endpoints served elsewhere (the node's gossip keys). next
+// receives the caller as an Actor.
+func Guard(token string, next func(http.ResponseWriter, *http.Request, Actor)) http.HandlerFunc {
+	return (&handler{token: token}).auth(next)
+}
+
+// WriteError answers code with the JSON error body every admin endpoint
+// uses.
+func WriteError(w http.ResponseWriter, code int, msg string) { writeErr(w, code, msg) }
+
 type handler struct {
 	store  *Store
 	token  string

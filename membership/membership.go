@@ -101,6 +101,7 @@ type Member struct {
 type Membership struct {
 	cfg     Config
 	ml      *memberlist.Memberlist
+	keyring *memberlist.Keyring // nil without encryption; safe for concurrent use
 	changed chan struct{}
 
 	mu     sync.Mutex
@@ -167,6 +168,7 @@ func New(cfg Config) (*Membership, error) {
 			return nil, fmt.Errorf("membership: gossip keys: %w", err)
 		}
 		mc.Keyring = kr
+		m.keyring = kr
 		mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true
 	}
 	mc.Events = (*delegate)(m)

@@ -186,3 +186,63 @@ func TestParseKeys(t *testing.T) {
 		t.Fatalf("ParseKeys: %v %v", keys, err)
 	}
 }
+
+// TestKeyRotationWhileRunning: rotate a running two-node cluster from key
+// A to key B without a restart; then a node with only B joins and a node
+// with only A cannot.
+func TestKeyRotationWhileRunning(t *testing.T) {
+	keyA, keyB := []byte("aaaaaaaaaaaaaaaa"), []byte("bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb")
+	a := testkit.FreeAddr(t)
+	ca := DefaultConfig("a", a)
+	ca.Keys = [][]byte{keyA}
+	na := start(t, ca)
+	cb := DefaultConfig("b", testkit.FreeAddr(t))
+	cb.Keys, cb.Join = [][]byte{keyA}, []string{a}
+	nb := start(t, cb)
+	waitAlive(t, na, []string{"a", "b"}, 30*time.Second)
+
+	for _, step := range []struct {
+		action KeyAction
+		key    []byte
+	}{{KeyAdd, keyB}, {KeyUse, keyB}, {KeyRemove, keyA}} {
+		for _, n := range []*running{na, nb} {
+			if err := n.m.RotateKey(step.action, step.key); err != nil {
+				t.Fatalf("%s %s: %v", n.m.cfg.NodeName, step.action, err)
+			}
+		}
+	}
+	if na.m.KeyCount() != 1 {
+		t.Fatalf("a holds %d keys after the rotation", na.m.KeyCount())
+	}
+	if err := na.m.RotateKey(KeyRemove, keyB); err == nil {
+		t.Fatal("removing the key in use was accepted")
+	}
+
+	cc := DefaultConfig("c", testkit.FreeAddr(t))
+	cc.Keys, cc.Join = [][]byte{keyB}, []string{a}
+	start(t, cc)
+	waitAlive(t, na, []string{"a", "b", "c"}, 30*time.Second)
+
+	cd := DefaultConfig("d", testkit.FreeAddr(t))
+	cd.Keys, cd.Join, cd.JoinTimeout = [][]byte{keyA}, []string{a}, 3*time.Second
+	cd.Logger = slog.New(slog.DiscardHandler)
+	m, err := New(cd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := m.Run(ctx); !errors.Is(err, ErrJoin) {
+		t.Fatalf("a node with the retired key joined: %v", err)
+	}
+	if slices.Contains(na.m.Alive(), "d") {
+		t.Fatal("d is a member")
+	}
+}
+
+func TestRotateKeyWithoutEncryption(t *testing.T) {
+	n := start(t, DefaultConfig("plain", testkit.FreeAddr(t)))
+	if err := n.m.RotateKey(KeyAdd, []byte("aaaaaaaaaaaaaaaa")); !errors.Is(err, ErrNoEncryption) {
+		t.Fatalf("err = %v", err)
+	}
+}

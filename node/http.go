@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/pprof"
@@ -40,6 +41,9 @@ func newHTTP(cfg Config, pool *pgxpool.Pool, pub *relay.AMQPPublisher, leaser *p
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/admin/", admin.Handler(admin.NewStore(pool), cfg.AdminToken, logger))
+	mux.HandleFunc("POST /admin/gossip-key", admin.Guard(cfg.AdminToken, func(w http.ResponseWriter, r *http.Request, who admin.Actor) {
+		gossipKey(w, r, who, members, logger)
+	}))
 	if cfg.PProf {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
@@ -103,6 +107,33 @@ func newHTTP(cfg Config, pool *pgxpool.Pool, pub *relay.AMQPPublisher, leaser *p
 		})
 	})
 	return mux
+}
+
+// gossipKey applies one gossip key rotation step on this node:
+// {"action": "add"|"use"|"remove", "key": "<base64>"}.
+func gossipKey(w http.ResponseWriter, r *http.Request, who admin.Actor, members *membership.Membership, logger *slog.Logger) {
+	if members == nil {
+		admin.WriteError(w, http.StatusConflict, "this node runs without gossip (-gossip-addr is empty)")
+		return
+	}
+	var req struct{ Action, Key string }
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		admin.WriteError(w, http.StatusBadRequest, "body: want {\"action\": \"add|use|remove\", \"key\": \"<base64>\"}: "+err.Error())
+		return
+	}
+	keys, err := membership.ParseKeys(req.Key)
+	if err != nil || len(keys) != 1 {
+		admin.WriteError(w, http.StatusBadRequest, fmt.Sprintf("key: want one base64 key of 16, 24 or 32 bytes (%v)", err))
+		return
+	}
+	if err := members.RotateKey(membership.KeyAction(req.Action), keys[0]); err != nil {
+		admin.WriteError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	logger.Info("gossip key changed by operator", "operator", who.Operator, "from", who.RemoteAddr, "action", req.Action)
+	writeJSON(w, http.StatusOK, map[string]any{"action": req.Action, "keys": members.KeyCount()})
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -31,6 +32,8 @@ func adminMain(cmd string, args []string, lookup func(string) (string, bool), st
 		"retry":  "usage: node retry [flags] MESSAGE-ID\n       node retry [flags] -key CORRELATION-ID\n\nPuts a parked message back at the head of its key.",
 		"skip":   "usage: node skip [flags] MESSAGE-ID\n\nMarks a parked message dead: it is never published and its key goes on.",
 		"purge":  "usage: node purge [flags]\n\nDeletes dead rows no longer needed to compute x-ordo-prev-key-seq.",
+		"gossip-key": "usage: node gossip-key [flags] add|use|remove BASE64-KEY\n\nOne step of a gossip key rotation on one running node.\n" +
+			"Rotate a cluster by doing each step on every node before the next: add the new key, use it, remove the old one.",
 	}[cmd]
 	// ORDO_ADMIN_TOKEN is the node's own variable; the CLI reads it too.
 	fs.Usage = envflag.Usage(fs, "ORDO", usage)
@@ -41,7 +44,15 @@ func adminMain(cmd string, args []string, lookup func(string) (string, bool), st
 		return 2
 	}
 	var method, path string
+	var body io.Reader
 	switch cmd {
+	case "gossip-key":
+		if fs.NArg() != 2 {
+			fmt.Fprintf(stderr, "node gossip-key: want an action (add, use or remove) and a base64 key\n")
+			return 2
+		}
+		b, _ := json.Marshal(map[string]string{"action": fs.Arg(0), "key": fs.Arg(1)})
+		method, path, body = http.MethodPost, "/admin/gossip-key", bytes.NewReader(b)
 	case "parked":
 		method, path = http.MethodGet, "/admin/parked"
 	case "purge":
@@ -57,7 +68,7 @@ func adminMain(cmd string, args []string, lookup func(string) (string, bool), st
 			return 2
 		}
 	}
-	if cmd != "retry" && cmd != "skip" && fs.NArg() > 0 {
+	if cmd != "retry" && cmd != "skip" && cmd != "gossip-key" && fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "node %s: unexpected arguments %q\n", cmd, fs.Args())
 		return 2
 	}
@@ -65,7 +76,7 @@ func adminMain(cmd string, args []string, lookup func(string) (string, bool), st
 	if !strings.Contains(base, "://") {
 		base = "http://" + base
 	}
-	req, err := http.NewRequest(method, strings.TrimSuffix(base, "/")+path, nil)
+	req, err := http.NewRequest(method, strings.TrimSuffix(base, "/")+path, body)
 	if err != nil {
 		fmt.Fprintf(stderr, "node %s: %v\n", cmd, err)
 		return 2
@@ -74,27 +85,30 @@ func adminMain(cmd string, args []string, lookup func(string) (string, bool), st
 		req.Header.Set("Authorization", "Bearer "+*token)
 	}
 	req.Header.Set(admin.OperatorHeader, *op)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
 	if err != nil {
 		fmt.Fprintf(stderr, "node %s: %v\n", cmd, err)
 		return 1
 	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
+	answer, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK {
 		var e struct{ Error string }
-		if json.Unmarshal(body, &e) != nil || e.Error == "" {
-			e.Error = strings.TrimSpace(string(body))
+		if json.Unmarshal(answer, &e) != nil || e.Error == "" {
+			e.Error = strings.TrimSpace(string(answer))
 		}
 		fmt.Fprintf(stderr, "node %s: %s (%s)\n", cmd, e.Error, resp.Status)
 		return 1
 	}
 	if cmd != "parked" {
-		fmt.Fprintln(stdout, strings.TrimSpace(string(body)))
+		fmt.Fprintln(stdout, strings.TrimSpace(string(answer)))
 		return 0
 	}
 	var list []admin.Parked
-	if err := json.Unmarshal(body, &list); err != nil {
+	if err := json.Unmarshal(answer, &list); err != nil {
 		fmt.Fprintf(stderr, "node parked: decode: %v\n", err)
 		return 1
 	}

@@ -102,3 +102,35 @@ func TestAdminOffWithoutToken(t *testing.T) {
 		t.Fatalf("exit %d, %q", code, errOut)
 	}
 }
+
+// TestGossipKeyCommand rotates a running node's gossip key through the CLI.
+func TestGossipKeyCommand(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	keyA := "YWFhYWFhYWFhYWFhYWFhYQ==" // "aaaaaaaaaaaaaaaa"
+	keyB := "YmJiYmJiYmJiYmJiYmJiYg==" // "bbbbbbbbbbbbbbbb"
+	_, base := f.start(t, "keys-node", "ORDO_ADMIN_TOKEN=t0k", "ORDO_GOSSIP_ADDR="+testkit.FreeAddr(t), "ORDO_GOSSIP_KEY="+keyA)
+	addr := strings.TrimPrefix(base, "http://")
+	env := map[string]string{"ORDO_ADMIN_TOKEN": "t0k"}
+	for _, c := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"use before add", []string{"use", keyB}, 1, "add the key"},
+		{"add", []string{"add", keyB}, 0, `"keys": 2`},
+		{"remove the key in use", []string{"remove", keyA}, 1, "cannot be removed"},
+		{"use", []string{"use", keyB}, 0, `"keys": 2`},
+		{"remove", []string{"remove", keyA}, 0, `"keys": 1`},
+		{"bad key", []string{"add", "not base64!"}, 1, "key:"},
+		{"bad action", []string{"rotate", keyB}, 1, "unknown action"},
+		{"missing key", []string{"add"}, 2, "want an action"},
+	} {
+		args := append([]string{"gossip-key", "-http", addr}, c.args...)
+		code, out, errOut := runAdmin(t, env, args...)
+		if code != c.code || !strings.Contains(out+errOut, c.want) {
+			t.Fatalf("%s: exit %d, out %q, err %q; want %d and %q", c.name, code, out, errOut, c.code, c.want)
+		}
+	}
+}

@@ -9,6 +9,7 @@
 //	node retry  [-http ADDR] ID | -key K   retry a parked message
 //	node skip   [-http ADDR] ID            skip (kill) a parked message
 //	node purge  [-http ADDR]               delete purgeable dead rows
+//	node gossip-key [-http ADDR] add|use|remove KEY   rotate gossip keys while running
 package main
 
 import (
@@ -65,7 +66,7 @@ func parseConfig(args []string, lookup func(string) (string, bool), out io.Write
 	keys := fs.String("gossip-key", "", "comma-separated base64 gossip encryption keys (16, 24 or 32 bytes); the first encrypts, all decrypt")
 	fs.DurationVar(&c.RejoinInterval, "rejoin-interval", c.RejoinInterval, "how often to join the seeds again (heals splits)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
-	fs.Usage = envflag.Usage(fs, "ORDO", "usage: node [flags]\n       node status|parked|retry|skip|purge -h\n\nRuns one Ordo relay node.")
+	fs.Usage = envflag.Usage(fs, "ORDO", "usage: node [flags]\n       node status|parked|retry|skip|purge|gossip-key -h\n\nRuns one Ordo relay node.")
 	if err := envflag.Parse(fs, "ORDO", args, lookup); err != nil {
 		return o, err
 	}
@@ -94,7 +95,7 @@ func main() {
 		switch os.Args[1] {
 		case "status":
 			os.Exit(statusMain(os.Args[2:], os.LookupEnv, os.Stdout, os.Stderr))
-		case "parked", "retry", "skip", "purge":
+		case "parked", "retry", "skip", "purge", "gossip-key":
 			os.Exit(adminMain(os.Args[1], os.Args[2:], os.LookupEnv, os.Stdout, os.Stderr))
 		}
 	}
