@@ -37,39 +37,23 @@ func command(t *testing.T, timeout time.Duration, name string, args ...string) {
 func durableQueue(t *testing.T, exchange, key string) string {
 	t.Helper()
 	name := testkit.UniqueName(t, "dq")
-	withCh(t, func(ch *amqp.Channel) error {
+	withChannel(t, func(ch *amqp.Channel) error {
 		if _, err := ch.QueueDeclare(name, true, false, false, false, nil); err != nil {
 			return err
 		}
 		return ch.QueueBind(name, key, exchange, false, nil)
 	})
 	t.Cleanup(func() {
-		withCh(t, func(ch *amqp.Channel) error { _, err := ch.QueueDelete(name, false, false, false); return err })
+		withChannel(t, func(ch *amqp.Channel) error { _, err := ch.QueueDelete(name, false, false, false); return err })
 	})
 	return name
-}
-
-func withCh(t *testing.T, f func(*amqp.Channel) error) {
-	t.Helper()
-	conn, err := amqp.Dial(testkit.AMQPURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f(ch); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // drainQueue reads every message of queue into a recorder.
 func drainQueue(t *testing.T, queue string) *testkit.Checker {
 	t.Helper()
 	rec := testkit.NewRecorder()
-	withCh(t, func(ch *amqp.Channel) error {
+	withChannel(t, func(ch *amqp.Channel) error {
 		for {
 			d, ok, err := ch.Get(queue, true)
 			if err != nil || !ok {
