@@ -93,7 +93,6 @@ type session struct {
 	conn    *amqp.Connection
 	ch      *amqp.Channel
 	pending map[uint64]*pendingPub // by delivery tag; guarded by AMQPPublisher.mu
-	expired map[uint64]string      // tags given up on (confirm timeout) -> message id; guarded by AMQPPublisher.mu
 	closed  bool                   // guarded by AMQPPublisher.mu
 	side    *amqp.Channel          // for passive declares; guarded by pubMu
 }
@@ -197,7 +196,7 @@ func (p *AMQPPublisher) serveChannel(ctx context.Context, conn *amqp.Connection,
 	returns := ch.NotifyReturn(make(chan amqp.Return, buf))
 	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
 
-	s := &session{conn: conn, ch: ch, pending: map[uint64]*pendingPub{}, expired: map[uint64]string{}}
+	s := &session{conn: conn, ch: ch, pending: map[uint64]*pendingPub{}}
 	p.mu.Lock()
 	p.cur = s
 	p.opened++
@@ -224,16 +223,7 @@ func (p *AMQPPublisher) serveChannel(ctx context.Context, conn *amqp.Connection,
 		p.mu.Lock()
 		pp, ok := s.pending[c.DeliveryTag]
 		delete(s.pending, c.DeliveryTag)
-		lateID, late := s.expired[c.DeliveryTag]
-		delete(s.expired, c.DeliveryTag)
 		p.mu.Unlock()
-		if late {
-			// A confirm for a publish already failed by the confirm timeout:
-			// forget any return that came with it, or the message's next
-			// attempt would be taken for returned.
-			drainReturns()
-			delete(returned, lateID)
-		}
 		if !ok {
 			return
 		}
@@ -323,7 +313,6 @@ func (p *AMQPPublisher) expire(s *session, now time.Time) {
 		if now.Sub(pp.sent) >= p.cfg.ConfirmTimeout {
 			late = append(late, pp)
 			delete(s.pending, tag)
-			s.expired[tag] = pp.msgID
 		}
 	}
 	p.mu.Unlock()
