@@ -34,6 +34,9 @@ func (l Lease) Valid(now time.Time) bool { return now.Before(l.Deadline) }
 type Ownership interface {
 	// Leases returns a copy of the leases held now, by partition.
 	Leases() map[int]Lease
+	// Lease returns the lease of one partition, if it is held and not
+	// being handed off. Cheaper than Leases for a single check.
+	Lease(partition int) (Lease, bool)
 	// Changed is signalled (non-blocking, coalesced) whenever the held set
 	// or an epoch changes.
 	Changed() <-chan struct{}
@@ -143,6 +146,17 @@ func (l *Leaser) Leases() map[int]Lease {
 		}
 	}
 	return m
+}
+
+// Lease implements Ownership.
+func (l *Leaser) Lease(p int) (Lease, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, revoking := l.revoking[p]; revoking {
+		return Lease{}, false
+	}
+	x, ok := l.leases[p]
+	return x, ok
 }
 
 // held returns every lease held, handoffs included.

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/ordo-relay/ordo/partition"
 )
 
 // The in-process hot paths of one publish: decoding the row's headers,
@@ -42,7 +44,7 @@ func BenchmarkBatchBuilding(b *testing.B) {
 		rows[i] = Row{ID: uuid.New(), Partition: i % 64, CorrelationID: uuid.NewString(), KeySeq: 1,
 			Exchange: "x", RoutingKey: "r", Type: "t", Payload: make([]byte, 300), Headers: []byte("{}")}
 	}
-	r, err := New(Config{Node: "bench"}, nil, nil, nil)
+	r, err := New(Config{Node: "bench"}, nil, nil, allLeases{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -64,3 +66,12 @@ func BenchmarkBatchBuilding(b *testing.B) {
 		r.mu.Unlock()
 	}
 }
+
+// allLeases holds every partition at epoch 1, forever.
+type allLeases struct{}
+
+func (allLeases) Leases() map[int]partition.Lease { return nil }
+func (allLeases) Lease(p int) (partition.Lease, bool) {
+	return partition.Lease{Partition: p, Epoch: 1, Deadline: time.Now().Add(time.Hour)}, true
+}
+func (allLeases) Changed() <-chan struct{} { return nil }

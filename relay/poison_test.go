@@ -11,6 +11,7 @@ import (
 
 	"github.com/ordo-relay/ordo/admin"
 	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/partition"
 	"github.com/ordo-relay/ordo/relay"
 )
 
@@ -164,5 +165,30 @@ func TestRetentionDeletesInChunks(t *testing.T) {
 	}
 	if max := counting.maxDeleted(); max > 100 || counting.calls() < old/100 {
 		t.Fatalf("retention: %d calls, largest chunk %d; want chunks of at most 100", counting.calls(), max)
+	}
+}
+
+// TestUnpublishableRowIsParked: a plain INSERT may store a header AMQP
+// cannot carry (here an object). The row fails like a nack and is parked;
+// it does not spin the relay, and other keys flow.
+func TestUnpublishableRowIsParked(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx := testkit.Context(t, 30*time.Second)
+	bad := uuid.Must(uuid.NewV7())
+	if _, err := h.pool.Exec(ctx, `INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload, headers)
+		VALUES ($1, $2, 'weird', $3, 'order.placed', 't', '{}', '{"nested": {"a": 1}}')`,
+		bad, partition.Of("weird", testPartitions), h.exchange); err != nil {
+		t.Fatal(err)
+	}
+	h.startNode(nodeOpts{})
+	for i := range 50 {
+		h.expect(h.enqueue(h.msg(fmt.Sprintf("fine-%d", i), "order.placed", "t.v1")))
+	}
+	h.waitRows(30*time.Second, "the unpublishable row is parked", func(n int) bool { return n == 1 },
+		"id = $1 AND parked_at IS NOT NULL AND last_error LIKE 'unpublishable row%'", bad)
+	rep := h.checker.WaitFor(t, 30*time.Second, func(r testkit.Report) bool { return r.Lost == 0 })
+	if !rep.OK() || rep.Distinct != 50 {
+		t.Fatalf("checker: %s", rep.Detail())
 	}
 }

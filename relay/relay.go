@@ -352,8 +352,6 @@ func (r *Relay) readOnce(ctx context.Context) (more bool, err error) {
 	for i := range rows {
 		row := &rows[i]
 		lease, ok := leases[row.Partition]
-		// DESIGN.md invariant 3: the local lease deadline, checked right
-		// before every publish.
 		if !ok || !lease.Valid(time.Now()) {
 			continue
 		}
@@ -364,12 +362,15 @@ func (r *Relay) readOnce(ctx context.Context) (more bool, err error) {
 			}
 			row.PrevKeySeq = prev
 		}
-		f, err := r.newFlight(row, lease.Epoch)
-		if err != nil {
-			r.cfg.Logger.Error("unpublishable row", "id", row.ID, "err", err)
+		f, bad := r.newFlight(row, lease.Epoch)
+		if f == nil {
 			continue
 		}
-		if f == nil {
+		if bad != nil {
+			// A row the relay cannot turn into a message (a header a plain
+			// INSERT wrote that AMQP cannot carry) fails like a nack: it
+			// backs off, is parked after MaxAttempts, and only its key waits.
+			r.settle(f, Result{Outcome: Failed, Err: fmt.Errorf("unpublishable row: %w", bad)})
 			continue
 		}
 		if err := r.pub.Publish(ctx, &f.msg, func(res Result) { r.settle(f, res) }); err != nil {
@@ -401,13 +402,20 @@ func (e *publishError) Error() string { return e.err.Error() }
 func (e *publishError) Unwrap() error { return e.err }
 
 // newFlight registers row as in flight, or returns nil if its key is at
-// its limit already.
-func (r *Relay) newFlight(row *Row, epoch int64) (*flight, error) {
-	headers, err := decodeHeaders(row.Headers)
-	if err != nil {
-		return nil, fmt.Errorf("headers: %w", err)
+// its limit already or the partition's lease is no longer held at epoch.
+// bad is set (with a flight registered, to be settled Failed) when the row
+// cannot be turned into a message.
+//
+// The lease is checked again here, under r.mu, on the live leases:
+// Drained also takes r.mu, so a handoff either sees this flight and waits
+// for it, or has already taken the lease away and this check refuses. It
+// is the last check before the publish (DESIGN.md invariant 3).
+func (r *Relay) newFlight(row *Row, epoch int64) (f *flight, bad error) {
+	headers, bad := decodeHeaders(row.Headers)
+	if bad == nil {
+		bad = checkSendable(row, headers)
 	}
-	f := &flight{
+	f = &flight{
 		attempts: row.Attempts,
 		msg: Message{
 			ID: row.ID, Partition: row.Partition, Epoch: epoch,
@@ -421,12 +429,40 @@ func (r *Relay) newFlight(row *Row, epoch int64) (*flight, error) {
 	if _, dup := r.flights[row.ID]; dup || r.perKey[row.CorrelationID] >= r.cfg.PerKeyLimit {
 		return nil, nil
 	}
+	if l, ok := r.own.Lease(row.Partition); !ok || l.Epoch != epoch || !l.Valid(time.Now()) {
+		return nil, nil
+	}
 	r.flights[row.ID] = f
 	r.perKey[row.CorrelationID]++
 	r.unconfirmed++
 	r.stats.Published++
-	return f, nil
+	return f, bad
 }
+
+// checkSendable refuses what the AMQP client or the broker would reject by
+// closing the channel or connection, which would otherwise make the row's
+// publish fail forever as Unsent without ever counting an attempt.
+func checkSendable(row *Row, headers map[string]any) error {
+	for k, v := range headers {
+		if len(k) > 255 {
+			return fmt.Errorf("header name of %d bytes (AMQP allows 255)", len(k))
+		}
+		if s, ok := v.(string); ok && len(s) > maxHeaderBytes {
+			return fmt.Errorf("header %q of %d bytes (at most %d)", k, len(s), maxHeaderBytes)
+		}
+	}
+	if len(row.Payload) > maxPayloadBytes {
+		return fmt.Errorf("payload of %d bytes (at most %d)", len(row.Payload), maxPayloadBytes)
+	}
+	return nil
+}
+
+// Limits below the broker's defaults (frame_max 128 KiB for all headers
+// together, max_message_size 16 MiB on RabbitMQ 4).
+const (
+	maxHeaderBytes  = 64 << 10
+	maxPayloadBytes = 16 << 20
+)
 
 // drop forgets a flight that was never sent.
 func (r *Relay) drop(f *flight) {
