@@ -142,18 +142,18 @@ func (p *AMQPPublisher) Run(ctx context.Context) error {
 			sleepCtx(ctx, bo.next())
 			continue
 		}
+		before := p.ChannelsOpened()
 		err = p.serveConn(ctx, conn)
 		conn.Close()
 		if ctx.Err() != nil {
 			return nil
 		}
+		if p.ChannelsOpened() > before {
+			bo.reset() // it worked: the next outage starts the backoff over
+		}
 		p.down.Fail(err)
 		if !sleepCtx(ctx, bo.next()) {
 			return nil
-		}
-		// A connection that worked for a while starts the backoff over.
-		if !p.down.Down() {
-			bo.reset()
 		}
 	}
 	return nil

@@ -125,38 +125,38 @@ func (s *PGStore) Listen(ctx context.Context, wake func(partition int)) error {
 	down := outage.New(s.logger, "PostgreSQL listener")
 	backoff := newBackoff(100*time.Millisecond, 2*time.Second)
 	for {
-		err := s.listenOnce(ctx, wake, down)
+		listened, err := s.listenOnce(ctx, wake, down)
 		if ctx.Err() != nil {
 			return nil
+		}
+		if listened {
+			backoff.reset() // it worked: the next outage starts the backoff over
 		}
 		down.Fail(err)
 		if !sleepCtx(ctx, backoff.next()) {
 			return nil
 		}
-		if !down.Down() {
-			backoff.reset()
-		}
 	}
 }
 
-func (s *PGStore) listenOnce(ctx context.Context, wake func(int), down *outage.Log) error {
+func (s *PGStore) listenOnce(ctx context.Context, wake func(int), down *outage.Log) (listened bool, err error) {
 	cfg := s.pool.Config().ConnConfig.Copy()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	conn, err := pgx.ConnectConfig(cctx, cfg)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("connect: %w", err)
+		return false, fmt.Errorf("connect: %w", err)
 	}
 	defer conn.Close(context.Background())
 	if _, err := conn.Exec(ctx, "LISTEN "+NotifyChannel); err != nil {
-		return fmt.Errorf("listen: %w", err)
+		return false, fmt.Errorf("listen: %w", err)
 	}
 	down.OK()
 	wake(-1) // poll once: notifications sent while we were not listening are gone
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
-			return fmt.Errorf("wait for notification: %w", err)
+			return true, fmt.Errorf("wait for notification: %w", err)
 		}
 		p, err := strconv.Atoi(n.Payload)
 		if err != nil {
