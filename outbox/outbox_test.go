@@ -396,3 +396,29 @@ func waitFor(t *testing.T, d time.Duration, cond func() bool) {
 	}
 	t.Logf("condition met after %v", time.Since(start).Round(time.Millisecond))
 }
+
+// TestRetriedInsertLeavesNoGap: an INSERT repeating an existing id (a
+// producer's retry) is skipped and does not consume a key_seq.
+func TestRetriedInsertLeavesNoGap(t *testing.T) {
+	t.Parallel()
+	pool, _ := setup(t, 2)
+	ctx := testkit.Context(t, 30*time.Second)
+	insert := `INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload)
+		VALUES ($1, $2, 'retry', 'ex', 'rk', 't', '{}') ON CONFLICT (id) DO NOTHING`
+	p := partition.Of("retry", 64)
+	first, second := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
+	for _, id := range []uuid.UUID{first, first, first, second} {
+		if _, err := pool.Exec(ctx, insert, id, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var seqs []int64
+	rows, err := pool.Query(ctx, `SELECT key_seq FROM outbox WHERE correlation_id = 'retry' ORDER BY key_seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seqs, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil || len(seqs) != 2 || seqs[0] != 1 || seqs[1] != 2 {
+		t.Fatalf("key_seq after retried inserts: %v (%v), want [1 2]", seqs, err)
+	}
+}

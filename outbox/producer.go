@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"sort"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -38,14 +39,17 @@ func (p *Producer) Partitions() int { return p.partitions }
 // new UUIDv7 id (returned in the same order) and its partition; the database
 // assigns key_seq and occurred_at. If any message is invalid nothing is
 // written and the error is a *MessageError. Messages of one correlation id
-// within one call get consecutive key_seq in slice order.
+// within one call get consecutive key_seq in slice order. Rows are inserted
+// grouped by key (so concurrent calls over the same keys cannot deadlock);
+// seq follows that insert order.
 func (p *Producer) Enqueue(ctx context.Context, tx Execer, msgs ...Message) ([]uuid.UUID, error) {
 	if len(msgs) == 0 {
 		return nil, nil
 	}
 	n := len(msgs)
 	var (
-		ids        = make([]uuid.UUID, n)
+		ids        = make([]uuid.UUID, n) // in the caller's order
+		rowIDs     = make([]uuid.UUID, n) // in insert order
 		partitions = make([]int32, n)
 		keys       = make([]string, n)
 		exchanges  = make([]string, n)
@@ -54,7 +58,15 @@ func (p *Producer) Enqueue(ctx context.Context, tx Execer, msgs ...Message) ([]u
 		payloads   = make([]string, n)
 		headers    = make([]string, n)
 	)
-	for i := range msgs {
+	// Rows are inserted sorted by key (stably, so each key keeps the
+	// caller's order): two transactions enqueueing the same keys then take
+	// the keys' counter locks in the same order and cannot deadlock.
+	order := make([]int, n)
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool { return msgs[order[a]].CorrelationID < msgs[order[b]].CorrelationID })
+	for j, i := range order {
 		m := &msgs[i]
 		h, err := m.validate(i)
 		if err != nil {
@@ -65,11 +77,12 @@ func (p *Producer) Enqueue(ctx context.Context, tx Execer, msgs ...Message) ([]u
 			return nil, fmt.Errorf("outbox: new message id: %w", err)
 		}
 		ids[i] = id
-		partitions[i] = int32(partition.Of(m.CorrelationID, p.partitions))
-		keys[i], exchanges[i], routing[i], types[i] = m.CorrelationID, m.Exchange, m.RoutingKey, m.Type
-		payloads[i], headers[i] = string(m.Payload), string(h)
+		rowIDs[j] = id
+		partitions[j] = int32(partition.Of(m.CorrelationID, p.partitions))
+		keys[j], exchanges[j], routing[j], types[j] = m.CorrelationID, m.Exchange, m.RoutingKey, m.Type
+		payloads[j], headers[j] = string(m.Payload), string(h)
 	}
-	if _, err := tx.Exec(ctx, sqlEnqueue, ids, partitions, keys, exchanges, routing, types, payloads, headers); err != nil {
+	if _, err := tx.Exec(ctx, sqlEnqueue, rowIDs, partitions, keys, exchanges, routing, types, payloads, headers); err != nil {
 		return nil, fmt.Errorf("outbox: enqueue %d message(s): %w", n, err)
 	}
 	return ids, nil
