@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -103,6 +104,8 @@ type Membership struct {
 	ml      *memberlist.Memberlist
 	keyring *memberlist.Keyring // nil without encryption; safe for concurrent use
 	changed chan struct{}
+
+	joined atomic.Bool // the first join is over (succeeded, or no seeds)
 
 	mu     sync.Mutex
 	events []event // copied in callbacks, applied by Run
@@ -219,6 +222,11 @@ func (m *Membership) Alive() []string {
 	return slices.Clone(m.alive)
 }
 
+// Joined reports whether the first join is over. Until then Alive holds
+// only this node, which must not be taken for the cluster: a starting node
+// that wanted every partition would claim them all, then hand them back.
+func (m *Membership) Joined() bool { return m.joined.Load() }
+
 // Members returns every member this node knows of, with its state.
 func (m *Membership) Members() []Member {
 	m.mu.Lock()
@@ -260,6 +268,12 @@ func (m *Membership) Run(ctx context.Context) error {
 	m.apply()
 	if err := m.firstJoin(ctx); err != nil {
 		return err
+	}
+	m.joined.Store(true)
+	m.apply()
+	select { // the member set may be what it was, but it is now known
+	case m.changed <- struct{}{}:
+	default:
 	}
 	rejoin := time.NewTicker(max(m.cfg.RejoinInterval, time.Second))
 	defer rejoin.Stop()

@@ -71,6 +71,9 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 			return err
 		}
 		want = func() []int {
+			if !members.Joined() {
+				return nil // not yet part of the cluster: want nothing
+			}
 			a, err := partition.Assign(members.Alive(), cfg.Partitions)
 			if err != nil {
 				return nil
