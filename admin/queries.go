@@ -27,16 +27,22 @@ WHERE id = $1 AND parked_at IS NOT NULL AND processed_at IS NULL
 RETURNING partition`
 
 	// sqlPurge: a dead row may go once no later row of its key is pending
-	// and a later row is published (not dead): a future message's
-	// x-ordo-prev-key-seq then never needs to step over it.
+	// and a later row was published (present and not dead, or already
+	// deleted): a future message's x-ordo-prev-key-seq then never needs to
+	// step over it.
 	sqlPurge = `
 DELETE FROM outbox AS d
 WHERE d.dead_at IS NOT NULL
   AND NOT EXISTS (SELECT 1 FROM outbox AS p
                   WHERE p.correlation_id = d.correlation_id AND p.key_seq > d.key_seq AND p.processed_at IS NULL)
-  AND EXISTS (SELECT 1 FROM outbox AS n
-              WHERE n.correlation_id = d.correlation_id AND n.key_seq > d.key_seq
-                AND n.processed_at IS NOT NULL AND n.dead_at IS NULL)`
+  AND (EXISTS (SELECT 1 FROM outbox AS n
+               WHERE n.correlation_id = d.correlation_id AND n.key_seq > d.key_seq
+                 AND n.processed_at IS NOT NULL AND n.dead_at IS NULL)
+       -- or a later row is gone: retention deleted it (it was published), or
+       -- purge did (it was dead with a published row after it)
+       OR (SELECT count(*) FROM outbox AS x
+           WHERE x.correlation_id = d.correlation_id AND x.key_seq > d.key_seq)
+          < (SELECT k.last_key_seq FROM outbox_keys AS k WHERE k.correlation_id = d.correlation_id) - d.key_seq)`
 
 	sqlAudit = `
 INSERT INTO ordo_operator_audit (operator, remote_addr, action, target, result)

@@ -119,6 +119,11 @@ func TestPoisonBlocksOnlyItsKey(t *testing.T) {
 	}
 	// Purge: the dead row's key has a later published row and none pending.
 	h.waitRows(30*time.Second, "the key after the skip is marked", func(n int) bool { return n == 0 }, "id = $1 AND processed_at IS NULL", skipme[1])
+	// Retention may have deleted the published row after the dead one: the
+	// dead row is still purgeable.
+	if _, err := h.pool.Exec(ctx, `DELETE FROM outbox WHERE id = $1`, skipme[1]); err != nil {
+		t.Fatal(err)
+	}
 	if n, err := ops.Purge(ctx, who); err != nil || n != 1 {
 		t.Fatalf("Purge = %d, %v; want 1", n, err)
 	}
