@@ -1,13 +1,10 @@
 package main
 
 import (
-	"bufio"
 	"io"
-	"net"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -71,120 +68,6 @@ func TestResultLine(t *testing.T) {
 		if !strings.Contains(b.String(), loud) {
 			t.Errorf("Print does not say %q:\n%s", loud, b.String())
 		}
-	}
-}
-
-// echoServer echoes lines until closed; it returns its address.
-func echoServer(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		wg     sync.WaitGroup // the accept loop and one per connection
-		mu     sync.Mutex
-		conns  []net.Conn
-		closed bool
-	)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			if closed {
-				mu.Unlock()
-				_ = c.Close()
-				return
-			}
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				_, _ = io.Copy(c, c)
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		mu.Lock()
-		closed = true
-		for _, c := range conns {
-			_ = c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	return ln.Addr().String()
-}
-
-func roundTrip(c net.Conn, msg string) (string, error) {
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := io.WriteString(c, msg+"\n"); err != nil {
-		return "", err
-	}
-	line, err := bufio.NewReader(c).ReadString('\n')
-	return strings.TrimSpace(line), err
-}
-
-func TestProxyCutAndRestore(t *testing.T) {
-	p, err := newProxy(echoServer(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-
-	c, err := net.Dial("tcp", p.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if got, err := roundTrip(c, "before"); err != nil || got != "before" {
-		t.Fatalf("through the proxy: %q, %v", got, err)
-	}
-
-	p.Cut()
-	if _, err := roundTrip(c, "during"); err == nil {
-		t.Fatal("a connection survived Cut")
-	}
-	c2, err := net.Dial("tcp", p.Addr())
-	if err == nil {
-		if _, err := roundTrip(c2, "new"); err == nil {
-			t.Fatal("a new connection got through while cut")
-		}
-		c2.Close()
-	}
-
-	p.Restore()
-	c3, err := net.Dial("tcp", p.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c3.Close()
-	if got, err := roundTrip(c3, "after"); err != nil || got != "after" {
-		t.Fatalf("after Restore: %q, %v", got, err)
-	}
-	p.Close()
-	p.Close() // idempotent
-}
-
-func TestProxyURL(t *testing.T) {
-	p, err := newProxy("127.0.0.1:5672")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	got, err := p.URL("amqp://guest:guest@127.0.0.1:5672/vh?heartbeat=5")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := "amqp://guest:guest@" + p.Addr() + "/vh?heartbeat=5"; got != want {
-		t.Fatalf("URL = %q, want %q", got, want)
 	}
 }
 

@@ -59,10 +59,7 @@ func outageOnce(ctx context.Context, o options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	viaProxy, err := px.URL(o.AMQPURL)
-	if err != nil {
-		return nil, err
-	}
+	viaProxy := px.URL(o.AMQPURL) // o.AMQPURL parsed above (hostPort)
 	n, err := r.startNode(ctx, viaProxy)
 	if err != nil {
 		return nil, err

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/outbox"
 )
 
@@ -205,8 +206,8 @@ func (r *rig) startNamedNode(ctx context.Context, name, amqpURL string, env ...s
 
 // startProxy starts a TCP proxy in front of target ("host:port"), closed at
 // close.
-func (r *rig) startProxy(target string) (*proxy, error) {
-	p, err := newProxy(target)
+func (r *rig) startProxy(target string) (*testkit.Proxy, error) {
+	p, err := testkit.StartProxy(target)
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package testkit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/url"
@@ -70,9 +71,20 @@ func closeConn(c net.Conn, abrupt bool) {
 // goroutines waited for, when tb ends.
 func NewProxy(tb testing.TB, target string) *Proxy {
 	tb.Helper()
+	p, err := StartProxy(target)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(p.Close)
+	return p
+}
+
+// StartProxy is NewProxy for programs without a testing.TB (the bench):
+// the caller must Close it.
+func StartProxy(target string) (*Proxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		tb.Fatalf("proxy for %s: listen: %v", target, err)
+		return nil, fmt.Errorf("proxy for %s: listen: %w", target, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Proxy{
@@ -84,8 +96,7 @@ func NewProxy(tb testing.TB, target string) *Proxy {
 	}
 	p.wg.Add(1)
 	go p.acceptLoop()
-	tb.Cleanup(p.close)
-	return p
+	return p, nil
 }
 
 // Addr returns the proxy's listening address, "127.0.0.1:port".
@@ -150,8 +161,9 @@ func (p *Proxy) takeLinksLocked() []*proxyLink {
 	return links
 }
 
-// close stops accepting, closes every link and waits for all goroutines.
-func (p *Proxy) close() {
+// Close stops accepting, closes every link and waits for all goroutines.
+// NewProxy calls it when the test ends; it is idempotent.
+func (p *Proxy) Close() {
 	p.mu.Lock()
 	p.closed = true
 	links := p.takeLinksLocked()
