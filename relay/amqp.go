@@ -84,6 +84,12 @@ type AMQPPublisher struct {
 	cur       *session // nil while not connected
 	exchanges map[string]time.Time
 	opened    int64 // channels opened, for tests and status
+	// isolate counts publishes still to be sent one at a time after the
+	// broker closed a channel over one message (a channel-level error
+	// other than a missing exchange): with a single message in flight, the
+	// next such close names its culprit, which then fails instead of being
+	// retried as Unsent forever.
+	isolate int
 }
 
 var _ Publisher = (*AMQPPublisher)(nil)
@@ -168,17 +174,18 @@ func (p *AMQPPublisher) serveConn(ctx context.Context, conn *amqp.Connection) er
 			return err
 		}
 		var aerr *amqp.Error
-		if errors.As(err, &aerr) && aerr.Code == amqp.NotFound {
+		if !errors.As(err, &aerr) || !aerr.Recover {
+			return err
+		}
+		if aerr.Code == amqp.NotFound {
 			// A publish to a missing exchange closed the channel. Forget
 			// what we knew about exchanges so the next publish to each is
 			// checked again.
 			p.mu.Lock()
 			clear(p.exchanges)
 			p.mu.Unlock()
-			p.cfg.Logger.Warn("RabbitMQ closed the channel; reopening", "err", err)
-			continue
 		}
-		return err
+		p.cfg.Logger.Warn("RabbitMQ closed the channel; reopening", "err", err)
 	}
 }
 
@@ -292,17 +299,53 @@ loop:
 	for c := range confirms { // closed by the library when the channel closes
 		settle(c)
 	}
+	var aerr *amqp.Error
+	soft := errors.As(cause, &aerr) && aerr.Recover && aerr.Code != amqp.NotFound && !conn.IsClosed()
 	p.mu.Lock()
 	rest := s.pending
 	s.pending = nil
+	isolating := p.isolate > 0
+	if soft {
+		// Send the next publishes one at a time, enough of them to get past
+		// everything that was in flight.
+		p.isolate = 2*len(rest) + 16
+	}
 	p.mu.Unlock()
 	for _, pp := range rest {
+		if soft && isolating && len(rest) == 1 {
+			// Alone in flight when the broker closed the channel: it is
+			// the cause. A failure, so it backs off and is parked.
+			pp.settle(Result{Outcome: Failed, Err: fmt.Errorf("the broker closed the channel over this message: %w", cause)})
+			continue
+		}
 		pp.settle(Result{Outcome: Unsent, Err: fmt.Errorf("unconfirmed when the channel closed: %w", cause)})
 	}
 	if len(rest) > 0 {
 		p.cfg.Logger.Info("unconfirmed messages will be republished", "count", len(rest))
 	}
 	return cause
+}
+
+// waitIsolated, while isolating, waits until nothing is unconfirmed on s.
+// Called with pubMu held; the serve loop settles confirms without it.
+func (p *AMQPPublisher) waitIsolated(ctx context.Context, s *session) error {
+	for {
+		p.mu.Lock()
+		isolating, busy, closed := p.isolate > 0, len(s.pending) > 0, s.closed
+		p.mu.Unlock()
+		switch {
+		case closed || s.ch.IsClosed():
+			// The serve loop needs pubMu to finish closing: give it back.
+			return ErrNotConnected
+		case !isolating || !busy:
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
 }
 
 // expire fails the publishes of s waiting longer than ConfirmTimeout.
@@ -344,12 +387,18 @@ func (p *AMQPPublisher) Publish(ctx context.Context, m *Message, settle func(Res
 			return err
 		}
 	}
+	if err := p.waitIsolated(ctx, s); err != nil {
+		return err
+	}
 	tag := s.ch.GetNextPublishSeqNo()
 	msgID := m.ID.String()
 	p.mu.Lock()
 	if s.closed {
 		p.mu.Unlock()
 		return ErrNotConnected
+	}
+	if p.isolate > 0 {
+		p.isolate--
 	}
 	s.pending[tag] = &pendingPub{msgID: msgID, sent: time.Now(), settle: settle}
 	p.mu.Unlock()

@@ -197,3 +197,34 @@ func TestUnpublishableRowIsParked(t *testing.T) {
 		t.Fatalf("checker: %s", rep.Detail())
 	}
 }
+
+// TestChannelErrorCulpritIsParked: a message the broker refuses by closing
+// the channel (here: publishing to an internal exchange, 403) is found by
+// sending publishes one at a time after such a close; it fails, backs off
+// and is parked, while every other key flows and is never charged.
+func TestChannelErrorCulpritIsParked(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	internal := testkit.UniqueName(t, "internal")
+	withChannel(t, func(ch *amqp.Channel) error { return ch.ExchangeDeclare(internal, "topic", false, false, true, false, nil) })
+	t.Cleanup(func() {
+		withChannel(t, func(ch *amqp.Channel) error { return ch.ExchangeDelete(internal, false, false) })
+	})
+	m := h.msg("refused", "order.placed", "t.v1")
+	m.Exchange = internal
+	bad := h.enqueue(m)[0]
+	h.startNode(nodeOpts{})
+	const others = 200
+	for i := range others {
+		h.expect(h.enqueue(h.msg(fmt.Sprintf("ok-%d", i), "order.placed", "t.v1")))
+	}
+	h.waitRows(30*time.Second, "the refused message is parked", func(n int) bool { return n == 1 },
+		"id = $1 AND parked_at IS NOT NULL AND last_error LIKE '%ACCESS_REFUSED%'", bad)
+	rep := h.checker.WaitFor(t, 30*time.Second, func(r testkit.Report) bool { return r.Lost == 0 })
+	if !rep.OK() || rep.Distinct != others {
+		t.Fatalf("checker: %s", rep.Detail())
+	}
+	if n := h.count("id <> $1 AND attempts > 0", bad); n != 0 {
+		t.Fatalf("%d innocent rows were charged an attempt", n)
+	}
+}
