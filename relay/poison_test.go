@@ -206,7 +206,9 @@ func TestChannelErrorCulpritIsParked(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	internal := testkit.UniqueName(t, "internal")
-	withChannel(t, func(ch *amqp.Channel) error { return ch.ExchangeDeclare(internal, "topic", false, false, true, false, nil) })
+	withChannel(t, func(ch *amqp.Channel) error {
+		return ch.ExchangeDeclare(internal, "topic", false, false, true, false, nil)
+	})
 	t.Cleanup(func() {
 		withChannel(t, func(ch *amqp.Channel) error { return ch.ExchangeDelete(internal, false, false) })
 	})
