@@ -145,18 +145,18 @@ func TestSplitBrain(t *testing.T) {
 		for loadCtx.Err() == nil {
 			key := uuid.NewString()
 			for i := range 2 {
+				var ids []uuid.UUID
 				err := pgx.BeginFunc(loadCtx, pool, func(tx pgx.Tx) error {
-					ids, err := prod.Enqueue(loadCtx, tx, outbox.Message{CorrelationID: key, Exchange: ex,
+					var err error
+					ids, err = prod.Enqueue(loadCtx, tx, outbox.Message{CorrelationID: key, Exchange: ex,
 						RoutingKey: fmt.Sprintf("m.%d", i), Type: "t", Payload: json.RawMessage(`{}`)})
-					if err == nil {
-						checker.Expect(ids[0].String())
-						produced.Add(1)
-					}
 					return err
 				})
 				if err != nil {
-					return
+					return // stopped: that transaction did not commit
 				}
+				checker.Expect(ids[0].String()) // only once committed
+				produced.Add(1)
 			}
 			time.Sleep(3 * time.Millisecond)
 		}

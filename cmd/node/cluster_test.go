@@ -57,8 +57,36 @@ func (c *cluster) start(t *testing.T, i int) {
 		"ORDO_POLL_INTERVAL=200ms",
 		"ORDO_DB_MAX_CONNS=3",
 	}, c.extra...)
-	c.procs[i] = testkit.StartProcess(t, c.names[i], c.f.bin, nil, env)
-	c.procs[i].WaitOutput(t, "node started", 30*time.Second)
+	for attempt := 1; ; attempt++ {
+		c.procs[i] = testkit.StartProcess(t, c.names[i], c.f.bin, nil, env)
+		err := c.procs[i].AwaitOutput("node started", 30*time.Second)
+		if err == nil {
+			return
+		}
+		// Another test may have taken a port FreeAddr handed out: take new
+		// ones and start again.
+		if attempt == 3 || !strings.Contains(c.procs[i].Output(), "address already in use") {
+			t.Fatal(err)
+		}
+		t.Logf("%s: a port was taken meanwhile; retrying with new ones", c.names[i])
+		c.gossip[i], c.http[i] = testkit.FreeAddr(t), testkit.FreeAddr(t)
+		env = retarget(env, c.http[i], c.gossip[i])
+	}
+}
+
+// retarget replaces the HTTP and gossip addresses in a node's environment.
+func retarget(env []string, httpAddr, gossipAddr string) []string {
+	out := make([]string, 0, len(env))
+	for _, e := range env {
+		switch {
+		case strings.HasPrefix(e, "ORDO_HTTP_ADDR="):
+			e = "ORDO_HTTP_ADDR=" + httpAddr
+		case strings.HasPrefix(e, "ORDO_GOSSIP_ADDR=") && gossipAddr != "":
+			e = "ORDO_GOSSIP_ADDR=" + gossipAddr
+		}
+		out = append(out, e)
+	}
+	return out
 }
 
 func (c *cluster) status(t *testing.T, i int) (node.Status, bool) {
@@ -141,17 +169,17 @@ func (f *fixture) startLoad(t *testing.T) *load {
 		for ctx.Err() == nil {
 			key := uuid.NewString()
 			for _, typ := range []string{"placed", "cancelled"} {
+				var ids []uuid.UUID
 				err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
-					ids, err := f.prod.Enqueue(ctx, tx, outbox.Message{CorrelationID: key, Exchange: f.exchange,
+					var err error
+					ids, err = f.prod.Enqueue(ctx, tx, outbox.Message{CorrelationID: key, Exchange: f.exchange,
 						RoutingKey: "order." + typ, Type: "order-" + typ, Payload: json.RawMessage(`{}`)})
-					if err == nil {
-						f.checker.Expect(ids[0].String())
-					}
 					return err
 				})
 				if err != nil {
-					return
+					return // stopped: that transaction did not commit
 				}
+				f.checker.Expect(ids[0].String()) // only once committed
 				l.n++
 			}
 			time.Sleep(2 * time.Millisecond)

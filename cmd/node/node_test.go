@@ -49,9 +49,42 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	ex := testkit.NewExchange(t)
-	return &fixture{dbURL: dbURL, pool: pool, prod: prod, exchange: ex,
+	f := &fixture{dbURL: dbURL, pool: pool, prod: prod, exchange: ex,
 		checker: testkit.NewChecker(t, testkit.AMQPURL(), ex, "#"),
 		bin:     testkit.BuildBinary(t, "github.com/ordo-relay/ordo/cmd/node")}
+	t.Cleanup(func() {
+		if t.Failed() {
+			f.explainLost(t)
+		}
+	})
+	return f
+}
+
+// explainLost logs what the database says about every message the checker
+// is still missing, and the leases of their partitions.
+func (f *fixture) explainLost(t *testing.T) {
+	ctx, cancel := stdctx.WithTimeout(stdctx.Background(), 10*time.Second)
+	defer cancel()
+	for _, id := range f.checker.Report().LostIDs {
+		var part int
+		var key, state string
+		var keySeq int64
+		err := f.pool.QueryRow(ctx, `SELECT o.partition, o.correlation_id, o.key_seq,
+			format('processed=%s attempts=%s error=%s parked=%s next=%s lease=%s/%s expires=%s',
+				o.processed_at, o.attempts, o.last_error, o.parked_at, o.next_attempt_at, l.owner, l.epoch, l.expires_at)
+			FROM outbox o JOIN ordo_leases l ON l.partition = o.partition WHERE o.id = $1`, id).Scan(&part, &key, &keySeq, &state)
+		t.Logf("lost %s: partition %d key %s/%d: %s (%v)", id, part, key, keySeq, state, err)
+		rows, _ := f.pool.Query(ctx, `SELECT at, node, epoch, event, coalesce(detail, '') FROM ordo_lease_audit
+			WHERE partition = $1 ORDER BY at DESC LIMIT 8`, part)
+		for rows.Next() {
+			var at time.Time
+			var node, event, detail string
+			var epoch int64
+			_ = rows.Scan(&at, &node, &epoch, &event, &detail)
+			t.Logf("    audit p%d: %s %s epoch %d %s %s", part, at.Format("15:04:05.000"), node, epoch, event, detail)
+		}
+		rows.Close()
+	}
 }
 
 // enqueue writes n messages over keys keys, in transactions of 1,000.
@@ -114,9 +147,25 @@ func (f *fixture) start(t *testing.T, name string, extra ...string) (*testkit.Pr
 		"ORDO_POLL_INTERVAL=200ms",
 	}
 	env = append(env, extra...)
-	p := testkit.StartProcess(t, name, f.bin, nil, env)
-	p.WaitOutput(t, "node started", 30*time.Second)
-	return p, "http://" + addr
+	for attempt := 1; ; attempt++ {
+		p := testkit.StartProcess(t, name, f.bin, nil, env)
+		err := p.AwaitOutput("node started", 30*time.Second)
+		if err == nil {
+			return p, "http://" + addr
+		}
+		// Another test may have taken the port FreeAddr handed out.
+		if attempt == 3 || !strings.Contains(p.Output(), "address already in use") {
+			t.Fatal(err)
+		}
+		addr = testkit.FreeAddr(t)
+		gossip := ""
+		for _, e := range env {
+			if strings.HasPrefix(e, "ORDO_GOSSIP_ADDR=") {
+				gossip = testkit.FreeAddr(t)
+			}
+		}
+		env = retarget(env, addr, gossip)
+	}
 }
 
 func getJSON(t *testing.T, url string, v any) int {

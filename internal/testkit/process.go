@@ -244,6 +244,15 @@ func (p *Process) Output() string {
 func (p *Process) WaitOutput(tb testing.TB, substr string, timeout time.Duration) {
 	tb.Helper()
 	start := time.Now()
+	if err := p.AwaitOutput(substr, timeout); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Logf("%s printed %q after %v", p.name, substr, time.Since(start).Round(time.Millisecond))
+}
+
+// AwaitOutput is WaitOutput returning an error instead of failing the
+// test, for callers that retry (a port taken by another test meanwhile).
+func (p *Process) AwaitOutput(substr string, timeout time.Duration) error {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	for {
@@ -254,17 +263,16 @@ func (p *Process) WaitOutput(tb testing.TB, substr string, timeout time.Duration
 		changed := p.changed
 		p.mu.Unlock()
 		if found {
-			tb.Logf("%s printed %q after %v", p.name, substr, time.Since(start).Round(time.Millisecond))
-			return
+			return nil
 		}
 		if exited {
 			code, err := p.Wait(0)
-			tb.Fatalf("%s exited (code %d, %v) without printing %q", p.name, code, err, substr)
+			return fmt.Errorf("%s exited (code %d, %v) without printing %q", p.name, code, err, substr)
 		}
 		select {
 		case <-changed:
 		case <-deadline.C:
-			tb.Fatalf("%s did not print %q within %v", p.name, substr, timeout)
+			return fmt.Errorf("%s did not print %q within %v", p.name, substr, timeout)
 		}
 	}
 }
