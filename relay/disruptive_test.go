@@ -37,14 +37,14 @@ func command(t *testing.T, timeout time.Duration, name string, args ...string) {
 func durableQueue(t *testing.T, exchange, key string) string {
 	t.Helper()
 	name := testkit.UniqueName(t, "dq")
-	withChannel(t, func(ch *amqp.Channel) error {
+	testkit.WithChannel(t, func(ch *amqp.Channel) error {
 		if _, err := ch.QueueDeclare(name, true, false, false, false, nil); err != nil {
 			return err
 		}
 		return ch.QueueBind(name, key, exchange, false, nil)
 	})
 	t.Cleanup(func() {
-		withChannel(t, func(ch *amqp.Channel) error { _, err := ch.QueueDelete(name, false, false, false); return err })
+		testkit.WithChannel(t, func(ch *amqp.Channel) error { _, err := ch.QueueDelete(name, false, false, false); return err })
 	})
 	return name
 }
@@ -53,7 +53,7 @@ func durableQueue(t *testing.T, exchange, key string) string {
 func drainQueue(t *testing.T, queue string) *testkit.Checker {
 	t.Helper()
 	rec := testkit.NewRecorder()
-	withChannel(t, func(ch *amqp.Channel) error {
+	testkit.WithChannel(t, func(ch *amqp.Channel) error {
 		for {
 			d, ok, err := ch.Get(queue, true)
 			if err != nil || !ok {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/relay"
@@ -80,7 +81,7 @@ func TestMissingExchangeChannelCloseIsNotAnAttempt(t *testing.T) {
 	h.enqueue(m) // unbound, so it is returned and retried, its exchange checked once
 	h.waitRows(30*time.Second, "the doomed row was tried", func(n int) bool { return n == 1 },
 		"exchange = $1 AND attempts >= 1", doomed)
-	deleteExchange(t, doomed)
+	testkit.WithChannel(t, func(ch *amqp.Channel) error { return ch.ExchangeDelete(doomed, false, false) })
 
 	const keys = 300
 	for i := range keys {

@@ -17,7 +17,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/orderapi"
@@ -306,22 +305,6 @@ func (f *faultyPublisher) faults() (nacked, returned int) {
 
 type testkitReport = testkit.Report
 
-func deleteExchange(t *testing.T, name string) {
-	t.Helper()
-	conn, err := amqp.Dial(testkit.AMQPURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.ExchangeDelete(name, false, false); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // orderAPI serves the demo order API on the harness database, publishing
 // to the harness exchange.
 func (h *harness) orderAPI() *httptest.Server {
@@ -356,22 +339,6 @@ func postOrder(t *testing.T, api *httptest.Server) string {
 		t.Fatalf("POST /orders: %d %v", resp.StatusCode, err)
 	}
 	return out.ID
-}
-
-func withChannel(t *testing.T, f func(*amqp.Channel) error) {
-	t.Helper()
-	conn, err := amqp.Dial(testkit.AMQPURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f(ch); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // countingStore records retention calls.

@@ -75,7 +75,7 @@ func TestPoisonBlocksOnlyItsKey(t *testing.T) {
 
 	// Fix both, then retry: each key is delivered whole, in order.
 	bindings := testkit.NewChecker(t, testkit.AMQPURL(), h.exchange, "late.bound")
-	withChannel(t, func(ch *amqp.Channel) error {
+	testkit.WithChannel(t, func(ch *amqp.Channel) error {
 		return ch.ExchangeDeclare(missing, "topic", false, true, false, false, nil)
 	})
 	noexChecker := testkit.NewChecker(t, testkit.AMQPURL(), missing)
@@ -206,11 +206,11 @@ func TestChannelErrorCulpritIsParked(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	internal := testkit.UniqueName(t, "internal")
-	withChannel(t, func(ch *amqp.Channel) error {
+	testkit.WithChannel(t, func(ch *amqp.Channel) error {
 		return ch.ExchangeDeclare(internal, "topic", false, false, true, false, nil)
 	})
 	t.Cleanup(func() {
-		withChannel(t, func(ch *amqp.Channel) error { return ch.ExchangeDelete(internal, false, false) })
+		testkit.WithChannel(t, func(ch *amqp.Channel) error { return ch.ExchangeDelete(internal, false, false) })
 	})
 	m := h.msg("refused", "order.placed", "t.v1")
 	m.Exchange = internal

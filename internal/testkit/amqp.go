@@ -12,17 +12,18 @@ func NewExchange(tb testing.TB) string {
 	tb.Helper()
 	RequireRabbitMQ(tb)
 	name := UniqueName(tb, "ex")
-	withChannel(tb, func(ch *amqp.Channel) error {
+	WithChannel(tb, func(ch *amqp.Channel) error {
 		return ch.ExchangeDeclare(name, "topic", true, false, false, false, nil)
 	})
 	tb.Cleanup(func() {
-		withChannel(tb, func(ch *amqp.Channel) error { return ch.ExchangeDelete(name, false, false) })
+		WithChannel(tb, func(ch *amqp.Channel) error { return ch.ExchangeDelete(name, false, false) })
 	})
 	return name
 }
 
-// withChannel runs f on a fresh connection and channel to AMQPURL.
-func withChannel(tb testing.TB, f func(*amqp.Channel) error) {
+// WithChannel runs f on a fresh connection and channel to AMQPURL, failing
+// tb if any step fails; the connection is closed before it returns.
+func WithChannel(tb testing.TB, f func(*amqp.Channel) error) {
 	tb.Helper()
 	conn, err := amqp.Dial(AMQPURL())
 	if err != nil {
