@@ -115,7 +115,7 @@ func (c Config) Validate() error {
 func (c Config) relay(logger *slog.Logger) relay.Config {
 	return relay.Config{
 		Node: c.NodeName, Window: c.ConfirmWindow, PerKeyLimit: 1, BatchSize: c.BatchSize,
-		PollInterval: c.PollInterval, RetryMin: c.RetryMin, RetryMax: c.RetryMax, SettleTimeout: c.SettleTimeout,
+		PollInterval: c.PollInterval, ReadTimeout: c.LeaseTTL / 2, RetryMin: c.RetryMin, RetryMax: c.RetryMax, SettleTimeout: c.SettleTimeout,
 		MaxAttempts: c.MaxAttempts, RetentionAge: c.RetentionAge, RetentionInterval: c.RetentionInterval,
 		RetentionChunk: c.RetentionChunk, Logger: logger,
 	}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
@@ -45,6 +47,12 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 	// published again, with the same message-id (at least once). This
 	// halves what a mark costs.
 	pcfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	// A relay read that outlives its timeout is cancelled on the server
+	// too (pgx's default only closes the socket, and PostgreSQL would run
+	// the statement to its end).
+	pcfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: 2 * time.Second}
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return fmt.Errorf("open PostgreSQL pool: %w", err)

@@ -297,6 +297,8 @@ func (f *faultyPublisher) Publish(ctx context.Context, m *relay.Message, settle 
 	return f.inner.Publish(ctx, m, settle)
 }
 
+func (f *faultyPublisher) Connected() bool { return f.inner.Connected() }
+
 func (f *faultyPublisher) faults() (nacked, returned int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -52,8 +52,8 @@ func BenchmarkBatchBuilding(b *testing.B) {
 	for b.Loop() {
 		fs := make([]*flight, 0, len(rows))
 		for i := range rows {
-			f, err := r.newFlight(&rows[i], 1)
-			if err != nil || f == nil {
+			f, err, skip := r.newFlight(&rows[i], 1)
+			if err != nil || f == nil || skip != "" {
 				b.Fatal("flight not registered")
 			}
 			fs = append(fs, f)

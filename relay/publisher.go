@@ -74,8 +74,12 @@ type Result struct {
 // goroutine, possibly before Publish returns; settle does not block. If it
 // returns an error, m was not sent and settle is never called.
 // Publish is called from one goroutine at a time.
+//
+// Connected reports whether the publisher has somewhere to publish now; the
+// relay does not read while it is false. It is safe for concurrent use.
 type Publisher interface {
 	Publish(ctx context.Context, m *Message, settle func(Result)) error
+	Connected() bool
 }
 
 // ErrNotConnected is returned by Publish while the publisher has no open

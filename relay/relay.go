@@ -30,6 +30,11 @@ type Config struct {
 	BatchSize int
 	// PollInterval is how often the relay reads without a notification.
 	PollInterval time.Duration
+	// ReadTimeout bounds one read of key heads. A read slower than this
+	// fails, and is logged like a database outage, instead of running on
+	// while the leases it reads for may lapse. Keep it well below the
+	// lease TTL; the node sets TTL/2.
+	ReadTimeout time.Duration
 	// RetryMin and RetryMax bound the backoff of a key whose head was
 	// nacked, returned or failed.
 	RetryMin, RetryMax time.Duration
@@ -58,6 +63,7 @@ func DefaultConfig(node string) Config {
 		PerKeyLimit:       1,
 		BatchSize:         512,
 		PollInterval:      time.Second,
+		ReadTimeout:       time.Second,
 		RetryMin:          100 * time.Millisecond,
 		RetryMax:          30 * time.Second,
 		SettleTimeout:     5 * time.Second,
@@ -81,6 +87,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = d.PollInterval
+	}
+	if c.ReadTimeout == 0 {
+		c.ReadTimeout = d.ReadTimeout
 	}
 	if c.RetryMin == 0 {
 		c.RetryMin = d.RetryMin
@@ -116,8 +125,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("relay: per-key limit %d must be at least 1", c.PerKeyLimit)
 	case c.BatchSize < 1:
 		return fmt.Errorf("relay: batch size %d must be at least 1", c.BatchSize)
-	case c.PollInterval <= 0 || c.RetryMin <= 0 || c.RetryMax < c.RetryMin || c.SettleTimeout <= 0:
-		return errors.New("relay: poll interval, retry backoff and settle timeout must be positive, with RetryMax >= RetryMin")
+	case c.PollInterval <= 0 || c.ReadTimeout <= 0 || c.RetryMin <= 0 || c.RetryMax < c.RetryMin || c.SettleTimeout <= 0:
+		return errors.New("relay: poll interval, read timeout, retry backoff and settle timeout must be positive, with RetryMax >= RetryMin")
 	case c.MaxAttempts < 1:
 		return fmt.Errorf("relay: max attempts %d must be at least 1", c.MaxAttempts)
 	case c.RetentionAge < 0 || c.RetentionInterval <= 0 || c.RetentionChunk < 1:
@@ -144,12 +153,22 @@ type Relay struct {
 	unconfirmed int
 	queue       []settlement
 	stats       Stats
+	progress    *progress
 }
 
 // Stats are running totals since the relay started.
 type Stats struct {
 	Published, Confirmed, Marked, Failed, Parked, Unsent, Refused, Deleted int64
-	InFlight, Unconfirmed                                                  int
+	// Reads counts reads of key heads. IdleReads counts the reads that
+	// returned rows of which none could be published. LeaseSkipped counts
+	// rows read but not published because their partition's lease lapsed
+	// or changed hands during the read; they stay pending.
+	Reads, IdleReads, LeaseSkipped int64
+	// StalledSeconds is how long the relay has gone without publishing
+	// while reads fail or return rows it cannot publish; 0 while it makes
+	// progress or has nothing to do.
+	StalledSeconds        float64
+	InFlight, Unconfirmed int
 }
 
 type flight struct {
@@ -175,6 +194,7 @@ func New(cfg Config, store Store, pub Publisher, own partition.Ownership) (*Rela
 		retryAt:  make(chan time.Time, 64),
 		flights:  map[uuid.UUID]*flight{},
 		perKey:   map[string]int{},
+		progress: newProgress(cfg.Logger),
 	}, nil
 }
 
@@ -190,6 +210,7 @@ func (r *Relay) Stats() Stats {
 	defer r.mu.Unlock()
 	s := r.stats
 	s.InFlight, s.Unconfirmed = len(r.flights), r.unconfirmed
+	r.progress.fill(&s)
 	return s
 }
 
@@ -318,7 +339,11 @@ func (r *Relay) readLoop(ctx context.Context) {
 }
 
 // readOnce does one read-and-publish round. more reports that a full batch
-// was published, so another read should follow at once.
+// was read and some of it published, so another read should follow at once.
+//
+// Each row read is checked against its partition's lease as it stands
+// when the row is published, not as it stood before the read: a read that
+// took long while the leases were renewed loses nothing (issue 9).
 func (r *Relay) readOnce(ctx context.Context) (more bool, err error) {
 	leases := r.own.Leases()
 	now := time.Now()
@@ -331,7 +356,7 @@ func (r *Relay) readOnce(ctx context.Context) (more bool, err error) {
 	if len(parts) == 0 {
 		return false, nil
 	}
-	if c, ok := r.pub.(interface{ Connected() bool }); ok && !c.Connected() {
+	if !r.pub.Connected() {
 		return false, &publishError{ErrNotConnected} // no read while there is nowhere to publish
 	}
 	r.mu.Lock()
@@ -345,16 +370,23 @@ func (r *Relay) readOnce(ctx context.Context) (more bool, err error) {
 		return false, nil // a confirm will wake us
 	}
 	limit := min(free, r.cfg.BatchSize)
-	rows, err := r.store.ReadHeads(ctx, parts, exclude, r.cfg.PerKeyLimit, limit)
+	rctx, cancel := context.WithTimeout(ctx, r.cfg.ReadTimeout)
+	rows, err := r.store.ReadHeads(rctx, parts, exclude, r.cfg.PerKeyLimit, limit)
+	cancel()
+	r.progress.read(err)
 	if err != nil {
+		if rctx.Err() != nil && ctx.Err() == nil {
+			err = fmt.Errorf("%w (the read took longer than %v)", err, r.cfg.ReadTimeout)
+		}
 		return false, err
 	}
+	published, leaseSkipped := 0, 0
+	defer func() {
+		r.progress.leaseSkipped(leaseSkipped)
+		r.progress.round(len(rows), published)
+	}()
 	for i := range rows {
 		row := &rows[i]
-		lease, ok := leases[row.Partition]
-		if !ok || !lease.Valid(time.Now()) {
-			continue
-		}
 		if row.PrevDead {
 			prev, err := r.store.PrevKeySeq(ctx, row.CorrelationID, row.KeySeq)
 			if err != nil {
@@ -362,8 +394,11 @@ func (r *Relay) readOnce(ctx context.Context) (more bool, err error) {
 			}
 			row.PrevKeySeq = prev
 		}
-		f, bad := r.newFlight(row, lease.Epoch)
-		if f == nil {
+		f, bad, skip := r.newFlight(row, leases[row.Partition].Epoch)
+		if skip == skipLease {
+			leaseSkipped++
+		}
+		if skip != "" {
 			continue
 		}
 		if bad != nil {
@@ -371,14 +406,16 @@ func (r *Relay) readOnce(ctx context.Context) (more bool, err error) {
 			// INSERT wrote that AMQP cannot carry) fails like a nack: it
 			// backs off, is parked after MaxAttempts, and only its key waits.
 			r.settle(f, Result{Outcome: Failed, Err: fmt.Errorf("unpublishable row: %w", bad)})
+			published++
 			continue
 		}
 		if err := r.pub.Publish(ctx, &f.msg, func(res Result) { r.settle(f, res) }); err != nil {
 			r.drop(f)
 			return false, &publishError{err}
 		}
+		published++
 	}
-	return len(rows) == limit, nil
+	return len(rows) == limit && published > 0, nil
 }
 
 // Drained reports whether no message of partition is published and not
@@ -401,16 +438,22 @@ type publishError struct{ err error }
 func (e *publishError) Error() string { return e.err.Error() }
 func (e *publishError) Unwrap() error { return e.err }
 
-// newFlight registers row as in flight, or returns nil if its key is at
-// its limit already or the partition's lease is no longer held at epoch.
-// bad is set (with a flight registered, to be settled Failed) when the row
-// cannot be turned into a message.
+// Reasons newFlight gives for not registering a row.
+const (
+	skipBusy  = "key busy"       // the row is in flight already, or its key is at its limit
+	skipLease = "lease not held" // the partition's lease lapsed or changed hands since the read
+)
+
+// newFlight registers row as in flight, or says why not (skip): its key is
+// at its limit already, or the partition's lease is no longer held at
+// epoch. bad is set (with a flight registered, to be settled Failed) when
+// the row cannot be turned into a message.
 //
 // The lease is checked again here, under r.mu, on the live leases:
 // Drained also takes r.mu, so a handoff either sees this flight and waits
 // for it, or has already taken the lease away and this check refuses. It
 // is the last check before the publish (DESIGN.md invariant 3).
-func (r *Relay) newFlight(row *Row, epoch int64) (f *flight, bad error) {
+func (r *Relay) newFlight(row *Row, epoch int64) (f *flight, bad error, skip string) {
 	headers, bad := decodeHeaders(row.Headers)
 	if bad == nil {
 		bad = checkSendable(row, headers)
@@ -427,16 +470,17 @@ func (r *Relay) newFlight(row *Row, epoch int64) (f *flight, bad error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, dup := r.flights[row.ID]; dup || r.perKey[row.CorrelationID] >= r.cfg.PerKeyLimit {
-		return nil, nil
+		return nil, nil, skipBusy
 	}
 	if l, ok := r.own.Lease(row.Partition); !ok || l.Epoch != epoch || !l.Valid(time.Now()) {
-		return nil, nil
+		r.stats.LeaseSkipped++
+		return nil, nil, skipLease
 	}
 	r.flights[row.ID] = f
 	r.perKey[row.CorrelationID]++
 	r.unconfirmed++
 	r.stats.Published++
-	return f, bad
+	return f, bad, ""
 }
 
 // checkSendable refuses what the AMQP client or the broker would reject by

@@ -1,0 +1,99 @@
+package relay
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/ordo-relay/ordo/internal/outage"
+)
+
+// stallAfter is how long reads may fail, or return rows none of which can
+// be published, before the relay calls itself stalled in its log. Shorter
+// spells happen in every handoff.
+const stallAfter = 2 * time.Second
+
+// progress makes a relay that reads but does not publish loud instead of
+// silent: it counts reads, idle reads (rows read, none published) and rows
+// skipped because their lease went away during the read; it logs a stall
+// once, with reminders and a recovery line (internal/outage); and it
+// measures how long the current stall has lasted. Safe for concurrent use.
+type progress struct {
+	logger *slog.Logger
+	stall  *outage.Log
+
+	mu           sync.Mutex
+	reads        int64
+	idleReads    int64
+	stalledSince time.Time // zero while the relay makes progress or has nothing to do
+	leaseLogged  time.Time // last warning about lease skips
+	leaseSkips   int64     // lease skips not yet logged
+}
+
+func newProgress(logger *slog.Logger) *progress {
+	return &progress{logger: logger, stall: outage.New(logger, "outbox publishing")}
+}
+
+// read records one read and its error, if any.
+func (p *progress) read(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.reads++
+	if err != nil {
+		p.stalledLocked(time.Now(), err)
+	}
+}
+
+// round records what one read round published of the rows it read.
+func (p *progress) round(rows, published int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := time.Now()
+	switch {
+	case published > 0 || rows == 0:
+		p.stalledSince = time.Time{}
+		p.stall.OK()
+	default:
+		p.idleReads++
+		p.stalledLocked(now, fmt.Errorf("read %d pending row(s) of held partitions and published none", rows))
+	}
+}
+
+// stalledLocked starts or continues a stall, and logs it once it has
+// lasted stallAfter.
+func (p *progress) stalledLocked(now time.Time, why error) {
+	if p.stalledSince.IsZero() {
+		p.stalledSince = now
+	}
+	if now.Sub(p.stalledSince) >= stallAfter {
+		p.stall.Fail(fmt.Errorf("%w; nothing published for %v", why, now.Sub(p.stalledSince).Round(time.Millisecond)))
+	}
+}
+
+// leaseSkipped records n rows read but not published because their
+// partition's lease lapsed or changed hands during the read, and warns at
+// most once every 30 s.
+func (p *progress) leaseSkipped(n int) {
+	if n == 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.leaseSkips += int64(n)
+	if now := time.Now(); now.Sub(p.leaseLogged) >= 30*time.Second {
+		p.logger.Warn("rows read were not published: their partition's lease lapsed or changed hands during the read; they stay pending",
+			"rows", p.leaseSkips)
+		p.leaseLogged, p.leaseSkips = now, 0
+	}
+}
+
+// fill copies the counters into s.
+func (p *progress) fill(s *Stats) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s.Reads, s.IdleReads = p.reads, p.idleReads
+	if !p.stalledSince.IsZero() {
+		s.StalledSeconds = time.Since(p.stalledSince).Seconds()
+	}
+}

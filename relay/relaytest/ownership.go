@@ -1,0 +1,187 @@
+package relaytest
+
+import (
+	"sync"
+	"time"
+
+	"github.com/ordo-relay/ordo/partition"
+)
+
+// LeaseTable is the in-memory counterpart of the ordo_leases table: who
+// holds each partition, at which epoch. The in-memory Store checks every
+// write against it. Safe for concurrent use.
+type LeaseTable struct {
+	mu     sync.Mutex
+	owner  map[int]string
+	epoch  map[int]int64
+	owners map[string]*Ownership
+}
+
+// NewLeaseTable returns a table with no partition held.
+func NewLeaseTable() *LeaseTable {
+	return &LeaseTable{owner: map[int]string{}, epoch: map[int]int64{}, owners: map[string]*Ownership{}}
+}
+
+// Holds reports whether node holds partition at epoch.
+func (t *LeaseTable) Holds(node string, partition int, epoch int64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.owner[partition] == node && t.epoch[partition] == epoch
+}
+
+// Epoch returns the partition's current epoch.
+func (t *LeaseTable) Epoch(partition int) int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.epoch[partition]
+}
+
+// Ownership returns node's view of the table, the relay.Ownership a relay
+// of that node consumes. Leases it is granted stay valid for ttl after each
+// Renew (or forever when ttl is 0).
+func (t *LeaseTable) Ownership(node string, ttl time.Duration) *Ownership {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	o := &Ownership{table: t, node: node, ttl: ttl, held: map[int]partition.Lease{}, changed: make(chan struct{}, 1)}
+	t.owners[node] = o
+	return o
+}
+
+// Grant gives partitions to node at a new epoch each, as a claim does,
+// taking them from whoever held them (that holder's view loses them at
+// once, as if its renewal had failed).
+func (t *LeaseTable) Grant(node string, partitions ...int) {
+	t.mu.Lock()
+	var touched []*Ownership
+	for _, p := range partitions {
+		if prev := t.owners[t.owner[p]]; prev != nil && t.owner[p] != node {
+			prev.drop(p)
+			touched = append(touched, prev)
+		}
+		t.epoch[p]++
+		t.owner[p] = node
+		if o := t.owners[node]; o != nil {
+			o.add(p, t.epoch[p])
+			touched = append(touched, o)
+		}
+	}
+	t.mu.Unlock()
+	for _, o := range touched {
+		o.signal()
+	}
+}
+
+// Steal moves partitions to node in the table only: the previous holder's
+// view still believes it holds them (a paused node that has not yet
+// noticed). Its writes are refused from now on.
+func (t *LeaseTable) Steal(node string, partitions ...int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, p := range partitions {
+		t.epoch[p]++
+		t.owner[p] = node
+	}
+}
+
+// Ownership is one node's view of a LeaseTable; it implements the
+// Ownership contract the relay consumes.
+type Ownership struct {
+	table   *LeaseTable
+	node    string
+	ttl     time.Duration
+	changed chan struct{}
+
+	mu       sync.Mutex
+	held     map[int]partition.Lease
+	revoking map[int]bool
+}
+
+var _ partition.Ownership = (*Ownership)(nil)
+
+func (o *Ownership) deadline() time.Time {
+	if o.ttl == 0 {
+		return time.Now().Add(24 * time.Hour)
+	}
+	return time.Now().Add(o.ttl)
+}
+
+func (o *Ownership) add(p int, epoch int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.held[p] = partition.Lease{Partition: p, Epoch: epoch, Deadline: o.deadline()}
+}
+
+func (o *Ownership) drop(p int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.held, p)
+}
+
+func (o *Ownership) signal() {
+	select {
+	case o.changed <- struct{}{}:
+	default:
+	}
+}
+
+// Renew extends every held lease by the TTL from now, as a successful
+// renewal does.
+func (o *Ownership) Renew() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for p, l := range o.held {
+		l.Deadline = o.deadline()
+		o.held[p] = l
+	}
+}
+
+// Expire sets every held lease's local deadline in the past, as a node
+// that could not renew in time sees it.
+func (o *Ownership) Expire() {
+	o.mu.Lock()
+	for p, l := range o.held {
+		l.Deadline = time.Now().Add(-time.Millisecond)
+		o.held[p] = l
+	}
+	o.mu.Unlock()
+	o.signal()
+}
+
+// Revoke starts handing partition p off: it is no longer offered to the
+// relay, though still held in the table.
+func (o *Ownership) Revoke(p int) {
+	o.mu.Lock()
+	if o.revoking == nil {
+		o.revoking = map[int]bool{}
+	}
+	o.revoking[p] = true
+	o.mu.Unlock()
+	o.signal()
+}
+
+// Leases implements the Ownership contract.
+func (o *Ownership) Leases() map[int]partition.Lease {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	m := make(map[int]partition.Lease, len(o.held))
+	for p, l := range o.held {
+		if !o.revoking[p] {
+			m[p] = l
+		}
+	}
+	return m
+}
+
+// Lease implements the Ownership contract.
+func (o *Ownership) Lease(p int) (partition.Lease, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	l, ok := o.held[p]
+	if !ok || o.revoking[p] {
+		return partition.Lease{}, false
+	}
+	return l, true
+}
+
+// Changed implements the Ownership contract.
+func (o *Ownership) Changed() <-chan struct{} { return o.changed }

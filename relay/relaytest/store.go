@@ -1,0 +1,290 @@
+package relaytest
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/ordo-relay/ordo/relay"
+)
+
+// Store is an in-memory relay.Store that keeps the PostgreSQL store's
+// contract: key heads in seq order, the per-key rule within a key by
+// key_seq, backoff and parking, dead rows stepped over for
+// x-ordo-prev-key-seq, and every write checked against the lease table (the
+// fence) at the epoch the row was published under. Safe for concurrent use.
+type Store struct {
+	leases *LeaseTable
+
+	mu     sync.Mutex
+	rows   []*StoredRow // in seq order
+	byID   map[uuid.UUID]*StoredRow
+	keySeq map[string]int64
+	seq    int64
+	wake   []func(int)
+	reads  int
+	delay  time.Duration
+}
+
+// StoredRow is one outbox row as the in-memory store keeps it.
+type StoredRow struct {
+	relay.Row
+	Seq           int64
+	Processed     bool
+	ProcessedAt   time.Time
+	Dead          bool
+	Parked        bool
+	NextAttemptAt time.Time
+	LastError     string
+}
+
+var _ relay.Store = (*Store)(nil)
+
+// NewStore returns an empty store whose writes are fenced by leases.
+func NewStore(leases *LeaseTable) *Store {
+	return &Store{leases: leases, byID: map[uuid.UUID]*StoredRow{}, keySeq: map[string]int64{}}
+}
+
+// Insert adds one pending row per key given, in order, as a producer's
+// committed transaction would: each gets the next seq and its key's next
+// key_seq. It returns the ids and wakes listeners once per partition.
+func (s *Store) Insert(partition int, keys ...string) []uuid.UUID {
+	s.mu.Lock()
+	ids := make([]uuid.UUID, len(keys))
+	for i, k := range keys {
+		s.seq++
+		s.keySeq[k]++
+		id := uuid.Must(uuid.NewV7())
+		r := &StoredRow{Seq: s.seq, Row: relay.Row{
+			ID: id, Partition: partition, CorrelationID: k, KeySeq: s.keySeq[k], PrevKeySeq: s.keySeq[k] - 1,
+			Exchange: "ex", RoutingKey: "rk", Type: "t", Payload: json.RawMessage(`{}`), Headers: []byte(`{}`),
+			OccurredAt: time.Now(),
+		}}
+		s.rows = append(s.rows, r)
+		s.byID[id] = r
+		ids[i] = id
+	}
+	wake := slices.Clone(s.wake)
+	s.mu.Unlock()
+	for _, w := range wake {
+		w(partition)
+	}
+	return ids
+}
+
+// Update changes a stored row under the store's lock (for tests that set
+// headers, park or kill rows as an operator would).
+func (s *Store) Update(id uuid.UUID, f func(*StoredRow)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r := s.byID[id]; r != nil {
+		f(r)
+	}
+}
+
+// Get returns a copy of the row with id.
+func (s *Store) Get(id uuid.UUID) (StoredRow, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.byID[id]
+	if r == nil {
+		return StoredRow{}, false
+	}
+	return *r, true
+}
+
+// Pending counts rows not yet processed.
+func (s *Store) Pending() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, r := range s.rows {
+		if !r.Processed {
+			n++
+		}
+	}
+	return n
+}
+
+// Reads counts ReadHeads calls.
+func (s *Store) Reads() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reads
+}
+
+// SetReadDelay makes every ReadHeads take d (honouring its context), as a
+// slow plan would.
+func (s *Store) SetReadDelay(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.delay = d
+}
+
+// ReadHeads implements relay.Store.
+func (s *Store) ReadHeads(ctx context.Context, partitions []int32, exclude []uuid.UUID, perKey, limit int) ([]relay.Row, error) {
+	s.mu.Lock()
+	delay := s.delay
+	s.mu.Unlock()
+	if delay > 0 {
+		t := time.NewTimer(delay)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reads++
+	now := time.Now()
+	parts := map[int]bool{}
+	for _, p := range partitions {
+		parts[int(p)] = true
+	}
+	skip := map[uuid.UUID]bool{}
+	for _, id := range exclude {
+		skip[id] = true
+	}
+	var out []relay.Row
+	for _, r := range s.rows {
+		if len(out) == limit {
+			break
+		}
+		if r.Processed || r.Parked || !parts[r.Partition] || skip[r.ID] || now.Before(r.NextAttemptAt) {
+			continue
+		}
+		if s.pendingBelowLocked(r) >= perKey {
+			continue
+		}
+		row := r.Row
+		row.Attempts = r.Attempts
+		row.PrevKeySeq = row.KeySeq - 1
+		if prev := s.findLocked(row.CorrelationID, row.KeySeq-1); prev != nil && prev.Dead {
+			row.PrevDead = true
+		}
+		out = append(out, row)
+	}
+	return out, nil
+}
+
+func (s *Store) pendingBelowLocked(r *StoredRow) int {
+	n := 0
+	for _, o := range s.rows {
+		if o.CorrelationID == r.CorrelationID && !o.Processed && o.KeySeq < r.KeySeq {
+			n++
+		}
+	}
+	return n
+}
+
+func (s *Store) findLocked(key string, keySeq int64) *StoredRow {
+	for _, o := range s.rows {
+		if o.CorrelationID == key && o.KeySeq == keySeq {
+			return o
+		}
+	}
+	return nil
+}
+
+// MarkPublished implements relay.Store.
+func (s *Store) MarkPublished(ctx context.Context, node string, rows []relay.Settled) ([]uuid.UUID, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var marked []uuid.UUID
+	for _, x := range rows {
+		r := s.byID[x.ID]
+		if r == nil || r.Processed || r.Partition != x.Partition || !s.leases.Holds(node, x.Partition, x.Epoch) {
+			continue
+		}
+		r.Processed, r.ProcessedAt = true, time.Now()
+		marked = append(marked, x.ID)
+	}
+	return marked, nil
+}
+
+// RecordFailures implements relay.Store.
+func (s *Store) RecordFailures(ctx context.Context, node string, rows []relay.Settled, maxAttempts int) ([]uuid.UUID, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var parked []uuid.UUID
+	for _, x := range rows {
+		r := s.byID[x.ID]
+		if r == nil || r.Processed || r.Partition != x.Partition || !s.leases.Holds(node, x.Partition, x.Epoch) {
+			continue
+		}
+		r.Attempts++
+		r.LastError = x.Err
+		r.NextAttemptAt = time.Now().Add(x.Delay)
+		if r.Attempts >= maxAttempts {
+			r.Parked = true
+			parked = append(parked, x.ID)
+		}
+	}
+	return parked, nil
+}
+
+// PrevKeySeq implements relay.Store.
+func (s *Store) PrevKeySeq(ctx context.Context, key string, keySeq int64) (int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := keySeq - 1
+	for k > 0 {
+		r := s.findLocked(key, k)
+		if r == nil || !r.Dead {
+			break
+		}
+		k--
+	}
+	return k, nil
+}
+
+// DeleteProcessed implements relay.Store.
+func (s *Store) DeleteProcessed(ctx context.Context, node string, partition int, epoch int64, olderThan time.Duration, limit int) (int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.leases.Holds(node, partition, epoch) {
+		return 0, nil
+	}
+	cutoff := time.Now().Add(-olderThan)
+	doomed := map[uuid.UUID]bool{}
+	for _, r := range s.rows {
+		if len(doomed) == limit {
+			break
+		}
+		if r.Partition == partition && r.Processed && !r.Dead && r.ProcessedAt.Before(cutoff) {
+			doomed[r.ID] = true
+		}
+	}
+	s.rows = slices.DeleteFunc(s.rows, func(r *StoredRow) bool { return doomed[r.ID] })
+	for id := range doomed {
+		delete(s.byID, id)
+	}
+	return int64(len(doomed)), nil
+}
+
+// Listen implements relay.Store: it wakes once at once, then for every
+// Insert, until ctx ends.
+func (s *Store) Listen(ctx context.Context, wake func(partition int)) error {
+	s.mu.Lock()
+	s.wake = append(s.wake, wake)
+	n := len(s.wake) - 1
+	s.mu.Unlock()
+	wake(-1)
+	<-ctx.Done()
+	s.mu.Lock()
+	s.wake[n] = func(int) {}
+	s.mu.Unlock()
+	return nil
+}
