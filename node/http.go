@@ -16,23 +16,23 @@ import (
 	"github.com/ordo-relay/ordo/membership"
 	"github.com/ordo-relay/ordo/partition"
 	"github.com/ordo-relay/ordo/relay"
+	"github.com/ordo-relay/ordo/relay/rabbitmq"
 )
 
 // Status is the /status document.
 type Status struct {
-	Node       string                  `json:"node"`
-	Partitions int                     `json:"partitionCount"`
-	Held       []int                   `json:"held"`
-	Broker     bool                    `json:"brokerConnected"`
-	Relay      relay.Stats             `json:"relay"`
-	Members    []membership.Member     `json:"members"`
-	Assignment []string                `json:"assignment"` // this node's view: owner by partition
-	Leases     []relay.PartitionStatus `json:"partitions"` // what the database says
+	Node       string              `json:"node"`
+	Partitions int                 `json:"partitionCount"`
+	Held       []int               `json:"held"`
+	Broker     bool                `json:"brokerConnected"`
+	Relay      relay.Stats         `json:"relay"`
+	Members    []membership.Member `json:"members"`
+	Assignment []string            `json:"assignment"` // this node's view: owner by partition
+	Leases     []PartitionStatus   `json:"partitions"` // what the database says
 }
 
-func newHTTP(cfg Config, pool *pgxpool.Pool, pub *relay.AMQPPublisher, leaser *partition.Leaser,
+func newHTTP(cfg Config, pool *pgxpool.Pool, pub *rabbitmq.Publisher, leaser *partition.Leaser,
 	members *membership.Membership, rl *relay.Relay, logger *slog.Logger) http.Handler {
-	store := relay.NewPGStore(pool, logger)
 	alive := func() []string {
 		if members == nil {
 			return []string{cfg.NodeName}
@@ -83,7 +83,7 @@ func newHTTP(cfg Config, pool *pgxpool.Pool, pub *relay.AMQPPublisher, leaser *p
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 		defer cancel()
-		leases, err := store.Status(ctx)
+		leases, err := partitionStatus(ctx, pool)
 		if err != nil {
 			logger.Warn("status", "err", err)
 			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "database unavailable"})

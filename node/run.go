@@ -20,6 +20,8 @@ import (
 	"github.com/ordo-relay/ordo/outbox"
 	"github.com/ordo-relay/ordo/partition"
 	"github.com/ordo-relay/ordo/relay"
+	"github.com/ordo-relay/ordo/relay/pgstore"
+	"github.com/ordo-relay/ordo/relay/rabbitmq"
 )
 
 // Run starts the node and blocks until ctx ends, then shuts down in order:
@@ -112,12 +114,12 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 	if err != nil {
 		return err
 	}
-	amqpPub := relay.NewAMQPPublisher(relay.AMQPConfig{URL: cfg.AMQPURL, Window: cfg.ConfirmWindow, ConfirmTimeout: cfg.ConfirmTimeout, Logger: logger})
+	amqpPub := rabbitmq.New(rabbitmq.Config{URL: cfg.AMQPURL, Window: cfg.ConfirmWindow, ConfirmTimeout: cfg.ConfirmTimeout, Logger: logger})
 	var pub relay.Publisher = amqpPub
 	if opts.WrapPublisher != nil {
 		pub = opts.WrapPublisher(pub)
 	}
-	store := relay.NewPGStore(pool, logger)
+	store := pgstore.New(pool, logger)
 	r, err := relay.New(cfg.relay(logger), store, pub, leaser)
 	if err != nil {
 		return err

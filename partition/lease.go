@@ -12,35 +12,11 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/ordo-relay/ordo/internal/outage"
+	"github.com/ordo-relay/ordo/relay"
 )
 
-// Lease is one partition held by this node.
-type Lease struct {
-	Partition int
-	// Epoch is the fencing token: every relay write for the partition checks
-	// that the lease row still carries it.
-	Epoch int64
-	// Deadline is the local, monotonic instant after which the node must
-	// not publish under this lease: the time it sent its last successful
-	// claim or renewal, plus the TTL, minus a safety margin.
-	Deadline time.Time
-}
-
-// Valid reports whether the lease may be published under at now.
-func (l Lease) Valid(now time.Time) bool { return now.Before(l.Deadline) }
-
-// Ownership tells a relay which partitions this node holds. Implementations
-// are safe for concurrent use.
-type Ownership interface {
-	// Leases returns a copy of the leases held now, by partition.
-	Leases() map[int]Lease
-	// Lease returns the lease of one partition, if it is held and not
-	// being handed off. Cheaper than Leases for a single check.
-	Lease(partition int) (Lease, bool)
-	// Changed is signalled (non-blocking, coalesced) whenever the held set
-	// or an epoch changes.
-	Changed() <-chan struct{}
-}
+// Lease is the relay's lease type; the Leaser hands them out.
+type Lease = relay.Lease
 
 // LeaserConfig configures a Leaser.
 type LeaserConfig struct {
@@ -124,7 +100,7 @@ type Handoff struct {
 	Took      time.Duration // from no longer wanted to released
 }
 
-var _ Ownership = (*Leaser)(nil)
+var _ relay.Ownership = (*Leaser)(nil)
 
 // NewLeaser returns a Leaser; call Run to start it.
 func NewLeaser(cfg LeaserConfig) (*Leaser, error) {
@@ -134,7 +110,7 @@ func NewLeaser(cfg LeaserConfig) (*Leaser, error) {
 	return &Leaser{cfg: cfg, changed: make(chan struct{}, 1), leases: map[int]Lease{}, revoking: map[int]time.Time{}}, nil
 }
 
-// Leases implements Ownership. Leases being handed off are left out, so
+// Leases implements relay.Ownership. Leases being handed off are left out, so
 // the relay stops reading them while their in-flight messages settle.
 func (l *Leaser) Leases() map[int]Lease {
 	l.mu.Lock()
@@ -148,7 +124,7 @@ func (l *Leaser) Leases() map[int]Lease {
 	return m
 }
 
-// Lease implements Ownership.
+// Lease implements relay.Ownership.
 func (l *Leaser) Lease(p int) (Lease, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -179,7 +155,7 @@ func (l *Leaser) Handoffs() []Handoff {
 	return h
 }
 
-// Changed implements Ownership.
+// Changed implements relay.Ownership.
 func (l *Leaser) Changed() <-chan struct{} { return l.changed }
 
 func (l *Leaser) signal() {

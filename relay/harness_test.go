@@ -6,10 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net/http"
-	"net/http/httptest"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -19,10 +16,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
-	"github.com/ordo-relay/ordo/orderapi"
 	"github.com/ordo-relay/ordo/outbox"
 	"github.com/ordo-relay/ordo/partition"
 	"github.com/ordo-relay/ordo/relay"
+	"github.com/ordo-relay/ordo/relay/pgstore"
+	"github.com/ordo-relay/ordo/relay/rabbitmq"
 )
 
 const testPartitions = 8
@@ -147,7 +145,7 @@ type node struct {
 	stopBG    context.CancelFunc
 	bg        sync.WaitGroup
 	relay     *relay.Relay
-	pub       *relay.AMQPPublisher
+	pub       *rabbitmq.Publisher
 	leaser    *partition.Leaser
 	stopOnce  sync.Once
 }
@@ -183,13 +181,13 @@ func (h *harness) startNode(o nodeOpts) *node {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	amqpPub := relay.NewAMQPPublisher(relay.AMQPConfig{URL: o.amqpURL, Window: max(o.window, 64), Logger: o.logger,
+	amqpPub := rabbitmq.New(rabbitmq.Config{URL: o.amqpURL, Window: max(o.window, 64), Logger: o.logger,
 		ReconnectMax: 500 * time.Millisecond, ConfirmTimeout: o.confirmTimeout})
 	var pub relay.Publisher = amqpPub
 	if o.wrapPub != nil {
 		pub = o.wrapPub(pub)
 	}
-	var store relay.Store = relay.NewPGStore(pool, o.logger)
+	var store relay.Store = pgstore.New(pool, o.logger)
 	if o.wrapStore != nil {
 		store = o.wrapStore(store)
 	}
@@ -306,42 +304,6 @@ func (f *faultyPublisher) faults() (nacked, returned int) {
 }
 
 type testkitReport = testkit.Report
-
-// orderAPI serves the demo order API on the harness database, publishing
-// to the harness exchange.
-func (h *harness) orderAPI() *httptest.Server {
-	h.t.Helper()
-	ctx := testkit.Context(h.t, 30*time.Second)
-	if err := orderapi.Migrate(ctx, h.pool); err != nil {
-		h.t.Fatal(err)
-	}
-	cfg := orderapi.DefaultConfig()
-	cfg.Exchange = h.exchange
-	srv, err := orderapi.New(cfg, h.pool, h.prod, nil)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	ts := httptest.NewServer(srv)
-	h.t.Cleanup(ts.Close)
-	return ts
-}
-
-// postOrder places an order and returns its id; anything but 201 fails.
-func postOrder(t *testing.T, api *httptest.Server) string {
-	t.Helper()
-	body := fmt.Sprintf(`{"customerId":%q,"currency":"EUR","items":[{"bookId":%q,"quantity":2,"unitPrice":"12.50"}]}`,
-		uuid.NewString(), uuid.NewString())
-	resp, err := http.Post(api.URL+"/orders", "application/json", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var out struct{ ID string }
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != http.StatusCreated {
-		t.Fatalf("POST /orders: %d %v", resp.StatusCode, err)
-	}
-	return out.ID
-}
 
 // countingStore records retention calls.
 type countingStore struct {

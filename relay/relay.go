@@ -12,8 +12,8 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/ordo-relay/ordo/internal/backoff"
 	"github.com/ordo-relay/ordo/internal/outage"
-	"github.com/ordo-relay/ordo/partition"
 )
 
 // Config configures a Relay. Zero fields take the defaults of DefaultConfig.
@@ -141,7 +141,7 @@ type Relay struct {
 	cfg   Config
 	store Store
 	pub   Publisher
-	own   partition.Ownership
+	own   Ownership
 
 	wakeRead chan struct{}  // coalesced: something may be readable
 	wakeMark chan struct{}  // coalesced: settlements are queued
@@ -182,7 +182,7 @@ type settlement struct {
 }
 
 // New returns a Relay.
-func New(cfg Config, store Store, pub Publisher, own partition.Ownership) (*Relay, error) {
+func New(cfg Config, store Store, pub Publisher, own Ownership) (*Relay, error) {
 	cfg.applyDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -280,10 +280,10 @@ func (r *Relay) Run(ctx context.Context) error {
 // readLoop reads key heads and publishes them while ctx lasts.
 func (r *Relay) readLoop(ctx context.Context) {
 	down := outage.New(r.cfg.Logger, "PostgreSQL (outbox reads)")
-	bo := newBackoff(50*time.Millisecond, 2*time.Second)
+	bo := backoff.New(50*time.Millisecond, 2*time.Second)
 	// The publisher reconnects on its own; check for it often so the first
 	// publish follows a broker's return closely.
-	pubWait := newBackoff(20*time.Millisecond, 200*time.Millisecond)
+	pubWait := backoff.New(20*time.Millisecond, 200*time.Millisecond)
 	poll := time.NewTicker(r.cfg.PollInterval)
 	defer poll.Stop()
 	retry := time.NewTimer(time.Hour)
@@ -297,20 +297,20 @@ func (r *Relay) readLoop(ctx context.Context) {
 		switch {
 		case errors.As(err, new(*publishError)):
 			// The publisher reconnects and logs on its own; look again soon.
-			if !sleepCtx(ctx, pubWait.next()) {
+			if !backoff.Sleep(ctx, pubWait.Next()) {
 				return
 			}
 			continue
 		case err != nil:
 			down.Fail(err)
-			if !sleepCtx(ctx, bo.next()) {
+			if !backoff.Sleep(ctx, bo.Next()) {
 				return
 			}
 			continue
 		}
 		down.OK()
-		bo.reset()
-		pubWait.reset()
+		bo.Reset()
+		pubWait.Reset()
 		if more {
 			continue
 		}
@@ -455,9 +455,6 @@ const (
 // is the last check before the publish (DESIGN.md invariant 3).
 func (r *Relay) newFlight(row *Row, epoch int64) (f *flight, bad error, skip string) {
 	headers, bad := decodeHeaders(row.Headers)
-	if bad == nil {
-		bad = checkSendable(row, headers)
-	}
 	f = &flight{
 		attempts: row.Attempts,
 		msg: Message{
@@ -482,31 +479,6 @@ func (r *Relay) newFlight(row *Row, epoch int64) (f *flight, bad error, skip str
 	r.stats.Published++
 	return f, bad, ""
 }
-
-// checkSendable refuses what the AMQP client or the broker would reject by
-// closing the channel or connection, which would otherwise make the row's
-// publish fail forever as Unsent without ever counting an attempt.
-func checkSendable(row *Row, headers map[string]any) error {
-	for k, v := range headers {
-		if len(k) > 255 {
-			return fmt.Errorf("header name of %d bytes (AMQP allows 255)", len(k))
-		}
-		if s, ok := v.(string); ok && len(s) > maxHeaderBytes {
-			return fmt.Errorf("header %q of %d bytes (at most %d)", k, len(s), maxHeaderBytes)
-		}
-	}
-	if len(row.Payload) > maxPayloadBytes {
-		return fmt.Errorf("payload of %d bytes (at most %d)", len(row.Payload), maxPayloadBytes)
-	}
-	return nil
-}
-
-// Limits below the broker's defaults (frame_max 128 KiB for all headers
-// together, max_message_size 16 MiB on RabbitMQ 4).
-const (
-	maxHeaderBytes  = 64 << 10
-	maxPayloadBytes = 16 << 20
-)
 
 // drop forgets a flight that was never sent.
 func (r *Relay) drop(f *flight) {
@@ -543,7 +515,7 @@ func (r *Relay) settle(f *flight, res Result) {
 // ends; then it flushes once more.
 func (r *Relay) markLoop(ctx context.Context) {
 	down := outage.New(r.cfg.Logger, "PostgreSQL (outbox marks)")
-	bo := newBackoff(50*time.Millisecond, 2*time.Second)
+	bo := backoff.New(50*time.Millisecond, 2*time.Second)
 	for {
 		stopping := false
 		select {
@@ -564,12 +536,12 @@ func (r *Relay) markLoop(ctx context.Context) {
 				return
 			}
 			down.Fail(err)
-			sleepCtx(ctx, bo.next())
+			backoff.Sleep(ctx, bo.Next())
 			signal(r.wakeMark)
 			continue
 		}
 		down.OK()
-		bo.reset()
+		bo.Reset()
 		if stopping {
 			return
 		}
@@ -647,7 +619,7 @@ func (r *Relay) flush(ctx context.Context) error {
 		rows := make([]Settled, len(failed))
 		earliest := time.Duration(-1)
 		for i, s := range failed {
-			d := retryDelay(s.f.attempts, r.cfg.RetryMin, r.cfg.RetryMax)
+			d := backoff.Attempt(s.f.attempts, r.cfg.RetryMin, r.cfg.RetryMax)
 			rows[i] = Settled{ID: s.f.msg.ID, Partition: s.f.msg.Partition, Epoch: s.f.msg.Epoch, Err: s.res.Err.Error(), Delay: d}
 			if earliest < 0 || d < earliest {
 				earliest = d

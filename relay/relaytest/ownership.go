@@ -4,7 +4,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ordo-relay/ordo/partition"
+	"github.com/ordo-relay/ordo/relay"
 )
 
 // LeaseTable is the in-memory counterpart of the ordo_leases table: who
@@ -42,7 +42,7 @@ func (t *LeaseTable) Epoch(partition int) int64 {
 func (t *LeaseTable) Ownership(node string, ttl time.Duration) *Ownership {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	o := &Ownership{table: t, node: node, ttl: ttl, held: map[int]partition.Lease{}, changed: make(chan struct{}, 1)}
+	o := &Ownership{table: t, node: node, ttl: ttl, held: map[int]relay.Lease{}, changed: make(chan struct{}, 1)}
 	t.owners[node] = o
 	return o
 }
@@ -92,11 +92,11 @@ type Ownership struct {
 	changed chan struct{}
 
 	mu       sync.Mutex
-	held     map[int]partition.Lease
+	held     map[int]relay.Lease
 	revoking map[int]bool
 }
 
-var _ partition.Ownership = (*Ownership)(nil)
+var _ relay.Ownership = (*Ownership)(nil)
 
 func (o *Ownership) deadline() time.Time {
 	if o.ttl == 0 {
@@ -108,7 +108,7 @@ func (o *Ownership) deadline() time.Time {
 func (o *Ownership) add(p int, epoch int64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.held[p] = partition.Lease{Partition: p, Epoch: epoch, Deadline: o.deadline()}
+	o.held[p] = relay.Lease{Partition: p, Epoch: epoch, Deadline: o.deadline()}
 }
 
 func (o *Ownership) drop(p int) {
@@ -160,10 +160,10 @@ func (o *Ownership) Revoke(p int) {
 }
 
 // Leases implements the Ownership contract.
-func (o *Ownership) Leases() map[int]partition.Lease {
+func (o *Ownership) Leases() map[int]relay.Lease {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	m := make(map[int]partition.Lease, len(o.held))
+	m := make(map[int]relay.Lease, len(o.held))
 	for p, l := range o.held {
 		if !o.revoking[p] {
 			m[p] = l
@@ -173,12 +173,12 @@ func (o *Ownership) Leases() map[int]partition.Lease {
 }
 
 // Lease implements the Ownership contract.
-func (o *Ownership) Lease(p int) (partition.Lease, bool) {
+func (o *Ownership) Lease(p int) (relay.Lease, bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	l, ok := o.held[p]
 	if !ok || o.revoking[p] {
-		return partition.Lease{}, false
+		return relay.Lease{}, false
 	}
 	return l, true
 }

@@ -1,4 +1,9 @@
-package relay
+// Package rabbitmq is the RabbitMQ backend of the relay: a relay.Publisher
+// that owns one connection and one confirm-mode channel, publishes with
+// mandatory and persistent delivery, and settles each message exactly once
+// (returns drained before acks, Unsent on any close, Failed past the
+// confirm timeout or for a missing exchange).
+package rabbitmq
 
 import (
 	"context"
@@ -10,19 +15,13 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/ordo-relay/ordo/internal/backoff"
 	"github.com/ordo-relay/ordo/internal/outage"
+	"github.com/ordo-relay/ordo/relay"
 )
 
-// Header names Ordo sets on every message (DESIGN.md, "The AMQP message").
-const (
-	HeaderKeySeq     = "x-ordo-key-seq"
-	HeaderPrevKeySeq = "x-ordo-prev-key-seq"
-	HeaderPartition  = "x-ordo-partition"
-	HeaderEpoch      = "x-ordo-epoch"
-)
-
-// AMQPConfig configures an AMQPPublisher.
-type AMQPConfig struct {
+// Config configures an Publisher.
+type Config struct {
 	// URL of the broker, e.g. amqp://guest:guest@127.0.0.1:5672/.
 	URL string
 	// Window is the most unconfirmed messages the relay keeps in flight; it
@@ -39,14 +38,14 @@ type AMQPConfig struct {
 	// within about two of them.
 	Heartbeat time.Duration
 	// ConfirmTimeout is how long a publish may wait for its confirm on a
-	// channel that stays open; past it the message is Failed (an attempt
+	// channel that stays open; past it the message is relay.Failed (an attempt
 	// for its key), and a confirm that comes later is ignored.
 	ConfirmTimeout time.Duration
 	// Logger receives connection and outage messages.
 	Logger *slog.Logger
 }
 
-func (c *AMQPConfig) setDefaults() {
+func (c *Config) setDefaults() {
 	if c.Window <= 0 {
 		c.Window = 512
 	}
@@ -70,12 +69,12 @@ func (c *AMQPConfig) setDefaults() {
 	}
 }
 
-// AMQPPublisher is the RabbitMQ Publisher. It owns its connection: Run
+// Publisher is the RabbitMQ relay.Publisher. It owns its connection: Run
 // dials, opens a confirm-mode channel, and on any close treats every
-// unconfirmed message as Unsent, then reconnects with capped backoff. The
+// unconfirmed message as relay.Unsent, then reconnects with capped backoff. The
 // client library's own recovery is not used.
-type AMQPPublisher struct {
-	cfg  AMQPConfig
+type Publisher struct {
+	cfg  Config
 	down *outage.Log
 
 	pubMu sync.Mutex // serialises delivery-tag assignment with the publish
@@ -88,55 +87,55 @@ type AMQPPublisher struct {
 	// broker closed a channel over one message (a channel-level error
 	// other than a missing exchange): with a single message in flight, the
 	// next such close names its culprit, which then fails instead of being
-	// retried as Unsent forever.
+	// retried as relay.Unsent forever.
 	isolate int
 }
 
-var _ Publisher = (*AMQPPublisher)(nil)
+var _ relay.Publisher = (*Publisher)(nil)
 
 // session is one confirm-mode channel and what is unconfirmed on it.
 type session struct {
 	conn    *amqp.Connection
 	ch      *amqp.Channel
-	pending map[uint64]*pendingPub // by delivery tag; guarded by AMQPPublisher.mu
-	closed  bool                   // guarded by AMQPPublisher.mu
+	pending map[uint64]*pendingPub // by delivery tag; guarded by Publisher.mu
+	closed  bool                   // guarded by Publisher.mu
 	side    *amqp.Channel          // for passive declares; guarded by pubMu
 }
 
 type pendingPub struct {
 	msgID  string
 	sent   time.Time
-	settle func(Result)
+	settle func(relay.Result)
 }
 
-// ErrConfirmTimeout is the Err of a Failed result whose confirm did not
+// ErrConfirmTimeout is the Err of a relay.Failed result whose confirm did not
 // come within ConfirmTimeout on an open channel.
 var ErrConfirmTimeout = errors.New("no publisher confirm within the confirm timeout")
 
-// NewAMQPPublisher returns a publisher; call Run to connect.
-func NewAMQPPublisher(cfg AMQPConfig) *AMQPPublisher {
+// New returns a publisher; call Run to connect.
+func New(cfg Config) *Publisher {
 	cfg.setDefaults()
-	return &AMQPPublisher{cfg: cfg, down: outage.New(cfg.Logger, "RabbitMQ"), exchanges: map[string]time.Time{}}
+	return &Publisher{cfg: cfg, down: outage.New(cfg.Logger, "RabbitMQ"), exchanges: map[string]time.Time{}}
 }
 
 // Connected reports whether a channel is open.
-func (p *AMQPPublisher) Connected() bool {
+func (p *Publisher) Connected() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.cur != nil
 }
 
 // ChannelsOpened returns how many publishing channels Run has opened.
-func (p *AMQPPublisher) ChannelsOpened() int64 {
+func (p *Publisher) ChannelsOpened() int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.opened
 }
 
 // Run keeps a connection and a confirm-mode channel open until ctx ends,
-// then closes them, settling anything unconfirmed as Unsent. It returns nil.
-func (p *AMQPPublisher) Run(ctx context.Context) error {
-	bo := newBackoff(p.cfg.ReconnectMin, p.cfg.ReconnectMax)
+// then closes them, settling anything unconfirmed as relay.Unsent. It returns nil.
+func (p *Publisher) Run(ctx context.Context) error {
+	bo := backoff.New(p.cfg.ReconnectMin, p.cfg.ReconnectMax)
 	for ctx.Err() == nil {
 		conn, err := amqp.DialConfig(p.cfg.URL, amqp.Config{
 			Heartbeat: p.cfg.Heartbeat,
@@ -145,7 +144,7 @@ func (p *AMQPPublisher) Run(ctx context.Context) error {
 		})
 		if err != nil {
 			p.down.Fail(fmt.Errorf("dial: %w", err))
-			sleepCtx(ctx, bo.next())
+			backoff.Sleep(ctx, bo.Next())
 			continue
 		}
 		before := p.ChannelsOpened()
@@ -155,10 +154,10 @@ func (p *AMQPPublisher) Run(ctx context.Context) error {
 			return nil
 		}
 		if p.ChannelsOpened() > before {
-			bo.reset() // it worked: the next outage starts the backoff over
+			bo.Reset() // it worked: the next outage starts the backoff over
 		}
 		p.down.Fail(err)
-		if !sleepCtx(ctx, bo.next()) {
+		if !backoff.Sleep(ctx, bo.Next()) {
 			return nil
 		}
 	}
@@ -166,7 +165,7 @@ func (p *AMQPPublisher) Run(ctx context.Context) error {
 }
 
 // serveConn opens channels on conn until the connection fails or ctx ends.
-func (p *AMQPPublisher) serveConn(ctx context.Context, conn *amqp.Connection) error {
+func (p *Publisher) serveConn(ctx context.Context, conn *amqp.Connection) error {
 	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	for {
 		err := p.serveChannel(ctx, conn, connClosed)
@@ -189,7 +188,7 @@ func (p *AMQPPublisher) serveConn(ctx context.Context, conn *amqp.Connection) er
 	}
 }
 
-func (p *AMQPPublisher) serveChannel(ctx context.Context, conn *amqp.Connection, connClosed <-chan *amqp.Error) error {
+func (p *Publisher) serveChannel(ctx context.Context, conn *amqp.Connection, connClosed <-chan *amqp.Error) error {
 	ch, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
@@ -241,11 +240,11 @@ func (p *AMQPPublisher) serveChannel(ctx context.Context, conn *amqp.Connection,
 		switch rerr, wasReturned := returned[pp.msgID]; {
 		case wasReturned:
 			delete(returned, pp.msgID)
-			pp.settle(Result{Outcome: Returned, Err: rerr})
+			pp.settle(relay.Result{Outcome: relay.Returned, Err: rerr})
 		case !c.Ack:
-			pp.settle(Result{Outcome: Nacked, Err: errors.New("nacked by broker")})
+			pp.settle(relay.Result{Outcome: relay.Nacked, Err: errors.New("nacked by broker")})
 		default:
-			pp.settle(Result{Outcome: Confirmed})
+			pp.settle(relay.Result{Outcome: relay.Confirmed})
 		}
 	}
 
@@ -285,7 +284,7 @@ loop:
 	}
 
 	// Stop new publishes on this session, then settle what the library
-	// still delivered, then everything else as Unsent.
+	// still delivered, then everything else as relay.Unsent.
 	p.pubMu.Lock()
 	p.mu.Lock()
 	s.closed = true
@@ -315,10 +314,10 @@ loop:
 		if soft && isolating && len(rest) == 1 {
 			// Alone in flight when the broker closed the channel: it is
 			// the cause. A failure, so it backs off and is parked.
-			pp.settle(Result{Outcome: Failed, Err: fmt.Errorf("the broker closed the channel over this message: %w", cause)})
+			pp.settle(relay.Result{Outcome: relay.Failed, Err: fmt.Errorf("the broker closed the channel over this message: %w", cause)})
 			continue
 		}
-		pp.settle(Result{Outcome: Unsent, Err: fmt.Errorf("unconfirmed when the channel closed: %w", cause)})
+		pp.settle(relay.Result{Outcome: relay.Unsent, Err: fmt.Errorf("unconfirmed when the channel closed: %w", cause)})
 	}
 	if len(rest) > 0 {
 		p.cfg.Logger.Info("unconfirmed messages will be republished", "count", len(rest))
@@ -328,7 +327,7 @@ loop:
 
 // waitIsolated, while isolating, waits until nothing is unconfirmed on s.
 // Called with pubMu held; the serve loop settles confirms without it.
-func (p *AMQPPublisher) waitIsolated(ctx context.Context, s *session) error {
+func (p *Publisher) waitIsolated(ctx context.Context, s *session) error {
 	for {
 		p.mu.Lock()
 		isolating, busy, closed := p.isolate > 0, len(s.pending) > 0, s.closed
@@ -336,7 +335,7 @@ func (p *AMQPPublisher) waitIsolated(ctx context.Context, s *session) error {
 		switch {
 		case closed || s.ch.IsClosed():
 			// The serve loop needs pubMu to finish closing: give it back.
-			return ErrNotConnected
+			return relay.ErrNotConnected
 		case !isolating || !busy:
 			return nil
 		}
@@ -349,7 +348,7 @@ func (p *AMQPPublisher) waitIsolated(ctx context.Context, s *session) error {
 }
 
 // expire fails the publishes of s waiting longer than ConfirmTimeout.
-func (p *AMQPPublisher) expire(s *session, now time.Time) {
+func (p *Publisher) expire(s *session, now time.Time) {
 	var late []*pendingPub
 	p.mu.Lock()
 	for tag, pp := range s.pending {
@@ -360,7 +359,7 @@ func (p *AMQPPublisher) expire(s *session, now time.Time) {
 	}
 	p.mu.Unlock()
 	for _, pp := range late {
-		pp.settle(Result{Outcome: Failed, Err: fmt.Errorf("%w (%v)", ErrConfirmTimeout, p.cfg.ConfirmTimeout)})
+		pp.settle(relay.Result{Outcome: relay.Failed, Err: fmt.Errorf("%w (%v)", ErrConfirmTimeout, p.cfg.ConfirmTimeout)})
 	}
 	if len(late) > 0 {
 		p.cfg.Logger.Warn("publishes unconfirmed past the confirm timeout; counted as failed attempts",
@@ -368,20 +367,27 @@ func (p *AMQPPublisher) expire(s *session, now time.Time) {
 	}
 }
 
-// Publish implements Publisher.
-func (p *AMQPPublisher) Publish(ctx context.Context, m *Message, settle func(Result)) error {
+// Publish implements relay.Publisher.
+func (p *Publisher) Publish(ctx context.Context, m *relay.Message, settle func(relay.Result)) error {
+	if err := checkSendable(m); err != nil {
+		// The client or the broker would reject it by closing the channel
+		// or the connection: the message would be retried as Unsent
+		// forever, without ever counting an attempt.
+		settle(relay.Result{Outcome: relay.Failed, Err: fmt.Errorf("%w: %w", ErrUnsendable, err)})
+		return nil
+	}
 	p.pubMu.Lock()
 	defer p.pubMu.Unlock()
 	p.mu.Lock()
 	s := p.cur
 	p.mu.Unlock()
 	if s == nil {
-		return ErrNotConnected
+		return relay.ErrNotConnected
 	}
 	if m.Exchange != "" {
 		if err := p.checkExchange(s, m.Exchange); err != nil {
-			if errors.Is(err, ErrExchangeNotFound) {
-				settle(Result{Outcome: Failed, Err: err})
+			if errors.Is(err, relay.ErrExchangeNotFound) {
+				settle(relay.Result{Outcome: relay.Failed, Err: err})
 				return nil
 			}
 			return err
@@ -395,7 +401,7 @@ func (p *AMQPPublisher) Publish(ctx context.Context, m *Message, settle func(Res
 	p.mu.Lock()
 	if s.closed {
 		p.mu.Unlock()
-		return ErrNotConnected
+		return relay.ErrNotConnected
 	}
 	if p.isolate > 0 {
 		p.isolate--
@@ -420,7 +426,7 @@ func (p *AMQPPublisher) Publish(ctx context.Context, m *Message, settle func(Res
 // checkExchange verifies with a passive declare, on a channel of its own,
 // that exchange exists; a positive answer is cached for ExchangeCheckTTL.
 // Called with pubMu held.
-func (p *AMQPPublisher) checkExchange(s *session, exchange string) error {
+func (p *Publisher) checkExchange(s *session, exchange string) error {
 	p.mu.Lock()
 	at, ok := p.exchanges[exchange]
 	p.mu.Unlock()
@@ -444,7 +450,7 @@ func (p *AMQPPublisher) checkExchange(s *session, exchange string) error {
 		return nil
 	case errors.As(err, &aerr) && aerr.Code == amqp.NotFound:
 		s.side = nil // the broker closed it
-		return fmt.Errorf("%w: %q", ErrExchangeNotFound, exchange)
+		return fmt.Errorf("%w: %q", relay.ErrExchangeNotFound, exchange)
 	default:
 		s.side = nil
 		return fmt.Errorf("check exchange %q: %w", exchange, err)
@@ -452,15 +458,15 @@ func (p *AMQPPublisher) checkExchange(s *session, exchange string) error {
 }
 
 // publishing builds the AMQP message for m (DESIGN.md, "The AMQP message").
-func publishing(m *Message) amqp.Publishing {
+func publishing(m *relay.Message) amqp.Publishing {
 	h := make(amqp.Table, len(m.Headers)+4)
 	for k, v := range m.Headers {
 		h[k] = v
 	}
-	h[HeaderKeySeq] = m.KeySeq
-	h[HeaderPrevKeySeq] = m.PrevKeySeq
-	h[HeaderPartition] = int32(m.Partition)
-	h[HeaderEpoch] = m.Epoch
+	h[relay.HeaderKeySeq] = m.KeySeq
+	h[relay.HeaderPrevKeySeq] = m.PrevKeySeq
+	h[relay.HeaderPartition] = int32(m.Partition)
+	h[relay.HeaderEpoch] = m.Epoch
 	return amqp.Publishing{
 		Headers:       h,
 		ContentType:   "application/json",
@@ -471,4 +477,33 @@ func publishing(m *Message) amqp.Publishing {
 		Type:          m.Type,
 		Body:          m.Payload,
 	}
+}
+
+// ErrUnsendable is the Err of a Failed result for a message AMQP cannot
+// carry (a header name over 255 bytes, a header value or payload over the
+// limits below); it was not sent.
+var ErrUnsendable = errors.New("message cannot be sent over AMQP")
+
+// Limits below the broker's defaults (frame_max 128 KiB for all headers
+// together, max_message_size 16 MiB on RabbitMQ 4).
+const (
+	maxHeaderBytes  = 64 << 10
+	maxPayloadBytes = 16 << 20
+)
+
+// checkSendable refuses what the AMQP client or the broker would reject
+// by closing the channel or the connection.
+func checkSendable(m *relay.Message) error {
+	for k, v := range m.Headers {
+		if len(k) > 255 {
+			return fmt.Errorf("header name of %d bytes (AMQP allows 255)", len(k))
+		}
+		if s, ok := v.(string); ok && len(s) > maxHeaderBytes {
+			return fmt.Errorf("header %q of %d bytes (at most %d)", k, len(s), maxHeaderBytes)
+		}
+	}
+	if len(m.Payload) > maxPayloadBytes {
+		return fmt.Errorf("payload of %d bytes (at most %d)", len(m.Payload), maxPayloadBytes)
+	}
+	return nil
 }

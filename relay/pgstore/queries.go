@@ -1,4 +1,4 @@
-package relay
+package pgstore
 
 // sqlReadHeads: see Store.ReadHeads. Within a key only key_seq counts; seq
 // orders different keys. Never "seq > cursor": a row whose transaction
@@ -105,14 +105,3 @@ DELETE FROM outbox WHERE id IN (SELECT id FROM doomed)`
 // NotifyChannel is the LISTEN/NOTIFY channel the outbox triggers signal,
 // with the partition number as payload.
 const NotifyChannel = "ordo_outbox"
-
-// sqlPartitionStatus is one row per partition: its lease and its backlog.
-const sqlPartitionStatus = `
-SELECT l.partition, coalesce(l.owner, ''), l.epoch, nullif(l.expires_at, '-infinity'),
-       coalesce(p.pending, 0), extract(epoch FROM clock_timestamp() - p.oldest)::float8
-FROM ordo_leases AS l
-LEFT JOIN (
-    SELECT partition, count(*) AS pending, min(occurred_at) AS oldest
-    FROM outbox WHERE processed_at IS NULL GROUP BY partition
-) AS p ON p.partition = l.partition
-ORDER BY l.partition`

@@ -1,4 +1,4 @@
-package relay_test
+package pgstore_test
 
 import (
 	"encoding/json"
@@ -12,7 +12,7 @@ import (
 
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/outbox"
-	"github.com/ordo-relay/ordo/relay"
+	"github.com/ordo-relay/ordo/relay/pgstore"
 )
 
 // BenchmarkReadHeads is key-head selection against the real PostgreSQL:
@@ -39,7 +39,7 @@ func BenchmarkReadHeads(b *testing.B) {
 	if _, err := pool.Exec(ctx, "ANALYZE outbox"); err != nil {
 		b.Fatal(err)
 	}
-	store := relay.NewPGStore(pool, nil)
+	store := pgstore.New(pool, nil)
 	parts := make([]int32, 64)
 	for i := range parts {
 		parts[i] = int32(i)

@@ -1,4 +1,10 @@
-package relay
+// Package pgstore is the PostgreSQL backend of the relay: a relay.Store
+// over the outbox table. Every write checks, in its own statement, that
+// the node still holds each row's partition at the epoch the row was
+// published under (the lease row locked FOR SHARE until the write
+// commits), and every statement is planned for the table as it is when it
+// runs.
+package pgstore
 
 import (
 	"context"
@@ -11,7 +17,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ordo-relay/ordo/internal/backoff"
 	"github.com/ordo-relay/ordo/internal/outage"
+	"github.com/ordo-relay/ordo/relay"
 )
 
 // planFresh is the query mode of every relay statement: pgx describes the
@@ -26,31 +34,31 @@ import (
 // statement, and each statement handles a batch.
 const planFresh = pgx.QueryExecModeCacheDescribe
 
-// PGStore is the PostgreSQL Store.
-type PGStore struct {
+// Store is the PostgreSQL relay.Store.
+type Store struct {
 	pool   *pgxpool.Pool
 	logger *slog.Logger
 }
 
-var _ Store = (*PGStore)(nil)
+var _ relay.Store = (*Store)(nil)
 
-// NewPGStore returns a Store on pool. Listen uses a connection of its own
+// New returns a Store on pool. Listen uses a connection of its own
 // from the pool's configuration, outside the pool.
-func NewPGStore(pool *pgxpool.Pool, logger *slog.Logger) *PGStore {
+func New(pool *pgxpool.Pool, logger *slog.Logger) *Store {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &PGStore{pool: pool, logger: logger}
+	return &Store{pool: pool, logger: logger}
 }
 
-// ReadHeads implements Store.
-func (s *PGStore) ReadHeads(ctx context.Context, partitions []int32, exclude []uuid.UUID, perKey, limit int) ([]Row, error) {
+// ReadHeads implements relay.Store.
+func (s *Store) ReadHeads(ctx context.Context, partitions []int32, exclude []uuid.UUID, perKey, limit int) ([]relay.Row, error) {
 	rows, err := s.pool.Query(ctx, sqlReadHeads, planFresh, partitions, rawUUIDs(exclude), perKey, limit)
 	if err != nil {
 		return nil, fmt.Errorf("read key heads: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Row, error) {
-		var x Row
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (relay.Row, error) {
+		var x relay.Row
 		err := r.Scan(&x.ID, &x.Partition, &x.CorrelationID, &x.KeySeq, &x.Exchange, &x.RoutingKey,
 			&x.Type, &x.Payload, &x.Headers, &x.OccurredAt, &x.Attempts, &x.PrevDead)
 		x.PrevKeySeq = x.KeySeq - 1
@@ -62,7 +70,7 @@ func (s *PGStore) ReadHeads(ctx context.Context, partitions []int32, exclude []u
 	return out, nil
 }
 
-func settledArrays(rows []Settled) ([]uuid.UUID, []int32, []int64, []string, []float64) {
+func settledArrays(rows []relay.Settled) ([]uuid.UUID, []int32, []int64, []string, []float64) {
 	ids := make([]uuid.UUID, len(rows))
 	parts := make([]int32, len(rows))
 	epochs := make([]int64, len(rows))
@@ -86,8 +94,8 @@ func rawUUIDs(ids []uuid.UUID) [][16]byte {
 	return out
 }
 
-// MarkPublished implements Store.
-func (s *PGStore) MarkPublished(ctx context.Context, node string, rows []Settled) ([]uuid.UUID, error) {
+// MarkPublished implements relay.Store.
+func (s *Store) MarkPublished(ctx context.Context, node string, rows []relay.Settled) ([]uuid.UUID, error) {
 	ids, parts, epochs, _, _ := settledArrays(rows)
 	r, err := s.pool.Query(ctx, sqlMarkPublished, planFresh, node, rawUUIDs(ids), parts, epochs)
 	if err != nil {
@@ -100,8 +108,8 @@ func (s *PGStore) MarkPublished(ctx context.Context, node string, rows []Settled
 	return marked, nil
 }
 
-// RecordFailures implements Store.
-func (s *PGStore) RecordFailures(ctx context.Context, node string, rows []Settled, maxAttempts int) ([]uuid.UUID, error) {
+// RecordFailures implements relay.Store.
+func (s *Store) RecordFailures(ctx context.Context, node string, rows []relay.Settled, maxAttempts int) ([]uuid.UUID, error) {
 	ids, parts, epochs, errs, delays := settledArrays(rows)
 	r, err := s.pool.Query(ctx, sqlRecordFailures, planFresh, node, rawUUIDs(ids), parts, epochs, errs, delays, maxAttempts)
 	if err != nil {
@@ -114,8 +122,8 @@ func (s *PGStore) RecordFailures(ctx context.Context, node string, rows []Settle
 	return parked, nil
 }
 
-// PrevKeySeq implements Store.
-func (s *PGStore) PrevKeySeq(ctx context.Context, key string, keySeq int64) (int64, error) {
+// PrevKeySeq implements relay.Store.
+func (s *Store) PrevKeySeq(ctx context.Context, key string, keySeq int64) (int64, error) {
 	var prev int64
 	if err := s.pool.QueryRow(ctx, sqlPrevKeySeq, planFresh, key, keySeq).Scan(&prev); err != nil {
 		return 0, fmt.Errorf("previous key_seq of %q/%d: %w", key, keySeq, err)
@@ -123,8 +131,8 @@ func (s *PGStore) PrevKeySeq(ctx context.Context, key string, keySeq int64) (int
 	return prev, nil
 }
 
-// DeleteProcessed implements Store.
-func (s *PGStore) DeleteProcessed(ctx context.Context, node string, partition int, epoch int64, olderThan time.Duration, limit int) (int64, error) {
+// DeleteProcessed implements relay.Store.
+func (s *Store) DeleteProcessed(ctx context.Context, node string, partition int, epoch int64, olderThan time.Duration, limit int) (int64, error) {
 	tag, err := s.pool.Exec(ctx, sqlRetention, planFresh, node, partition, limit, olderThan.Seconds(), epoch)
 	if err != nil {
 		return 0, fmt.Errorf("delete processed rows of partition %d: %w", partition, err)
@@ -132,26 +140,26 @@ func (s *PGStore) DeleteProcessed(ctx context.Context, node string, partition in
 	return tag.RowsAffected(), nil
 }
 
-// Listen implements Store.
-func (s *PGStore) Listen(ctx context.Context, wake func(partition int)) error {
+// Listen implements relay.Store.
+func (s *Store) Listen(ctx context.Context, wake func(partition int)) error {
 	down := outage.New(s.logger, "PostgreSQL listener")
-	backoff := newBackoff(100*time.Millisecond, 2*time.Second)
+	bo := backoff.New(100*time.Millisecond, 2*time.Second)
 	for {
 		listened, err := s.listenOnce(ctx, wake, down)
 		if ctx.Err() != nil {
 			return nil
 		}
 		if listened {
-			backoff.reset() // it worked: the next outage starts the backoff over
+			bo.Reset() // it worked: the next outage starts the backoff over
 		}
 		down.Fail(err)
-		if !sleepCtx(ctx, backoff.next()) {
+		if !backoff.Sleep(ctx, bo.Next()) {
 			return nil
 		}
 	}
 }
 
-func (s *PGStore) listenOnce(ctx context.Context, wake func(int), down *outage.Log) (listened bool, err error) {
+func (s *Store) listenOnce(ctx context.Context, wake func(int), down *outage.Log) (listened bool, err error) {
 	cfg := s.pool.Config().ConnConfig.Copy()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	conn, err := pgx.ConnectConfig(cctx, cfg)
@@ -176,37 +184,4 @@ func (s *PGStore) listenOnce(ctx context.Context, wake func(int), down *outage.L
 		}
 		wake(p)
 	}
-}
-
-// PartitionStatus is one partition's lease and backlog, for /status.
-type PartitionStatus struct {
-	Partition int        `json:"partition"`
-	Owner     string     `json:"owner"`
-	Epoch     int64      `json:"epoch"`
-	Expires   *time.Time `json:"leaseExpires,omitempty"` // nil when free
-	Pending   int64      `json:"pending"`
-	// OldestPendingSeconds is the age of the oldest pending row; 0 when
-	// nothing is pending.
-	OldestPendingSeconds float64 `json:"oldestPendingSeconds"`
-}
-
-// Status returns every partition's lease and backlog.
-func (s *PGStore) Status(ctx context.Context) ([]PartitionStatus, error) {
-	rows, err := s.pool.Query(ctx, sqlPartitionStatus)
-	if err != nil {
-		return nil, fmt.Errorf("partition status: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (PartitionStatus, error) {
-		var x PartitionStatus
-		var age *float64
-		err := r.Scan(&x.Partition, &x.Owner, &x.Epoch, &x.Expires, &x.Pending, &age)
-		if age != nil {
-			x.OldestPendingSeconds = *age
-		}
-		return x, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("partition status: %w", err)
-	}
-	return out, nil
 }

@@ -1,0 +1,98 @@
+package pgstore_test
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/outbox"
+	"github.com/ordo-relay/ordo/relay"
+	"github.com/ordo-relay/ordo/relay/pgstore"
+	"github.com/ordo-relay/ordo/relay/relaytest"
+)
+
+// pgHarness is the PostgreSQL store on a database of its own, with rows
+// written and leases claimed by plain SQL, as producers and the leaser do.
+type pgHarness struct {
+	pool  *pgxpool.Pool
+	store *pgstore.Store
+}
+
+func newPGHarness(t *testing.T) relaytest.StoreHarness {
+	_, pool := testkit.NewTestDB(t, 4)
+	if err := outbox.Migrate(testkit.Context(t, 30*time.Second), pool, 8); err != nil {
+		t.Fatal(err)
+	}
+	return &pgHarness{pool: pool, store: pgstore.New(pool, nil)}
+}
+
+func (h *pgHarness) Store() relay.Store { return h.store }
+
+func (h *pgHarness) Insert(t testing.TB, partition int, keys ...string) []uuid.UUID {
+	t.Helper()
+	ctx := testkit.Context(t, 30*time.Second)
+	ids := make([]uuid.UUID, len(keys))
+	err := pgx.BeginFunc(ctx, h.pool, func(tx pgx.Tx) error {
+		for i, k := range keys {
+			ids[i] = uuid.Must(uuid.NewV7())
+			if _, err := tx.Exec(ctx, `INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload)
+				VALUES ($1, $2, $3, 'ex', 'rk', 't', $4)`, ids[i], partition, k, json.RawMessage(`{}`)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+func (h *pgHarness) Grant(t testing.TB, node string, partition int) int64 {
+	t.Helper()
+	var epoch int64
+	err := h.pool.QueryRow(testkit.Context(t, 30*time.Second), `UPDATE ordo_leases
+		SET owner = $1, epoch = epoch + 1, expires_at = clock_timestamp() + interval '1 hour', claimed_at = clock_timestamp()
+		WHERE partition = $2 RETURNING epoch`, node, partition).Scan(&epoch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return epoch
+}
+
+func (h *pgHarness) Skip(t testing.TB, id uuid.UUID) {
+	t.Helper()
+	tag, err := h.pool.Exec(testkit.Context(t, 30*time.Second), `UPDATE outbox
+		SET dead_at = clock_timestamp(), processed_at = clock_timestamp(), parked_at = NULL, next_attempt_at = NULL
+		WHERE id = $1 AND processed_at IS NULL`, id)
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("skip %s: %v (%d rows)", id, err, tag.RowsAffected())
+	}
+}
+
+func (h *pgHarness) State(t testing.TB, id uuid.UUID) relaytest.RowState {
+	t.Helper()
+	var s relaytest.RowState
+	var lastErr *string
+	err := h.pool.QueryRow(testkit.Context(t, 30*time.Second), `SELECT processed_at IS NOT NULL, parked_at IS NOT NULL,
+		dead_at IS NOT NULL, attempts, last_error FROM outbox WHERE id = $1`, id).
+		Scan(&s.Processed, &s.Parked, &s.Dead, &s.Attempts, &lastErr)
+	if err != nil {
+		t.Fatalf("state of %s: %v", id, err)
+	}
+	if lastErr != nil {
+		s.LastError = *lastErr
+	}
+	return s
+}
+
+// TestConformance runs the relay.Store contract against PostgreSQL.
+func TestConformance(t *testing.T) {
+	testkit.RequirePostgres(t)
+	relaytest.StoreSuite(t, newPGHarness)
+}

@@ -1,0 +1,72 @@
+package rabbitmq
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/relay"
+	"github.com/ordo-relay/ordo/relay/relaytest"
+)
+
+// brokerHarness is the RabbitMQ publisher behind a TCP proxy, with an
+// exchange of its own and a queue bound to "bound".
+type brokerHarness struct {
+	pub      *Publisher
+	proxy    *testkit.Proxy
+	exchange string
+}
+
+func newBrokerHarness(t *testing.T) relaytest.PublisherHarness {
+	testkit.RequireRabbitMQ(t)
+	ex := testkit.NewExchange(t)
+	queue := testkit.UniqueName(t, "q")
+	testkit.WithChannel(t, func(ch *amqp.Channel) error {
+		if _, err := ch.QueueDeclare(queue, false, true, false, false, nil); err != nil {
+			return err
+		}
+		return ch.QueueBind(queue, "bound", ex, false, nil)
+	})
+	t.Cleanup(func() {
+		testkit.WithChannel(t, func(ch *amqp.Channel) error { _, err := ch.QueueDelete(queue, false, false, false); return err })
+	})
+	host := strings.TrimSuffix(strings.TrimPrefix(testkit.AMQPURL(), "amqp://guest:guest@"), "/")
+	proxy := testkit.NewProxy(t, host)
+	pub := New(Config{URL: proxy.URL(testkit.AMQPURL()), Window: 512, ReconnectMax: 100 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- pub.Run(ctx) }()
+	t.Cleanup(func() {
+		proxy.Resume()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return &brokerHarness{pub: pub, proxy: proxy, exchange: ex}
+}
+
+func (h *brokerHarness) Publisher() relay.Publisher { return h.pub }
+
+func (h *brokerHarness) msg(exchange, routingKey string) relay.Message {
+	return relay.Message{Exchange: exchange, RoutingKey: routingKey, Type: "t", Payload: []byte(`{}`), OccurredAt: time.Now()}
+}
+
+func (h *brokerHarness) Routable() relay.Message   { return h.msg(h.exchange, "bound") }
+func (h *brokerHarness) Unroutable() relay.Message { return h.msg(h.exchange, "nobody.listens") }
+func (h *brokerHarness) Missing() relay.Message    { return h.msg(h.exchange+".missing", "bound") }
+func (h *brokerHarness) Stall(testing.TB)          { h.proxy.Stall() }
+func (h *brokerHarness) Cut(testing.TB)            { h.proxy.Cut() }
+func (h *brokerHarness) Restore(testing.TB) {
+	h.proxy.Resume()
+	h.proxy.Restore()
+}
+
+// TestConformance runs the relay.Publisher contract against RabbitMQ.
+func TestConformance(t *testing.T) {
+	relaytest.PublisherSuite(t, newBrokerHarness)
+}

@@ -1,0 +1,294 @@
+package relaytest
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/ordo-relay/ordo/relay"
+)
+
+// RowState is what the Store suite checks of a stored row.
+type RowState struct {
+	Processed, Parked, Dead bool
+	Attempts                int
+	LastError               string
+}
+
+// StoreHarness is what the Store conformance suite needs of one
+// implementation, on storage of its own (a fresh database, say).
+type StoreHarness interface {
+	// Store is the implementation under test.
+	Store() relay.Store
+	// Insert commits one pending row per key, in order, in partition, as
+	// a producer's transaction would, and returns their ids.
+	Insert(t testing.TB, partition int, keys ...string) []uuid.UUID
+	// Grant makes node the holder of partition at a new epoch, as a claim
+	// does, and returns the epoch.
+	Grant(t testing.TB, node string, partition int) int64
+	// Skip makes a pending row dead (processed and never published), as an
+	// operator's skip does.
+	Skip(t testing.TB, id uuid.UUID)
+	// State returns a row's state.
+	State(t testing.TB, id uuid.UUID) RowState
+}
+
+// StoreSuite runs the relay.Store contract against the implementation
+// newHarness makes, one fresh harness per case. Every Store (the
+// PostgreSQL one, the in-memory one) must pass it.
+func StoreSuite(t *testing.T, newHarness func(t *testing.T) StoreHarness) {
+	cases := []struct {
+		name string
+		run  func(t *testing.T, h StoreHarness)
+	}{
+		{"key heads in seq order", storeHeadsInSeqOrder},
+		{"per-key limit counts pending rows below", storePerKeyLimit},
+		{"exclude leaves out rows and their followers", storeExclude},
+		{"partitions and limit", storePartitionsAndLimit},
+		{"mark releases the key", storeMarkReleasesKey},
+		{"marks refused at a stale epoch", storeMarkRefusedAtStaleEpoch},
+		{"failures back off and park", storeFailuresBackOffAndPark},
+		{"failure records refused at a stale epoch", storeFailureRefusedAtStaleEpoch},
+		{"prev key_seq steps over dead rows", storePrevKeySeqOverDead},
+		{"retention deletes only held, processed, live rows", storeRetention},
+		{"listen wakes per partition", storeListen},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			c.run(t, newHarness(t))
+		})
+	}
+}
+
+func ctxFor(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func read(t *testing.T, h StoreHarness, parts []int32, exclude []uuid.UUID, perKey, limit int) []relay.Row {
+	t.Helper()
+	rows, err := h.Store().ReadHeads(ctxFor(t), parts, exclude, perKey, limit)
+	if err != nil {
+		t.Fatalf("ReadHeads: %v", err)
+	}
+	return rows
+}
+
+func ids(rows []relay.Row) []uuid.UUID {
+	out := make([]uuid.UUID, len(rows))
+	for i, r := range rows {
+		out[i] = r.ID
+	}
+	return out
+}
+
+func wantIDs(t *testing.T, what string, got, want []uuid.UUID) {
+	t.Helper()
+	if !slices.Equal(got, want) {
+		t.Fatalf("%s: got %v, want %v", what, got, want)
+	}
+}
+
+func settled(part int, epoch int64, id ...uuid.UUID) []relay.Settled {
+	out := make([]relay.Settled, len(id))
+	for i, x := range id {
+		out[i] = relay.Settled{ID: x, Partition: part, Epoch: epoch, Err: "injected"}
+	}
+	return out
+}
+
+func storeHeadsInSeqOrder(t *testing.T, h StoreHarness) {
+	id := h.Insert(t, 1, "a", "b", "a", "c", "b")
+	rows := read(t, h, []int32{1}, nil, 1, 100)
+	wantIDs(t, "heads", ids(rows), []uuid.UUID{id[0], id[1], id[3]})
+	r := rows[0]
+	if r.CorrelationID != "a" || r.KeySeq != 1 || r.PrevKeySeq != 0 || r.Partition != 1 || r.PrevDead || r.Attempts != 0 {
+		t.Fatalf("first head: %+v", r)
+	}
+}
+
+func storePerKeyLimit(t *testing.T, h StoreHarness) {
+	id := h.Insert(t, 1, "a", "a", "a", "b")
+	wantIDs(t, "perKey 2", ids(read(t, h, []int32{1}, nil, 2, 100)), []uuid.UUID{id[0], id[1], id[3]})
+}
+
+func storeExclude(t *testing.T, h StoreHarness) {
+	id := h.Insert(t, 1, "a", "a", "b")
+	wantIDs(t, "excluding a1", ids(read(t, h, []int32{1}, id[:1], 1, 100)), []uuid.UUID{id[2]})
+}
+
+func storePartitionsAndLimit(t *testing.T, h StoreHarness) {
+	one := h.Insert(t, 1, "a", "b", "c")
+	two := h.Insert(t, 2, "d")
+	wantIDs(t, "partition 2", ids(read(t, h, []int32{2}, nil, 1, 100)), two)
+	wantIDs(t, "limit 2", ids(read(t, h, []int32{1, 2}, nil, 1, 2)), one[:2])
+	if rows := read(t, h, []int32{3}, nil, 1, 100); len(rows) != 0 {
+		t.Fatalf("partition 3 is empty, read %d rows", len(rows))
+	}
+}
+
+func storeMarkReleasesKey(t *testing.T, h StoreHarness) {
+	e := h.Grant(t, "n1", 1)
+	id := h.Insert(t, 1, "a", "a")
+	marked, err := h.Store().MarkPublished(ctxFor(t), "n1", settled(1, e, id[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantIDs(t, "marked", marked, id[:1])
+	if !h.State(t, id[0]).Processed {
+		t.Fatal("marked row not processed")
+	}
+	wantIDs(t, "next head", ids(read(t, h, []int32{1}, nil, 1, 100)), id[1:])
+	again, err := h.Store().MarkPublished(ctxFor(t), "n1", settled(1, e, id[0]))
+	if err != nil || len(again) != 0 {
+		t.Fatalf("marking a processed row again: %v, %v", again, err)
+	}
+}
+
+func storeMarkRefusedAtStaleEpoch(t *testing.T, h StoreHarness) {
+	e1 := h.Grant(t, "n1", 1)
+	id := h.Insert(t, 1, "a", "b")
+	// The same node, a newer epoch: the epoch alone refuses (a paused
+	// process of the same name, say).
+	e2 := h.Grant(t, "n1", 1)
+	marked, err := h.Store().MarkPublished(ctxFor(t), "n1", settled(1, e1, id[0]))
+	if err != nil || len(marked) != 0 {
+		t.Fatalf("mark at epoch %d after epoch %d was claimed: %v, %v", e1, e2, marked, err)
+	}
+	// Another node now: the owner refuses.
+	h.Grant(t, "n2", 1)
+	marked, err = h.Store().MarkPublished(ctxFor(t), "n1", settled(1, e2, id[1]))
+	if err != nil || len(marked) != 0 {
+		t.Fatalf("mark by a node that lost the lease: %v, %v", marked, err)
+	}
+	if h.State(t, id[0]).Processed || h.State(t, id[1]).Processed {
+		t.Fatal("a refused mark processed a row")
+	}
+}
+
+func storeFailuresBackOffAndPark(t *testing.T, h StoreHarness) {
+	e := h.Grant(t, "n1", 1)
+	id := h.Insert(t, 1, "a", "a", "b")
+	s := settled(1, e, id[0])
+	s[0].Delay = time.Hour
+	parked, err := h.Store().RecordFailures(ctxFor(t), "n1", s, 2)
+	if err != nil || len(parked) != 0 {
+		t.Fatalf("first failure: parked %v, %v", parked, err)
+	}
+	if st := h.State(t, id[0]); st.Attempts != 1 || st.LastError != "injected" || st.Parked || st.Processed {
+		t.Fatalf("after one failure: %+v", st)
+	}
+	wantIDs(t, "while a backs off", ids(read(t, h, []int32{1}, nil, 1, 100)), id[2:])
+	s[0].Delay = 0
+	parked, err = h.Store().RecordFailures(ctxFor(t), "n1", s, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantIDs(t, "parked", parked, id[:1])
+	if st := h.State(t, id[0]); st.Attempts != 2 || !st.Parked {
+		t.Fatalf("after the second failure: %+v", st)
+	}
+	wantIDs(t, "while a is parked", ids(read(t, h, []int32{1}, nil, 1, 100)), id[2:])
+}
+
+func storeFailureRefusedAtStaleEpoch(t *testing.T, h StoreHarness) {
+	e := h.Grant(t, "n1", 1)
+	id := h.Insert(t, 1, "a")
+	h.Grant(t, "n1", 1)
+	if _, err := h.Store().RecordFailures(ctxFor(t), "n1", settled(1, e, id...), 1); err != nil {
+		t.Fatal(err)
+	}
+	if st := h.State(t, id[0]); st.Attempts != 0 || st.Parked {
+		t.Fatalf("a failure recorded at a stale epoch: %+v", st)
+	}
+}
+
+func storePrevKeySeqOverDead(t *testing.T, h StoreHarness) {
+	e := h.Grant(t, "n1", 1)
+	id := h.Insert(t, 1, "a", "a", "a", "a")
+	if _, err := h.Store().MarkPublished(ctxFor(t), "n1", settled(1, e, id[0])); err != nil {
+		t.Fatal(err)
+	}
+	h.Skip(t, id[1])
+	h.Skip(t, id[2])
+	rows := read(t, h, []int32{1}, nil, 1, 100)
+	wantIDs(t, "head after dead rows", ids(rows), id[3:])
+	if !rows[0].PrevDead {
+		t.Fatal("PrevDead not set on a row whose predecessor is dead")
+	}
+	prev, err := h.Store().PrevKeySeq(ctxFor(t), "a", 4)
+	if err != nil || prev != 1 {
+		t.Fatalf("PrevKeySeq(a, 4) = %d, %v; want 1", prev, err)
+	}
+	if prev, err := h.Store().PrevKeySeq(ctxFor(t), "a", 1); err != nil || prev != 0 {
+		t.Fatalf("PrevKeySeq(a, 1) = %d, %v; want 0", prev, err)
+	}
+}
+
+func storeRetention(t *testing.T, h StoreHarness) {
+	e := h.Grant(t, "n1", 1)
+	id := h.Insert(t, 1, "a", "b", "c")
+	if _, err := h.Store().MarkPublished(ctxFor(t), "n1", settled(1, e, id[0], id[1])); err != nil {
+		t.Fatal(err)
+	}
+	h.Skip(t, id[2])
+	time.Sleep(20 * time.Millisecond) // processed "more than 10ms ago" by the store's clock
+	if n, err := h.Store().DeleteProcessed(ctxFor(t), "n1", 1, e+1, 10*time.Millisecond, 10); err != nil || n != 0 {
+		t.Fatalf("retention at a stale epoch deleted %d (%v)", n, err)
+	}
+	if n, err := h.Store().DeleteProcessed(ctxFor(t), "n1", 1, e, time.Hour, 10); err != nil || n != 0 {
+		t.Fatalf("retention of rows younger than its age deleted %d (%v)", n, err)
+	}
+	n, err := h.Store().DeleteProcessed(ctxFor(t), "n1", 1, e, 10*time.Millisecond, 1)
+	if err != nil || n != 1 {
+		t.Fatalf("retention with limit 1 deleted %d (%v)", n, err)
+	}
+	n, err = h.Store().DeleteProcessed(ctxFor(t), "n1", 1, e, 10*time.Millisecond, 10)
+	if err != nil || n != 1 {
+		t.Fatalf("second retention pass deleted %d (%v), want the other processed row", n, err)
+	}
+	if !h.State(t, id[2]).Dead {
+		t.Fatal("retention deleted a dead row")
+	}
+}
+
+func storeListen(t *testing.T, h StoreHarness) {
+	ctx, cancel := context.WithCancel(context.Background())
+	woke := make(chan int, 16)
+	done := make(chan error, 1)
+	go func() {
+		done <- h.Store().Listen(ctx, func(p int) {
+			select {
+			case woke <- p:
+			default:
+			}
+		})
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Listen: %v", err)
+		}
+	}()
+	wait := func(want int) {
+		t.Helper()
+		deadline := time.After(30 * time.Second)
+		for {
+			select {
+			case p := <-woke:
+				if p == want {
+					return
+				}
+			case <-deadline:
+				t.Fatalf("no wake-up for partition %d", want)
+			}
+		}
+	}
+	wait(-1) // once listening: notifications sent before are gone
+	h.Insert(t, 5, "a")
+	wait(5)
+}
