@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ordo-relay/ordo/internal/outage"
+	"github.com/ordo-relay/ordo/internal/redact"
 )
 
 // Header names Ordo sets on every message (DESIGN.md, "The AMQP message").
@@ -144,6 +145,10 @@ func (p *AMQPPublisher) Run(ctx context.Context) error {
 			Dial:      amqp.DefaultDial(5 * time.Second),
 		})
 		if err != nil {
+			if _, perr := amqp.ParseURI(p.cfg.URL); perr != nil {
+				// The parse error quotes the whole URL, password included.
+				err = fmt.Errorf("the AMQP URL %s does not parse", redact.URL(p.cfg.URL))
+			}
 			p.down.Fail(fmt.Errorf("dial: %w", err))
 			sleepCtx(ctx, bo.next())
 			continue
