@@ -14,20 +14,34 @@ UPDATE outbox_keys k SET partition = (
     WHERE o.correlation_id = k.correlation_id
     ORDER BY o.key_seq DESC LIMIT 1);
 
+-- The same function also closes the gap migration 0006 left: a retried
+-- INSERT of an id whose first attempt was still uncommitted passed the
+-- "id exists?" check, waited for the key's counter lock, took the next
+-- key_seq and was then dropped by ON CONFLICT, leaving that key_seq to no
+-- row (consumers wait for it forever). The check now runs after the
+-- counter lock, when a first attempt that held it has ended (each
+-- statement of the function sees what committed before it); a repeated id
+-- gives its counter step back under that same lock.
 CREATE OR REPLACE FUNCTION outbox_assign_key_seq() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     key_partition int;
 BEGIN
-    IF EXISTS (SELECT 1 FROM outbox WHERE id = NEW.id) THEN
-        RETURN NULL; -- the row is there already: nothing to insert, nothing to count
-    END IF;
     INSERT INTO outbox_keys AS k (correlation_id, last_key_seq, partition)
     VALUES (NEW.correlation_id, 1, NEW.partition)
     ON CONFLICT (correlation_id) DO UPDATE
         SET last_key_seq = k.last_key_seq + 1,
             partition = coalesce(k.partition, EXCLUDED.partition)
     RETURNING k.last_key_seq, k.partition INTO NEW.key_seq, key_partition;
+    IF EXISTS (SELECT 1 FROM outbox WHERE id = NEW.id) THEN
+        -- The row is there already: nothing to insert, nothing to count.
+        IF NEW.key_seq = 1 THEN
+            DELETE FROM outbox_keys WHERE correlation_id = NEW.correlation_id;
+        ELSE
+            UPDATE outbox_keys SET last_key_seq = last_key_seq - 1 WHERE correlation_id = NEW.correlation_id;
+        END IF;
+        RETURN NULL;
+    END IF;
     IF key_partition IS DISTINCT FROM NEW.partition THEN
         -- The statement fails, so the counter's increment is undone too.
         RAISE EXCEPTION 'outbox: correlation_id % belongs to partition % (its earlier rows), but this row says partition %',
