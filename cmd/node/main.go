@@ -9,6 +9,7 @@
 //	node retry  [-http ADDR] ID | -key K   retry a parked message
 //	node skip   [-http ADDR] ID            skip (kill) a parked message
 //	node purge  [-http ADDR]               delete purgeable dead rows
+//	node fill-gap [-http ADDR] KEY KEY_SEQ put a dead placeholder in a key_seq gap
 //	node gossip-key [-http ADDR] add|use|remove KEY   rotate gossip keys while running
 package main
 
@@ -97,7 +98,7 @@ func parseConfig(args []string, lookup func(string) (string, bool), out io.Write
 	fs.BoolVar(&o.GossipInsecure, "gossip-insecure", false, "allow -gossip-addr without -gossip-key: gossip unencrypted (logged as a warning at every start)")
 	fs.DurationVar(&c.RejoinInterval, "rejoin-interval", c.RejoinInterval, "how often to join the seeds again (heals splits)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
-	fs.Usage = envflag.Usage(fs, "ORDO", "usage: node [flags]\n       node status|parked|retry|skip|purge|gossip-key -h\n\nRuns one Ordo relay node.")
+	fs.Usage = envflag.Usage(fs, "ORDO", "usage: node [flags]\n       node status|parked|retry|skip|purge|fill-gap|gossip-key -h\n\nRuns one Ordo relay node.")
 	if err := envflag.Parse(fs, "ORDO", args, lookup); err != nil {
 		return o, err
 	}
@@ -129,7 +130,7 @@ func main() {
 		switch os.Args[1] {
 		case "status":
 			os.Exit(statusMain(os.Args[2:], os.LookupEnv, os.Stdout, os.Stderr))
-		case "parked", "retry", "skip", "purge", "gossip-key":
+		case "parked", "retry", "skip", "purge", "gossip-key", "fill-gap":
 			os.Exit(adminMain(os.Args[1], os.Args[2:], os.LookupEnv, os.Stdout, os.Stderr))
 		}
 	}
