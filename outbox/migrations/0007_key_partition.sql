@@ -22,8 +22,12 @@ UPDATE outbox_keys k SET partition = (
 -- counter lock, when a first attempt that held it has ended (each
 -- statement of the function sees what committed before it); a repeated id
 -- gives its counter step back under that same lock.
+--
+-- SET enable_seqscan = off is migration 0008's setting, kept here because
+-- CREATE OR REPLACE resets it and a database already at 0008 applies this
+-- migration after it.
 CREATE OR REPLACE FUNCTION outbox_assign_key_seq() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
     key_partition int;
 BEGIN
