@@ -22,6 +22,8 @@ const OperatorHeader = "X-Ordo-Operator"
 //	POST /admin/keys/{key}/retry        retry the parked message of a key
 //	POST /admin/messages/{id}/skip      skip (kill) one parked message
 //	POST /admin/purge                   delete purgeable dead rows
+//	GET  /admin/gaps[?limit=N]          key_seq gaps (see Gap)
+//	POST /admin/keys/{key}/gaps/{keySeq}/fill   put a dead placeholder in a gap
 //
 // Every request needs "Authorization: Bearer <token>". With an empty token
 // the actions are off and every request is answered 403 saying so.
@@ -36,6 +38,8 @@ func Handler(store *Store, token string, logger *slog.Logger) http.Handler {
 	mux.HandleFunc("POST /admin/keys/{key}/retry", h.auth(h.retryKey))
 	mux.HandleFunc("POST /admin/messages/{id}/skip", h.auth(h.skip))
 	mux.HandleFunc("POST /admin/purge", h.auth(h.purge))
+	mux.HandleFunc("GET /admin/gaps", h.auth(h.gaps))
+	mux.HandleFunc("POST /admin/keys/{key}/gaps/{keySeq}/fill", h.auth(h.fillGap))
 	mux.HandleFunc("/admin/", h.auth(func(w http.ResponseWriter, r *http.Request, _ Actor) {
 		writeErr(w, http.StatusNotFound, "unknown admin action "+r.Method+" "+r.URL.Path)
 	}))
@@ -83,15 +87,52 @@ func (h *handler) auth(next func(http.ResponseWriter, *http.Request, Actor)) htt
 	}
 }
 
+// limit reads the ?limit= of a listing (default 100), answering 400 when
+// it is not an integer from 1 to 10000.
+func limit(w http.ResponseWriter, r *http.Request) (int, bool) {
+	s := r.URL.Query().Get("limit")
+	if s == "" {
+		return 100, true
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 || n > 10000 {
+		writeErr(w, http.StatusBadRequest, "limit must be an integer from 1 to 10000")
+		return 0, false
+	}
+	return n, true
+}
+
+func (h *handler) gaps(w http.ResponseWriter, r *http.Request, _ Actor) {
+	n, ok := limit(w, r)
+	if !ok {
+		return
+	}
+	list, err := h.store.ListGaps(r.Context(), n)
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
+	if list == nil {
+		list = []Gap{}
+	}
+	writeJSON(w, http.StatusOK, list)
+}
+
+func (h *handler) fillGap(w http.ResponseWriter, r *http.Request, who Actor) {
+	key := r.PathValue("key")
+	seq, err := strconv.ParseInt(r.PathValue("keySeq"), 10, 64)
+	if err != nil || seq < 1 {
+		writeErr(w, http.StatusBadRequest, "malformed key_seq "+strconv.Quote(r.PathValue("keySeq"))+": want a positive integer")
+		return
+	}
+	id, err := h.store.FillGap(r.Context(), who, key, seq)
+	h.done(w, err, map[string]any{"key": key, "keySeq": seq, "placeholder": id})
+}
+
 func (h *handler) parked(w http.ResponseWriter, r *http.Request, _ Actor) {
-	limit := 100
-	if s := r.URL.Query().Get("limit"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > 10000 {
-			writeErr(w, http.StatusBadRequest, "limit must be an integer from 1 to 10000")
-			return
-		}
-		limit = n
+	limit, ok := limit(w, r)
+	if !ok {
+		return
 	}
 	list, err := h.store.ListParked(r.Context(), limit)
 	if err != nil {
@@ -150,6 +191,8 @@ func (h *handler) fail(w http.ResponseWriter, err error) {
 		writeErr(w, http.StatusNotFound, err.Error())
 	case errors.Is(err, ErrNotParked):
 		writeErr(w, http.StatusConflict, err.Error()+": only parked messages can be retried or skipped")
+	case errors.Is(err, ErrNoGap):
+		writeErr(w, http.StatusConflict, err.Error())
 	default:
 		h.logger.Error("admin action", "err", err)
 		writeErr(w, http.StatusInternalServerError, "internal error")

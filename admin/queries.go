@@ -44,6 +44,71 @@ WHERE d.dead_at IS NOT NULL
            WHERE x.correlation_id = d.correlation_id AND x.key_seq > d.key_seq)
           < (SELECT k.last_key_seq FROM outbox_keys AS k WHERE k.correlation_id = d.correlation_id) - d.key_seq)`
 
+	// sqlGapBounds gives, for the keys worth checking, the range (lo, last]
+	// in which a key_seq without a row is a gap: nothing the relay,
+	// retention or purge does can have removed it. lo is the key's highest
+	// published row still present (retention deletes a key's published
+	// rows oldest first, and purge a dead row only below a published one,
+	// so nothing above it was deleted by them); else, with pending rows,
+	// the one below its lowest pending row (rows above a pending one are
+	// never processed, so never deleted); else last (nothing can be told).
+	// The keys worth checking: those with pending rows (keys $1 if not
+	// null), and those whose counter is ahead of their highest row (the
+	// next row would step over the missing ones).
+	sqlGapBounds = `
+WITH candidates AS (
+    SELECT DISTINCT o.correlation_id FROM outbox AS o
+    WHERE o.processed_at IS NULL AND ($1::text IS NULL OR o.correlation_id = $1)
+    UNION
+    SELECT k.correlation_id FROM outbox_keys AS k
+    WHERE ($1::text IS NULL OR k.correlation_id = $1)
+      AND k.last_key_seq > coalesce((SELECT max(o.key_seq) FROM outbox AS o WHERE o.correlation_id = k.correlation_id), k.last_key_seq)
+)
+SELECT k.correlation_id, k.last_key_seq,
+       coalesce((SELECT max(o.key_seq) FROM outbox AS o
+                 WHERE o.correlation_id = k.correlation_id AND o.processed_at IS NOT NULL AND o.dead_at IS NULL),
+                (SELECT min(o.key_seq) - 1 FROM outbox AS o
+                 WHERE o.correlation_id = k.correlation_id AND o.processed_at IS NULL),
+                k.last_key_seq) AS lo
+FROM outbox_keys AS k JOIN candidates USING (correlation_id)`
+
+	// sqlListGaps lists up to $2 key_seqs without a row inside the bounds
+	// of sqlGapBounds (keys $1 if not null), with the partition of the key
+	// and the first row after each gap, which will name it as its
+	// x-ordo-prev-key-seq.
+	sqlListGaps = `
+WITH bounds AS (` + sqlGapBounds + `)
+SELECT b.correlation_id, s.key_seq,
+       coalesce(k.partition, (SELECT o.partition FROM outbox AS o WHERE o.correlation_id = b.correlation_id LIMIT 1)),
+       (SELECT min(o.key_seq) FROM outbox AS o WHERE o.correlation_id = b.correlation_id AND o.key_seq > s.key_seq)
+FROM bounds AS b
+JOIN outbox_keys AS k USING (correlation_id)
+CROSS JOIN LATERAL generate_series(b.lo + 1, b.last_key_seq) AS s(key_seq)
+WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.correlation_id = b.correlation_id AND o.key_seq = s.key_seq)
+ORDER BY b.correlation_id, s.key_seq
+LIMIT $2`
+
+	// sqlLockKey locks key $1's counter row: no producer of the key can
+	// insert until the transaction ends.
+	sqlLockKey = `SELECT last_key_seq FROM outbox_keys WHERE correlation_id = $1 FOR UPDATE`
+
+	// sqlInsertPlaceholder inserts a dead row for key $2 in partition $3.
+	// The trigger gives it the next key_seq; sqlPlaceKeySeq moves it into
+	// the gap.
+	sqlInsertPlaceholder = `
+INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload,
+                    processed_at, dead_at, last_error)
+VALUES ($1, $3, $2, '', '', $5, '{}', clock_timestamp(), clock_timestamp(), $4)`
+
+	// sqlPlaceKeySeq moves placeholder $1 to key_seq $3 and gives key $2's
+	// counter back the step the insert took.
+	sqlPlaceKeySeq = `
+WITH moved AS (
+    UPDATE outbox SET key_seq = $3 WHERE id = $1 RETURNING 1
+)
+UPDATE outbox_keys SET last_key_seq = last_key_seq - 1
+WHERE correlation_id = $2 AND EXISTS (SELECT 1 FROM moved)`
+
 	sqlAudit = `
 INSERT INTO ordo_operator_audit (operator, remote_addr, action, target, result)
 VALUES ($1, $2, $3, $4, $5)`

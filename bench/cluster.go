@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,21 +28,28 @@ const (
 // has a fixed name and gossip address, so a node killed and started again
 // comes back as the same member; every node lists every slot's gossip
 // address as a seed, started or not. With gossip off (one node) the node
-// runs alone and owns every partition.
+// runs alone and owns every partition. Gossip is encrypted with a key
+// drawn for the run, as a real cluster's would be.
 type cluster struct {
-	r       *rig
-	amqpURL string
-	gossip  bool
-	names   []string
-	addrs   []string // gossip addresses
-	nodes   []*node  // the current process of each slot; nil before its first start
-	client  *http.Client
+	r         *rig
+	amqpURL   string
+	gossip    bool
+	gossipKey string // base64, shared by every slot
+	names     []string
+	addrs     []string // gossip addresses
+	nodes     []*node  // the current process of each slot; nil before its first start
+	client    *http.Client
 }
 
 // newCluster prepares size slots. Nothing is started yet.
 func newCluster(r *rig, amqpURL string, size int, gossip bool) (*cluster, error) {
 	c := &cluster{r: r, amqpURL: amqpURL, gossip: gossip, nodes: make([]*node, size),
 		client: &http.Client{Timeout: statusTimeout}}
+	if gossip {
+		key := make([]byte, 32)
+		rand.Read(key) // never fails (crypto/rand crashes the program instead)
+		c.gossipKey = base64.StdEncoding.EncodeToString(key)
+	}
 	for i := range size {
 		c.names = append(c.names, fmt.Sprintf("n%d", i+1))
 		if gossip {
@@ -64,6 +73,7 @@ func (c *cluster) start(ctx context.Context, i int) (*node, error) {
 		env = []string{
 			"ORDO_GOSSIP_ADDR=" + c.addrs[i],
 			"ORDO_JOIN=" + strings.Join(c.addrs, ","),
+			"ORDO_GOSSIP_KEY=" + c.gossipKey,
 			"ORDO_REJOIN_INTERVAL=" + rejoinInterval,
 		}
 	}

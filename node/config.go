@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/ordo-relay/ordo/internal/redact"
 	"github.com/ordo-relay/ordo/membership"
 	"github.com/ordo-relay/ordo/partition"
 	"github.com/ordo-relay/ordo/relay"
@@ -107,6 +109,13 @@ func (c Config) Validate() error {
 	}
 	if err := partition.ValidateCount(c.Partitions); err != nil {
 		return err
+	}
+	if c.AMQPURL == "" {
+		return errors.New("amqp-url is empty")
+	}
+	if _, err := amqp.ParseURI(c.AMQPURL); err != nil {
+		// The parse error quotes the whole URL, password included.
+		return fmt.Errorf("amqp-url %s does not parse: percent-encode reserved characters (@ : / ? # %%) in the user name and password", redact.URL(c.AMQPURL))
 	}
 	rc := c.relay(nil)
 	return rc.Validate()

@@ -19,6 +19,38 @@ import (
 	"github.com/ordo-relay/ordo/relay/rabbitmq"
 )
 
+// Limits of the node's HTTP server. Its requests are small JSON documents
+// answered from memory or one database query.
+const (
+	httpReadHeaderTimeout = 5 * time.Second
+	httpReadTimeout       = 10 * time.Second
+	httpWriteTimeout      = 30 * time.Second
+	// httpPProfWriteTimeout replaces httpWriteTimeout with -pprof, so that
+	// a default 30-second CPU profile fits.
+	httpPProfWriteTimeout = 90 * time.Second
+	httpIdleTimeout       = 2 * time.Minute
+	httpMaxHeaderBytes    = 16 << 10
+)
+
+// newHTTPServer returns the node's HTTP server for handler, with read,
+// write and idle timeouts and a header size limit, logging its own errors
+// (TLS, malformed requests) through logger.
+func newHTTPServer(handler http.Handler, pprof bool, logger *slog.Logger) *http.Server {
+	write := httpWriteTimeout
+	if pprof {
+		write = httpPProfWriteTimeout
+	}
+	return &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: httpReadHeaderTimeout,
+		ReadTimeout:       httpReadTimeout,
+		WriteTimeout:      write,
+		IdleTimeout:       httpIdleTimeout,
+		MaxHeaderBytes:    httpMaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+}
+
 // Status is the /status document.
 type Status struct {
 	Node       string              `json:"node"`
@@ -57,7 +89,10 @@ func newHTTP(cfg Config, pool *pgxpool.Pool, pub *rabbitmq.Publisher, leaser *pa
 		defer cancel()
 		problems := []string{}
 		if err := pool.Ping(ctx); err != nil {
-			problems = append(problems, "database unreachable: "+err.Error())
+			// The error names hosts, users and databases: log it, do not
+			// answer it.
+			logger.Debug("readyz: database unreachable", "err", err)
+			problems = append(problems, "database unreachable")
 		}
 		if !pub.Connected() {
 			problems = append(problems, "broker not connected")

@@ -132,10 +132,7 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("http-addr: %w", err)
 	}
-	srv := &http.Server{
-		Handler:           newHTTP(cfg, pool, amqpPub, leaser, members, r, logger),
-		ReadHeaderTimeout: 5 * time.Second,
-	}
+	srv := newHTTPServer(newHTTP(cfg, pool, amqpPub, leaser, members, r, logger), cfg.PProf, logger)
 
 	// Background services outlive the relay: they stop only after it has
 	// settled, so nothing is published under a released lease.

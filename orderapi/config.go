@@ -3,6 +3,7 @@ package orderapi
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/ordo-relay/ordo/outbox"
 )
@@ -21,6 +22,16 @@ type Config struct {
 	// MaxItems is the most items one order may hold; more is answered 400.
 	// Default 1000.
 	MaxItems int
+
+	// IdempotencyKeyTTL is how long an Idempotency-Key of POST /orders is
+	// kept: a retry within it gets the first order back. After it the key
+	// may be used for a new order, and the cleanup (RunKeyExpiry) deletes
+	// it. Default 24h; at least one minute.
+	IdempotencyKeyTTL time.Duration
+
+	// KeyExpiryInterval is how often RunKeyExpiry deletes expired keys.
+	// Default one minute.
+	KeyExpiryInterval time.Duration
 }
 
 // DefaultExchange is the exchange order events go to unless configured
@@ -33,6 +44,9 @@ func DefaultConfig() Config {
 		Exchange:     DefaultExchange,
 		MaxBodyBytes: 1 << 20,
 		MaxItems:     1000,
+
+		IdempotencyKeyTTL: 24 * time.Hour,
+		KeyExpiryInterval: time.Minute,
 	}
 }
 
@@ -47,6 +61,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("orderapi config: MaxBodyBytes is %d, it must be at least 1024", c.MaxBodyBytes)
 	case c.MaxItems < 1 || c.MaxItems > 100000:
 		return fmt.Errorf("orderapi config: MaxItems is %d, it must be between 1 and 100000", c.MaxItems)
+	case c.IdempotencyKeyTTL < time.Minute:
+		return fmt.Errorf("orderapi config: IdempotencyKeyTTL is %v, it must be at least 1m", c.IdempotencyKeyTTL)
+	case c.KeyExpiryInterval <= 0:
+		return fmt.Errorf("orderapi config: KeyExpiryInterval is %v, it must be positive", c.KeyExpiryInterval)
 	}
 	return nil
 }

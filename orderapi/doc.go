@@ -5,7 +5,7 @@
 //
 // # Endpoints
 //
-//	POST /orders              place an order            201 {"id", "total"} + Location
+//	POST /orders              place an order            201 {"id", "total"} + Location; 400; 422 (key reused)
 //	POST /orders/{id}/cancel  cancel a placed order     200 {"id", "status", "cancelledAt"}; 404; 409
 //	GET  /orders/{id}         read an order             200 {...}; 404
 //	GET  /healthz             database reachable        200 {"status": "ok"}; 503
@@ -14,6 +14,31 @@
 //
 //	{"customerId": "0190f5c2-...", "currency": "EUR",
 //	 "items": [{"bookId": "0190f5c3-...", "quantity": 2, "unitPrice": "12.50"}]}
+//
+// Field names match exactly, case included: {"CustomerID": ...} is an
+// unknown field, and an unknown field is answered 400 naming it (with its
+// path, e.g. items[0]: unknown field "UnitPrice").
+//
+// # Retries
+//
+// POST /orders honours an Idempotency-Key header (1 to 255 printable ASCII
+// characters without spaces; a UUID is a good key). The key is stored in
+// the same transaction as the order, so:
+//
+//   - the same key with the same order (compared after validation, so
+//     whitespace, field order and "12.5" against 12.50 do not matter)
+//     answers 201 with the first order's id, total and Location, plus
+//     Idempotent-Replayed: true, and writes nothing: one order, one
+//     OrderPlaced;
+//   - the same key with a different order answers 422;
+//   - a request whose key is held by a request still in flight waits for
+//     it to end, then replays its order (or, if it rolled back, places its
+//     own).
+//
+// Keys are kept for Config.IdempotencyKeyTTL (24 hours by default) from
+// the order they placed; after that a key may place a new order, and
+// Server.RunKeyExpiry deletes it (cmd/orderapi runs it every minute).
+// Requests without the header are not deduplicated.
 //
 // Every error, 4xx or 5xx, is a JSON object {"error": "..."} whose message
 // names the offending field, e.g. "items[1].unitPrice: has 3 decimal

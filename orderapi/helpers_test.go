@@ -30,6 +30,7 @@ const (
 // env is one order API over its own database, served by httptest.
 type env struct {
 	ts       *httptest.Server
+	srv      *orderapi.Server
 	pool     *pgxpool.Pool
 	exchange string
 }
@@ -61,7 +62,7 @@ func newEnv(tb testing.TB, logger *slog.Logger) *env {
 	}
 	ts := httptest.NewServer(srv)
 	tb.Cleanup(ts.Close)
-	return &env{ts: ts, pool: pool, exchange: cfg.Exchange}
+	return &env{ts: ts, srv: srv, pool: pool, exchange: cfg.Exchange}
 }
 
 type response struct {

@@ -3,6 +3,7 @@ package orderapi_test
 import (
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -279,6 +280,10 @@ func TestBadInputWritesNothing(t *testing.T) {
 		{"trailing garbage", "POST", "/orders", json, good + `x`, 400, "after the JSON"},
 		{"unknown field", "POST", "/orders", json, `{"coupon":"FREE",` + good[1:], 400, `"coupon"`},
 		{"unknown item field", "POST", "/orders", json, orderBody("EUR", `{"bookId":"`+bookA+`","quantity":1,"unitPrice":"1","discount":1}`), 400, `"discount"`},
+		{"field name in another case", "POST", "/orders", json, strings.Replace(good, `"customerId"`, `"CustomerID"`, 1), 400, `unknown field "CustomerID"`},
+		{"field name in lower case", "POST", "/orders", json, strings.Replace(good, `"customerId"`, `"customerid"`, 1), 400, `unknown field "customerid"`},
+		{"item field name in another case", "POST", "/orders", json, strings.Replace(good, `"unitPrice"`, `"UnitPrice"`, 1), 400, `items[0]: unknown field "UnitPrice"`},
+		{"field name twice in two cases", "POST", "/orders", json, `{"Currency":"USD",` + good[1:], 400, `unknown field "Currency"`},
 		{"missing currency", "POST", "/orders", json, `{"customerId":"` + customerID + `","items":[` + itemJSON(bookA, "1", `"1"`) + `]}`, 400, "currency"},
 		{"unknown currency", "POST", "/orders", json, orderBody("XXY", itemJSON(bookA, "1", `"1"`)), 400, "currency"},
 		{"lower-case currency", "POST", "/orders", json, orderBody("eur", itemJSON(bookA, "1", `"1"`)), 400, "currency"},
@@ -442,8 +447,12 @@ func TestMigrateIsIdempotent(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM ordo_schema_migrations WHERE component = 'orderapi'`).Scan(&versions); err != nil {
 		t.Fatal(err)
 	}
-	if versions != 1 {
-		t.Errorf("%d orderapi migrations recorded, want 1", versions)
+	files, err := filepath.Glob("migrations/*.sql")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("migration files: %v %v", files, err)
+	}
+	if versions != len(files) {
+		t.Errorf("%d orderapi migrations recorded, want %d (one per file)", versions, len(files))
 	}
 }
 
@@ -459,6 +468,8 @@ func TestConfig(t *testing.T) {
 		{"NUL in exchange", func(c *orderapi.Config) { c.Exchange = "a\x00b" }},
 		{"tiny body limit", func(c *orderapi.Config) { c.MaxBodyBytes = 10 }},
 		{"no items", func(c *orderapi.Config) { c.MaxItems = 0 }},
+		{"short key TTL", func(c *orderapi.Config) { c.IdempotencyKeyTTL = time.Second }},
+		{"no expiry interval", func(c *orderapi.Config) { c.KeyExpiryInterval = 0 }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := orderapi.DefaultConfig()

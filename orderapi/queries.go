@@ -31,4 +31,32 @@ FROM orders WHERE id = $1`
 	sqlSelectItems = `
 SELECT book_id, quantity, unit_price::text
 FROM order_items WHERE order_id = $1 ORDER BY line`
+
+	// sqlClaimIdempotencyKey claims key $1 for order $3 with request hash
+	// $2, or takes it over if it is older than $4 seconds. It returns a
+	// row only if the key is now this transaction's. If another
+	// transaction holds the key uncommitted, it waits for that one to end:
+	// a commit leaves the key taken (no row), a rollback frees it.
+	sqlClaimIdempotencyKey = `
+INSERT INTO order_idempotency_keys AS k (key, request_hash, order_id)
+VALUES ($1, $2, $3)
+ON CONFLICT (key) DO UPDATE
+    SET request_hash = EXCLUDED.request_hash, order_id = EXCLUDED.order_id, created_at = now()
+    WHERE k.created_at < now() - make_interval(secs => $4)
+RETURNING true`
+
+	// sqlSelectIdempotencyKey reads a taken key and its order's answer.
+	sqlSelectIdempotencyKey = `
+SELECT k.request_hash, o.id, o.currency, o.total::text
+FROM order_idempotency_keys k JOIN orders o ON o.id = k.order_id
+WHERE k.key = $1`
+
+	// sqlExpireIdempotencyKeys deletes at most $2 keys older than $1
+	// seconds, skipping keys a request holds.
+	sqlExpireIdempotencyKeys = `
+DELETE FROM order_idempotency_keys WHERE key IN (
+    SELECT key FROM order_idempotency_keys
+    WHERE created_at < now() - make_interval(secs => $1)
+    ORDER BY created_at LIMIT $2
+    FOR UPDATE SKIP LOCKED)`
 )

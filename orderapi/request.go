@@ -1,6 +1,7 @@
 package orderapi
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"math/big"
 	"mime"
 	"net/http"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -73,6 +75,24 @@ func checkJSONContentType(r *http.Request) *requestError {
 		}
 	}
 	return nil
+}
+
+// decodeStrict decodes exactly one JSON value from body into v, whose
+// object keys must match v's JSON field names exactly (encoding/json alone
+// ignores case): an unknown or differently cased name is a 400 naming it.
+func decodeStrict(body io.Reader, v any) *requestError {
+	b, err := io.ReadAll(body)
+	if err != nil {
+		return decodeError(err)
+	}
+	var generic any
+	if rerr := decodeJSON(bytes.NewReader(b), &generic); rerr != nil {
+		return rerr
+	}
+	if rerr := checkFieldNames(generic, reflect.TypeOf(v), ""); rerr != nil {
+		return rerr
+	}
+	return decodeJSON(bytes.NewReader(b), v)
 }
 
 // decodeJSON decodes exactly one JSON value from body into v, refusing

@@ -139,16 +139,7 @@ type itemOutput struct {
 }
 
 func (s *Server) placeOrder(w http.ResponseWriter, r *http.Request) {
-	if rerr := checkJSONContentType(r); rerr != nil {
-		writeError(w, rerr.status, rerr.msg)
-		return
-	}
-	var req placeRequest
-	if rerr := decodeJSON(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes), &req); rerr != nil {
-		writeError(w, rerr.status, rerr.msg)
-		return
-	}
-	o, rerr := req.validate(s.cfg.MaxItems)
+	o, key, rerr := s.readPlaceRequest(w, r)
 	if rerr != nil {
 		writeError(w, rerr.status, rerr.msg)
 		return
@@ -158,8 +149,47 @@ func (s *Server) placeOrder(w http.ResponseWriter, r *http.Request) {
 		s.internalError(w, r, fmt.Errorf("new order id: %w", err))
 		return
 	}
-	headers := traceHeaders(r)
+	err = pgx.BeginFunc(r.Context(), s.pool, func(tx pgx.Tx) error {
+		if key != "" {
+			if err := s.claimKey(r.Context(), tx, key, o.fingerprint(), id); err != nil {
+				return err
+			}
+		}
+		return s.insertOrder(r.Context(), tx, id, o, traceHeaders(r))
+	})
+	var taken *keyTaken
+	switch {
+	case errors.As(err, &taken):
+		replay(w, taken)
+	case err != nil:
+		s.internalError(w, r, fmt.Errorf("place order %s: %w", id, err))
+	default:
+		w.Header().Set("Location", "/orders/"+id.String())
+		writeJSON(w, http.StatusCreated, placedResponse{ID: id.String(), Total: o.total})
+	}
+}
 
+// readPlaceRequest checks and decodes a POST /orders request: its
+// Idempotency-Key, content type and body.
+func (s *Server) readPlaceRequest(w http.ResponseWriter, r *http.Request) (*order, string, *requestError) {
+	key, rerr := idempotencyKey(r)
+	if rerr != nil {
+		return nil, "", rerr
+	}
+	if rerr := checkJSONContentType(r); rerr != nil {
+		return nil, "", rerr
+	}
+	var req placeRequest
+	if rerr := decodeStrict(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes), &req); rerr != nil {
+		return nil, "", rerr
+	}
+	o, rerr := req.validate(s.cfg.MaxItems)
+	return o, key, rerr
+}
+
+// insertOrder writes order o as id, its items and its OrderPlaced event
+// in tx.
+func (s *Server) insertOrder(ctx context.Context, tx pgx.Tx, id uuid.UUID, o *order, headers map[string]any) error {
 	n := len(o.items)
 	lines, books, quantities, prices := make([]int32, n), make([]uuid.UUID, n), make([]int32, n), make([]string, n)
 	event := orderPlacedEvent{
@@ -173,36 +203,27 @@ func (s *Server) placeOrder(w http.ResponseWriter, r *http.Request) {
 		lines[i], books[i], quantities[i], prices[i] = int32(i+1), it.bookID, int32(it.quantity), it.unitPrice
 		event.Items[i] = itemOutput{BookID: it.bookID.String(), Quantity: it.quantity, UnitPrice: it.unitPrice}
 	}
-
-	err = pgx.BeginFunc(r.Context(), s.pool, func(tx pgx.Tx) error {
-		var placedAt time.Time
-		if err := tx.QueryRow(r.Context(), sqlInsertOrder, id, o.customerID, o.currency, o.total).Scan(&placedAt); err != nil {
-			return fmt.Errorf("insert order: %w", err)
-		}
-		if _, err := tx.Exec(r.Context(), sqlInsertItems, id, lines, books, quantities, prices); err != nil {
-			return fmt.Errorf("insert %d order items: %w", n, err)
-		}
-		event.PlacedAt = formatTime(placedAt)
-		payload, err := json.Marshal(event)
-		if err != nil {
-			return fmt.Errorf("encode OrderPlaced: %w", err)
-		}
-		_, err = s.producer.Enqueue(r.Context(), tx, outbox.Message{
-			CorrelationID: id.String(),
-			Exchange:      s.cfg.Exchange,
-			RoutingKey:    RoutingKeyOrderPlaced,
-			Type:          TypeOrderPlaced,
-			Payload:       payload,
-			Headers:       headers,
-		})
-		return err
-	})
-	if err != nil {
-		s.internalError(w, r, fmt.Errorf("place order %s: %w", id, err))
-		return
+	var placedAt time.Time
+	if err := tx.QueryRow(ctx, sqlInsertOrder, id, o.customerID, o.currency, o.total).Scan(&placedAt); err != nil {
+		return fmt.Errorf("insert order: %w", err)
 	}
-	w.Header().Set("Location", "/orders/"+id.String())
-	writeJSON(w, http.StatusCreated, placedResponse{ID: id.String(), Total: o.total})
+	if _, err := tx.Exec(ctx, sqlInsertItems, id, lines, books, quantities, prices); err != nil {
+		return fmt.Errorf("insert %d order items: %w", n, err)
+	}
+	event.PlacedAt = formatTime(placedAt)
+	payload, err := json.Marshal(event)
+	if err != nil {
+		return fmt.Errorf("encode OrderPlaced: %w", err)
+	}
+	_, err = s.producer.Enqueue(ctx, tx, outbox.Message{
+		CorrelationID: id.String(),
+		Exchange:      s.cfg.Exchange,
+		RoutingKey:    RoutingKeyOrderPlaced,
+		Type:          TypeOrderPlaced,
+		Payload:       payload,
+		Headers:       headers,
+	})
+	return err
 }
 
 type cancelledResponse struct {

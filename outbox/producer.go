@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 
@@ -17,6 +18,17 @@ import (
 type Execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
+
+// ErrKeyPartition is returned (wrapped, with the database's error naming
+// both partitions) by Enqueue when the database refuses a row because its
+// correlation id's earlier rows are in another partition: another producer
+// wrote the key's first row with a wrong partition (see
+// docs/outbox-table.md, "One key, one partition"). Nothing is written.
+var ErrKeyPartition = errors.New("correlation id's earlier rows are in another partition")
+
+// constraintKeyPartition names the trigger's check that a key keeps its
+// partition (migration 0007).
+const constraintKeyPartition = "outbox_key_partition"
 
 // Producer writes messages to the outbox. It is safe for concurrent use.
 type Producer struct {
@@ -83,6 +95,10 @@ func (p *Producer) Enqueue(ctx context.Context, tx Execer, msgs ...Message) ([]u
 		payloads[j], headers[j] = string(m.Payload), string(h)
 	}
 	if _, err := tx.Exec(ctx, sqlEnqueue, rowIDs, partitions, keys, exchanges, routing, types, payloads, headers); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.ConstraintName == constraintKeyPartition {
+			return nil, fmt.Errorf("outbox: enqueue %d message(s): %w: %w", n, ErrKeyPartition, err)
+		}
 		return nil, fmt.Errorf("outbox: enqueue %d message(s): %w", n, err)
 	}
 	return ids, nil

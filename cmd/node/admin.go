@@ -32,6 +32,8 @@ func adminMain(cmd string, args []string, lookup func(string) (string, bool), st
 		"retry":  "usage: node retry [flags] MESSAGE-ID\n       node retry [flags] -key CORRELATION-ID\n\nPuts a parked message back at the head of its key.",
 		"skip":   "usage: node skip [flags] MESSAGE-ID\n\nMarks a parked message dead: it is never published and its key goes on.",
 		"purge":  "usage: node purge [flags]\n\nDeletes dead rows no longer needed to compute x-ordo-prev-key-seq.",
+		"fill-gap": "usage: node fill-gap [flags] CORRELATION-ID KEY-SEQ\n\nPuts a dead placeholder row in a key_seq gap (listed by node parked),\n" +
+			"so that the key's next message's x-ordo-prev-key-seq steps over it.",
 		"gossip-key": "usage: node gossip-key [flags] add|use|remove BASE64-KEY\n\nOne step of a gossip key rotation on one running node.\n" +
 			"Rotate a cluster by doing each step on every node before the next: add the new key, use it, remove the old one.",
 	}[cmd]
@@ -55,6 +57,12 @@ func adminMain(cmd string, args []string, lookup func(string) (string, bool), st
 		method, path, body = http.MethodPost, "/admin/gossip-key", bytes.NewReader(b)
 	case "parked":
 		method, path = http.MethodGet, "/admin/parked"
+	case "fill-gap":
+		if fs.NArg() != 2 {
+			fmt.Fprintf(stderr, "node fill-gap: want a correlation id and a key_seq\n")
+			return 2
+		}
+		method, path = http.MethodPost, "/admin/keys/"+url.PathEscape(fs.Arg(0))+"/gaps/"+url.PathEscape(fs.Arg(1))+"/fill"
 	case "purge":
 		method, path = http.MethodPost, "/admin/purge"
 	case "retry", "skip":
@@ -68,7 +76,7 @@ func adminMain(cmd string, args []string, lookup func(string) (string, bool), st
 			return 2
 		}
 	}
-	if cmd != "retry" && cmd != "skip" && cmd != "gossip-key" && fs.NArg() > 0 {
+	if cmd != "retry" && cmd != "skip" && cmd != "gossip-key" && cmd != "fill-gap" && fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "node %s: unexpected arguments %q\n", cmd, fs.Args())
 		return 2
 	}
@@ -76,32 +84,39 @@ func adminMain(cmd string, args []string, lookup func(string) (string, bool), st
 	if !strings.Contains(base, "://") {
 		base = "http://" + base
 	}
-	req, err := http.NewRequest(method, strings.TrimSuffix(base, "/")+path, body)
-	if err != nil {
-		fmt.Fprintf(stderr, "node %s: %v\n", cmd, err)
-		return 2
-	}
-	if *token != "" {
-		req.Header.Set("Authorization", "Bearer "+*token)
-	}
-	req.Header.Set(admin.OperatorHeader, *op)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
-	if err != nil {
-		fmt.Fprintf(stderr, "node %s: %v\n", cmd, err)
-		return 1
-	}
-	defer resp.Body.Close()
-	answer, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		var e struct{ Error string }
-		if json.Unmarshal(answer, &e) != nil || e.Error == "" {
-			e.Error = strings.TrimSpace(string(answer))
+	call := func(method, path string, body io.Reader) ([]byte, int) {
+		req, err := http.NewRequest(method, strings.TrimSuffix(base, "/")+path, body)
+		if err != nil {
+			fmt.Fprintf(stderr, "node %s: %v\n", cmd, err)
+			return nil, 2
 		}
-		fmt.Fprintf(stderr, "node %s: %s (%s)\n", cmd, e.Error, resp.Status)
-		return 1
+		if *token != "" {
+			req.Header.Set("Authorization", "Bearer "+*token)
+		}
+		req.Header.Set(admin.OperatorHeader, *op)
+		if body != nil {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+		if err != nil {
+			fmt.Fprintf(stderr, "node %s: %v\n", cmd, err)
+			return nil, 1
+		}
+		defer resp.Body.Close()
+		answer, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			var e struct{ Error string }
+			if json.Unmarshal(answer, &e) != nil || e.Error == "" {
+				e.Error = strings.TrimSpace(string(answer))
+			}
+			fmt.Fprintf(stderr, "node %s: %s (%s)\n", cmd, e.Error, resp.Status)
+			return nil, 1
+		}
+		return answer, 0
+	}
+	answer, code := call(method, path, body)
+	if code != 0 {
+		return code
 	}
 	if cmd != "parked" {
 		fmt.Fprintln(stdout, strings.TrimSpace(string(answer)))
@@ -112,18 +127,53 @@ func adminMain(cmd string, args []string, lookup func(string) (string, bool), st
 		fmt.Fprintf(stderr, "node parked: decode: %v\n", err)
 		return 1
 	}
-	if len(list) == 0 {
-		fmt.Fprintln(stdout, "no parked messages")
-		return 0
+	printParked(stdout, list)
+	answer, code = call(http.MethodGet, "/admin/gaps", nil)
+	if code != 0 {
+		return code
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	var gaps []admin.Gap
+	if err := json.Unmarshal(answer, &gaps); err != nil {
+		fmt.Fprintf(stderr, "node parked: decode gaps: %v\n", err)
+		return 1
+	}
+	printGaps(stdout, gaps)
+	return 0
+}
+
+// printParked prints parked messages as a table.
+func printParked(w io.Writer, list []admin.Parked) {
+	if len(list) == 0 {
+		fmt.Fprintln(w, "no parked messages")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tKEY\tKEY_SEQ\tATTEMPTS\tWAITING\tPARKED\tERROR")
 	for _, p := range list {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\n", p.ID, p.CorrelationID, p.KeySeq, p.Attempts, p.Waiting,
 			p.ParkedAt.Format(time.RFC3339), p.LastError)
 	}
 	tw.Flush()
-	return 0
+}
+
+// printGaps prints key_seq gaps as a table, with what to do about them.
+func printGaps(w io.Writer, gaps []admin.Gap) {
+	if len(gaps) == 0 {
+		fmt.Fprintln(w, "no key_seq gaps")
+		return
+	}
+	fmt.Fprintf(w, "\n%d key_seq gap(s): no row holds these key_seqs, so consumers of the key will wait for them.\n"+
+		"Fill one with: node fill-gap KEY KEY_SEQ (a dead placeholder the next message steps over)\n", len(gaps))
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tKEY_SEQ\tPARTITION\tNEXT_ROW")
+	for _, g := range gaps {
+		next := "none yet"
+		if g.NextKeySeq > 0 {
+			next = fmt.Sprint(g.NextKeySeq)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", g.CorrelationID, g.KeySeq, g.Partition, next)
+	}
+	tw.Flush()
 }
 
 func currentUser() string {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -132,5 +133,60 @@ func TestGossipKeyCommand(t *testing.T) {
 		if code != c.code || !strings.Contains(out+errOut, c.want) {
 			t.Fatalf("%s: exit %d, out %q, err %q; want %d and %q", c.name, code, out, errOut, c.code, c.want)
 		}
+	}
+}
+
+// TestFillGapEndToEnd: a key whose head is parked has a row behind it
+// deleted by hand, which leaves a key_seq gap. node parked lists the gap;
+// node fill-gap puts a dead placeholder in it; once the head is skipped,
+// the message after the gap is published with an x-ordo-prev-key-seq that
+// steps over both, instead of naming a message that never existed.
+func TestFillGapEndToEnd(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ex := testkit.NewExchange(t)
+	checker := testkit.NewChecker(t, testkit.AMQPURL(), ex, "ok.*")
+	head := f.enqueueTo(t, ex, "holey", "nowhere.bound", 1)[0] // returned: parked
+	behind := f.enqueueTo(t, ex, "holey", "ok.placed", 2)      // key_seq 2 and 3
+	_, base := f.start(t, "gap-node", "ORDO_ADMIN_TOKEN=s3cret", "ORDO_RETRY_MIN=10ms", "ORDO_RETRY_MAX=50ms")
+	addr := strings.TrimPrefix(base, "http://")
+	env := map[string]string{"ORDO_ADMIN_TOKEN": "s3cret"}
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, out, _ := runAdmin(t, env, "parked", "-http", addr)
+		if code == 0 && strings.Contains(out, head.String()) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("head never parked (exit %d):\n%s", code, out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := f.pool.Exec(ctx30(t), `DELETE FROM outbox WHERE id = $1`, behind[0]); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := runAdmin(t, env, "parked", "-http", addr)
+	if code != 0 || !strings.Contains(out, "1 key_seq gap(s)") || !regexp.MustCompile(`holey\s+2\s+\d+\s+3`).MatchString(out) {
+		t.Fatalf("node parked does not show the gap (exit %d, %s):\n%s", code, errOut, out)
+	}
+	t.Logf("parked:\n%s", out)
+	if code, _, errOut := runAdmin(t, env, "fill-gap", "-http", addr, "holey", "3"); code != 1 || !strings.Contains(errOut, "not a key_seq gap") {
+		t.Fatalf("fill-gap of a row: exit %d %q, want 1 and a refusal", code, errOut)
+	}
+	if code, out, errOut := runAdmin(t, env, "fill-gap", "-http", addr, "-operator", "bob", "holey", "2"); code != 0 || !strings.Contains(out, "placeholder") {
+		t.Fatalf("fill-gap: exit %d %s %s", code, out, errOut)
+	}
+	if code, out, _ := runAdmin(t, env, "parked", "-http", addr); code != 0 || !strings.Contains(out, "no key_seq gaps") {
+		t.Fatalf("a gap is still listed after filling it:\n%s", out)
+	}
+	if code, _, errOut := runAdmin(t, env, "skip", "-http", addr, head.String()); code != 0 {
+		t.Fatalf("skip: %s", errOut)
+	}
+	checker.WaitFor(t, 30*time.Second, func(r testkit.Report) bool { return r.Distinct >= 1 })
+	d := checker.Deliveries()[0]
+	if d.MessageID != behind[1].String() || d.KeySeq != 3 || !d.HasPrevKeySeq || d.PrevKeySeq != 0 {
+		t.Fatalf("delivery %s key_seq %d prev %d (%v); want %s, 3, prev 0 (1 skipped, 2 filled)",
+			d.MessageID, d.KeySeq, d.PrevKeySeq, d.HasPrevKeySeq, behind[1])
 	}
 }

@@ -53,6 +53,7 @@ func (c *cluster) start(t *testing.T, i int) {
 		"ORDO_HTTP_ADDR=" + c.http[i],
 		"ORDO_GOSSIP_ADDR=" + c.gossip[i],
 		"ORDO_JOIN=" + strings.Join(c.gossip, ","),
+		"ORDO_GOSSIP_KEY=" + testGossipKey,
 		"ORDO_REJOIN_INTERVAL=1s",
 		"ORDO_POLL_INTERVAL=200ms",
 		"ORDO_DB_MAX_CONNS=3",

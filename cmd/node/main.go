@@ -9,6 +9,7 @@
 //	node retry  [-http ADDR] ID | -key K   retry a parked message
 //	node skip   [-http ADDR] ID            skip (kill) a parked message
 //	node purge  [-http ADDR]               delete purgeable dead rows
+//	node fill-gap [-http ADDR] KEY KEY_SEQ put a dead placeholder in a key_seq gap
 //	node gossip-key [-http ADDR] add|use|remove KEY   rotate gossip keys while running
 package main
 
@@ -33,6 +34,36 @@ import (
 type options struct {
 	node.Config
 	LogLevel slog.Level
+	// GossipInsecure lets the node gossip without encryption (no
+	// -gossip-key); it is logged as a warning at every start.
+	GossipInsecure bool
+}
+
+// errGossipKey explains why a gossiping node needs a key.
+var errGossipKey = errors.New("-gossip-addr needs -gossip-key (ORDO_GOSSIP_KEY): without it any host that reaches the gossip port joins the cluster and takes partitions; " +
+	"generate one with `openssl rand -base64 32`, or pass -gossip-insecure (ORDO_GOSSIP_INSECURE=true) to gossip unencrypted on a network you trust")
+
+// checkGossipSecurity refuses a gossip address without a key, unless
+// -gossip-insecure says so explicitly, and refuses both a key and
+// -gossip-insecure.
+func (o options) checkGossipSecurity() error {
+	switch {
+	case o.GossipAddr == "":
+		return nil
+	case len(o.GossipKeys) == 0 && !o.GossipInsecure:
+		return errGossipKey
+	case len(o.GossipKeys) > 0 && o.GossipInsecure:
+		return errors.New("-gossip-insecure and -gossip-key contradict each other: drop -gossip-insecure to gossip encrypted")
+	}
+	return nil
+}
+
+// logStartWarnings logs what a start should not pass unnoticed.
+func (o options) logStartWarnings(logger *slog.Logger) {
+	if o.GossipAddr != "" && o.GossipInsecure {
+		logger.Warn("gossip is not encrypted (-gossip-insecure): any host that reaches the gossip address can join the cluster and take partitions; set -gossip-key",
+			"gossip", o.GossipAddr)
+	}
 }
 
 func parseConfig(args []string, lookup func(string) (string, bool), out io.Writer) (options, error) {
@@ -63,10 +94,11 @@ func parseConfig(args []string, lookup func(string) (string, bool), out io.Write
 	fs.StringVar(&c.GossipAddr, "gossip-addr", "", "host:port for gossip (TCP and UDP); empty runs the node alone, owning every partition")
 	fs.StringVar(&c.GossipAdvertise, "gossip-advertise", "", "host:port peers reach this node at (default: -gossip-addr)")
 	join := fs.String("join", "", "comma-separated seed gossip addresses")
-	keys := fs.String("gossip-key", "", "comma-separated base64 gossip encryption keys (16, 24 or 32 bytes); the first encrypts, all decrypt")
+	keys := fs.String("gossip-key", "", "comma-separated base64 gossip encryption keys (16, 24 or 32 bytes); the first encrypts, all decrypt; required with -gossip-addr unless -gossip-insecure")
+	fs.BoolVar(&o.GossipInsecure, "gossip-insecure", false, "allow -gossip-addr without -gossip-key: gossip unencrypted (logged as a warning at every start)")
 	fs.DurationVar(&c.RejoinInterval, "rejoin-interval", c.RejoinInterval, "how often to join the seeds again (heals splits)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
-	fs.Usage = envflag.Usage(fs, "ORDO", "usage: node [flags]\n       node status|parked|retry|skip|purge|gossip-key -h\n\nRuns one Ordo relay node.")
+	fs.Usage = envflag.Usage(fs, "ORDO", "usage: node [flags]\n       node status|parked|retry|skip|purge|fill-gap|gossip-key -h\n\nRuns one Ordo relay node.")
 	if err := envflag.Parse(fs, "ORDO", args, lookup); err != nil {
 		return o, err
 	}
@@ -87,6 +119,9 @@ func parseConfig(args []string, lookup func(string) (string, bool), out io.Write
 	if err := o.LogLevel.UnmarshalText([]byte(*level)); err != nil {
 		return o, fmt.Errorf("log-level %q: %w", *level, err)
 	}
+	if err := o.checkGossipSecurity(); err != nil {
+		return o, err
+	}
 	return o, c.Validate()
 }
 
@@ -95,7 +130,7 @@ func main() {
 		switch os.Args[1] {
 		case "status":
 			os.Exit(statusMain(os.Args[2:], os.LookupEnv, os.Stdout, os.Stderr))
-		case "parked", "retry", "skip", "purge", "gossip-key":
+		case "parked", "retry", "skip", "purge", "gossip-key", "fill-gap":
 			os.Exit(adminMain(os.Args[1], os.Args[2:], os.LookupEnv, os.Stdout, os.Stderr))
 		}
 	}
@@ -108,6 +143,7 @@ func main() {
 		os.Exit(2)
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: o.LogLevel})).With("node", o.NodeName)
+	o.logStartWarnings(logger)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	err = node.Run(ctx, o.Config, node.Options{Logger: logger})
 	stop()

@@ -297,7 +297,7 @@ func TestPartitionMismatchRefused(t *testing.T) {
 func TestParseConfig(t *testing.T) {
 	env := map[string]string{"ORDO_CONFIRM_WINDOW": "64", "ORDO_NODE_NAME": "n1"}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
-	c, err := parseConfig([]string{"-lease-ttl", "3s", "-gossip-addr", "127.0.0.1:7946", "-join", "a:1, b:2"}, lookup, io.Discard)
+	c, err := parseConfig([]string{"-lease-ttl", "3s", "-gossip-addr", "127.0.0.1:7946", "-join", "a:1, b:2", "-gossip-key", testGossipKey}, lookup, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,9 +307,80 @@ func TestParseConfig(t *testing.T) {
 	for _, bad := range [][]string{
 		{"-partitions", "0"}, {"-lease-ttl", "10ms"}, {"-db-max-conns", "1"}, {"-log-level", "loud"}, {"stray"},
 		{"-join", "a:1"}, {"-gossip-key", "short"}, {"-confirm-window", "0"},
+		{"-gossip-addr", "127.0.0.1:7946"},
+		{"-gossip-addr", "127.0.0.1:7946", "-gossip-insecure", "-gossip-key", testGossipKey},
 	} {
 		if _, err := parseConfig(bad, lookup, io.Discard); err == nil {
 			t.Errorf("parseConfig(%q) accepted", bad)
 		}
+	}
+}
+
+// closedPostgresURL points at a port nothing listens on, so a node that
+// gets past its flags retries its migrations instead of starting.
+func closedPostgresURL(t *testing.T) string {
+	return "postgres://postgres@" + testkit.FreeAddr(t) + "/postgres?sslmode=disable&connect_timeout=1"
+}
+
+// TestGossipWithoutKeyRefused: -gossip-addr without -gossip-key and without
+// -gossip-insecure exits non-zero before touching anything, naming both
+// flags.
+func TestGossipWithoutKeyRefused(t *testing.T) {
+	t.Parallel()
+	bin := testkit.BuildBinary(t, "github.com/ordo-relay/ordo/cmd/node")
+	p := testkit.StartProcess(t, "no-key", bin, []string{"-gossip-addr", testkit.FreeAddr(t), "-http-addr", testkit.FreeAddr(t)},
+		[]string{"ORDO_POSTGRES_URL=" + closedPostgresURL(t), "ORDO_GOSSIP_KEY="})
+	code, err := p.Wait(15 * time.Second)
+	if err != nil || code == 0 {
+		t.Fatalf("exit %d (%v), want a refusal", code, err)
+	}
+	if out := p.Output(); !strings.Contains(out, "-gossip-key") || !strings.Contains(out, "-gossip-insecure") {
+		t.Fatalf("output does not name -gossip-key and -gossip-insecure:\n%s", out)
+	}
+}
+
+// TestGossipInsecureWarns: with -gossip-insecure the node starts without a
+// key and says so in a warning.
+func TestGossipInsecureWarns(t *testing.T) {
+	t.Parallel()
+	bin := testkit.BuildBinary(t, "github.com/ordo-relay/ordo/cmd/node")
+	p := testkit.StartProcess(t, "insecure", bin, []string{"-gossip-addr", testkit.FreeAddr(t), "-http-addr", testkit.FreeAddr(t), "-gossip-insecure"},
+		[]string{"ORDO_POSTGRES_URL=" + closedPostgresURL(t), "ORDO_GOSSIP_KEY="})
+	p.WaitOutput(t, "gossip is not encrypted", 15*time.Second)
+	if !strings.Contains(p.Output(), "level=WARN") {
+		t.Fatalf("the insecure gossip notice is not a warning:\n%s", p.Output())
+	}
+}
+
+// testGossipKey is a 16-byte gossip key for tests ("0123456789abcdef").
+const testGossipKey = "MDEyMzQ1Njc4OWFiY2RlZg=="
+
+// TestParseConfigGossipSecurity: a gossip address needs a key or an
+// explicit -gossip-insecure; a node alone needs neither.
+func TestParseConfigGossipSecurity(t *testing.T) {
+	none := func(string) (string, bool) { return "", false }
+	for _, c := range []struct {
+		name     string
+		args     []string
+		insecure bool
+		err      string
+	}{
+		{"alone", nil, false, ""},
+		{"keyed", []string{"-gossip-addr", "127.0.0.1:7946", "-gossip-key", testGossipKey}, false, ""},
+		{"insecure", []string{"-gossip-addr", "127.0.0.1:7946", "-gossip-insecure"}, true, ""},
+		{"no key", []string{"-gossip-addr", "127.0.0.1:7946"}, false, "-gossip-key"},
+		{"both", []string{"-gossip-addr", "127.0.0.1:7946", "-gossip-key", testGossipKey, "-gossip-insecure"}, false, "-gossip-insecure"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			o, err := parseConfig(c.args, none, io.Discard)
+			switch {
+			case c.err == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+				t.Fatalf("err %v, want one naming %s", err, c.err)
+			case c.err == "" && o.GossipInsecure != c.insecure:
+				t.Fatalf("GossipInsecure = %v, want %v", o.GossipInsecure, c.insecure)
+			}
+		})
 	}
 }

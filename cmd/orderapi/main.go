@@ -62,6 +62,8 @@ func parseConfig(args []string, lookup func(string) (string, bool), output io.Wr
 	fs.StringVar(&cfg.api.Exchange, "exchange", cfg.api.Exchange, "RabbitMQ exchange the order events are addressed to")
 	fs.IntVar(&cfg.partitions, "partitions", 64, "outbox partition count; must match the installed one")
 	fs.IntVar(&cfg.dbMaxConns, "db-max-conns", 10, "most PostgreSQL connections")
+	fs.DurationVar(&cfg.api.IdempotencyKeyTTL, "idempotency-key-ttl", cfg.api.IdempotencyKeyTTL,
+		"how long an Idempotency-Key of POST /orders is kept (a retry within it gets the first order back)")
 	fs.Usage = envflag.Usage(fs, envPrefix, "usage: orderapi [flags]")
 	if err := envflag.Parse(fs, envPrefix, args, lookup); err != nil {
 		return config{}, err
@@ -160,6 +162,10 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
+	expiryCtx, stopExpiry := context.WithCancel(context.Background())
+	expiryDone := make(chan error, 1)
+	go func() { expiryDone <- handler.RunKeyExpiry(expiryCtx) }()
+	defer func() { stopExpiry(); <-expiryDone }() // before the pool closes
 	logger.Info("orderapi listening", "addr", ln.Addr().String(), "exchange", cfg.api.Exchange, "partitions", partitions)
 
 	select {

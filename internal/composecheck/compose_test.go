@@ -212,3 +212,33 @@ func helpText(tb testing.TB, pkg string) string {
 	}
 	return string(out)
 }
+
+// TestComposeGossipIsKeyed checks that every service that gossips sets a
+// gossip key: a node refuses -gossip-addr without -gossip-key unless told
+// -gossip-insecure, and compose must not need that.
+func TestComposeGossipIsKeyed(t *testing.T) {
+	svcs, err := scanCompose(strings.NewReader(repoFile(t, "docker-compose.yml")))
+	if err != nil {
+		t.Fatalf("docker-compose.yml: %v", err)
+	}
+	gossiping := 0
+	for _, s := range svcs {
+		set := map[string]bool{}
+		for _, e := range s.Env {
+			set[e.Name] = true
+		}
+		if !set["ORDO_GOSSIP_ADDR"] {
+			continue
+		}
+		gossiping++
+		if !set["ORDO_GOSSIP_KEY"] {
+			t.Errorf("service %s sets ORDO_GOSSIP_ADDR without ORDO_GOSSIP_KEY: the node refuses to start", s.Name)
+		}
+		if set["ORDO_GOSSIP_INSECURE"] {
+			t.Errorf("service %s sets ORDO_GOSSIP_INSECURE: compose gossips encrypted", s.Name)
+		}
+	}
+	if gossiping == 0 {
+		t.Fatal("no service sets ORDO_GOSSIP_ADDR: the scanner is probably broken")
+	}
+}

@@ -54,18 +54,28 @@ func Apply(ctx context.Context, tx pgx.Tx, component string, fsys fs.FS, dir str
 		PRIMARY KEY (component, version))`); err != nil {
 		return fmt.Errorf("create migrations table: %w", err)
 	}
-	var current int
-	if err := tx.QueryRow(ctx,
-		`SELECT coalesce(max(version), 0) FROM ordo_schema_migrations WHERE component = $1`,
-		component).Scan(&current); err != nil {
+	rows, err := tx.Query(ctx, `SELECT version FROM ordo_schema_migrations WHERE component = $1`, component)
+	if err != nil {
 		return fmt.Errorf("read %s schema version: %w", component, err)
+	}
+	versions, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		return fmt.Errorf("read %s schema version: %w", component, err)
+	}
+	applied := make(map[int]bool, len(versions))
+	current := 0
+	for _, v := range versions {
+		applied[v] = true
+		current = max(current, v)
 	}
 	if n := len(ms); n > 0 && current > ms[n-1].version {
 		return fmt.Errorf("%s schema version %d is newer than this binary knows (%d): upgrade the binary",
 			component, current, ms[n-1].version)
 	}
+	// Every migration not applied yet, also one numbered below the newest
+	// applied (written on a branch while a later one was merged first).
 	for _, m := range ms {
-		if m.version <= current {
+		if applied[m.version] {
 			continue
 		}
 		if _, err := tx.Exec(ctx, m.sql); err != nil {

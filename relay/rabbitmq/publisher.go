@@ -17,6 +17,7 @@ import (
 
 	"github.com/ordo-relay/ordo/internal/backoff"
 	"github.com/ordo-relay/ordo/internal/outage"
+	"github.com/ordo-relay/ordo/internal/redact"
 	"github.com/ordo-relay/ordo/relay"
 )
 
@@ -143,6 +144,10 @@ func (p *Publisher) Run(ctx context.Context) error {
 			Dial:      amqp.DefaultDial(5 * time.Second),
 		})
 		if err != nil {
+			if _, perr := amqp.ParseURI(p.cfg.URL); perr != nil {
+				// The parse error quotes the whole URL, password included.
+				err = fmt.Errorf("the AMQP URL %s does not parse", redact.URL(p.cfg.URL))
+			}
 			p.down.Fail(fmt.Errorf("dial: %w", err))
 			backoff.Sleep(ctx, bo.Next())
 			continue

@@ -1,0 +1,153 @@
+package admin_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ordo-relay/ordo/admin"
+	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/outbox"
+)
+
+// keyRows writes n rows of key and returns their ids by key_seq (index 0
+// is key_seq 1).
+func keyRows(t *testing.T, ctx context.Context, pool *pgxpool.Pool, prod *outbox.Producer, key string, n int) []string {
+	t.Helper()
+	msgs := make([]outbox.Message, n)
+	for i := range msgs {
+		msgs[i] = outbox.Message{CorrelationID: key, Exchange: "ex", RoutingKey: "rk", Type: "t", Payload: json.RawMessage(`{}`)}
+	}
+	var ids []string
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		got, err := prod.Enqueue(ctx, tx, msgs...)
+		for _, id := range got {
+			ids = append(ids, id.String())
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// TestGaps: gaps are found where nothing Ordo does can have removed a row,
+// and not where retention or purge may have; FillGap puts a dead
+// placeholder in one, under the key's lock, and refuses anything else.
+func TestGaps(t *testing.T) {
+	t.Parallel()
+	_, pool := testkit.NewTestDB(t, 3)
+	ctx := testkit.Context(t, 30*time.Second)
+	if err := outbox.Migrate(ctx, pool, 16); err != nil {
+		t.Fatal(err)
+	}
+	prod, _ := outbox.NewProducer(16)
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	const published = `UPDATE outbox SET processed_at = now() WHERE correlation_id = $1 AND key_seq = ANY($2::bigint[])`
+	const dead = `UPDATE outbox SET processed_at = now(), dead_at = now() WHERE correlation_id = $1 AND key_seq = ANY($2::bigint[])`
+	const remove = `DELETE FROM outbox WHERE correlation_id = $1 AND key_seq = ANY($2::bigint[])`
+
+	// Not gaps: published rows retention deleted, before a new row.
+	keyRows(t, ctx, pool, prod, "retained", 4)
+	exec(published, "retained", []int64{1, 2, 3})
+	exec(remove, "retained", []int64{1, 2, 3})
+	// Not gaps: a dead row kept, the published row after it retained, a
+	// pending row.
+	keyRows(t, ctx, pool, prod, "dead-kept", 3)
+	exec(dead, "dead-kept", []int64{1})
+	exec(published, "dead-kept", []int64{2})
+	exec(remove, "dead-kept", []int64{2})
+	// Not gaps: everything retained, the counter ahead of nothing.
+	keyRows(t, ctx, pool, prod, "all-gone", 3)
+	exec(published, "all-gone", []int64{1, 2, 3})
+	exec(remove, "all-gone", []int64{1, 2, 3})
+	// Gap: above a published row still present, below a pending one.
+	keyRows(t, ctx, pool, prod, "above-published", 4)
+	exec(published, "above-published", []int64{1, 2})
+	exec(remove, "above-published", []int64{3})
+	// Gap: between two pending rows (the first parked, say).
+	keyRows(t, ctx, pool, prod, "between-pending", 3)
+	exec(remove, "between-pending", []int64{2})
+	// Gap: the counter ahead of the key's highest row.
+	keyRows(t, ctx, pool, prod, "counter-ahead", 3)
+	exec(published, "counter-ahead", []int64{1, 2})
+	exec(remove, "counter-ahead", []int64{3})
+
+	store := admin.NewStore(pool)
+	gaps, err := store.ListGaps(ctx, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []admin.Gap{
+		{CorrelationID: "above-published", KeySeq: 3, NextKeySeq: 4},
+		{CorrelationID: "between-pending", KeySeq: 2, NextKeySeq: 3},
+		{CorrelationID: "counter-ahead", KeySeq: 3, NextKeySeq: 0},
+	}
+	if len(gaps) != len(want) {
+		t.Fatalf("gaps %+v, want %+v", gaps, want)
+	}
+	for i, g := range gaps {
+		g.Partition = 0
+		if g != want[i] {
+			t.Fatalf("gap %d = %+v, want %+v (all: %+v)", i, g, want[i], gaps)
+		}
+	}
+
+	who := admin.Actor{Operator: "alice", RemoteAddr: "test"}
+	for _, c := range []struct {
+		key  string
+		seq  int64
+		want error
+	}{
+		{"ghost", 1, admin.ErrNotFound},
+		{"retained", 2, admin.ErrNoGap},        // retention may have deleted it
+		{"above-published", 4, admin.ErrNoGap}, // has a row
+		{"above-published", 5, admin.ErrNoGap}, // beyond the counter
+	} {
+		if _, err := store.FillGap(ctx, who, c.key, c.seq); !errors.Is(err, c.want) {
+			t.Errorf("FillGap(%s, %d) = %v, want %v", c.key, c.seq, err, c.want)
+		}
+	}
+	for _, g := range want {
+		id, err := store.FillGap(ctx, who, g.CorrelationID, g.KeySeq)
+		if err != nil {
+			t.Fatalf("FillGap(%s, %d): %v", g.CorrelationID, g.KeySeq, err)
+		}
+		var seq, last int64
+		var typ string
+		var isDead bool
+		err = pool.QueryRow(ctx, `SELECT o.key_seq, o.type, o.dead_at IS NOT NULL AND o.processed_at IS NOT NULL, k.last_key_seq
+			FROM outbox o JOIN outbox_keys k USING (correlation_id) WHERE o.id = $1`, id).Scan(&seq, &typ, &isDead, &last)
+		if err != nil || seq != g.KeySeq || typ != admin.PlaceholderType || !isDead {
+			t.Fatalf("placeholder of %s: key_seq %d type %q dead %v (%v)", g.CorrelationID, seq, typ, isDead, err)
+		}
+		wantLast := max(g.KeySeq, g.NextKeySeq)
+		if last != wantLast {
+			t.Fatalf("%s: counter at %d after the fill, want %d (unchanged)", g.CorrelationID, last, wantLast)
+		}
+	}
+	if gaps, err := store.ListGaps(ctx, 100); err != nil || len(gaps) != 0 {
+		t.Fatalf("gaps after filling: %+v (%v)", gaps, err)
+	}
+	// The next row of a filled key continues the counter.
+	keyRows(t, ctx, pool, prod, "counter-ahead", 1)
+	var top int64
+	if err := pool.QueryRow(ctx, `SELECT max(key_seq) FROM outbox WHERE correlation_id = 'counter-ahead'`).Scan(&top); err != nil || top != 4 {
+		t.Fatalf("next row of counter-ahead got key_seq %d (%v), want 4", top, err)
+	}
+	var audited int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM ordo_operator_audit WHERE action = 'fill-gap' AND operator = 'alice'`).Scan(&audited); err != nil || audited != 7 {
+		t.Fatalf("%d fill-gap actions audited (%v), want 7", audited, err)
+	}
+}
