@@ -28,7 +28,8 @@ type Config struct {
 	HTTPAddr       string        // /healthz, /readyz, /status
 	Partitions     int           // P; must match the installed count
 	ConfirmWindow  int           // W: most unconfirmed publishes in flight
-	BatchSize      int           // most rows per read
+	BatchSize      int           // most rows per partition per read
+	ReadAheadMiB   int           // memory for rows read ahead or unmarked, in MiB
 	PollInterval   time.Duration // read without a notification this often
 	LeaseTTL       time.Duration // lease lifetime in the database
 	SettleTimeout  time.Duration // bound on settling confirms at shutdown
@@ -79,6 +80,7 @@ func DefaultConfig() Config {
 		Partitions:     partition.DefaultCount,
 		ConfirmWindow:  512,
 		BatchSize:      512,
+		ReadAheadMiB:   16,
 		PollInterval:   time.Second,
 		LeaseTTL:       2 * time.Second,
 		SettleTimeout:  5 * time.Second,
@@ -124,7 +126,8 @@ func (c Config) Validate() error {
 func (c Config) relay(logger *slog.Logger) relay.Config {
 	return relay.Config{
 		Node: c.NodeName, Window: c.ConfirmWindow, PerKeyLimit: 1, BatchSize: c.BatchSize,
-		PollInterval: c.PollInterval, ReadTimeout: c.LeaseTTL / 2, RetryMin: c.RetryMin, RetryMax: c.RetryMax, SettleTimeout: c.SettleTimeout,
+		ReadAheadBytes: int64(c.ReadAheadMiB) << 20,
+		PollInterval:   c.PollInterval, ReadTimeout: c.LeaseTTL / 2, RetryMin: c.RetryMin, RetryMax: c.RetryMax, SettleTimeout: c.SettleTimeout,
 		MaxAttempts: c.MaxAttempts, RetentionAge: c.RetentionAge, RetentionInterval: c.RetentionInterval,
 		RetentionChunk: c.RetentionChunk, Logger: logger,
 	}

@@ -20,14 +20,22 @@ func BenchmarkDecodeHeaders(b *testing.B) {
 	}
 }
 
-// BenchmarkBatchBuilding registers a batch of 512 rows as flights (the
-// per-key limit check included) and settles them, as one read-publish-mark
-// round does, without I/O.
+// BenchmarkBatchBuilding takes a read of 512 rows into the key queues,
+// registers each as a flight (the per-key rule and the lease check
+// included) and settles it, as a read-publish-confirm round does, without
+// I/O.
 func BenchmarkBatchBuilding(b *testing.B) {
 	rows := make([]Row, 512)
 	for i := range rows {
-		rows[i] = Row{ID: uuid.New(), Partition: i % 64, CorrelationID: uuid.NewString(), KeySeq: 1,
+		rows[i] = Row{ID: uuid.New(), Partition: i / 8, CorrelationID: uuid.NewString(), KeySeq: 1,
 			Exchange: "x", RoutingKey: "r", Type: "t", Payload: make([]byte, 300), Headers: []byte("{}")}
+	}
+	for i := range rows {
+		rows[i].Seq = int64(i + 1)
+	}
+	leases := map[int]Lease{}
+	for p := range 64 {
+		leases[p] = Lease{Partition: p, Epoch: 1, Deadline: time.Now().Add(time.Hour)}
 	}
 	r, err := New(Config{Node: "bench"}, nil, nil, allLeases{})
 	if err != nil {
@@ -35,19 +43,24 @@ func BenchmarkBatchBuilding(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		fs := make([]*flight, 0, len(rows))
-		for i := range rows {
-			f, err, skip := r.newFlight(&rows[i], 1)
-			if err != nil || f == nil || skip != "" {
-				b.Fatal("flight not registered")
-			}
-			fs = append(fs, f)
+		r.mu.Lock()
+		r.syncLeasesLocked(leases)
+		for _, ps := range r.parts {
+			r.ingestLocked(ps, rows[ps.id*8:ps.id*8+8])
+		}
+		r.mu.Unlock()
+		n := 0
+		for f, _ := r.nextFlight(); f != nil; f, _ = r.nextFlight() {
+			r.settle(f, Result{Outcome: Confirmed})
+			n++
+		}
+		if n != len(rows) {
+			b.Fatalf("%d flights, want %d", n, len(rows))
 		}
 		r.mu.Lock()
-		for _, f := range fs {
-			r.unconfirmed--
-			r.forgetLocked(f)
-		}
+		clear(r.flights)
+		clear(r.parts)
+		r.queue, r.bytes = nil, 0
 		r.mu.Unlock()
 	}
 }

@@ -15,8 +15,7 @@ import (
 const stallAfter = 2 * time.Second
 
 // progress makes a relay that reads but does not publish loud instead of
-// silent: it counts reads, idle reads (rows read, none published) and rows
-// skipped because their lease went away during the read; it logs a stall
+// silent: it counts rows skipped because their lease went away; it logs a stall
 // once, with reminders and a recovery line (internal/outage); and it
 // measures how long the current stall has lasted. Safe for concurrent use.
 type progress struct {
@@ -24,8 +23,6 @@ type progress struct {
 	stall  *outage.Log
 
 	mu           sync.Mutex
-	reads        int64
-	idleReads    int64
 	stalledSince time.Time // zero while the relay makes progress or has nothing to do
 	leaseLogged  time.Time // last warning about lease skips
 	leaseSkips   int64     // lease skips not yet logged
@@ -39,25 +36,31 @@ func newProgress(logger *slog.Logger) *progress {
 func (p *progress) read(err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.reads++
 	if err != nil {
 		p.stalledLocked(time.Now(), err)
 	}
 }
 
-// round records what one read round published of the rows it read.
-func (p *progress) round(rows, published int) {
+// published records that the relay published something: any stall ends.
+func (p *progress) published() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	now := time.Now()
-	switch {
-	case published > 0 || rows == 0:
+	p.stalledSince = time.Time{}
+	p.stall.OK()
+}
+
+// idle records a round that published nothing while eligible rows (ready
+// by the per-key rule, with room in the window) waited; none means the
+// relay simply has nothing to do.
+func (p *progress) idle(eligible int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if eligible == 0 {
 		p.stalledSince = time.Time{}
 		p.stall.OK()
-	default:
-		p.idleReads++
-		p.stalledLocked(now, fmt.Errorf("read %d pending row(s) of held partitions and published none", rows))
+		return
 	}
+	p.stalledLocked(time.Now(), fmt.Errorf("%d key(s) have a row ready to publish and none was published", eligible))
 }
 
 // stalledLocked starts or continues a stall, and logs it once it has
@@ -92,7 +95,6 @@ func (p *progress) leaseSkipped(n int) {
 func (p *progress) fill(s *Stats) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s.Reads, s.IdleReads = p.reads, p.idleReads
 	if !p.stalledSince.IsZero() {
 		s.StalledSeconds = time.Since(p.stalledSince).Seconds()
 	}

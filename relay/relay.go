@@ -11,9 +11,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-
-	"github.com/ordo-relay/ordo/internal/backoff"
-	"github.com/ordo-relay/ordo/internal/outage"
 )
 
 // Config configures a Relay. Zero fields take the defaults of DefaultConfig.
@@ -26,8 +23,13 @@ type Config struct {
 	// PerKeyLimit is the most messages of one key in flight at once. It
 	// must be 1 for per-key order; tests raise it to show what breaks.
 	PerKeyLimit int
-	// BatchSize is the most rows one read returns.
+	// BatchSize is the most rows one read returns for one partition
+	// (reads of many partitions at once take fewer of each).
 	BatchSize int
+	// ReadAheadBytes bounds the rows held in memory: read ahead and not
+	// yet published, or published and not yet marked. Reads stop while it
+	// is exceeded; one row is always allowed, however large.
+	ReadAheadBytes int64
 	// PollInterval is how often the relay reads without a notification.
 	PollInterval time.Duration
 	// ReadTimeout bounds one read of key heads. A read slower than this
@@ -62,6 +64,7 @@ func DefaultConfig(node string) Config {
 		Window:            512,
 		PerKeyLimit:       1,
 		BatchSize:         512,
+		ReadAheadBytes:    16 << 20,
 		PollInterval:      time.Second,
 		ReadTimeout:       time.Second,
 		RetryMin:          100 * time.Millisecond,
@@ -84,6 +87,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = d.BatchSize
+	}
+	if c.ReadAheadBytes == 0 {
+		c.ReadAheadBytes = d.ReadAheadBytes
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = d.PollInterval
@@ -125,6 +131,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("relay: per-key limit %d must be at least 1", c.PerKeyLimit)
 	case c.BatchSize < 1:
 		return fmt.Errorf("relay: batch size %d must be at least 1", c.BatchSize)
+	case c.ReadAheadBytes < 1:
+		return fmt.Errorf("relay: read-ahead bytes %d must be at least 1", c.ReadAheadBytes)
 	case c.PollInterval <= 0 || c.ReadTimeout <= 0 || c.RetryMin <= 0 || c.RetryMax < c.RetryMin || c.SettleTimeout <= 0:
 		return errors.New("relay: poll interval, read timeout, retry backoff and settle timeout must be positive, with RetryMax >= RetryMin")
 	case c.MaxAttempts < 1:
@@ -136,22 +144,37 @@ func (c *Config) Validate() error {
 }
 
 // Relay moves pending outbox rows of the partitions its node holds to the
-// broker. Create it with New and run it with Run.
+// broker, each key's rows in key_seq order. Create it with New and run it
+// with Run.
+//
+// It reads each held partition's pending rows in seq order, a page at a
+// time, into per-key queues in memory (bounded by ReadAheadBytes), and
+// publishes a key's next row the moment the previous one is confirmed,
+// without waiting for the mark or for another read. Marks and failure
+// records are written in batches by a separate loop. See read.go for how
+// reads find rows committed late, and memory.go for the per-key rule.
 type Relay struct {
 	cfg   Config
 	store Store
 	pub   Publisher
 	own   Ownership
 
-	wakeRead chan struct{}  // coalesced: something may be readable
-	wakeMark chan struct{}  // coalesced: settlements are queued
-	retryAt  chan time.Time // a failed key may be read again at this time
+	wakeRead chan struct{} // coalesced: something may be readable or publishable
+	wakeMark chan struct{} // coalesced: settlements are queued
 
 	mu          sync.Mutex
-	flights     map[uuid.UUID]*flight // published and not yet marked, or backing off
-	perKey      map[string]int
-	unconfirmed int
-	queue       []settlement
+	parts       map[int]*partState    // held partitions, as last synced with the leases
+	flights     map[uuid.UUID]*flight // published and not yet marked or recorded failed
+	unconfirmed int                   // flights not yet settled by the publisher
+	ready       []*keyState           // keys whose head may be publishable
+	blocked     map[*keyState]bool    // keys whose head backs off until a time
+	leaseWait   map[*keyState]bool    // keys whose partition's lease was not valid when they were due
+	bytes       int64                 // queued rows and flights, for ReadAheadBytes
+	queue       []settlement          // confirmed or failed, not yet written
+	marked      map[uuid.UUID]bool    // marked since the current read began
+	writes      uint64                // failure records written so far
+	readFrom    uint64                // writes when the current read began
+	lastPublish time.Time
 	stats       Stats
 	progress    *progress
 }
@@ -159,21 +182,22 @@ type Relay struct {
 // Stats are running totals since the relay started.
 type Stats struct {
 	Published, Confirmed, Marked, Failed, Parked, Unsent, Refused, Deleted int64
-	// Reads counts reads of key heads. IdleReads counts the reads that
-	// returned rows of which none could be published. LeaseSkipped counts
-	// rows read but not published because their partition's lease lapsed
-	// or changed hands during the read; they stay pending.
-	Reads, IdleReads, LeaseSkipped int64
+	// Reads counts reads of pending rows; Passes the reads that started a
+	// partition over from its first pending row (see read.go). IdleReads
+	// counts rounds that ended with rows ready to publish, room in the
+	// window, and none published. LeaseSkipped counts rows not published
+	// because their partition's lease lapsed or changed hands after they
+	// were read; they stay pending.
+	Reads, Passes, IdleReads, LeaseSkipped int64
 	// StalledSeconds is how long the relay has gone without publishing
-	// while reads fail or return rows it cannot publish; 0 while it makes
+	// while reads fail or rows it could publish wait; 0 while it makes
 	// progress or has nothing to do.
-	StalledSeconds        float64
-	InFlight, Unconfirmed int
-}
-
-type flight struct {
-	msg      Message
-	attempts int
+	StalledSeconds float64
+	// InFlight counts messages published and not yet marked (at most W);
+	// Unconfirmed those of them not yet confirmed. ReadAhead and
+	// ReadAheadBytes are the rows held in memory, not yet published.
+	InFlight, Unconfirmed, ReadAhead int
+	ReadAheadBytes                   int64
 }
 
 type settlement struct {
@@ -189,19 +213,15 @@ func New(cfg Config, store Store, pub Publisher, own Ownership) (*Relay, error) 
 	}
 	return &Relay{
 		cfg: cfg, store: store, pub: pub, own: own,
-		wakeRead: make(chan struct{}, 1),
-		wakeMark: make(chan struct{}, 1),
-		retryAt:  make(chan time.Time, 64),
-		flights:  map[uuid.UUID]*flight{},
-		perKey:   map[string]int{},
-		progress: newProgress(cfg.Logger),
+		wakeRead:  make(chan struct{}, 1),
+		wakeMark:  make(chan struct{}, 1),
+		parts:     map[int]*partState{},
+		flights:   map[uuid.UUID]*flight{},
+		blocked:   map[*keyState]bool{},
+		leaseWait: map[*keyState]bool{},
+		marked:    map[uuid.UUID]bool{},
+		progress:  newProgress(cfg.Logger),
 	}, nil
-}
-
-// holds reports whether the node holds partition p now.
-func (r *Relay) holds(p int) bool {
-	_, ok := r.own.Leases()[p]
-	return ok
 }
 
 // Stats returns a snapshot of the running totals.
@@ -210,6 +230,10 @@ func (r *Relay) Stats() Stats {
 	defer r.mu.Unlock()
 	s := r.stats
 	s.InFlight, s.Unconfirmed = len(r.flights), r.unconfirmed
+	for _, ps := range r.parts {
+		s.ReadAhead += len(ps.queued)
+	}
+	s.ReadAheadBytes = r.bytes
 	r.progress.fill(&s)
 	return s
 }
@@ -238,14 +262,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	wg.Add(3)
 	go func() {
 		defer wg.Done()
-		_ = r.store.Listen(ctx, func(p int) {
-			// Another node's partition is another node's business: with
-			// N nodes, waking on every notification would make N reads of
-			// every producer's commit.
-			if p < 0 || r.holds(p) {
-				signal(r.wakeRead)
-			}
-		})
+		if err := r.store.Listen(ctx, r.notified); err != nil && ctx.Err() == nil {
+			r.cfg.Logger.Error("outbox notifications stopped; polling only", "err", err)
+		}
 	}()
 	go func() {
 		defer wg.Done()
@@ -256,171 +275,32 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.readLoop(ctx)
 	}()
 	wg.Wait()
+	r.settleBeforeStop()
+	stopMark()
+	<-markDone
+	return nil
+}
 
-	// Settle: wait for outstanding confirms, then let the marker finish.
+// settleBeforeStop waits up to SettleTimeout for outstanding confirms.
+func (r *Relay) settleBeforeStop() {
 	deadline := time.Now().Add(r.cfg.SettleTimeout)
 	for {
 		r.mu.Lock()
 		n := r.unconfirmed
 		r.mu.Unlock()
 		if n == 0 {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
 			r.cfg.Logger.Warn("stopping with unconfirmed messages; they stay pending", "count", n)
-			break
+			return
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	stopMark()
-	<-markDone
-	return nil
-}
-
-// readLoop reads key heads and publishes them while ctx lasts.
-func (r *Relay) readLoop(ctx context.Context) {
-	down := outage.New(r.cfg.Logger, "PostgreSQL (outbox reads)")
-	bo := backoff.New(50*time.Millisecond, 2*time.Second)
-	// The publisher reconnects on its own; check for it often so the first
-	// publish follows a broker's return closely.
-	pubWait := backoff.New(20*time.Millisecond, 200*time.Millisecond)
-	poll := time.NewTicker(r.cfg.PollInterval)
-	defer poll.Stop()
-	retry := time.NewTimer(time.Hour)
-	defer retry.Stop()
-	var nextRetry time.Time
-	for {
-		more, err := r.readOnce(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		switch {
-		case errors.As(err, new(*publishError)):
-			// The publisher reconnects and logs on its own; look again soon.
-			if !backoff.Sleep(ctx, pubWait.Next()) {
-				return
-			}
-			continue
-		case err != nil:
-			down.Fail(err)
-			if !backoff.Sleep(ctx, bo.Next()) {
-				return
-			}
-			continue
-		}
-		down.OK()
-		bo.Reset()
-		pubWait.Reset()
-		if more {
-			continue
-		}
-		for waiting := true; waiting; {
-			select {
-			case <-ctx.Done():
-				return
-			case <-r.wakeRead:
-				waiting = false
-			case <-r.own.Changed():
-				waiting = false
-			case <-poll.C:
-				waiting = false
-			case <-retry.C:
-				nextRetry = time.Time{}
-				waiting = false
-			case at := <-r.retryAt:
-				// Wake when the earliest failed key may go again.
-				if nextRetry.IsZero() || at.Before(nextRetry) {
-					nextRetry = at
-					retry.Reset(time.Until(at))
-				}
-			}
-		}
-	}
-}
-
-// readOnce does one read-and-publish round. more reports that a full batch
-// was read and some of it published, so another read should follow at once.
-//
-// Each row read is checked against its partition's lease as it stands
-// when the row is published, not as it stood before the read: a read that
-// took long while the leases were renewed loses nothing (issue 9).
-func (r *Relay) readOnce(ctx context.Context) (more bool, err error) {
-	leases := r.own.Leases()
-	now := time.Now()
-	parts := make([]int32, 0, len(leases))
-	for p, l := range leases {
-		if l.Valid(now) {
-			parts = append(parts, int32(p))
-		}
-	}
-	if len(parts) == 0 {
-		return false, nil
-	}
-	if !r.pub.Connected() {
-		return false, &publishError{ErrNotConnected} // no read while there is nowhere to publish
-	}
-	r.mu.Lock()
-	free := r.cfg.Window - r.unconfirmed
-	exclude := make([]uuid.UUID, 0, len(r.flights))
-	for id := range r.flights {
-		exclude = append(exclude, id)
-	}
-	r.mu.Unlock()
-	if free <= 0 {
-		return false, nil // a confirm will wake us
-	}
-	limit := min(free, r.cfg.BatchSize)
-	rctx, cancel := context.WithTimeout(ctx, r.cfg.ReadTimeout)
-	rows, err := r.store.ReadHeads(rctx, parts, exclude, r.cfg.PerKeyLimit, limit)
-	cancel()
-	r.progress.read(err)
-	if err != nil {
-		if rctx.Err() != nil && ctx.Err() == nil {
-			err = fmt.Errorf("%w (the read took longer than %v)", err, r.cfg.ReadTimeout)
-		}
-		return false, err
-	}
-	published, leaseSkipped := 0, 0
-	defer func() {
-		r.progress.leaseSkipped(leaseSkipped)
-		r.progress.round(len(rows), published)
-	}()
-	for i := range rows {
-		row := &rows[i]
-		if row.PrevDead {
-			prev, err := r.store.PrevKeySeq(ctx, row.CorrelationID, row.KeySeq)
-			if err != nil {
-				return false, err
-			}
-			row.PrevKeySeq = prev
-		}
-		f, bad, skip := r.newFlight(row, leases[row.Partition].Epoch)
-		if skip == skipLease {
-			leaseSkipped++
-		}
-		if skip != "" {
-			continue
-		}
-		if bad != nil {
-			// A row the relay cannot turn into a message (a header a plain
-			// INSERT wrote that AMQP cannot carry) fails like a nack: it
-			// backs off, is parked after MaxAttempts, and only its key waits.
-			r.settle(f, Result{Outcome: Failed, Err: fmt.Errorf("unpublishable row: %w", bad)})
-			published++
-			continue
-		}
-		if err := r.pub.Publish(ctx, &f.msg, func(res Result) { r.settle(f, res) }); err != nil {
-			r.drop(f)
-			return false, &publishError{err}
-		}
-		published++
-	}
-	return len(rows) == limit && published > 0, nil
 }
 
 // Drained reports whether no message of partition is published and not
-// yet settled and marked. Messages backing off after a failure do not
-// count: they are not in flight. Safe for concurrent use.
+// yet settled and written. Safe for concurrent use.
 func (r *Relay) Drained(partition int) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -430,229 +310,6 @@ func (r *Relay) Drained(partition int) bool {
 		}
 	}
 	return true
-}
-
-// publishError is a Publish failure: the message was not sent.
-type publishError struct{ err error }
-
-func (e *publishError) Error() string { return e.err.Error() }
-func (e *publishError) Unwrap() error { return e.err }
-
-// Reasons newFlight gives for not registering a row.
-const (
-	skipBusy  = "key busy"       // the row is in flight already, or its key is at its limit
-	skipLease = "lease not held" // the partition's lease lapsed or changed hands since the read
-)
-
-// newFlight registers row as in flight, or says why not (skip): its key is
-// at its limit already, or the partition's lease is no longer held at
-// epoch. bad is set (with a flight registered, to be settled Failed) when
-// the row cannot be turned into a message.
-//
-// The lease is checked again here, under r.mu, on the live leases:
-// Drained also takes r.mu, so a handoff either sees this flight and waits
-// for it, or has already taken the lease away and this check refuses. It
-// is the last check before the publish (DESIGN.md invariant 3).
-func (r *Relay) newFlight(row *Row, epoch int64) (f *flight, bad error, skip string) {
-	headers, bad := decodeHeaders(row.Headers)
-	f = &flight{
-		attempts: row.Attempts,
-		msg: Message{
-			ID: row.ID, Partition: row.Partition, Epoch: epoch,
-			CorrelationID: row.CorrelationID, KeySeq: row.KeySeq, PrevKeySeq: row.PrevKeySeq,
-			Exchange: row.Exchange, RoutingKey: row.RoutingKey, Type: row.Type,
-			Payload: row.Payload, Headers: headers, OccurredAt: row.OccurredAt,
-		},
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if _, dup := r.flights[row.ID]; dup || r.perKey[row.CorrelationID] >= r.cfg.PerKeyLimit {
-		return nil, nil, skipBusy
-	}
-	if l, ok := r.own.Lease(row.Partition); !ok || l.Epoch != epoch || !l.Valid(time.Now()) {
-		r.stats.LeaseSkipped++
-		return nil, nil, skipLease
-	}
-	r.flights[row.ID] = f
-	r.perKey[row.CorrelationID]++
-	r.unconfirmed++
-	r.stats.Published++
-	return f, bad, ""
-}
-
-// drop forgets a flight that was never sent.
-func (r *Relay) drop(f *flight) {
-	r.mu.Lock()
-	r.unconfirmed--
-	r.stats.Published--
-	r.forgetLocked(f)
-	r.mu.Unlock()
-}
-
-func (r *Relay) forgetLocked(f *flight) {
-	if r.flights[f.msg.ID] != f {
-		return
-	}
-	delete(r.flights, f.msg.ID)
-	if n := r.perKey[f.msg.CorrelationID] - 1; n > 0 {
-		r.perKey[f.msg.CorrelationID] = n
-	} else {
-		delete(r.perKey, f.msg.CorrelationID)
-	}
-}
-
-// settle is the Publisher's callback. It never blocks.
-func (r *Relay) settle(f *flight, res Result) {
-	r.mu.Lock()
-	r.unconfirmed--
-	r.queue = append(r.queue, settlement{f, res})
-	r.mu.Unlock()
-	signal(r.wakeMark)
-	signal(r.wakeRead) // a window slot is free
-}
-
-// markLoop writes settlements to the store and releases keys, until ctx
-// ends; then it flushes once more.
-func (r *Relay) markLoop(ctx context.Context) {
-	down := outage.New(r.cfg.Logger, "PostgreSQL (outbox marks)")
-	bo := backoff.New(50*time.Millisecond, 2*time.Second)
-	for {
-		stopping := false
-		select {
-		case <-ctx.Done():
-			stopping = true
-		case <-r.wakeMark:
-		}
-		wctx := ctx
-		if stopping {
-			var cancel context.CancelFunc
-			wctx, cancel = context.WithTimeout(context.Background(), r.cfg.SettleTimeout)
-			defer cancel()
-		}
-		err := r.flush(wctx)
-		if err != nil {
-			if stopping {
-				r.cfg.Logger.Warn("stopping with confirmed rows unmarked; they will be published again", "err", err)
-				return
-			}
-			down.Fail(err)
-			backoff.Sleep(ctx, bo.Next())
-			signal(r.wakeMark)
-			continue
-		}
-		down.OK()
-		bo.Reset()
-		if stopping {
-			return
-		}
-	}
-}
-
-// flush writes every queued settlement. On error the unwritten ones stay
-// queued.
-func (r *Relay) flush(ctx context.Context) error {
-	r.mu.Lock()
-	q := r.queue
-	r.queue = nil
-	r.mu.Unlock()
-	if len(q) == 0 {
-		return nil
-	}
-	var confirmed, failed []settlement
-	var unsent []*flight
-	for _, s := range q {
-		switch s.res.Outcome {
-		case Confirmed:
-			confirmed = append(confirmed, s)
-		case Unsent:
-			unsent = append(unsent, s.f)
-		default:
-			failed = append(failed, s)
-		}
-	}
-	requeue := func(rest ...[]settlement) {
-		r.mu.Lock()
-		for _, s := range rest {
-			r.queue = append(r.queue, s...)
-		}
-		r.mu.Unlock()
-	}
-	r.mu.Lock()
-	for _, f := range unsent {
-		r.forgetLocked(f)
-	}
-	r.stats.Unsent += int64(len(unsent))
-	r.mu.Unlock()
-
-	if len(confirmed) > 0 {
-		rows := make([]Settled, len(confirmed))
-		for i, s := range confirmed {
-			rows[i] = Settled{ID: s.f.msg.ID, Partition: s.f.msg.Partition, Epoch: s.f.msg.Epoch}
-		}
-		marked, err := r.store.MarkPublished(ctx, r.cfg.Node, rows)
-		if err != nil {
-			requeue(confirmed, failed)
-			return err
-		}
-		ok := make(map[uuid.UUID]bool, len(marked))
-		for _, id := range marked {
-			ok[id] = true
-		}
-		refused := 0
-		r.mu.Lock()
-		for _, s := range confirmed {
-			if !ok[s.f.msg.ID] {
-				refused++
-			}
-			r.forgetLocked(s.f)
-		}
-		r.stats.Confirmed += int64(len(confirmed))
-		r.stats.Marked += int64(len(marked))
-		r.stats.Refused += int64(refused)
-		r.mu.Unlock()
-		if refused > 0 {
-			r.cfg.Logger.Warn("marks refused: lease no longer held at the published epoch, or row already processed",
-				"refused", refused)
-		}
-	}
-	if len(failed) > 0 {
-		rows := make([]Settled, len(failed))
-		earliest := time.Duration(-1)
-		for i, s := range failed {
-			d := backoff.Attempt(s.f.attempts, r.cfg.RetryMin, r.cfg.RetryMax)
-			rows[i] = Settled{ID: s.f.msg.ID, Partition: s.f.msg.Partition, Epoch: s.f.msg.Epoch, Err: s.res.Err.Error(), Delay: d}
-			if earliest < 0 || d < earliest {
-				earliest = d
-			}
-		}
-		parked, err := r.store.RecordFailures(ctx, r.cfg.Node, rows, r.cfg.MaxAttempts)
-		if err != nil {
-			requeue(failed)
-			return err
-		}
-		// The database now holds each key back until its next attempt.
-		r.mu.Lock()
-		for _, s := range failed {
-			r.forgetLocked(s.f)
-		}
-		r.stats.Failed += int64(len(failed))
-		r.stats.Parked += int64(len(parked))
-		r.mu.Unlock()
-		select {
-		case r.retryAt <- time.Now().Add(earliest):
-		default: // the reader has plenty of wake-ups queued; polling covers the rest
-		}
-		for _, s := range failed {
-			r.cfg.Logger.Debug("publish failed; key backs off", "id", s.f.msg.ID, "key", s.f.msg.CorrelationID,
-				"outcome", s.res.Outcome, "err", s.res.Err)
-		}
-		for _, id := range parked {
-			r.cfg.Logger.Warn("message parked after repeated failures; its key waits for an operator (retry or skip)",
-				"id", id, "attempts", r.cfg.MaxAttempts)
-		}
-	}
-	signal(r.wakeRead)
-	return nil
 }
 
 // decodeHeaders turns the row's JSON headers into AMQP table values:

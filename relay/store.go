@@ -11,6 +11,7 @@ import (
 type Row struct {
 	ID            uuid.UUID
 	Partition     int
+	Seq           int64
 	CorrelationID string
 	KeySeq        int64
 	PrevKeySeq    int64
@@ -21,9 +22,23 @@ type Row struct {
 	Headers       []byte // JSON object
 	OccurredAt    time.Time
 	Attempts      int
+	// Parked: the row failed MaxAttempts times and waits for an operator.
+	Parked bool
+	// NextAttemptAt, when set, is the earliest time the row may be
+	// published again after a failure.
+	NextAttemptAt time.Time
+	// PrevPending: the row just below (key_seq - 1, same key) was pending
+	// when the row was read, so this row must wait for it.
+	PrevPending bool
 	// PrevDead: the row just below is dead (skipped), so PrevKeySeq must
 	// be looked up with Store.PrevKeySeq.
 	PrevDead bool
+}
+
+// Cursor asks for one partition's pending rows whose seq is above After.
+type Cursor struct {
+	Partition int
+	After     int64
 }
 
 // Settled identifies a published row for a relay write: the row, its
@@ -41,11 +56,12 @@ type Settled struct {
 // row was published under (DESIGN.md invariant 3). Implementations are safe
 // for concurrent use.
 type Store interface {
-	// ReadHeads returns up to limit pending rows of the given partitions in
-	// seq order, leaving out the rows in exclude and every row that has
-	// perKey or more pending rows of its key below it (perKey 1: key heads
-	// only).
-	ReadHeads(ctx context.Context, partitions []int32, exclude []uuid.UUID, perKey, limit int) ([]Row, error)
+	// ReadPending returns, for each cursor, up to limit pending rows of its
+	// partition whose seq is above After, in seq order: every pending row,
+	// parked and backing-off ones included (they say so in Parked and
+	// NextAttemptAt), each with PrevPending and PrevDead describing the
+	// row below it in its key. Its cost follows the rows returned.
+	ReadPending(ctx context.Context, cursors []Cursor, limit int) ([]Row, error)
 	// MarkPublished marks rows processed and returns the ids it marked.
 	// Rows whose lease is no longer held at their epoch are left pending.
 	MarkPublished(ctx context.Context, node string, rows []Settled) ([]uuid.UUID, error)

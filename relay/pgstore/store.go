@@ -51,21 +51,30 @@ func New(pool *pgxpool.Pool, logger *slog.Logger) *Store {
 	return &Store{pool: pool, logger: logger}
 }
 
-// ReadHeads implements relay.Store.
-func (s *Store) ReadHeads(ctx context.Context, partitions []int32, exclude []uuid.UUID, perKey, limit int) ([]relay.Row, error) {
-	rows, err := s.pool.Query(ctx, sqlReadHeads, planFresh, partitions, rawUUIDs(exclude), perKey, limit)
+// ReadPending implements relay.Store.
+func (s *Store) ReadPending(ctx context.Context, cursors []relay.Cursor, limit int) ([]relay.Row, error) {
+	parts := make([]int32, len(cursors))
+	after := make([]int64, len(cursors))
+	for i, c := range cursors {
+		parts[i], after[i] = int32(c.Partition), c.After
+	}
+	rows, err := s.pool.Query(ctx, sqlReadPending, planFresh, parts, after, limit)
 	if err != nil {
-		return nil, fmt.Errorf("read key heads: %w", err)
+		return nil, fmt.Errorf("read pending rows: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (relay.Row, error) {
 		var x relay.Row
-		err := r.Scan(&x.ID, &x.Partition, &x.CorrelationID, &x.KeySeq, &x.Exchange, &x.RoutingKey,
-			&x.Type, &x.Payload, &x.Headers, &x.OccurredAt, &x.Attempts, &x.PrevDead)
+		var wait *float64
+		err := r.Scan(&x.ID, &x.Partition, &x.Seq, &x.CorrelationID, &x.KeySeq, &x.Exchange, &x.RoutingKey,
+			&x.Type, &x.Payload, &x.Headers, &x.OccurredAt, &x.Attempts, &x.Parked, &wait, &x.PrevPending, &x.PrevDead)
+		if wait != nil && *wait > 0 {
+			x.NextAttemptAt = time.Now().Add(time.Duration(*wait * float64(time.Second)))
+		}
 		x.PrevKeySeq = x.KeySeq - 1
 		return x, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("read key heads: %w", err)
+		return nil, fmt.Errorf("read pending rows: %w", err)
 	}
 	return out, nil
 }

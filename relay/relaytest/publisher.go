@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/ordo-relay/ordo/relay"
 )
@@ -26,6 +27,8 @@ type Publisher struct {
 	delivered []relay.Message
 	blocked   chan struct{} // non-nil while blocked; closed to unblock
 	maxHeld   int
+	async     sync.WaitGroup
+	delay     time.Duration
 }
 
 type held struct {
@@ -59,8 +62,18 @@ func (p *Publisher) Publish(ctx context.Context, m *relay.Message, settle func(r
 	settle = p.recording(*m, settle)
 	if p.fault != nil {
 		if res, ok := p.fault(m); ok {
+			delay := p.delay
 			p.mu.Unlock()
-			settle(res)
+			if delay == 0 {
+				settle(res)
+				return nil
+			}
+			p.async.Add(1)
+			go func() {
+				defer p.async.Done()
+				time.Sleep(delay)
+				settle(res)
+			}()
 			return nil
 		}
 	}
@@ -102,6 +115,18 @@ func (p *Publisher) SetFault(f func(*relay.Message) (relay.Result, bool)) {
 	defer p.mu.Unlock()
 	p.fault = f
 }
+
+// SetFaultDelay makes the results SetFault decides arrive after d, from
+// another goroutine, as a broker's nacks and returns do, instead of before
+// Publish returns. Wait for them with Quiesce.
+func (p *Publisher) SetFaultDelay(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.delay = d
+}
+
+// Quiesce waits for delayed results to be delivered.
+func (p *Publisher) Quiesce() { p.async.Wait() }
 
 // Hold makes confirms wait until Release, ReleaseReversed or Close.
 func (p *Publisher) Hold(on bool) {

@@ -125,8 +125,8 @@ func (s *Store) SetReadDelay(d time.Duration) {
 	s.delay = d
 }
 
-// ReadHeads implements relay.Store.
-func (s *Store) ReadHeads(ctx context.Context, partitions []int32, exclude []uuid.UUID, perKey, limit int) ([]relay.Row, error) {
+// ReadPending implements relay.Store.
+func (s *Store) ReadPending(ctx context.Context, cursors []relay.Cursor, limit int) ([]relay.Row, error) {
 	s.mu.Lock()
 	delay := s.delay
 	s.mu.Unlock()
@@ -142,45 +142,27 @@ func (s *Store) ReadHeads(ctx context.Context, partitions []int32, exclude []uui
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.reads++
-	now := time.Now()
-	parts := map[int]bool{}
-	for _, p := range partitions {
-		parts[int(p)] = true
-	}
-	skip := map[uuid.UUID]bool{}
-	for _, id := range exclude {
-		skip[id] = true
-	}
 	var out []relay.Row
-	for _, r := range s.rows {
-		if len(out) == limit {
-			break
-		}
-		if r.Processed || r.Parked || !parts[r.Partition] || skip[r.ID] || now.Before(r.NextAttemptAt) {
-			continue
-		}
-		if s.pendingBelowLocked(r) >= perKey {
-			continue
-		}
-		row := r.Row
-		row.Attempts = r.Attempts
-		row.PrevKeySeq = row.KeySeq - 1
-		if prev := s.findLocked(row.CorrelationID, row.KeySeq-1); prev != nil && prev.Dead {
-			row.PrevDead = true
-		}
-		out = append(out, row)
-	}
-	return out, nil
-}
-
-func (s *Store) pendingBelowLocked(r *StoredRow) int {
-	n := 0
-	for _, o := range s.rows {
-		if o.CorrelationID == r.CorrelationID && !o.Processed && o.KeySeq < r.KeySeq {
+	for _, c := range cursors {
+		n := 0
+		for _, r := range s.rows {
+			if n == limit {
+				break
+			}
+			if r.Processed || r.Partition != c.Partition || r.Seq <= c.After {
+				continue
+			}
+			row := r.Row
+			row.Seq, row.Attempts, row.Parked, row.NextAttemptAt = r.Seq, r.Attempts, r.Parked, r.NextAttemptAt
+			row.PrevKeySeq = row.KeySeq - 1
+			if prev := s.findLocked(row.CorrelationID, row.KeySeq-1); prev != nil {
+				row.PrevPending, row.PrevDead = !prev.Processed, prev.Dead
+			}
+			out = append(out, row)
 			n++
 		}
 	}
-	return n
+	return out, nil
 }
 
 func (s *Store) findLocked(key string, keySeq int64) *StoredRow {

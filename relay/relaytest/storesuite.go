@@ -44,10 +44,8 @@ func StoreSuite(t *testing.T, newHarness func(t *testing.T) StoreHarness) {
 		name string
 		run  func(t *testing.T, h StoreHarness)
 	}{
-		{"key heads in seq order", storeHeadsInSeqOrder},
-		{"per-key limit counts pending rows below", storePerKeyLimit},
-		{"exclude leaves out rows and their followers", storeExclude},
-		{"partitions and limit", storePartitionsAndLimit},
+		{"pending rows in seq order, with the row below's state", storePendingInSeqOrder},
+		{"cursor and limit per partition", storeCursorAndLimit},
 		{"mark releases the key", storeMarkReleasesKey},
 		{"marks refused at a stale epoch", storeMarkRefusedAtStaleEpoch},
 		{"failures back off and park", storeFailuresBackOffAndPark},
@@ -69,14 +67,16 @@ func ctxFor(t *testing.T) context.Context {
 	return ctx
 }
 
-func read(t *testing.T, h StoreHarness, parts []int32, exclude []uuid.UUID, perKey, limit int) []relay.Row {
+func read(t *testing.T, h StoreHarness, limit int, cursors ...relay.Cursor) []relay.Row {
 	t.Helper()
-	rows, err := h.Store().ReadHeads(ctxFor(t), parts, exclude, perKey, limit)
+	rows, err := h.Store().ReadPending(ctxFor(t), cursors, limit)
 	if err != nil {
-		t.Fatalf("ReadHeads: %v", err)
+		t.Fatalf("ReadPending: %v", err)
 	}
 	return rows
 }
+
+func from(p int) relay.Cursor { return relay.Cursor{Partition: p} }
 
 func ids(rows []relay.Row) []uuid.UUID {
 	out := make([]uuid.UUID, len(rows))
@@ -101,32 +101,45 @@ func settled(part int, epoch int64, id ...uuid.UUID) []relay.Settled {
 	return out
 }
 
-func storeHeadsInSeqOrder(t *testing.T, h StoreHarness) {
+func storePendingInSeqOrder(t *testing.T, h StoreHarness) {
 	id := h.Insert(t, 1, "a", "b", "a", "c", "b")
-	rows := read(t, h, []int32{1}, nil, 1, 100)
-	wantIDs(t, "heads", ids(rows), []uuid.UUID{id[0], id[1], id[3]})
-	r := rows[0]
-	if r.CorrelationID != "a" || r.KeySeq != 1 || r.PrevKeySeq != 0 || r.Partition != 1 || r.PrevDead || r.Attempts != 0 {
-		t.Fatalf("first head: %+v", r)
+	rows := read(t, h, 100, from(1))
+	wantIDs(t, "pending rows", ids(rows), id)
+	for i, r := range rows {
+		if i > 0 && r.Seq <= rows[i-1].Seq {
+			t.Fatalf("row %d: seq %d after %d", i, r.Seq, rows[i-1].Seq)
+		}
+	}
+	a1, a2 := rows[0], rows[2]
+	if a1.CorrelationID != "a" || a1.KeySeq != 1 || a1.PrevKeySeq != 0 || a1.Partition != 1 || a1.PrevPending || a1.PrevDead || a1.Attempts != 0 || a1.Parked {
+		t.Fatalf("first row: %+v", a1)
+	}
+	if a2.KeySeq != 2 || a2.PrevKeySeq != 1 || !a2.PrevPending || a2.PrevDead {
+		t.Fatalf("a's second row: %+v (want key_seq 2 with the row below pending)", a2)
 	}
 }
 
-func storePerKeyLimit(t *testing.T, h StoreHarness) {
-	id := h.Insert(t, 1, "a", "a", "a", "b")
-	wantIDs(t, "perKey 2", ids(read(t, h, []int32{1}, nil, 2, 100)), []uuid.UUID{id[0], id[1], id[3]})
-}
-
-func storeExclude(t *testing.T, h StoreHarness) {
-	id := h.Insert(t, 1, "a", "a", "b")
-	wantIDs(t, "excluding a1", ids(read(t, h, []int32{1}, id[:1], 1, 100)), []uuid.UUID{id[2]})
-}
-
-func storePartitionsAndLimit(t *testing.T, h StoreHarness) {
+func storeCursorAndLimit(t *testing.T, h StoreHarness) {
 	one := h.Insert(t, 1, "a", "b", "c")
 	two := h.Insert(t, 2, "d")
-	wantIDs(t, "partition 2", ids(read(t, h, []int32{2}, nil, 1, 100)), two)
-	wantIDs(t, "limit 2", ids(read(t, h, []int32{1, 2}, nil, 1, 2)), one[:2])
-	if rows := read(t, h, []int32{3}, nil, 1, 100); len(rows) != 0 {
+	rows := read(t, h, 2, from(1), from(2))
+	got := map[int][]uuid.UUID{}
+	for _, r := range rows {
+		got[r.Partition] = append(got[r.Partition], r.ID)
+	}
+	wantIDs(t, "partition 1, limit 2", got[1], one[:2])
+	wantIDs(t, "partition 2", got[2], two)
+	after := rows[1].Seq
+	if rows[1].Partition != 1 {
+		after = rows[0].Seq
+		for _, r := range rows {
+			if r.Partition == 1 {
+				after = r.Seq
+			}
+		}
+	}
+	wantIDs(t, "partition 1 after the cursor", ids(read(t, h, 10, relay.Cursor{Partition: 1, After: after})), one[2:])
+	if rows := read(t, h, 10, from(3)); len(rows) != 0 {
 		t.Fatalf("partition 3 is empty, read %d rows", len(rows))
 	}
 }
@@ -142,7 +155,11 @@ func storeMarkReleasesKey(t *testing.T, h StoreHarness) {
 	if !h.State(t, id[0]).Processed {
 		t.Fatal("marked row not processed")
 	}
-	wantIDs(t, "next head", ids(read(t, h, []int32{1}, nil, 1, 100)), id[1:])
+	rows := read(t, h, 100, from(1))
+	wantIDs(t, "pending after the mark", ids(rows), id[1:])
+	if rows[0].PrevPending {
+		t.Fatal("the row above a marked one still says the row below is pending")
+	}
 	again, err := h.Store().MarkPublished(ctxFor(t), "n1", settled(1, e, id[0]))
 	if err != nil || len(again) != 0 {
 		t.Fatalf("marking a processed row again: %v, %v", again, err)
@@ -182,7 +199,11 @@ func storeFailuresBackOffAndPark(t *testing.T, h StoreHarness) {
 	if st := h.State(t, id[0]); st.Attempts != 1 || st.LastError != "injected" || st.Parked || st.Processed {
 		t.Fatalf("after one failure: %+v", st)
 	}
-	wantIDs(t, "while a backs off", ids(read(t, h, []int32{1}, nil, 1, 100)), id[2:])
+	rows := read(t, h, 100, from(1))
+	wantIDs(t, "while a backs off", ids(rows), id)
+	if wait := time.Until(rows[0].NextAttemptAt); wait < 50*time.Minute || rows[0].Attempts != 1 || rows[0].Parked {
+		t.Fatalf("a backing off for an hour reads as %+v (next attempt in %v)", rows[0], wait)
+	}
 	s[0].Delay = 0
 	parked, err = h.Store().RecordFailures(ctxFor(t), "n1", s, 2)
 	if err != nil {
@@ -192,7 +213,10 @@ func storeFailuresBackOffAndPark(t *testing.T, h StoreHarness) {
 	if st := h.State(t, id[0]); st.Attempts != 2 || !st.Parked {
 		t.Fatalf("after the second failure: %+v", st)
 	}
-	wantIDs(t, "while a is parked", ids(read(t, h, []int32{1}, nil, 1, 100)), id[2:])
+	rows = read(t, h, 100, from(1))
+	if !rows[0].Parked || rows[0].Attempts != 2 {
+		t.Fatalf("parked row reads as %+v", rows[0])
+	}
 }
 
 func storeFailureRefusedAtStaleEpoch(t *testing.T, h StoreHarness) {
@@ -215,10 +239,10 @@ func storePrevKeySeqOverDead(t *testing.T, h StoreHarness) {
 	}
 	h.Skip(t, id[1])
 	h.Skip(t, id[2])
-	rows := read(t, h, []int32{1}, nil, 1, 100)
-	wantIDs(t, "head after dead rows", ids(rows), id[3:])
-	if !rows[0].PrevDead {
-		t.Fatal("PrevDead not set on a row whose predecessor is dead")
+	rows := read(t, h, 100, from(1))
+	wantIDs(t, "pending after dead rows", ids(rows), id[3:])
+	if !rows[0].PrevDead || rows[0].PrevPending {
+		t.Fatalf("row above a dead one: %+v (want PrevDead, not PrevPending)", rows[0])
 	}
 	prev, err := h.Store().PrevKeySeq(ctxFor(t), "a", 4)
 	if err != nil || prev != 1 {

@@ -1,0 +1,159 @@
+package pgstore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/outbox"
+)
+
+// TestPlansFollowTheWork: the relay's read and mark cost about the same
+// buffers per row with 10,000 and with 100,000 pending rows, on a table
+// without statistics (autovacuum off, never analyzed), with a hot key and
+// parked keys among the rows, planned for their parameters and as
+// generic plans (force_generic_plan, which is what a cached prepared
+// statement may fall back to). A test that only named an index would
+// pass the old key-head read too: it walked one, for every row behind.
+func TestPlansFollowTheWork(t *testing.T) {
+	testkit.RequirePostgres(t)
+	t.Parallel()
+	_, pool := testkit.NewTestDB(t, 2)
+	ctx := testkit.Context(t, 5*time.Minute)
+	if err := outbox.Migrate(ctx, pool, 64); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, pool, `ALTER TABLE outbox SET (autovacuum_enabled = off)`)
+	exec(t, pool, `UPDATE ordo_leases SET owner = 'n1', epoch = 1, expires_at = clock_timestamp() + interval '1 hour'`)
+	var at10k, at100k map[string]float64
+	for _, total := range []int{10000, 100000} {
+		load(t, pool, total)
+		got := map[string]float64{}
+		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+			got["read "+mode] = readBuffersPerRow(t, pool, mode)
+			got["mark "+mode] = markBuffersPerRow(t, pool, mode)
+		}
+		t.Logf("%d pending rows: buffers per row %v", total, got)
+		if total == 10000 {
+			at10k = got
+		} else {
+			at100k = got
+		}
+	}
+	for what, small := range at10k {
+		big := at100k[what]
+		if big > 30 || big > 2*small+2 {
+			t.Errorf("%s: %.1f buffers per row at 100,000 pending rows, %.1f at 10,000: cost grows with the backlog", what, big, small)
+		}
+	}
+}
+
+func exec(t *testing.T, pool *pgxpool.Pool, sql string) {
+	t.Helper()
+	if _, err := pool.Exec(testkit.Context(t, 2*time.Minute), sql); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// load brings the pending rows to total: a hot key with a third of them,
+// 50 parked keys with followers, and the rest over 1,000 keys.
+func load(t *testing.T, pool *pgxpool.Pool, total int) {
+	t.Helper()
+	var have int
+	if err := pool.QueryRow(testkit.Context(t, time.Minute), `SELECT count(*) FROM outbox`).Scan(&have); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, pool, fmt.Sprintf(`
+INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload)
+SELECT gen_random_uuid(), abs(hashtext(k)) %% 64, k, 'ex', 'rk', 't', '{"pad": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}'
+FROM (SELECT CASE WHEN g %% 3 = 0 THEN 'hot'
+                  WHEN g %% 20 = 1 THEN 'parked-' || (g %% 50)
+                  ELSE 'key-' || (g %% 1000) END AS k
+      FROM generate_series(%d, %d) AS g) AS s`, have+1, total))
+	exec(t, pool, `
+UPDATE outbox AS o SET parked_at = clock_timestamp(), attempts = 5, last_error = 'parked by the test'
+FROM (SELECT correlation_id, min(key_seq) AS ks FROM outbox WHERE correlation_id LIKE 'parked-%' GROUP BY correlation_id) AS h
+WHERE o.correlation_id = h.correlation_id AND o.key_seq = h.ks`)
+}
+
+type explained struct {
+	Plan struct {
+		Rows int     `json:"Actual Rows"`
+		Hit  float64 `json:"Shared Hit Blocks"`
+		Read float64 `json:"Shared Read Blocks"`
+	} `json:"Plan"`
+}
+
+// explain runs sql (a statement with parameters $1..) as a prepared
+// statement under plan_cache_mode, in a transaction it rolls back, and
+// returns the rows and buffers of its top plan node.
+func explain(t *testing.T, pool *pgxpool.Pool, mode, sql, args string) explained {
+	t.Helper()
+	ctx := testkit.Context(t, time.Minute)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	name := "s" + strings.ReplaceAll(uuid.NewString(), "-", "")
+	for _, stmt := range []string{"SET LOCAL plan_cache_mode = " + mode, "PREPARE " + name + " AS " + sql} {
+		if _, err := tx.Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	var out []byte
+	if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE "+name+"("+args+")").Scan(&out); err != nil {
+		t.Fatalf("explain: %v", err)
+	}
+	var e []explained
+	if err := json.Unmarshal(out, &e); err != nil || len(e) != 1 {
+		t.Fatalf("explain output: %v: %s", err, out)
+	}
+	return e[0]
+}
+
+func perRow(t *testing.T, what string, e explained) float64 {
+	t.Helper()
+	if e.Plan.Rows == 0 {
+		t.Fatalf("%s returned no rows", what)
+	}
+	return (e.Plan.Hit + e.Plan.Read) / float64(e.Plan.Rows)
+}
+
+func readBuffersPerRow(t *testing.T, pool *pgxpool.Pool, mode string) float64 {
+	parts := make([]string, 64)
+	zeros := make([]string, 64)
+	for i := range parts {
+		parts[i], zeros[i] = fmt.Sprint(i), "0"
+	}
+	args := fmt.Sprintf("'{%s}', '{%s}', 16", strings.Join(parts, ","), strings.Join(zeros, ","))
+	return perRow(t, "read", explain(t, pool, mode, sqlReadPending, args))
+}
+
+func markBuffersPerRow(t *testing.T, pool *pgxpool.Pool, mode string) float64 {
+	var ids []string
+	err := pool.QueryRow(testkit.Context(t, time.Minute), `SELECT array_agg(id::text) FROM (
+		SELECT id FROM outbox WHERE processed_at IS NULL ORDER BY random() LIMIT 512) AS x`).Scan(&ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parts []int
+	err = pool.QueryRow(testkit.Context(t, time.Minute), `SELECT array_agg(partition ORDER BY i) FROM
+		unnest($1::uuid[]) WITH ORDINALITY AS u(id, i) JOIN outbox USING (id)`, ids).Scan(&parts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, es := make([]string, len(parts)), make([]string, len(parts))
+	for i, p := range parts {
+		ps[i], es[i] = fmt.Sprint(p), "1"
+	}
+	args := fmt.Sprintf("'n1', '{%s}', '{%s}', '{%s}'", strings.Join(ids, ","), strings.Join(ps, ","), strings.Join(es, ","))
+	return perRow(t, "mark", explain(t, pool, mode, sqlMarkPublished, args))
+}

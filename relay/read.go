@@ -1,0 +1,336 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/ordo-relay/ordo/internal/backoff"
+	"github.com/ordo-relay/ordo/internal/outage"
+)
+
+// How reads find every pending row without walking the backlog.
+//
+// Each held partition is read in passes. A pass reads the partition's
+// pending rows in seq order, a page at a time, each page continuing above
+// the highest seq the last one returned, until a page comes back short.
+// A cursor alone would miss a row whose transaction commits after a later
+// row was read (DESIGN.md: never read seq > cursor and trust it), so the
+// cursor is only where the current pass stands: order never depends on it
+// (each row says whether the row below it in its key was pending, and a
+// key goes on only once that row is confirmed here or was processed), and
+// a new pass starts over from the partition's first pending row whenever a
+// producer's commit notifies the partition (at most every minPassGap) and
+// at least every passEvery while the relay polls. A pass that has read
+// everything forgets the queued rows it did not see again.
+//
+// So a read costs the rows it returns; a pass costs the partition's
+// pending rows, and passes run only when something was committed (or as a
+// slow safety net), not after every publish.
+const (
+	minPassGap = 100 * time.Millisecond
+	passEvery  = 5 * time.Second
+)
+
+// notified is the Store's Listen callback: partition p (or every one, for
+// -1) has new commits.
+func (r *Relay) notified(p int) {
+	r.mu.Lock()
+	hit := false
+	for id, ps := range r.parts {
+		if p < 0 || id == p {
+			ps.dirty, hit = true, true
+		}
+	}
+	r.mu.Unlock()
+	// Another node's partition is another node's business: with N nodes,
+	// waking on every notification would make N reads of every commit.
+	if hit || p < 0 {
+		signal(r.wakeRead)
+	}
+}
+
+// readLoop reads pending rows and publishes them while ctx lasts.
+func (r *Relay) readLoop(ctx context.Context) {
+	down := outage.New(r.cfg.Logger, "PostgreSQL (outbox reads)")
+	bo := backoff.New(50*time.Millisecond, 2*time.Second)
+	// The publisher reconnects on its own; check for it often so the first
+	// publish follows a broker's return closely.
+	pubWait := backoff.New(20*time.Millisecond, 200*time.Millisecond)
+	poll := time.NewTicker(r.cfg.PollInterval)
+	defer poll.Stop()
+	retry := time.NewTimer(time.Hour)
+	defer retry.Stop()
+	for {
+		if !r.pub.Connected() {
+			// No reads and no publishes while there is nowhere to publish.
+			if !backoff.Sleep(ctx, pubWait.Next()) {
+				return
+			}
+			continue
+		}
+		pubWait.Reset()
+		published, err := r.dispatch(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			continue // the publisher reconnects and logs on its own
+		}
+		read, err := r.readOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			down.Fail(err)
+			if !backoff.Sleep(ctx, bo.Next()) {
+				return
+			}
+			continue
+		}
+		if read {
+			down.OK()
+			bo.Reset()
+			continue
+		}
+		if published > 0 {
+			continue
+		}
+		r.checkStall()
+		if !r.wait(ctx, poll.C, retry) {
+			return
+		}
+	}
+}
+
+// wait blocks until something may be readable or publishable.
+func (r *Relay) wait(ctx context.Context, poll <-chan time.Time, retry *time.Timer) bool {
+	r.mu.Lock()
+	next := r.earliestRetryLocked(time.Now())
+	r.mu.Unlock()
+	if !next.IsZero() {
+		retry.Reset(max(time.Until(next), time.Millisecond))
+	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-r.wakeRead:
+	case <-r.own.Changed():
+		r.retryLeaseWait()
+	case <-retry.C:
+	case <-poll:
+		r.mu.Lock()
+		for _, ps := range r.parts {
+			// A parked key waits for an operator: look every poll, so a
+			// retry or skip takes effect within one.
+			if time.Since(ps.lastPass) >= passEvery || ps.hasParked() {
+				ps.dirty = true
+			}
+		}
+		r.mu.Unlock()
+		r.retryLeaseWait()
+	}
+	return true
+}
+
+// retryLeaseWait puts the keys that found their lease invalid back in line.
+func (r *Relay) retryLeaseWait() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for k := range r.leaseWait {
+		if r.currentLocked(k) {
+			r.pushReadyLocked(k)
+		}
+		delete(r.leaseWait, k)
+	}
+}
+
+// checkStall tells the progress tracker whether rows wait that could go.
+func (r *Relay) checkStall() {
+	r.mu.Lock()
+	n := r.eligibleLocked(time.Now())
+	r.mu.Unlock()
+	r.progress.idle(n)
+	if n > 0 {
+		r.mu.Lock()
+		r.stats.IdleReads++
+		r.mu.Unlock()
+	}
+}
+
+// readOnce reads one page of every held partition that wants one, while
+// the read-ahead budget has room, and reports whether it read.
+func (r *Relay) readOnce(ctx context.Context) (bool, error) {
+	leases := r.own.Leases()
+	now := time.Now()
+	r.mu.Lock()
+	r.syncLeasesLocked(leases)
+	if r.bytes >= r.cfg.ReadAheadBytes && (len(r.ready) > 0 || len(r.flights) > 0) {
+		r.mu.Unlock()
+		return false, nil // memory is full: publishing and marks free it
+	}
+	var cursors []Cursor
+	epochs := map[int]int64{}
+	for p, ps := range r.parts {
+		if !leases[p].Valid(now) {
+			continue
+		}
+		if !ps.reading {
+			if !ps.dirty || now.Sub(ps.lastPass) < minPassGap {
+				continue
+			}
+			ps.pass++
+			ps.cursor, ps.reading, ps.dirty, ps.lastPass = 0, true, false, now
+			r.stats.Passes++
+		}
+		cursors = append(cursors, Cursor{Partition: p, After: ps.cursor})
+		epochs[p] = ps.epoch
+	}
+	clear(r.marked)
+	r.readFrom = r.writes
+	r.mu.Unlock()
+	if len(cursors) == 0 {
+		return false, nil
+	}
+	limit := max(32, min(r.cfg.BatchSize, 2*r.cfg.BatchSize/len(cursors)))
+	rctx, cancel := context.WithTimeout(ctx, r.cfg.ReadTimeout)
+	rows, err := r.store.ReadPending(rctx, cursors, limit)
+	cancel()
+	r.progress.read(err)
+	if err != nil {
+		if rctx.Err() != nil && ctx.Err() == nil {
+			err = fmt.Errorf("%w (the read took longer than %v)", err, r.cfg.ReadTimeout)
+		}
+		return false, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stats.Reads++
+	byPart := map[int][]Row{}
+	for _, row := range rows {
+		byPart[row.Partition] = append(byPart[row.Partition], row)
+	}
+	for _, c := range cursors {
+		ps := r.parts[c.Partition]
+		if ps == nil || ps.epoch != epochs[c.Partition] {
+			continue // the lease moved during the read: read again under the new one
+		}
+		got := byPart[c.Partition]
+		r.ingestLocked(ps, got)
+		if len(got) < limit {
+			ps.reading = false
+			r.sweepLocked(ps)
+		}
+	}
+	return true, nil
+}
+
+// dispatch publishes every queued row the per-key rule and the window let
+// go now, and returns how many it published. A Publish error (the broker
+// went away) ends it; the row stays queued.
+func (r *Relay) dispatch(ctx context.Context) (int, error) {
+	n := 0
+	for {
+		f, leaseLost := r.nextFlight()
+		if leaseLost {
+			r.progress.leaseSkipped(1)
+			continue
+		}
+		if f == nil {
+			if n > 0 {
+				r.progress.published()
+			}
+			return n, nil
+		}
+		if err := r.publish(ctx, f); err != nil {
+			if n > 0 {
+				r.progress.published()
+			}
+			return n, err
+		}
+		n++
+	}
+}
+
+// nextFlight takes the next publishable head off the ready list and
+// registers it as a flight, after checking its partition's live lease: the
+// last check before the publish (DESIGN.md invariant 3). Drained takes
+// r.mu too, so a handoff either sees this flight and waits for it, or has
+// already taken the lease away and this check refuses.
+func (r *Relay) nextFlight() (f *flight, leaseLost bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	for len(r.flights) < r.cfg.Window && len(r.ready) > 0 {
+		k := r.ready[0]
+		r.ready = r.ready[1:]
+		k.inReady = false
+		if !r.currentLocked(k) {
+			continue
+		}
+		e, ok := r.headLocked(k, now)
+		if !ok {
+			continue
+		}
+		if l, held := r.own.Lease(k.part.id); !held || l.Epoch != k.part.epoch || !l.Valid(now) {
+			// Tried again on the next poll or ownership change: a late
+			// renewal may bring the lease back.
+			r.leaseWait[k] = true
+			r.stats.LeaseSkipped++
+			return nil, true
+		}
+		k.queue = k.queue[1:]
+		delete(k.part.queued, e.row.ID)
+		f = &flight{key: k, e: e, size: e.size, attempts: e.row.Attempts, msg: Message{
+			ID: e.row.ID, Partition: e.row.Partition, Epoch: k.part.epoch,
+			CorrelationID: e.row.CorrelationID, KeySeq: e.row.KeySeq, PrevKeySeq: e.row.PrevKeySeq,
+			Exchange: e.row.Exchange, RoutingKey: e.row.RoutingKey, Type: e.row.Type,
+			Payload: e.row.Payload, OccurredAt: e.row.OccurredAt,
+		}}
+		r.flights[e.row.ID] = f
+		k.inFlight++
+		k.published = max(k.published, e.row.KeySeq)
+		r.unconfirmed++
+		r.stats.Published++
+		r.lastPublish = now
+		if r.cfg.PerKeyLimit > 1 && !k.inReady && len(k.queue) > 0 {
+			// Its next row goes right behind this one (tests only: the
+			// rule is 1).
+			k.inReady = true
+			r.ready = append([]*keyState{k}, r.ready...)
+		}
+		return f, false
+	}
+	return nil, false
+}
+
+// publish hands f to the publisher. A row that cannot become a message
+// (headers a plain INSERT wrote that AMQP cannot carry) fails like a nack:
+// it backs off, is parked after MaxAttempts, and only its key waits.
+func (r *Relay) publish(ctx context.Context, f *flight) error {
+	if f.e.row.PrevDead {
+		prev, err := r.store.PrevKeySeq(ctx, f.msg.CorrelationID, f.msg.KeySeq)
+		if err != nil {
+			r.unsend(f)
+			return err
+		}
+		f.msg.PrevKeySeq = prev
+	}
+	headers, bad := decodeHeaders(f.e.row.Headers)
+	if bad != nil {
+		r.settle(f, Result{Outcome: Failed, Err: fmt.Errorf("unpublishable row: %w", bad)})
+		return nil
+	}
+	f.msg.Headers = headers
+	if err := r.pub.Publish(ctx, &f.msg, func(res Result) { r.settle(f, res) }); err != nil {
+		r.unsend(f)
+		return &publishError{err}
+	}
+	return nil
+}
+
+// publishError is a Publish failure: the message was not sent.
+type publishError struct{ err error }
+
+func (e *publishError) Error() string { return e.err.Error() }
+func (e *publishError) Unwrap() error { return e.err }
