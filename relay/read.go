@@ -28,8 +28,9 @@ import (
 // pending rows, and passes run only when something was committed (or as a
 // slow safety net), not after every publish.
 const (
-	minPassGap = 100 * time.Millisecond
-	passEvery  = 5 * time.Second
+	minPassGap      = 100 * time.Millisecond
+	passEvery       = 5 * time.Second
+	stallCheckEvery = 100 * time.Millisecond
 )
 
 // notified is the Store's Listen callback: partition p (or every one, for
@@ -146,9 +147,16 @@ func (r *Relay) retryLeaseWait() {
 }
 
 // checkStall tells the progress tracker whether rows wait that could go.
+// It looks at every key, so at most every stallCheckEvery.
 func (r *Relay) checkStall() {
 	r.mu.Lock()
-	n := r.eligibleLocked(time.Now())
+	now := time.Now()
+	if now.Sub(r.lastStallCheck) < stallCheckEvery {
+		r.mu.Unlock()
+		return
+	}
+	r.lastStallCheck = now
+	n := r.eligibleLocked(now)
 	r.mu.Unlock()
 	r.progress.idle(n)
 	if n > 0 {

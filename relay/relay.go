@@ -162,21 +162,22 @@ type Relay struct {
 	wakeRead chan struct{} // coalesced: something may be readable or publishable
 	wakeMark chan struct{} // coalesced: settlements are queued
 
-	mu          sync.Mutex
-	parts       map[int]*partState    // held partitions, as last synced with the leases
-	flights     map[uuid.UUID]*flight // published and not yet marked or recorded failed
-	unconfirmed int                   // flights not yet settled by the publisher
-	ready       []*keyState           // keys whose head may be publishable
-	blocked     map[*keyState]bool    // keys whose head backs off until a time
-	leaseWait   map[*keyState]bool    // keys whose partition's lease was not valid when they were due
-	bytes       int64                 // queued rows and flights, for ReadAheadBytes
-	queue       []settlement          // confirmed or failed, not yet written
-	marked      map[uuid.UUID]bool    // marked since the current read began
-	writes      uint64                // failure records written so far
-	readFrom    uint64                // writes when the current read began
-	lastPublish time.Time
-	stats       Stats
-	progress    *progress
+	mu             sync.Mutex
+	parts          map[int]*partState    // held partitions, as last synced with the leases
+	flights        map[uuid.UUID]*flight // published and not yet marked or recorded failed
+	unconfirmed    int                   // flights not yet settled by the publisher
+	ready          []*keyState           // keys whose head may be publishable
+	blocked        map[*keyState]bool    // keys whose head backs off until a time
+	leaseWait      map[*keyState]bool    // keys whose partition's lease was not valid when they were due
+	bytes          int64                 // queued rows and flights, for ReadAheadBytes
+	queue          []settlement          // confirmed or failed, not yet written
+	marked         map[uuid.UUID]bool    // marked since the current read began
+	writes         uint64                // failure records written so far
+	readFrom       uint64                // writes when the current read began
+	lastPublish    time.Time
+	lastStallCheck time.Time
+	stats          Stats
+	progress       *progress
 }
 
 // Stats are running totals since the relay started.
