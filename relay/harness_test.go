@@ -136,6 +136,10 @@ type nodeOpts struct {
 	retention      time.Duration
 	retentionChunk int
 	confirmTimeout time.Duration
+	// pollInterval and retryMin/retryMax replace the harness's short
+	// defaults (200 ms; 20-200 ms).
+	pollInterval       time.Duration
+	retryMin, retryMax time.Duration
 }
 
 // node is a relay, its leaser and its publisher, run in-process.
@@ -197,7 +201,13 @@ func (h *harness) startNode(o nodeOpts) *node {
 		cfg.Window = o.window
 	}
 	cfg.RetryMin, cfg.RetryMax = 20*time.Millisecond, 200*time.Millisecond
+	if o.retryMin > 0 {
+		cfg.RetryMin, cfg.RetryMax = o.retryMin, max(o.retryMax, o.retryMin)
+	}
 	cfg.PollInterval = 200 * time.Millisecond
+	if o.pollInterval > 0 {
+		cfg.PollInterval = o.pollInterval
+	}
 	cfg.Logger = o.logger
 	cfg.RetentionAge = o.retention
 	cfg.RetentionInterval = 100 * time.Millisecond
