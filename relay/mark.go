@@ -26,6 +26,7 @@ func (r *Relay) settle(f *flight, res Result) {
 		r.queue = append(r.queue, settlement{f, res})
 	case Unsent:
 		r.stats.Unsent++
+		k.flights--
 		delete(r.flights, f.msg.ID)
 		r.bytes -= f.size
 		r.requeueLocked(f, time.Time{})
@@ -47,6 +48,7 @@ func (r *Relay) unsend(f *flight) {
 	defer r.mu.Unlock()
 	r.unconfirmed--
 	f.key.inFlight--
+	f.key.flights--
 	r.stats.Published--
 	delete(r.flights, f.msg.ID)
 	r.bytes -= f.size
@@ -167,7 +169,10 @@ func (r *Relay) markConfirmed(ctx context.Context, confirmed []settlement) error
 		}
 		delete(r.flights, s.f.msg.ID)
 		r.marked[s.f.msg.ID] = true
+		r.markedKeys[s.f.msg.CorrelationID] = max(r.markedKeys[s.f.msg.CorrelationID], s.f.msg.KeySeq)
 		r.bytes -= s.f.size
+		s.f.key.flights--
+		r.forgetIfIdleLocked(s.f.key)
 	}
 	r.stats.Confirmed += int64(len(confirmed))
 	r.stats.Marked += int64(len(marked))
@@ -208,6 +213,7 @@ func (r *Relay) recordFailures(ctx context.Context, failed []settlement) error {
 	for i, s := range failed {
 		f := s.f
 		f.key.lastWrite = r.writes
+		f.key.flights--
 		delete(r.flights, f.msg.ID)
 		r.bytes -= f.size
 		f.key.writing--

@@ -30,6 +30,7 @@ type keyState struct {
 	queue     []*entry // read ahead, not in flight, ascending key_seq
 	inFlight  int      // published and not yet settled
 	writing   int      // failures settled and not yet recorded
+	flights   int      // published and not yet marked or recorded failed
 	published int64    // highest key_seq published in this epoch
 	confirmed int64    // highest key_seq confirmed in this epoch
 	lastWrite uint64   // Relay.writes after its last failure record
@@ -55,7 +56,7 @@ type flight struct {
 }
 
 func rowSize(r *Row) int64 {
-	return int64(len(r.Payload)+len(r.Headers)+len(r.CorrelationID)+len(r.Exchange)+len(r.RoutingKey)+len(r.Type)) + 200
+	return int64(len(r.Payload)+len(r.Headers)+len(r.CorrelationID)+len(r.Exchange)+len(r.RoutingKey)+len(r.Type)) + 400 // the Row, its entry, map slots and key state, roughly
 }
 
 func newPartState(p int, epoch int64) *partState {
@@ -134,6 +135,11 @@ func (r *Relay) ingestLocked(ps *partState, rows []Row) {
 		if r.flights[row.ID] != nil || r.marked[row.ID] {
 			continue
 		}
+		if row.PrevPending && r.markedKeys[row.CorrelationID] >= row.KeySeq-1 {
+			// The row below was marked after this read began: it was
+			// pending when read, and is not now.
+			row.PrevPending = false
+		}
 		k := ps.key(row.CorrelationID)
 		if e := ps.queued[row.ID]; e != nil {
 			// The database's word is newer than ours only if the read
@@ -168,6 +174,7 @@ func (r *Relay) dropFollowersLocked(k *keyState) {
 		delete(k.part.queued, e.row.ID)
 		r.bytes -= e.size
 	}
+	clear(k.queue[1:]) // the backing array would keep them alive
 	k.queue = k.queue[:1]
 }
 
@@ -189,6 +196,19 @@ func (r *Relay) sweepLocked(ps *partState) {
 		if len(k.queue) == 0 && k.inFlight == 0 && k.writing == 0 && !r.blocked[k] && !r.leaseWait[k] {
 			delete(ps.keys, name)
 		}
+	}
+}
+
+// forgetIfIdleLocked drops k once nothing of it is queued, in flight or
+// backing off: a key's memory lasts as long as its work, not its
+// partition's pass. Its next row, read later, is judged by the database
+// (the row below it is marked by then).
+func (r *Relay) forgetIfIdleLocked(k *keyState) {
+	if len(k.queue) > 0 || k.flights > 0 || k.writing > 0 || r.blocked[k] || r.leaseWait[k] || k.inReady {
+		return
+	}
+	if ps := k.part; ps.keys[k.name] == k {
+		delete(ps.keys, k.name)
 	}
 }
 

@@ -107,7 +107,17 @@ func (r *Relay) readLoop(ctx context.Context) {
 // wait blocks until something may be readable or publishable.
 func (r *Relay) wait(ctx context.Context, poll <-chan time.Time, retry *time.Timer) bool {
 	r.mu.Lock()
-	next := r.earliestRetryLocked(time.Now())
+	now := time.Now()
+	next := r.earliestRetryLocked(now)
+	for _, ps := range r.parts {
+		// A notification that came within minPassGap of the last pass
+		// starts the next one when the gap is over.
+		if ps.dirty && !ps.reading {
+			if at := ps.lastPass.Add(minPassGap); at.After(now) && (next.IsZero() || at.Before(next)) {
+				next = at
+			}
+		}
+	}
 	r.mu.Unlock()
 	if !next.IsZero() {
 		retry.Reset(max(time.Until(next), time.Millisecond))
@@ -195,6 +205,7 @@ func (r *Relay) readOnce(ctx context.Context) (bool, error) {
 		epochs[p] = ps.epoch
 	}
 	clear(r.marked)
+	clear(r.markedKeys)
 	r.readFrom = r.writes
 	r.mu.Unlock()
 	if len(cursors) == 0 {
@@ -271,6 +282,7 @@ func (r *Relay) nextFlight() (f *flight, leaseLost bool) {
 	now := time.Now()
 	for len(r.flights) < r.cfg.Window && len(r.ready) > 0 {
 		k := r.ready[0]
+		r.ready[0] = nil
 		r.ready = r.ready[1:]
 		k.inReady = false
 		if !r.currentLocked(k) {
@@ -278,6 +290,7 @@ func (r *Relay) nextFlight() (f *flight, leaseLost bool) {
 		}
 		e, ok := r.headLocked(k, now)
 		if !ok {
+			r.forgetIfIdleLocked(k)
 			continue
 		}
 		if l, held := r.own.Lease(k.part.id); !held || l.Epoch != k.part.epoch || !l.Valid(now) {
@@ -287,6 +300,7 @@ func (r *Relay) nextFlight() (f *flight, leaseLost bool) {
 			r.stats.LeaseSkipped++
 			return nil, true
 		}
+		k.queue[0] = nil // the backing array would keep it alive
 		k.queue = k.queue[1:]
 		delete(k.part.queued, e.row.ID)
 		f = &flight{key: k, e: e, size: e.size, attempts: e.row.Attempts, msg: Message{
@@ -297,6 +311,7 @@ func (r *Relay) nextFlight() (f *flight, leaseLost bool) {
 		}}
 		r.flights[e.row.ID] = f
 		k.inFlight++
+		k.flights++
 		k.published = max(k.published, e.row.KeySeq)
 		r.unconfirmed++
 		r.stats.Published++

@@ -172,6 +172,7 @@ type Relay struct {
 	bytes          int64                 // queued rows and flights, for ReadAheadBytes
 	queue          []settlement          // confirmed or failed, not yet written
 	marked         map[uuid.UUID]bool    // marked since the current read began
+	markedKeys     map[string]int64      // highest key_seq marked per key since the current read began
 	writes         uint64                // failure records written so far
 	readFrom       uint64                // writes when the current read began
 	lastPublish    time.Time
@@ -214,14 +215,15 @@ func New(cfg Config, store Store, pub Publisher, own Ownership) (*Relay, error) 
 	}
 	return &Relay{
 		cfg: cfg, store: store, pub: pub, own: own,
-		wakeRead:  make(chan struct{}, 1),
-		wakeMark:  make(chan struct{}, 1),
-		parts:     map[int]*partState{},
-		flights:   map[uuid.UUID]*flight{},
-		blocked:   map[*keyState]bool{},
-		leaseWait: map[*keyState]bool{},
-		marked:    map[uuid.UUID]bool{},
-		progress:  newProgress(cfg.Logger),
+		wakeRead:   make(chan struct{}, 1),
+		wakeMark:   make(chan struct{}, 1),
+		parts:      map[int]*partState{},
+		flights:    map[uuid.UUID]*flight{},
+		blocked:    map[*keyState]bool{},
+		leaseWait:  map[*keyState]bool{},
+		marked:     map[uuid.UUID]bool{},
+		markedKeys: map[string]int64{},
+		progress:   newProgress(cfg.Logger),
 	}, nil
 }
 
