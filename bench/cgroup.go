@@ -40,6 +40,7 @@ type cpuCaps struct {
 // gets cores × period of CPU time per period.
 func newCPUCaps(root string, cores float64, period time.Duration) (*cpuCaps, error) {
 	name := "ordo_bench_" + randomHex(4)
+	period = capPeriod(cores, period)
 	v1 := filepath.Join(root, "cpu")
 	if fileExists(filepath.Join(v1, "cpu.cfs_quota_us")) {
 		c := &cpuCaps{version: 1, parent: filepath.Join(v1, name), top: v1, period: period, cores: cores}
@@ -72,7 +73,7 @@ func enableCPU(dir string) error {
 	if err == nil && hasWord(string(ctl), "cpu") {
 		return nil
 	}
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+cpu"), 0); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+cpu"), 0o644); err != nil {
 		return fmt.Errorf("enable the cpu controller in %s: %w", dir, err)
 	}
 	return nil
@@ -92,10 +93,22 @@ func fileExists(p string) bool {
 	return err == nil
 }
 
+// minQuota is the kernel's smallest CFS quota.
+const minQuota = time.Millisecond
+
+// capPeriod returns period, or the shortest period at which cores of CPU
+// is at least the kernel's minimum quota (0.05 core needs 20 ms).
+func capPeriod(cores float64, period time.Duration) time.Duration {
+	if need := time.Duration(math.Ceil(float64(minQuota) / cores)); need > period {
+		return need
+	}
+	return period
+}
+
 // quota returns the CPU time per period for cores: at least 1 ms, the
 // kernel's minimum.
 func (c *cpuCaps) quota() time.Duration {
-	return max(time.Millisecond, time.Duration(math.Round(c.cores*float64(c.period))))
+	return max(minQuota, time.Duration(math.Round(c.cores*float64(c.period))))
 }
 
 // cap creates child group name, sets its quota and moves process pid
@@ -116,7 +129,7 @@ func (c *cpuCaps) cap(name string, pid int) error {
 	}
 	writes = append(writes, [2]string{"cgroup.procs", strconv.Itoa(pid)})
 	for _, w := range writes {
-		if err := os.WriteFile(filepath.Join(dir, w[0]), []byte(w[1]), 0); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, w[0]), []byte(w[1]), 0o644); err != nil {
 			return fmt.Errorf("cgroup %s: write %s: %w", dir, w[0], err)
 		}
 	}
@@ -159,7 +172,7 @@ func (c *cpuCaps) close() error {
 	for _, g := range append(c.groups, c.parent) {
 		if b, err := os.ReadFile(filepath.Join(g, "cgroup.procs")); err == nil {
 			for _, pid := range strings.Fields(string(b)) {
-				_ = os.WriteFile(filepath.Join(c.top, "cgroup.procs"), []byte(pid), 0)
+				_ = os.WriteFile(filepath.Join(c.top, "cgroup.procs"), []byte(pid), 0o644)
 			}
 		}
 	}

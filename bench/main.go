@@ -163,9 +163,9 @@ func parseOptions(args []string, lookup func(string) (string, bool), out io.Writ
 	fs.DurationVar(&o.ShapeSteady, "shape-steady", 10*time.Second, "shapes: steady run per shape for the producers' commit latency (0 skips it)")
 	scaleNodes := fs.String("scale-nodes", "1,2,3,4", "scaleout: comma-separated node counts")
 	fs.Float64Var(&o.ScaleCap, "scale-cap", 0.05, "scaleout: CPU cap per node, in cores")
-	fs.DurationVar(&o.ScalePeriod, "scale-period", 10*time.Millisecond, "scaleout: CFS period of the caps")
+	fs.DurationVar(&o.ScalePeriod, "scale-period", 10*time.Millisecond, "scaleout: CFS period of the caps (raised to fit the kernel's 1 ms minimum quota: 20ms for 0.05 core)")
 	scaleShapes := fs.String("scale-shapes", "many,hot", "scaleout: many (many keys) and/or hot (10 keys)")
-	fs.IntVar(&o.ScaleRows, "scale-rows", 20000, "scaleout: rows of the many-keys backlog (over rows/10 keys)")
+	fs.IntVar(&o.ScaleRows, "scale-rows", 40000, "scaleout: rows of the many-keys backlog (over rows/10 keys)")
 	fs.IntVar(&o.ScaleHot, "scale-hot-rows", 5000, "scaleout: rows of the hot-key backlog (over 10 keys)")
 	fs.StringVar(&o.Charts, "charts", "docs", "charts: directory for the PNGs")
 

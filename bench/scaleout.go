@@ -50,7 +50,7 @@ func runScaleout(ctx context.Context, o options, emit func(*Result)) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("CPU caps: cgroup v%d, %.3f core per node (quota %v per %v period)\n", probe.version, o.ScaleCap, probe.quota(), o.ScalePeriod)
+	fmt.Printf("CPU caps: cgroup v%d, %.3f core per node (quota %v per %v period)\n", probe.version, o.ScaleCap, probe.quota(), probe.period)
 	if err := probe.close(); err != nil {
 		return err
 	}
@@ -123,7 +123,7 @@ func scaleoutOnce(ctx context.Context, o options, shape string, n int, one float
 	res.Param("shape", shape)
 	res.Param("nodes", n)
 	res.Param("cap_cores", o.ScaleCap)
-	res.Param("period", o.ScalePeriod)
+	res.Param("period", caps.period)
 	res.Param("cgroup", fmt.Sprintf("v%d", caps.version))
 	res.Param("msgs", paramOf(d, "msgs"))
 	res.Param("keys", paramOf(d, "keys"))
