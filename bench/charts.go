@@ -254,11 +254,16 @@ func latencyChart(docs []jsonResult) (*plot.Plot, error) {
 	p.Add(plotter.NewGrid())
 	drawn := 0
 	for i, sc := range []string{"latency", "classic-latency"} {
-		runs := newest(docs, sc, func(jsonResult) string { return "" })
-		if len(runs) == 0 || len(runs[0].Series["latency_ms"]) == 0 {
+		// The latency scenario's own runs, not the shapes' short steady ones.
+		var d jsonResult
+		for _, r := range newest(docs, sc, func(r jsonResult) string { return r.Label }) {
+			if r.Label != "shape-steady" && len(r.Series["latency_ms"]) > 0 {
+				d = r
+			}
+		}
+		if len(d.Series["latency_ms"]) == 0 {
 			continue
 		}
-		d := runs[0]
 		l, err := plotter.NewLine(cdf(d.Series["latency_ms"], 400))
 		if err != nil {
 			return nil, err
@@ -278,11 +283,12 @@ func latencyChart(docs []jsonResult) (*plot.Plot, error) {
 	}
 	p.Legend.Top, p.Legend.Left = true, true
 	p.Y.Min, p.Y.Max = 0, 1
+	p.X.Min = 0.1
 	return p, nil
 }
 
 // cdf returns at most points points of the empirical CDF of ms, with
-// values clipped to at least 0.01 ms (a log axis has no 0; a message
+// values clipped to at least 0.1 ms (a log axis has no 0; a message
 // delivered before its producer saw COMMIT return has a negative latency).
 func cdf(ms []float64, points int) plotter.XYs {
 	s := slices.Clone(ms)
@@ -290,10 +296,10 @@ func cdf(ms []float64, points int) plotter.XYs {
 	step := max(1, len(s)/points)
 	var out plotter.XYs
 	for i := 0; i < len(s); i += step {
-		out = append(out, plotter.XY{X: math.Max(s[i], 0.01), Y: float64(i+1) / float64(len(s))})
+		out = append(out, plotter.XY{X: math.Max(s[i], 0.1), Y: float64(i+1) / float64(len(s))})
 	}
 	if n := len(s); n > 0 && out[len(out)-1].Y < 1 {
-		out = append(out, plotter.XY{X: math.Max(s[n-1], 0.01), Y: 1})
+		out = append(out, plotter.XY{X: math.Max(s[n-1], 0.1), Y: 1})
 	}
 	return out
 }
