@@ -237,6 +237,7 @@ func shapesChart(docs []jsonResult) (*plot.Plot, error) {
 	}
 	p.Legend.Top = true
 	p.NominalX(names...)
+	p.X.Min, p.X.Max = -0.6, float64(len(rows))-0.4 // room for the outer bars
 	p.X.Tick.Label.Rotation = 0.35
 	p.X.Tick.Label.XAlign = draw.XRight
 	return p, nil
