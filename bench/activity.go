@@ -39,13 +39,14 @@ type activitySampler struct {
 // text (see relay/queries.go, partition/lease.go and classic.go); the
 // first match wins.
 var statementKinds = []struct{ kind, fragment string }{
-	{"read", "FROM outbox AS o"},
 	{"mark", "SET processed_at"},
 	{"failure", "SET attempts"},
 	{"lease", "ordo_leases"},
 	{"bench", "count(*) FROM outbox"},
 	{"insert", "INSERT INTO outbox"},
+	{"bench", "FROM pg_stat_activity"},
 	{"read", "FOR UPDATE SKIP LOCKED"}, // the classic relay's batch select
+	{"read", "FROM outbox"},            // any other relay query of the outbox reads it
 }
 
 func classify(query string) string {

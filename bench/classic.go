@@ -99,7 +99,12 @@ type classicSession struct {
 
 // session connects, then runs batches until an error or ctx ends.
 func (c *classicRelay) session(ctx context.Context) error {
-	db, err := pgx.Connect(ctx, c.cfg.DBURL)
+	dbCfg, err := pgx.ParseConfig(c.cfg.DBURL)
+	if err != nil {
+		return fmt.Errorf("database URL: %w", err)
+	}
+	dbCfg.RuntimeParams["application_name"] = appClassic
+	db, err := pgx.ConnectConfig(ctx, dbCfg)
 	if err != nil {
 		return fmt.Errorf("connect to PostgreSQL: %w", err)
 	}

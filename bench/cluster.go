@@ -39,6 +39,8 @@ type cluster struct {
 	addrs     []string // gossip addresses
 	nodes     []*node  // the current process of each slot; nil before its first start
 	client    *http.Client
+	env       []string                      // extra ORDO_* variables for every node
+	onStart   func(slot int, n *node) error // called right after a node's process started; may be nil
 }
 
 // newCluster prepares size slots. Nothing is started yet.
@@ -77,11 +79,17 @@ func (c *cluster) start(ctx context.Context, i int) (*node, error) {
 			"ORDO_REJOIN_INTERVAL=" + rejoinInterval,
 		}
 	}
-	n, err := c.r.startNamedNode(ctx, c.names[i], c.amqpURL, env...)
+	n, err := c.r.startNamedNode(ctx, c.names[i], c.amqpURL, append(env, c.env...)...)
 	if err != nil {
 		return nil, err
 	}
 	c.nodes[i] = n
+	if c.onStart != nil {
+		if err := c.onStart(i, n); err != nil {
+			n.kill()
+			return nil, fmt.Errorf("start %s: %w", c.names[i], err)
+		}
+	}
 	return n, nil
 }
 
@@ -276,10 +284,17 @@ type ordoSystem struct {
 // startOrdo starts n nodes and waits until they have converged (one node:
 // until it holds every lease).
 func startOrdo(ctx context.Context, r *rig, n int) (*ordoSystem, error) {
+	return startOrdoWith(ctx, r, n, nil, nil)
+}
+
+// startOrdoWith is startOrdo with extra node environment and a hook
+// called with every node right after it started (see cluster.onStart).
+func startOrdoWith(ctx context.Context, r *rig, n int, env []string, onStart func(int, *node) error) (*ordoSystem, error) {
 	c, err := newCluster(r, r.o.AMQPURL, n, n > 1)
 	if err != nil {
 		return nil, err
 	}
+	c.env, c.onStart = env, onStart
 	for i := range n {
 		if _, err := c.start(ctx, i); err != nil {
 			return nil, err

@@ -44,7 +44,10 @@ type consumer struct {
 	closeErr *amqp.Error // why the connection closed, once known
 }
 
-func startConsumer(ctx context.Context, amqpURL, exchange, queue string) (*consumer, error) {
+// startConsumer connects and consumes from queue, bound to exchange. A
+// durable queue is not exclusive (RabbitMQ then persists persistent
+// messages before it confirms them); close deletes it either way.
+func startConsumer(ctx context.Context, amqpURL, exchange, queue string, durable bool) (*consumer, error) {
 	d := 10 * time.Second
 	if dl, ok := ctx.Deadline(); ok {
 		d = min(d, time.Until(dl))
@@ -66,7 +69,7 @@ func startConsumer(ctx context.Context, amqpURL, exchange, queue string) (*consu
 		recv:   map[string]time.Time{},
 		epochs: map[int]map[int64]epochFirst{},
 	}
-	msgs, ch, err := c.subscribe(exchange)
+	msgs, ch, err := c.subscribe(exchange, durable)
 	if err != nil {
 		_ = conn.Close()
 		return nil, fmt.Errorf("consumer: %w", err)
@@ -77,7 +80,7 @@ func startConsumer(ctx context.Context, amqpURL, exchange, queue string) (*consu
 
 // subscribe declares the queue (exclusive: it goes with the connection),
 // binds it and starts consuming.
-func (c *consumer) subscribe(exchange string) (<-chan amqp.Delivery, *amqp.Channel, error) {
+func (c *consumer) subscribe(exchange string, durable bool) (<-chan amqp.Delivery, *amqp.Channel, error) {
 	ch, err := c.conn.Channel()
 	if err != nil {
 		return nil, nil, fmt.Errorf("open channel: %w", err)
@@ -85,7 +88,7 @@ func (c *consumer) subscribe(exchange string) (<-chan amqp.Delivery, *amqp.Chann
 	if err := ch.Qos(consumerPrefetch, 0, false); err != nil {
 		return nil, nil, fmt.Errorf("set prefetch: %w", err)
 	}
-	if _, err := ch.QueueDeclare(c.queue, false, false, true, false, nil); err != nil {
+	if _, err := ch.QueueDeclare(c.queue, durable, false, !durable, false, nil); err != nil {
 		return nil, nil, fmt.Errorf("declare queue %s: %w", c.queue, err)
 	}
 	if err := ch.QueueBind(c.queue, "#", exchange, false, nil); err != nil {

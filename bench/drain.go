@@ -2,16 +2,8 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
-
-	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
-
-	"github.com/ordo-relay/ordo/partition"
 )
 
 // runDrain measures how fast Ordo drains a backlog, once for each count in
@@ -40,30 +32,87 @@ func runClassic(ctx context.Context, o options, emit func(*Result)) error {
 	return nil
 }
 
-// drainOnce measures how fast the relays of spec drain a backlog. They
-// start on an empty outbox and are waited for until ready (Ordo: the
-// nodes agree on the map and hold every lease). Then -rows pending rows
-// (default 100000) over -keys keys (default 10000), spread round-robin so
-// every key has rows/keys messages, are committed in one transaction
-// (COPY, then ANALYZE). The clock starts when that COMMIT returns and
-// stops when the consumer has every row; the database must then show no
-// pending row.
+// drainOnce measures how fast the relays of spec drain a backlog of -rows
+// rows (default 100000) over -keys keys (default 10000): see drainBacklog.
 func drainOnce(ctx context.Context, o options, spec systemSpec) (*Result, error) {
-	keys := o.keysOr(10000)
 	scenario := "drain"
 	if spec.classic {
 		scenario = "classic"
 	}
-	r, err := newRig(ctx, o, scenario, 4)
+	plan := drainPlan{scenario: scenario, groups: []rowGroup{{prefix: "key", keys: o.keysOr(10000), rows: o.Rows}}, analyze: o.Analyze}
+	res, _, err := drainBacklog(ctx, o, spec, plan)
+	return res, err
+}
+
+// rowGroup is a set of keys named prefix-<n> with rows messages spread
+// round-robin over them, so row i goes to key i mod keys. With poison,
+// each key's first row goes to an exchange that does not exist: Ordo
+// parks it, and the key's later rows (followers) wait behind it for good.
+type rowGroup struct {
+	prefix string
+	keys   int
+	rows   int
+	poison bool
+}
+
+// drainPlan is what drainBacklog loads and how.
+type drainPlan struct {
+	scenario string
+	label    string // the result's label; empty: the relay's name
+	groups   []rowGroup
+	analyze  bool // ANALYZE outbox in the loading transaction
+	// autovacuumOff sets autovacuum_enabled = off on the outbox before
+	// loading, so that no statistics appear during the drain either.
+	autovacuumOff bool
+	// limit, when set, bounds the drain: a backlog not drained by then is
+	// reported as incomplete (complete=0, msgs_per_sec over what arrived)
+	// instead of failing the run. 0 waits up to -timeout and fails.
+	limit   time.Duration
+	durable bool // the consumer's queue is durable (confirms wait for fsync)
+	// before, when set, runs right after the rows were committed, and
+	// after once they are drained (before the relays stop); both may add
+	// figures to the result.
+	before, after func(ctx context.Context, r *rig, sys system, res *Result) error
+}
+
+// drainCosts is what a drain measured of PostgreSQL's work, for the shapes
+// scenario's whole-cost figures.
+type drainCosts struct {
+	msgs       int           // messages timed (not the poison groups')
+	insert     time.Duration // the bench's backends during the COPY and its COMMIT
+	loadRows   int           // rows the COPY wrote
+	relay      relaySplit    // the relay's backends during the drain
+	relayTotal time.Duration
+	complete   bool
+}
+
+// drainBacklog measures how fast the relays of spec drain a backlog. They
+// start on an empty outbox and are waited for until ready (Ordo: the
+// nodes agree on the map and hold every lease). Then the plan's rows are
+// committed in one transaction (COPY, then ANALYZE if asked). The clock
+// starts when that COMMIT returns and stops when the consumer has every
+// row not of a poison group; the database must then show none of those
+// pending.
+func drainBacklog(ctx context.Context, o options, spec systemSpec, plan drainPlan) (*Result, drainCosts, error) {
+	var costs drainCosts
+	r, err := newRig(ctx, o, plan.scenario, 4)
 	if err != nil {
-		return nil, err
+		return nil, costs, err
 	}
 	defer r.close()
-	res := newResult(scenario)
-	res.Label = spec.String()
+	r.durableQueue = plan.durable
+	res := newResult(plan.scenario)
+	res.Label = plan.label
+	if res.Label == "" {
+		res.Label = spec.String()
+	}
 	spec.addParams(res)
-	res.Param("msgs", o.Rows)
+	rows, keys, poisoned := planSize(plan.groups)
+	res.Param("msgs", rows)
 	res.Param("keys", keys)
+	if poisoned > 0 {
+		res.Param("parked_keys", poisoned)
+	}
 	res.Param("partitions", o.Partitions)
 	if spec.classic {
 		res.Param("batch", o.ClassicBatch)
@@ -72,124 +121,197 @@ func drainOnce(ctx context.Context, o options, spec systemSpec) (*Result, error)
 		res.Param("confirm_window", o.ConfirmWindow)
 	}
 	res.Param("payload_bytes", o.Payload)
-	res.Param("analyze", o.Analyze)
+	res.Param("analyze", plan.analyze)
+	if plan.autovacuumOff {
+		res.Param("autovacuum", false)
+	}
+	if plan.durable {
+		res.Param("durable_queue", true)
+	}
 
 	c, err := r.startConsumer(ctx)
 	if err != nil {
-		return nil, err
+		return nil, costs, err
 	}
 	startAt := time.Now()
 	sys, err := spec.start(ctx, r)
 	if err != nil {
-		return nil, err
+		return nil, costs, err
 	}
 	ready := time.Since(startAt)
 	fmt.Printf("%s ready in %v\n", spec, ready.Round(time.Millisecond))
 
-	loadStart := time.Now()
-	ids, committed, err := loadRows(ctx, r, o.Rows, keys, o.Payload, o.Analyze)
-	if err != nil {
-		return nil, err
+	if plan.autovacuumOff {
+		if _, err := r.pool.Exec(ctx, `ALTER TABLE outbox SET (autovacuum_enabled = off)`); err != nil {
+			return nil, costs, fmt.Errorf("autovacuum off: %w", err)
+		}
 	}
-	load := committed.Sub(loadStart)
-	fmt.Printf("committed %d rows in %v\n", len(ids), load.Round(time.Millisecond))
+	loadStart := time.Now()
+	load, err := loadGroups(ctx, r, plan.groups, o.Payload, plan.analyze)
+	if err != nil {
+		return nil, costs, err
+	}
+	ids, committed := load.timed, load.committed
+	loadTime := committed.Sub(loadStart)
+	costs.insert, costs.loadRows, costs.msgs = load.insertCPU, len(load.timed)+len(load.held), len(ids)
+	fmt.Printf("committed %d rows in %v\n", costs.loadRows, loadTime.Round(time.Millisecond))
 	cpu0 := sampleCPU()
 	relayCPU0, err := usageNow(sys)
 	if err != nil {
-		return nil, err
+		return nil, costs, err
 	}
-	act := startActivity(r.pool, r.name)
-	err = c.waitDistinct(ctx, len(ids), o.Timeout, sys.failed)
+	act := startActivity(r.probe, r.name)
+	backends, err := startBackendCPU(ctx, r.probe, r.name)
+	if err != nil {
+		act.stop()
+		return nil, costs, err
+	}
+	if plan.before != nil {
+		if err := plan.before(ctx, r, sys, res); err != nil {
+			return nil, costs, err
+		}
+	}
+	limit := o.Timeout
+	if plan.limit > 0 {
+		limit = plan.limit
+	}
+	if poisoned > 0 {
+		err = c.waitAll(ctx, ids, limit, sys.failed) // a follower of a parked key must not count
+	} else {
+		err = c.waitDistinct(ctx, len(ids), limit, sys.failed) // cheaper for a million ids
+	}
 	activity := act.stop()
-	if err != nil {
-		return nil, err
+	btotals, berr := backends.stop(ctx)
+	costs.complete = err == nil
+	if err != nil && (plan.limit == 0 || ctx.Err() != nil || sys.failed() != nil || c.failed() != nil) {
+		return nil, costs, err
 	}
-	_, first, last := c.distinct()
-	fmt.Printf("all %d delivered %v after the commit\n", len(ids), last.Sub(committed).Round(time.Millisecond))
-	markedAt, err := r.waitPending(ctx, sys.failed)
-	if err != nil {
-		return nil, err
+	if berr != nil {
+		res.Note("backend CPU sampling: %v", berr)
 	}
+	recv := c.receiveTimes()
+	first, last, got := deliverySpan(ids, recv)
+	if costs.complete {
+		fmt.Printf("all %d delivered %v after the commit\n", len(ids), last.Sub(committed).Round(time.Millisecond))
+		if _, err := r.waitPendingWhere(ctx, sys.failed, poisonPrefixes(plan.groups)); err != nil {
+			return nil, costs, err
+		}
+	} else {
+		last = time.Now()
+		res.Note("not drained within %v: %d of %d delivered; msgs_per_sec is over what arrived", limit, got, len(ids))
+		fmt.Printf("!!! INCOMPLETE: %d of %d delivered in %v\n", got, len(ids), limit)
+	}
+	markedAt := time.Now()
 	cpu1 := sampleCPU()
-	if err := addUsage(res, sys, relayCPU0, len(ids)); err != nil {
-		return nil, err
+	if plan.after != nil {
+		if err := plan.after(ctx, r, sys, res); err != nil {
+			return nil, costs, err
+		}
+	}
+	if err := addUsage(res, sys, relayCPU0, got); err != nil {
+		return nil, costs, err
+	}
+	if poisoned > 0 {
+		n, err := r.parked(ctx)
+		if err != nil {
+			return nil, costs, err
+		}
+		res.Figure("parked", float64(n), "")
 	}
 	if err := sys.stop(); err != nil {
-		return nil, err
+		return nil, costs, err
 	}
 	if cs, ok := sys.(*classicSystem); ok {
 		cs.addTo(res)
 	}
 
+	costs.relayTotal = btotals[groupRelay]
+	costs.relay = splitRelayCPU(costs.relayTotal, activity)
 	drain := last.Sub(committed)
 	res.Seconds("ready_seconds", ready)
-	res.Seconds("load_seconds", load)
-	res.Figure("load_rows_per_sec", float64(len(ids))/load.Seconds(), "rows/s")
+	res.Seconds("load_seconds", loadTime)
+	res.Figure("load_rows_per_sec", float64(costs.loadRows)/loadTime.Seconds(), "rows/s")
+	res.Figure("complete", b2f(costs.complete), "")
+	res.Figure("delivered", float64(got), "")
 	res.Seconds("first_delivery_seconds", first.Sub(committed))
 	res.Seconds("seconds", drain)
-	res.Figure("msgs_per_sec", float64(len(ids))/last.Sub(first).Seconds(), "msg/s")
-	res.Figure("msgs_per_sec_from_commit", float64(len(ids))/drain.Seconds(), "msg/s")
-	res.Seconds("all_marked_seconds", markedAt.Sub(committed))
+	res.Figure("msgs_per_sec", float64(got)/last.Sub(first).Seconds(), "msg/s")
+	res.Figure("msgs_per_sec_from_commit", float64(got)/drain.Seconds(), "msg/s")
+	if costs.complete {
+		res.Seconds("all_marked_seconds", markedAt.Sub(committed))
+	}
 	addCPU(res, cpu0, cpu1, "")
 	activity.addTo(res)
-	res.Check = c.report(ids)
+	res.Figure("pg_insert_us_per_msg", perMsgMicros(costs.insert, costs.loadRows), "µs")
+	res.Figure("pg_read_us_per_msg", perMsgMicros(costs.relay.read, got), "µs")
+	res.Figure("pg_mark_us_per_msg", perMsgMicros(costs.relay.mark, got), "µs")
+	res.Figure("pg_relay_us_per_msg", perMsgMicros(costs.relayTotal, got), "µs")
+	if costs.complete {
+		res.Check = c.report(ids)
+	} else {
+		res.Check = c.report(deliveredOf(ids, recv)) // judge the order of what arrived
+	}
 	res.Finished = time.Now()
-	return res, nil
+	costs.msgs = got
+	return res, costs, nil
 }
 
-// drainColumns are the outbox columns a producer supplies; the database
-// assigns seq, key_seq and occurred_at (its BEFORE INSERT trigger fires
-// for COPY too).
-var drainColumns = []string{"id", "partition", "correlation_id", "exchange", "routing_key", "type", "payload", "headers"}
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
 
-// loadRows inserts rows pending messages with one COPY in a transaction of
-// its own, row i for key i mod keys, runs ANALYZE outbox in the same
-// transaction when analyze is set (it sees the transaction's own rows), and
-// commits. It returns the ids in insertion order and when COMMIT returned:
-// the relays see the rows from then on, all at once.
-func loadRows(ctx context.Context, r *rig, rows, keys, payload int, analyze bool) ([]string, time.Time, error) {
-	ids := make([]string, 0, rows)
-	// Payload: {"key":"key-00042","n":123,"pad":"xxx..."} of about payload bytes.
-	pad := strings.Repeat("x", max(0, payload-len(`{"key":"key-00000","n":100000,"pad":""}`)))
-	headers := json.RawMessage(`{}`)
-	width := len(strconv.Itoa(keys - 1))
-	i := 0
-	src := pgx.CopyFromFunc(func() ([]any, error) {
-		if i == rows {
-			return nil, nil
+// deliverySpan returns the first and last receive time among ids, and how
+// many of them arrived.
+func deliverySpan(ids []string, recv map[string]time.Time) (first, last time.Time, n int) {
+	for _, id := range ids {
+		t, ok := recv[id]
+		if !ok {
+			continue
 		}
-		key := fmt.Sprintf("key-%0*d", width, i%keys)
-		id, err := uuid.NewV7()
-		if err != nil {
-			return nil, fmt.Errorf("message id: %w", err)
+		n++
+		if first.IsZero() || t.Before(first) {
+			first = t
 		}
-		body := fmt.Appendf(nil, `{"key":%q,"n":%d,"pad":%q}`, key, i, pad)
-		ids = append(ids, id.String())
-		i++
-		return []any{id, int32(partition.Of(key, r.o.Partitions)), key, r.exchange, "bench.event",
-			"ordo.bench.event.v1", json.RawMessage(body), headers}, nil
-	})
-	cctx, cancel := context.WithTimeout(ctx, r.o.Timeout)
-	defer cancel()
-	tx, err := r.pool.Begin(cctx)
-	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("load rows: begin: %w", err)
-	}
-	defer func() { _ = tx.Rollback(context.Background()) }() // no-op after Commit
-	n, err := tx.CopyFrom(cctx, pgx.Identifier{"outbox"}, drainColumns, src)
-	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("copy %d rows into the outbox: %w", rows, err)
-	}
-	if int(n) != rows {
-		return nil, time.Time{}, fmt.Errorf("copy into the outbox: %d rows copied, want %d", n, rows)
-	}
-	if analyze {
-		if _, err := tx.Exec(cctx, `ANALYZE outbox`); err != nil {
-			return nil, time.Time{}, fmt.Errorf("analyze outbox: %w", err)
+		if t.After(last) {
+			last = t
 		}
 	}
-	if err := tx.Commit(cctx); err != nil {
-		return nil, time.Time{}, fmt.Errorf("load rows: commit: %w", err)
+	return first, last, n
+}
+
+// deliveredOf returns the ids that arrived.
+func deliveredOf(ids []string, recv map[string]time.Time) []string {
+	var out []string
+	for _, id := range ids {
+		if _, ok := recv[id]; ok {
+			out = append(out, id)
+		}
 	}
-	return ids, time.Now(), nil
+	return out
+}
+
+// planSize returns the rows, the keys and the poisoned keys of groups.
+func planSize(groups []rowGroup) (rows, keys, poisoned int) {
+	for _, g := range groups {
+		rows += g.rows
+		keys += g.keys
+		if g.poison {
+			poisoned += g.keys
+		}
+	}
+	return rows, keys, poisoned
+}
+
+// poisonPrefixes returns the key prefixes of the poison groups.
+func poisonPrefixes(groups []rowGroup) []string {
+	var out []string
+	for _, g := range groups {
+		if g.poison {
+			out = append(out, g.prefix+"-")
+		}
+	}
+	return out
 }

@@ -78,14 +78,23 @@ func latencyOnce(ctx context.Context, o options, spec systemSpec) (*Result, erro
 		return nil, err
 	}
 	cpu0 := sampleCPU()
-	act := startActivity(r.pool, r.name)
+	act := startActivity(r.probe, r.name)
+	backends, err := startBackendCPU(ctx, r.probe, r.name)
+	if err != nil {
+		act.stop()
+		return nil, err
+	}
 	fmt.Printf("producing %d msg/s for %v\n", rate, o.Duration)
 	pctx, cancel := context.WithTimeout(ctx, o.Duration)
 	err = p.run(pctx) // returns when pctx ends, with every transaction finished
 	cancel()
 	activity := act.stop()
+	btotals, berr := backends.stop(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if berr != nil {
+		res.Note("backend CPU sampling: %v", berr)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -145,10 +154,27 @@ func latencyOnce(ctx context.Context, o options, spec systemSpec) (*Result, erro
 	res.Figure("producer_errors", float64(ps.errors), "")
 	addCPU(res, cpu0, cpu1, "")
 	activity.addTo(res)
+	// The producers' backends (the bench pool) during the run: the
+	// single-row insert and its commit, NOTIFY included.
+	res.Figure("pg_insert_us_per_msg", perMsgMicros(btotals[groupBench], ps.committed), "µs")
+	split := splitRelayCPU(btotals[groupRelay], activity)
+	res.Figure("pg_read_us_per_msg", perMsgMicros(split.read, ps.committed), "µs")
+	res.Figure("pg_mark_us_per_msg", perMsgMicros(split.mark, ps.committed), "µs")
+	res.Figure("pg_relay_us_per_msg", perMsgMicros(btotals[groupRelay], ps.committed), "µs")
+	res.AddSeries("latency_ms", millis(lat))
 	res.Check = c.report(ids)
 	res.Finished = time.Now()
 	if ps.missed > 0 {
 		res.Note("the producer missed %d commits (every worker busy): raise -workers for the full rate", ps.missed)
 	}
 	return res, nil
+}
+
+// millis returns ds in milliseconds.
+func millis(ds []time.Duration) []float64 {
+	out := make([]float64, len(ds))
+	for i, d := range ds {
+		out[i] = float64(d) / float64(time.Millisecond)
+	}
+	return out
 }

@@ -81,6 +81,18 @@ type options struct {
 	Quick          bool          // smaller defaults for a quick look
 	FailoverTarget time.Duration // failover: the target the figures are judged against
 	JoinTarget     time.Duration // join: the target the figures are judged against
+
+	Shapes      []string      // shapes: the shapes to run (see shapeDefs)
+	ShapeLimit  time.Duration // shapes: a drain not finished by then is reported as incomplete
+	ShapeSteady time.Duration // shapes: the steady run per shape (commit latency); 0 skips it
+
+	ScaleNodes  []int         // scaleout: node counts
+	ScaleCap    float64       // scaleout: CPU cap per node, in cores
+	ScaleShape  []string      // scaleout: many, hot
+	ScaleRows   int           // scaleout: rows of the many-keys backlog
+	ScaleHot    int           // scaleout: rows of the hot-key (10 keys) backlog
+	Charts      string        // charts: the directory the PNGs go to
+	ScalePeriod time.Duration // scaleout: CFS period
 }
 
 // scenario is one benchmark. run owns everything it creates and removes it
@@ -105,6 +117,9 @@ var scenarios = []scenario{
 	{"race", "OrderPlaced then OrderCancelled per order: reversed arrivals, classic (2 instances) vs Ordo (3 nodes)", runRace},
 	{"failover", "kill -9 of one of 3 nodes under load: seconds until its partitions publish again", runFailover},
 	{"join", "a 3rd node joins 2 under load: seconds until it publishes on each of its partitions", runJoin},
+	{"shapes", "classic vs Ordo in every backlog shape, with and without ANALYZE: msgs/s, ratios, whole cost per message", runShapes},
+	{"scaleout", "1..4 Ordo nodes, each capped to -scale-cap of a core in a CPU cgroup: msgs/s, efficiency, server busy", runScaleout},
+	{"charts", "draw the PNG charts (scale-out, shapes, latency) from the newest results under -out into -charts", runCharts},
 }
 
 // compareScenario is the default: see runCompare.
@@ -143,6 +158,16 @@ func parseOptions(args []string, lookup func(string) (string, bool), out io.Writ
 	fs.BoolVar(&o.Quick, "quick", false, "smaller defaults for a quick look: rows 20000, keys 2000, duration 10s, orders 1000, reps 1 (flags given win)")
 	fs.DurationVar(&o.FailoverTarget, "failover-target", 3*time.Second, "failover: target")
 	fs.DurationVar(&o.JoinTarget, "join-target", 5*time.Second, "join: target")
+	shapes := fs.String("shapes", "all", "shapes: comma-separated shapes ("+strings.Join(shapeNames(), ", ")+") or all")
+	fs.DurationVar(&o.ShapeLimit, "shape-limit", 5*time.Minute, "shapes: a drain not finished by then is reported as incomplete")
+	fs.DurationVar(&o.ShapeSteady, "shape-steady", 10*time.Second, "shapes: steady run per shape for the producers' commit latency (0 skips it)")
+	scaleNodes := fs.String("scale-nodes", "1,2,3,4", "scaleout: comma-separated node counts")
+	fs.Float64Var(&o.ScaleCap, "scale-cap", 0.05, "scaleout: CPU cap per node, in cores")
+	fs.DurationVar(&o.ScalePeriod, "scale-period", 10*time.Millisecond, "scaleout: CFS period of the caps (raised to fit the kernel's 1 ms minimum quota: 20ms for 0.05 core)")
+	scaleShapes := fs.String("scale-shapes", "many,hot", "scaleout: many (many keys) and/or hot (10 keys)")
+	fs.IntVar(&o.ScaleRows, "scale-rows", 40000, "scaleout: rows of the many-keys backlog (over rows/10 keys)")
+	fs.IntVar(&o.ScaleHot, "scale-hot-rows", 5000, "scaleout: rows of the hot-key backlog (over 10 keys)")
+	fs.StringVar(&o.Charts, "charts", "docs", "charts: directory for the PNGs")
 
 	var names []string
 	for _, s := range append([]scenario{compareScenario}, scenarios...) {
@@ -159,6 +184,15 @@ func parseOptions(args []string, lookup func(string) (string, bool), out io.Writ
 	if o.Instances, err = parseCounts("instances", *instances); err != nil {
 		return o, nil, err
 	}
+	if o.Shapes, err = parseShapes(*shapes); err != nil {
+		return o, nil, err
+	}
+	if o.ScaleNodes, err = parseCounts("scale-nodes", *scaleNodes); err != nil {
+		return o, nil, err
+	}
+	if o.ScaleShape, err = parseScaleShapes(*scaleShapes); err != nil {
+		return o, nil, err
+	}
 	if o.Quick {
 		given := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
@@ -171,6 +205,8 @@ func parseOptions(args []string, lookup func(string) (string, bool), out io.Writ
 			{"duration", func() { o.Duration = 10 * time.Second }},
 			{"orders", func() { o.Orders = 1000 }},
 			{"reps", func() { o.Reps = 1 }},
+			{"scale-rows", func() { o.ScaleRows = 2000 }},
+			{"scale-hot-rows", func() { o.ScaleHot = 500 }},
 		} {
 			if !given[q.name] {
 				q.set()
@@ -236,6 +272,12 @@ func (o options) validate() error {
 		return errors.New("race-instances and race-nodes must be 1..8")
 	case o.ClassicBatch < 1 || o.ClassicEvery <= 0:
 		return errors.New("classic-batch and classic-interval must be positive")
+	case o.ShapeLimit < 0 || o.ShapeSteady < 0:
+		return errors.New("shape-limit and shape-steady must not be negative")
+	case o.ScaleCap <= 0 || o.ScaleCap > 2 || o.ScalePeriod < time.Millisecond || o.ScalePeriod > time.Second:
+		return errors.New("scale-cap must be in (0, 2] cores and scale-period in [1ms, 1s]")
+	case o.ScaleRows < 10 || o.ScaleHot < 10:
+		return errors.New("scale-rows and scale-hot-rows must be at least 10")
 	}
 	return partition.ValidateCount(o.Partitions)
 }

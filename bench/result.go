@@ -34,6 +34,9 @@ type Result struct {
 	Figures  []Figure // in the order they were added
 	Check    Check
 	Notes    []string // anything odd the scenario noticed, one sentence each
+	// Series are raw samples kept for charts (latencies, say): written to
+	// the JSON file only, never printed.
+	Series map[string][]float64
 }
 
 // Param is one input of a run.
@@ -110,6 +113,14 @@ func (r *Result) Seconds(name string, d time.Duration) { r.Figure(name, d.Second
 // Millis adds a duration as a figure in milliseconds.
 func (r *Result) Millis(name string, d time.Duration) {
 	r.Figure(name, float64(d)/float64(time.Millisecond), "ms")
+}
+
+// AddSeries keeps raw samples under name for the JSON file.
+func (r *Result) AddSeries(name string, values []float64) {
+	if r.Series == nil {
+		r.Series = map[string][]float64{}
+	}
+	r.Series[name] = values
 }
 
 // Note records an observation.
@@ -204,18 +215,19 @@ func (r *Result) Line() string {
 
 // jsonResult is the file format of WriteJSON.
 type jsonResult struct {
-	Scenario string             `json:"scenario"`
-	Label    string             `json:"label,omitempty"`
-	Baseline bool               `json:"baseline,omitempty"`
-	Started  time.Time          `json:"started"`
-	Finished time.Time          `json:"finished"`
-	Machine  machine            `json:"machine"`
-	Params   map[string]any     `json:"params"`
-	Figures  map[string]float64 `json:"figures"`
-	Units    map[string]string  `json:"units"`
-	Check    Check              `json:"check"`
-	OK       bool               `json:"ok"`
-	Notes    []string           `json:"notes,omitempty"`
+	Scenario string               `json:"scenario"`
+	Label    string               `json:"label,omitempty"`
+	Baseline bool                 `json:"baseline,omitempty"`
+	Started  time.Time            `json:"started"`
+	Finished time.Time            `json:"finished"`
+	Machine  machine              `json:"machine"`
+	Params   map[string]any       `json:"params"`
+	Figures  map[string]float64   `json:"figures"`
+	Units    map[string]string    `json:"units"`
+	Check    Check                `json:"check"`
+	OK       bool                 `json:"ok"`
+	Notes    []string             `json:"notes,omitempty"`
+	Series   map[string][]float64 `json:"series,omitempty"`
 }
 
 type machine struct {
@@ -232,7 +244,7 @@ func (r *Result) WriteJSON(dir string) (string, error) {
 		Scenario: r.Scenario, Label: r.Label, Baseline: r.Baseline, Started: r.Started, Finished: r.Finished,
 		Machine: machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH},
 		Params:  map[string]any{}, Figures: map[string]float64{}, Units: map[string]string{},
-		Check: r.Check, OK: r.Passed(), Notes: r.Notes,
+		Check: r.Check, OK: r.Passed(), Notes: r.Notes, Series: r.Series,
 	}
 	for _, p := range r.Params {
 		doc.Params[p.Name] = p.Value

@@ -33,9 +33,13 @@ type rig struct {
 	o        options
 	name     string // database and exchange name
 	dbURL    string
-	pool     *pgxpool.Pool
+	pool     *pgxpool.Pool // the bench's own statements (loads, producers, waits): application_name ordo_bench
+	probe    *pgxpool.Pool // the samplers' pg_stat_activity queries: application_name ordo_bench_probe
 	exchange string
-	nodes    int // nodes started, for unique names
+	// durableQueue makes the consumer's queue durable (and not exclusive),
+	// so that a persistent message's confirm waits for the broker's fsync.
+	durableQueue bool
+	nodes        int // nodes started, for unique names
 
 	cleanups []cleanup
 }
@@ -117,12 +121,20 @@ func (r *rig) createDatabase(ctx context.Context, poolConns int32) error {
 		return fmt.Errorf("postgres-url: %w", err)
 	}
 	cfg.MaxConns = poolConns
+	cfg.ConnConfig.RuntimeParams["application_name"] = appBench
 	pool, err := pgxpool.NewWithConfig(sctx, cfg)
 	if err != nil {
 		return fmt.Errorf("open pool on %s: %w", r.name, err)
 	}
 	r.pool = pool
 	r.onClose("close pool", func(context.Context) error { pool.Close(); return nil })
+	pcfg := cfg.Copy()
+	pcfg.MaxConns = 2
+	pcfg.ConnConfig.RuntimeParams["application_name"] = appProbe
+	if r.probe, err = pgxpool.NewWithConfig(sctx, pcfg); err != nil {
+		return fmt.Errorf("open probe pool on %s: %w", r.name, err)
+	}
+	r.onClose("close probe pool", func(context.Context) error { r.probe.Close(); return nil })
 	if err := outbox.Migrate(sctx, pool, r.o.Partitions); err != nil {
 		return fmt.Errorf("migrate %s: %w", r.name, err)
 	}
@@ -174,7 +186,7 @@ func withChannel(ctx context.Context, amqpURL string, f func(*amqp.Channel) erro
 
 // startConsumer starts the rig's consumer, stopped at close.
 func (r *rig) startConsumer(ctx context.Context) (*consumer, error) {
-	c, err := startConsumer(ctx, r.o.AMQPURL, r.exchange, r.name)
+	c, err := startConsumer(ctx, r.o.AMQPURL, r.exchange, r.name, r.durableQueue)
 	if err != nil {
 		return nil, err
 	}
@@ -237,6 +249,38 @@ func (r *rig) waitPending(ctx context.Context, abort func() error) (time.Time, e
 		return p == 0, err
 	})
 	return at, err
+}
+
+// waitPendingWhere is waitPending for the rows whose key starts with none
+// of skip (the poison groups' prefixes, whose rows stay pending).
+func (r *rig) waitPendingWhere(ctx context.Context, abort func() error, skip []string) (time.Time, error) {
+	if len(skip) == 0 {
+		return r.waitPending(ctx, abort)
+	}
+	var at time.Time
+	err := waitUntil(ctx, r.o.Timeout, 50*time.Millisecond, "no pending rows but the parked keys'", func() (bool, error) {
+		if err := abort(); err != nil {
+			return false, err
+		}
+		var n int
+		err := r.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE processed_at IS NULL
+AND NOT correlation_id LIKE ANY (SELECT p || '%' FROM unnest($1::text[]) AS p)`, skip).Scan(&n)
+		if err != nil {
+			return false, fmt.Errorf("count pending rows: %w", err)
+		}
+		at = time.Now()
+		return n == 0, nil
+	})
+	return at, err
+}
+
+// parked returns how many outbox rows are parked.
+func (r *rig) parked(ctx context.Context) (int, error) {
+	var n int
+	if err := r.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE parked_at IS NOT NULL AND processed_at IS NULL`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count parked rows: %w", err)
+	}
+	return n, nil
 }
 
 // waitUntil evaluates cond every poll until it holds, returns an error, ctx

@@ -142,4 +142,5 @@ func addCPU(r *Result, start, end cpuSample, prefix string) {
 	if wall := end.at.Sub(start.at); wall > 0 && busy > 0 {
 		r.Figure(prefix+"machine_busy", 100*busy.Seconds()/(wall.Seconds()*float64(runtime.NumCPU())), "%")
 	}
+	r.Seconds(prefix+"cpu_window_seconds", end.at.Sub(start.at))
 }

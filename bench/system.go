@@ -27,7 +27,12 @@ var (
 // systemSpec says which relay to run, and how many of it.
 type systemSpec struct {
 	classic bool
-	n       int // Ordo nodes or classic instances
+	n       int      // Ordo nodes or classic instances
+	env     []string // Ordo: extra ORDO_* variables for every node
+	// onStart, when set, is called with every Ordo node right after its
+	// process started (to move it into a CPU cgroup, say); an error stops
+	// the start.
+	onStart func(slot int, n *node) error
 }
 
 func ordo(n int) systemSpec    { return systemSpec{n: n} }
@@ -61,7 +66,7 @@ func (s systemSpec) start(ctx context.Context, r *rig) (system, error) {
 	if s.classic {
 		return startClassic(r, s.n), nil
 	}
-	return startOrdo(ctx, r, s.n)
+	return startOrdoWith(ctx, r, s.n, s.env, s.onStart)
 }
 
 // addUsage adds the relays' CPU since cpu0 and peak RSS to res as

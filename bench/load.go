@@ -1,0 +1,120 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ordo-relay/ordo/partition"
+)
+
+// drainColumns are the outbox columns a producer supplies; the database
+// assigns seq, key_seq and occurred_at (its BEFORE INSERT trigger fires
+// for COPY too).
+var drainColumns = []string{"id", "partition", "correlation_id", "exchange", "routing_key", "type", "payload", "headers"}
+
+// loaded is what loadGroups committed.
+type loaded struct {
+	timed     []string  // ids of rows of the groups without poison, in insertion order
+	held      []string  // ids of the poison groups' rows (parked, and their followers)
+	committed time.Time // when COMMIT returned: the relays see every row from then on
+	insertCPU time.Duration
+}
+
+// loadGroups inserts the groups' rows with one COPY in a transaction of
+// its own, interleaved (row i of every group, then row i+1), runs ANALYZE
+// outbox in the same transaction when analyze is set (it sees the
+// transaction's own rows), and commits. insertCPU is the CPU of the
+// bench's PostgreSQL backends during the COPY and the COMMIT, not the
+// ANALYZE.
+func loadGroups(ctx context.Context, r *rig, groups []rowGroup, payload int, analyze bool) (*loaded, error) {
+	out := &loaded{}
+	// Payload: {"key":"key-00042","n":123,"pad":"xxx..."} of about payload bytes.
+	pad := strings.Repeat("x", max(0, payload-len(`{"key":"key-00000","n":100000,"pad":""}`)))
+	headers := json.RawMessage(`{}`)
+	missing := r.name + "_missing" // never declared
+	widths := make([]int, len(groups))
+	most := 0
+	for g := range groups {
+		widths[g] = len(strconv.Itoa(groups[g].keys - 1))
+		most = max(most, groups[g].rows)
+	}
+	i, g := 0, 0
+	src := pgx.CopyFromFunc(func() ([]any, error) {
+		for ; i < most; i, g = i+1, 0 {
+			for ; g < len(groups); g++ {
+				grp := groups[g]
+				if i >= grp.rows {
+					continue
+				}
+				key := fmt.Sprintf("%s-%0*d", grp.prefix, widths[g], i%grp.keys)
+				id, err := uuid.NewV7()
+				if err != nil {
+					return nil, fmt.Errorf("message id: %w", err)
+				}
+				exchange := r.exchange
+				if grp.poison {
+					out.held = append(out.held, id.String())
+					if i < grp.keys {
+						exchange = missing
+					}
+				} else {
+					out.timed = append(out.timed, id.String())
+				}
+				g++
+				body := fmt.Appendf(nil, `{"key":%q,"n":%d,"pad":%q}`, key, i, pad)
+				return []any{id, int32(partition.Of(key, r.o.Partitions)), key, exchange, "bench.event",
+					"ordo.bench.event.v1", json.RawMessage(body), headers}, nil
+			}
+		}
+		return nil, nil
+	})
+	rows, _, _ := planSize(groups)
+	cctx, cancel := context.WithTimeout(ctx, r.o.Timeout)
+	defer cancel()
+	b0, err := listBackends(cctx, r.probe, r.name)
+	if err != nil {
+		return nil, err
+	}
+	tx, err := r.pool.Begin(cctx)
+	if err != nil {
+		return nil, fmt.Errorf("load rows: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }() // no-op after Commit
+	n, err := tx.CopyFrom(cctx, pgx.Identifier{"outbox"}, drainColumns, src)
+	if err != nil {
+		return nil, fmt.Errorf("copy %d rows into the outbox: %w", rows, err)
+	}
+	if int(n) != rows {
+		return nil, fmt.Errorf("copy into the outbox: %d rows copied, want %d", n, rows)
+	}
+	b1, err := listBackends(cctx, r.probe, r.name)
+	if err != nil {
+		return nil, err
+	}
+	if analyze {
+		if _, err := tx.Exec(cctx, `ANALYZE outbox`); err != nil {
+			return nil, fmt.Errorf("analyze outbox: %w", err)
+		}
+	}
+	b2, err := listBackends(cctx, r.probe, r.name)
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(cctx); err != nil {
+		return nil, fmt.Errorf("load rows: commit: %w", err)
+	}
+	out.committed = time.Now()
+	b3, err := listBackends(cctx, r.probe, r.name)
+	if err != nil {
+		return nil, err
+	}
+	out.insertCPU = groupDelta(b0, b1)[groupBench] + groupDelta(b2, b3)[groupBench]
+	return out, nil
+}

@@ -1,0 +1,216 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/ordo-relay/ordo/partition"
+)
+
+// hotKeys is the key count of the scaleout's hot-key shape.
+const hotKeys = 10
+
+// parseScaleShapes checks a -scale-shapes list.
+func parseScaleShapes(s string) ([]string, error) {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f != "many" && f != "hot" {
+			return nil, fmt.Errorf("-scale-shapes: unknown shape %q (many, hot)", f)
+		}
+		out = append(out, f)
+	}
+	return out, nil
+}
+
+// scaleGroups returns the backlog of a scaleout shape: many keys (rows
+// over rows/10 keys) or hot (rows over 10 keys).
+func scaleGroups(o options, shape string) []rowGroup {
+	if shape == "hot" {
+		return []rowGroup{{prefix: "key", keys: hotKeys, rows: o.ScaleHot}}
+	}
+	return []rowGroup{{prefix: "key", keys: max(1, o.ScaleRows/10), rows: o.ScaleRows}}
+}
+
+// runScaleout drains the same backlog with each count of -scale-nodes
+// gossiping Ordo nodes, every node in a CPU cgroup of its own capped at
+// -scale-cap of a core (period -scale-period), so N nodes have N times
+// the CPU of one while PostgreSQL and RabbitMQ keep spare capacity. It
+// runs once per -scale-shapes shape (many keys, then 10 hot keys) and
+// prints one RESULT line per shape and node count. It refuses to run
+// where no CPU cgroup is writable.
+func runScaleout(ctx context.Context, o options, emit func(*Result)) error {
+	probe, err := newCPUCaps(cgroupRoot, o.ScaleCap, o.ScalePeriod)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("CPU caps: cgroup v%d, %.3f core per node (quota %v per %v period)\n", probe.version, o.ScaleCap, probe.quota(), probe.period)
+	if err := probe.close(); err != nil {
+		return err
+	}
+	var errs []error
+	for _, shape := range o.ScaleShape {
+		one := 0.0
+		for _, n := range o.ScaleNodes {
+			if ctx.Err() != nil {
+				return errors.Join(append(errs, ctx.Err())...)
+			}
+			fmt.Printf("\n=== scaleout: %s keys, %d capped node(s)\n", shape, n)
+			res, err := scaleoutOnce(ctx, o, shape, n, one)
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "bench: scaleout %s %d: %v\n", shape, n, err)
+				errs = append(errs, fmt.Errorf("%s, %d nodes: %w", shape, n, err))
+				continue
+			}
+			if n == 1 {
+				one, _ = res.figure("msgs_per_sec")
+			}
+			emit(res)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// scaleoutOnce is one drain with n capped nodes. one is the one-node
+// msgs/s of the same shape in this run (0 when not measured), for the
+// efficiency.
+func scaleoutOnce(ctx context.Context, o options, shape string, n int, one float64) (*Result, error) {
+	caps, err := newCPUCaps(cgroupRoot, o.ScaleCap, o.ScalePeriod)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err := caps.close(); err != nil {
+			fmt.Fprintf(os.Stderr, "bench: cleanup: %v\n", err)
+		}
+	}()
+	spec := systemSpec{n: n, onStart: func(slot int, nd *node) error { return caps.cap(nd.name, nd.pid()) }}
+	var throttled0 int64
+	var committed time.Time
+	var spread float64
+	var rebalances int
+	plan := drainPlan{
+		scenario: "scaleout", label: fmt.Sprintf("%s-%d", shape, n), groups: scaleGroups(o, shape), analyze: true,
+		before: func(ctx context.Context, r *rig, sys system, _ *Result) error {
+			committed = time.Now()
+			if throttled0, err = caps.throttled(); err != nil {
+				return err
+			}
+			spread, err = keySpreadLimit(ctx, sys, o.Partitions, shape)
+			return err
+		},
+		after: func(ctx context.Context, r *rig, _ system, _ *Result) error {
+			rebalances, err = claimsSince(ctx, r, committed)
+			return err
+		},
+	}
+	d, _, err := drainBacklog(ctx, o, spec, plan)
+	if err != nil {
+		return nil, err
+	}
+	throttled1, err := caps.throttled()
+	if err != nil {
+		return nil, err
+	}
+	res := newResult("scaleout")
+	res.Started = d.Started
+	res.Param("shape", shape)
+	res.Param("nodes", n)
+	res.Param("cap_cores", o.ScaleCap)
+	res.Param("period", caps.period)
+	res.Param("cgroup", fmt.Sprintf("v%d", caps.version))
+	res.Param("msgs", paramOf(d, "msgs"))
+	res.Param("keys", paramOf(d, "keys"))
+	rate, _ := d.figure("msgs_per_sec")
+	res.Figure("msgs_per_sec", rate, "msg/s")
+	eff := math.NaN()
+	if n == 1 {
+		eff = 1
+	} else if one > 0 {
+		eff = rate / (float64(n) * one)
+	}
+	res.Figure("efficiency", eff, "")
+	window, _ := d.figure("cpu_window_seconds")
+	busy := func(name string) float64 {
+		v, _ := d.figure(name)
+		if window <= 0 {
+			return math.NaN()
+		}
+		return v / window / float64(runtime.NumCPU())
+	}
+	res.Figure("pg_busy", busy("cpu_postgres"), "")
+	res.Figure("broker_busy", busy("cpu_rabbitmq"), "")
+	res.Figure("throttled", float64(throttled1-throttled0), "")
+	res.Figure("rebalances", float64(rebalances), "")
+	if shape == "hot" {
+		res.Figure("spread_limit", spread, "×")
+		if one > 0 && spread > 0 {
+			res.Figure("speedup_over_spread_limit", rate/one/spread, "×")
+		}
+	}
+	for _, f := range []string{"seconds", "node_cpu", "node_rss_peak", "cpu_postgres", "cpu_rabbitmq", "cpu_bench", "machine_busy",
+		"pg_read_us_per_msg", "pg_mark_us_per_msg", "pg_relay_us_per_msg", "complete"} {
+		if v, ok := d.figure(f); ok {
+			res.Figure(f, v, unitOf(d, f))
+		}
+	}
+	if v, ok := d.figure("node_cpu"); ok {
+		res.Figure("node_busy", v/window/(float64(n)*o.ScaleCap), "")
+	}
+	res.Notes = d.Notes
+	res.Check = d.Check
+	res.Finished = time.Now()
+	return res, nil
+}
+
+// keySpreadLimit returns, for the hot shape, the speed-up the key spread
+// allows: hotKeys ÷ the most of them any one node holds (by the first
+// node's map). 0 for other shapes.
+func keySpreadLimit(ctx context.Context, sys system, partitions int, shape string) (float64, error) {
+	os, ok := sys.(*ordoSystem)
+	if shape != "hot" || !ok {
+		return 0, nil
+	}
+	st, err := os.c.status(ctx, os.c.running()[0])
+	if err != nil {
+		return 0, err
+	}
+	return spreadLimit(st.Assignment, partitions, "key", hotKeys), nil
+}
+
+// spreadLimit is keys ÷ the most keys prefix-0..prefix-(keys-1) that any
+// one owner of assignment (owner by partition) holds.
+func spreadLimit(assignment []string, partitions int, prefix string, keys int) float64 {
+	per := map[string]int{}
+	most := 0
+	width := len(fmt.Sprint(keys - 1))
+	for k := range keys {
+		p := partition.Of(fmt.Sprintf("%s-%0*d", prefix, width, k), partitions)
+		if p >= len(assignment) {
+			return 0
+		}
+		per[assignment[p]]++
+		most = max(most, per[assignment[p]])
+	}
+	if most == 0 {
+		return 0
+	}
+	return float64(keys) / float64(most)
+}
+
+// claimsSince counts the lease claims recorded in ordo_lease_audit since
+// t: each is a partition changing hands (or being taken again).
+func claimsSince(ctx context.Context, r *rig, t time.Time) (int, error) {
+	var n int
+	err := r.pool.QueryRow(ctx, `SELECT count(*) FROM ordo_lease_audit WHERE event = 'claim' AND at >= $1`, t).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count lease claims: %w", err)
+	}
+	return n, nil
+}

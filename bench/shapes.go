@@ -1,0 +1,383 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+)
+
+// shapeDef is one backlog shape of the shapes scenario (issue 11): rows
+// over keys, drained on the same rows, in the same run, by the classic
+// relay and by one Ordo node, with and without ANALYZE after loading
+// (autovacuum off on the outbox for the run).
+type shapeDef struct {
+	name    string
+	groups  []rowGroup
+	base    []rowGroup // the same rows without the poison groups, drained in the same run (parked only)
+	analyze []bool     // the variants: with ANALYZE, without
+	classic bool       // the classic relay drains it too
+	env     []string   // extra ORDO_* for the node (parked: park after one attempt)
+	keys    int        // keys of the timed groups, for the steady run's producer
+}
+
+// Pseudo-shapes: not a backlog of rows.
+const (
+	shapeStopWait = "stopwait" // the broker with one unconfirmed publish at a time
+	shapeDurable  = "durable"  // Ordo into a durable queue against the default queue
+	shapeParked   = "1000x20+parked"
+)
+
+// shapeDefs returns every shape in the order they run, scaled down 10×
+// with quick: 1 key × 20,000; 10 × 2,000; 1,000 × 20; 30,000 × 1;
+// 10,000 × 10 (100,000 rows); 1,000 × 20 plus 200 parked keys × 50
+// followers; 100,000 × 10 (1,000,000 rows, without ANALYZE only). The
+// stop-and-wait broker and the durable-queue run are the two first and
+// last.
+func shapeDefs(quick bool) []shapeDef {
+	s := func(full, small int) int {
+		if quick {
+			return small
+		}
+		return full
+	}
+	both := []bool{true, false}
+	plain := func(name string, keys, rows int, analyze []bool) shapeDef {
+		return shapeDef{name: name, groups: []rowGroup{{prefix: "key", keys: keys, rows: rows}}, analyze: analyze, classic: true, keys: keys}
+	}
+	others := rowGroup{prefix: "key", keys: s(1000, 100), rows: s(20000, 2000)}
+	parked := rowGroup{prefix: "parked", keys: s(200, 20), rows: s(200, 20) * 51, poison: true}
+	return []shapeDef{
+		{name: shapeStopWait},
+		plain("1x20000", 1, s(20000, 2000), both),
+		plain("10x2000", 10, s(20000, 2000), both),
+		plain("1000x20", s(1000, 100), s(20000, 2000), both),
+		plain("30000x1", s(30000, 3000), s(30000, 3000), both),
+		plain("10000x10", s(10000, 1000), s(100000, 10000), both),
+		{name: shapeParked, groups: []rowGroup{others, parked}, base: []rowGroup{others}, analyze: both,
+			env: []string{"ORDO_MAX_ATTEMPTS=1"}, keys: others.keys},
+		plain("100000x10", s(100000, 10000), s(1000000, 100000), []bool{false}),
+		{name: shapeDurable, groups: []rowGroup{{prefix: "key", keys: s(10000, 1000), rows: s(100000, 10000)}}, keys: s(10000, 1000)},
+	}
+}
+
+// shapeNames returns every shape's name.
+func shapeNames() []string {
+	var out []string
+	for _, d := range shapeDefs(false) {
+		out = append(out, d.name)
+	}
+	return out
+}
+
+// parseShapes checks a -shapes list ("all" or comma-separated names).
+func parseShapes(s string) ([]string, error) {
+	if s == "" || s == "all" {
+		return shapeNames(), nil
+	}
+	known := map[string]bool{}
+	for _, n := range shapeNames() {
+		known[n] = true
+	}
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if !known[f] {
+			return nil, fmt.Errorf("-shapes: unknown shape %q (known: %s)", f, strings.Join(shapeNames(), ", "))
+		}
+		out = append(out, f)
+	}
+	return out, nil
+}
+
+// variantName is "ordo-analyze", "classic-noanalyze", ...
+func variantName(relay string, analyze bool) string {
+	if analyze {
+		return relay + "-analyze"
+	}
+	return relay + "-noanalyze"
+}
+
+// runShapes drains every shape of -shapes: see shapeDefs and docs/bench.md.
+// Each drain is a result of its own (scenario "shape"); each shape then
+// gets a summary (scenario "shapes") with the ratios and the whole cost
+// per message, and the run ends with a table of them all.
+func runShapes(ctx context.Context, o options, emit func(*Result)) error {
+	want := map[string]bool{}
+	for _, n := range o.Shapes {
+		want[n] = true
+	}
+	runID := time.Now().Format("20060102-150405")
+	var rows []*Result
+	var errs []error
+	stopWait := 0.0
+	for _, def := range shapeDefs(o.Quick) {
+		if !want[def.name] {
+			continue
+		}
+		if ctx.Err() != nil {
+			errs = append(errs, ctx.Err())
+			break
+		}
+		fmt.Printf("\n=== shapes: %s\n", def.name)
+		sum, err := runShape(ctx, o, def, emit, stopWait)
+		if err != nil {
+			fmt.Printf("bench: shapes: %s: %v\n", def.name, err)
+			errs = append(errs, fmt.Errorf("%s: %w", def.name, err))
+			continue
+		}
+		sum.Params = append([]Param{{"shape", def.name}, {"run", runID}}, sum.Params...)
+		if def.name == shapeStopWait {
+			stopWait, _ = sum.figure("msgs_per_sec")
+		}
+		emit(sum)
+		rows = append(rows, sum)
+	}
+	printShapeTable(os.Stdout, rows)
+	return errors.Join(errs...)
+}
+
+// runShape runs one shape's drains and returns its summary.
+func runShape(ctx context.Context, o options, def shapeDef, emit func(*Result), stopWait float64) (*Result, error) {
+	sum := newResult("shapes")
+	switch def.name {
+	case shapeStopWait:
+		return stopWaitRun(ctx, o, emit)
+	case shapeDurable:
+		return durableRun(ctx, o, def, emit)
+	}
+	rows, keys, parkedKeys := planSize(def.groups)
+	sum.Param("msgs", rows)
+	sum.Param("keys", keys)
+	if parkedKeys > 0 {
+		sum.Param("parked_keys", parkedKeys)
+	}
+	drain := func(spec systemSpec, groups []rowGroup, analyze bool, label string) (*Result, drainCosts, error) {
+		plan := drainPlan{scenario: "shape", label: def.name + "-" + label, groups: groups, analyze: analyze,
+			autovacuumOff: true, limit: o.ShapeLimit}
+		res, costs, err := drainBacklog(ctx, o, spec, plan)
+		if err != nil {
+			return nil, costs, fmt.Errorf("%s: %w", label, err)
+		}
+		emit(res)
+		return res, costs, nil
+	}
+	var ordoRuns []*Result
+	for _, analyze := range def.analyze {
+		if def.classic {
+			res, costs, err := drain(classic(1), def.groups, analyze, variantName("classic", analyze))
+			if err != nil {
+				return nil, err
+			}
+			addShapeVariant(sum, "classic", analyze, res, costs)
+		}
+		res, costs, err := drain(systemSpec{n: 1, env: def.env}, def.groups, analyze, variantName("ordo", analyze))
+		if err != nil {
+			return nil, err
+		}
+		addShapeVariant(sum, "ordo", analyze, res, costs)
+		ordoRuns = append(ordoRuns, res)
+		if def.base != nil {
+			res, costs, err := drain(systemSpec{n: 1, env: def.env}, def.base, analyze, variantName("ordo-base", analyze))
+			if err != nil {
+				return nil, err
+			}
+			addShapeVariant(sum, "ordo_base", analyze, res, costs)
+		}
+	}
+	if keys > 1 || parkedKeys > 0 {
+		stopWait = 0 // the stop-and-wait rate bounds one key only
+	}
+	addShapeRatios(sum, stopWait)
+	sum.Check = sumChecks(ordoRuns)
+	if o.ShapeSteady > 0 {
+		steady, err := steadyRun(ctx, o, def.keys)
+		if err != nil {
+			return nil, err
+		}
+		emit(steady)
+		for _, f := range []string{"commit_p50", "commit_p99", "achieved_rate", "pg_insert_us_per_msg", "pg_read_us_per_msg", "pg_mark_us_per_msg", "node_cpu_per_1k_msgs"} {
+			if v, ok := steady.figure(f); ok {
+				sum.Figure("steady_"+f, v, unitOf(steady, f))
+			}
+		}
+	}
+	sum.Finished = time.Now()
+	return sum, nil
+}
+
+// addShapeVariant copies one drain's figures into the summary, prefixed
+// with the relay and suffixed _noanalyze for the variant without ANALYZE.
+func addShapeVariant(sum *Result, relay string, analyze bool, res *Result, costs drainCosts) {
+	suffix := ""
+	if !analyze {
+		suffix = "_noanalyze"
+	}
+	name := func(f string) string { return relay + "_" + f + suffix }
+	for _, f := range []string{"msgs_per_sec", "complete", "node_rss_peak"} {
+		if v, ok := res.figure(f); ok {
+			sum.Figure(name(f), v, unitOf(res, f))
+		}
+	}
+	sum.Figure(name("pg_insert_us"), perMsgMicros(costs.insert, costs.loadRows), "µs")
+	sum.Figure(name("pg_read_us"), perMsgMicros(costs.relay.read, costs.msgs), "µs")
+	sum.Figure(name("pg_mark_us"), perMsgMicros(costs.relay.mark, costs.msgs), "µs")
+	sum.Figure(name("pg_relay_us"), perMsgMicros(costs.relayTotal, costs.msgs), "µs")
+	if v, ok := res.figure("node_cpu"); ok && costs.msgs > 0 {
+		sum.Figure(name("node_us"), 1e6*v/float64(costs.msgs), "µs")
+	}
+	if relay == "classic" {
+		sum.Figure(name("reorders"), float64(res.Check.Reorders), "")
+		sum.Figure(name("lost"), float64(res.Check.Lost), "")
+	}
+}
+
+// addShapeRatios adds the ratios the issue judges: Ordo ÷ classic,
+// without ÷ with ANALYZE, the parked run ÷ the same run without parked
+// keys, and Ordo ÷ the broker's stop-and-wait rate (stopWait, 0 if not
+// measured in this run).
+func addShapeRatios(sum *Result, stopWait float64) {
+	ratio := func(name, num, den string) {
+		a, ok1 := sum.figure(num)
+		b, ok2 := sum.figure(den)
+		if ok1 && ok2 && b > 0 {
+			sum.Figure(name, a/b, "×")
+		}
+	}
+	ratio("ordo_over_classic", "ordo_msgs_per_sec", "classic_msgs_per_sec")
+	ratio("ordo_over_classic_noanalyze", "ordo_msgs_per_sec_noanalyze", "classic_msgs_per_sec_noanalyze")
+	ratio("ordo_noanalyze_over_analyze", "ordo_msgs_per_sec_noanalyze", "ordo_msgs_per_sec")
+	ratio("classic_noanalyze_over_analyze", "classic_msgs_per_sec_noanalyze", "classic_msgs_per_sec")
+	ratio("parked_over_base", "ordo_msgs_per_sec", "ordo_base_msgs_per_sec")
+	ratio("parked_over_base_noanalyze", "ordo_msgs_per_sec_noanalyze", "ordo_base_msgs_per_sec_noanalyze")
+	if stopWait > 0 {
+		if v, ok := sum.figure("ordo_msgs_per_sec"); ok {
+			sum.Figure("ordo_over_stopwait", v/stopWait, "×")
+		}
+	}
+	// The whole cost per message, from the first Ordo variant measured.
+	for _, suffix := range []string{"", "_noanalyze"} {
+		ins, ok1 := sum.figure("ordo_pg_insert_us" + suffix)
+		rd, ok2 := sum.figure("ordo_pg_read_us" + suffix)
+		mk, ok3 := sum.figure("ordo_pg_mark_us" + suffix)
+		if ok1 && ok2 && ok3 {
+			sum.Figure("ordo_pg_read_mark_us"+suffix, rd+mk, "µs")
+			sum.Figure("ordo_pg_sum_us"+suffix, ins+rd+mk, "µs")
+		}
+	}
+}
+
+// sumChecks adds up the checkers' counts of rs.
+func sumChecks(rs []*Result) Check {
+	var c Check
+	for _, r := range rs {
+		c.Total += r.Check.Total
+		c.Distinct += r.Check.Distinct
+		c.Duplicates += r.Check.Duplicates
+		c.Lost += r.Check.Lost
+		c.Reorders += r.Check.Reorders
+		c.Gaps += r.Check.Gaps
+		c.Keys = max(c.Keys, r.Check.Keys)
+		c.Problems = append(c.Problems, r.Check.Problems...)
+		c.LostIDs = append(c.LostIDs, r.Check.LostIDs...)
+	}
+	return c
+}
+
+// unitOf returns the unit of res's figure name.
+func unitOf(res *Result, name string) string {
+	for _, f := range res.Figures {
+		if f.Name == name {
+			return f.Unit
+		}
+	}
+	return ""
+}
+
+// stopWaitRun measures the broker's stop-and-wait rate: the bare
+// publisher with one unconfirmed publish at a time (confirm mode,
+// mandatory, persistent), one key: the fastest any relay can send one
+// key's messages in strict order.
+func stopWaitRun(ctx context.Context, o options, emit func(*Result)) (*Result, error) {
+	so := o
+	so.BrokerWindow = 1
+	so.Keys = 1
+	so.Rows = 5000
+	if o.Quick {
+		so.Rows = 1000
+	}
+	res, err := brokerOnce(ctx, so)
+	if err != nil {
+		return nil, err
+	}
+	res.Label = shapeStopWait
+	emit(res)
+	sum := newResult("shapes")
+	sum.Param("msgs", so.Rows)
+	sum.Param("keys", 1)
+	sum.Param("window", 1)
+	for _, f := range []string{"msgs_per_sec", "confirmed_per_sec"} {
+		if v, ok := res.figure(f); ok {
+			sum.Figure(f, v, "msg/s")
+		}
+	}
+	sum.Check = res.Check
+	sum.Finished = time.Now()
+	return sum, nil
+}
+
+// durableRun drains the same backlog with one Ordo node into the default
+// (transient, exclusive) queue and into a durable one, side by side.
+func durableRun(ctx context.Context, o options, def shapeDef, emit func(*Result)) (*Result, error) {
+	sum := newResult("shapes")
+	rows, keys, _ := planSize(def.groups)
+	sum.Param("msgs", rows)
+	sum.Param("keys", keys)
+	var runs []*Result
+	for _, durable := range []bool{false, true} {
+		label := "default-queue"
+		if durable {
+			label = "durable-queue"
+		}
+		plan := drainPlan{scenario: "shape", label: def.name + "-" + label, groups: def.groups, analyze: true,
+			autovacuumOff: true, limit: o.ShapeLimit, durable: durable}
+		res, _, err := drainBacklog(ctx, o, ordo(1), plan)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", label, err)
+		}
+		emit(res)
+		runs = append(runs, res)
+		v, _ := res.figure("msgs_per_sec")
+		name := "ordo_msgs_per_sec"
+		if durable {
+			name = "ordo_durable_msgs_per_sec"
+		}
+		sum.Figure(name, v, "msg/s")
+	}
+	a, _ := sum.figure("ordo_durable_msgs_per_sec")
+	b, _ := sum.figure("ordo_msgs_per_sec")
+	if b > 0 {
+		sum.Figure("durable_over_default", a/b, "×")
+	}
+	sum.Check = sumChecks(runs)
+	sum.Finished = time.Now()
+	return sum, nil
+}
+
+// steadyRun is a short latency run with one Ordo node (the producers'
+// commit latency and the single-row insert's cost), with keys keys.
+func steadyRun(ctx context.Context, o options, keys int) (*Result, error) {
+	so := o
+	so.Keys = keys
+	so.Duration = o.ShapeSteady
+	so.Warmup = min(o.Warmup, o.ShapeSteady/5)
+	so.Rate = o.rateOr(500)
+	res, err := latencyOnce(ctx, so, ordo(1))
+	if err != nil {
+		return nil, fmt.Errorf("steady run: %w", err)
+	}
+	res.Label = "shape-steady"
+	return res, nil
+}
