@@ -27,6 +27,7 @@ type Consumer struct {
 	store *Store
 	amqp  *broker
 
+	ready    chan struct{} // closed once the topology is declared
 	owned    atomic.Int32
 	stuck    atomic.Int32
 	deadKeys atomic.Int32
@@ -56,7 +57,7 @@ func New(cfg Config, db DB, h Handler) (*Consumer, error) {
 	if len(cfg.Bindings) == 0 {
 		return nil, errors.New("inbox config: at least one binding is required")
 	}
-	c := &Consumer{cfg: cfg, db: db, h: h, topo: TopologyOf(cfg), workers: map[int]*worker{}}
+	c := &Consumer{cfg: cfg, db: db, h: h, topo: TopologyOf(cfg), workers: map[int]*worker{}, ready: make(chan struct{})}
 	c.amqp = newBroker(cfg, c.topo)
 	s, err := NewStore(cfg, db, c.amqp)
 	if err != nil {
@@ -65,6 +66,11 @@ func New(cfg Config, db DB, h Handler) (*Consumer, error) {
 	c.store = s
 	return c, nil
 }
+
+// Ready is closed once Run has declared the topology on the broker: from
+// then on every message published to the source exchange reaches a shard
+// queue (or the dead-letter queue).
+func (c *Consumer) Ready() <-chan struct{} { return c.ready }
 
 // Topology returns the consumer's broker layout.
 func (c *Consumer) Topology() Topology { return c.topo }
@@ -106,6 +112,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return err
 	}
 	defer c.amqp.close()
+	if err := c.connect(ctx); err != nil {
+		return nil // cancelled before the broker was reachable
+	}
+	close(c.ready)
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return c.supervise(gctx) })
 	g.Go(func() error { c.refreshGauges(gctx); return nil })
@@ -113,6 +123,28 @@ func (c *Consumer) Run(ctx context.Context) error {
 		g.Go(func() error { c.retain(gctx); return nil })
 	}
 	return g.Wait()
+}
+
+// connect waits until the broker is reachable and the topology declared,
+// so that nothing published after Run's start is lost for want of a
+// queue. It returns ctx's error if cancelled first.
+func (c *Consumer) connect(ctx context.Context) error {
+	down := outage.New(c.cfg.Logger, "inbox broker")
+	backoff := c.cfg.RetryMin
+	for {
+		_, err := c.amqp.connection()
+		if err == nil {
+			down.OK()
+			return nil
+		}
+		down.Fail(err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
 }
 
 // supervise is the lease loop: every LeaseTTL/3 it heartbeats, renews,

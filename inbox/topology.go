@@ -18,7 +18,7 @@ const MappingMod = "mod"
 // Topology is a consumer group's broker layout, derived from its Config:
 //
 //	source exchange (topic) --Bindings--> <Name>.shards (headers, alternate-exchange <Name>.unroutable)
-//	<Name>.shards --x-ordo-partition = p--> <Name>.shard.<p mod S>    (one binding per partition)
+//	<Name>.shards --x-ordo-partition = p--> <Name>.shard.<p mod S>    (one binding per partition, x-match all-with-x)
 //	<Name>.unroutable (fanout) --> <Name>.dead                          (no x-ordo-partition, or p >= P)
 //
 // The headers exchange needs no plugin, keeps no state outside its
@@ -82,7 +82,11 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 		}
 	}
 	for p := range t.Partitions {
-		args := amqp.Table{"x-match": "all", HeaderPartition: int32(p)}
+		// "all-with-x", not "all": a headers exchange ignores binding
+		// arguments whose names start with "x-" unless told otherwise
+		// (RabbitMQ 3.10 and later), and would route every message to
+		// every shard.
+		args := amqp.Table{"x-match": "all-with-x", HeaderPartition: int32(p)}
 		if err := ch.QueueBind(t.ShardQueue(t.ShardOf(p)), "", t.ShardsExchange(), false, args); err != nil {
 			return fmt.Errorf("bind partition %d: %w", p, err)
 		}
