@@ -44,7 +44,7 @@ func (b *broker) connection() (*amqp.Connection, error) {
 		return b.conn, nil
 	}
 	conn, err := amqp.DialConfig(b.cfg.AMQPURL, amqp.Config{
-		Heartbeat:  5 * time.Second,
+		Heartbeat:  b.cfg.Heartbeat,
 		Dial:       amqp.DefaultDial(5 * time.Second),
 		Properties: amqp.Table{"connection_name": "ordo inbox " + b.cfg.Name + " " + b.cfg.Instance},
 	})

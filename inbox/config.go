@@ -91,6 +91,10 @@ type Config struct {
 	Partitions int
 	// Prefetch bounds the unacknowledged deliveries per shard. Default 32.
 	Prefetch int
+	// Heartbeat is the AMQP heartbeat: a paused or cut-off instance's
+	// exclusive consumers are released by the broker after about two of
+	// them, which is when a new owner can attach. Default 10s.
+	Heartbeat time.Duration
 
 	// LeaseTTL is how long a shard lease lasts without renewal; renewed
 	// every LeaseTTL/3. It also bounds how long a handler transaction may
@@ -109,6 +113,11 @@ type Config struct {
 
 	// Logger receives ownership, outage and dead-letter messages.
 	Logger *slog.Logger
+
+	// AfterCommit, if set, is called after a delivery's outcome has been
+	// committed and before the delivery is acknowledged. It exists for
+	// fault injection (a test kills the process there); leave it nil.
+	AfterCommit func(m *Message, o Outcome)
 }
 
 // DefaultConfig returns the defaults for consumer group name.
@@ -126,6 +135,7 @@ func DefaultConfig(name string) Config {
 		Shards:            8,
 		Partitions:        64,
 		Prefetch:          32,
+		Heartbeat:         10 * time.Second,
 		LeaseTTL:          5 * time.Second,
 		RetryPoll:         200 * time.Millisecond,
 		RetentionInterval: time.Minute,
@@ -140,6 +150,7 @@ func LocalConfig(name string) Config {
 	c.RetryMax = 500 * time.Millisecond
 	c.RetryPoll = 50 * time.Millisecond
 	c.GapWait = 2 * time.Second
+	c.Heartbeat = 2 * time.Second
 	return c
 }
 
@@ -166,6 +177,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("inbox config: Partitions %d out of range 1..65536", c.Partitions)
 	case c.Prefetch < 1 || c.Prefetch > 65535:
 		return fmt.Errorf("inbox config: Prefetch %d out of range 1..65535", c.Prefetch)
+	case c.Heartbeat < time.Second:
+		return fmt.Errorf("inbox config: Heartbeat %v must be at least 1s", c.Heartbeat)
 	case c.LeaseTTL < 300*time.Millisecond:
 		return fmt.Errorf("inbox config: LeaseTTL %v must be at least 300ms", c.LeaseTTL)
 	case c.RetryPoll <= 0:

@@ -116,8 +116,12 @@ func (c *Consumer) deliver(ctx context.Context, f Fence, d *amqp.Delivery) error
 		c.cfg.Logger.Warn("inbox: invalid message dead-lettered", "shard", f.Shard, "err", err)
 		return ack(d)
 	}
-	if _, err := c.store.Handle(hctx, f, m, c.h); err != nil {
+	out, err := c.store.Handle(hctx, f, m, c.h)
+	if err != nil {
 		return err
+	}
+	if c.cfg.AfterCommit != nil {
+		c.cfg.AfterCommit(m, out)
 	}
 	return ack(d)
 }
