@@ -3,7 +3,6 @@ package inbox_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"testing"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/ordo-relay/ordo/inbox"
 	"github.com/ordo-relay/ordo/internal/testkit"
-	"github.com/ordo-relay/ordo/partition"
 )
 
 // testPartitions is P in the consumer tests: small, so binding is quick.
@@ -102,66 +100,17 @@ func startConsumer(tb testing.TB, cfg inbox.Config, instance string, pool *pgxpo
 	return r
 }
 
-// publisher publishes Ordo-shaped messages straight to an exchange, the
-// way the relay does, with publisher confirms.
-type publisher struct {
-	tb       testing.TB
-	conn     *amqp.Connection
-	ch       *amqp.Channel
-	confirms chan amqp.Confirmation
-	exchange string
-	stamps   map[string]time.Time // message id -> its timestamp, kept for republishing
-}
+// publisher wraps testkit.OrdoPublisher with empty bodies.
+type publisher struct{ p *testkit.OrdoPublisher }
 
 func newPublisher(tb testing.TB, exchange string) *publisher {
-	tb.Helper()
-	conn, err := amqp.Dial(testkit.AMQPURL())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { _ = conn.Close() })
-	ch, err := conn.Channel()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		tb.Fatal(err)
-	}
-	return &publisher{tb: tb, conn: conn, ch: ch, confirms: ch.NotifyPublish(make(chan amqp.Confirmation, 1)), exchange: exchange, stamps: map[string]time.Time{}}
+	return &publisher{testkit.NewOrdoPublisher(tb, exchange, testPartitions)}
 }
 
-// publish sends key's message seq (prev seq-1) and waits for its confirm.
-func (p *publisher) publish(key string, seq int64) {
-	p.tb.Helper()
-	p.publishRaw(key, amqp.Table{
-		"x-ordo-key-seq":      seq,
-		"x-ordo-prev-key-seq": seq - 1,
-		"x-ordo-partition":    int32(partition.Of(key, testPartitions)),
-	}, fmt.Sprintf("%s-%d", key, seq))
-}
+func (p *publisher) publish(key string, seq int64) { p.p.Publish(key, seq, "t", []byte(`{}`)) }
 
 func (p *publisher) publishRaw(key string, h amqp.Table, id string) {
-	p.tb.Helper()
-	stamp, ok := p.stamps[id]
-	if !ok {
-		stamp = time.Now() // like occurred_at: fixed at the first publish
-		p.stamps[id] = stamp
-	}
-	err := p.ch.PublishWithContext(context.Background(), p.exchange, "order.placed", false, false, amqp.Publishing{
-		Headers: h, CorrelationId: key, MessageId: id, Timestamp: stamp, DeliveryMode: amqp.Persistent,
-		ContentType: "application/json", Body: []byte(`{}`),
-	})
-	if err != nil {
-		p.tb.Fatal(err)
-	}
-	select {
-	case c := <-p.confirms:
-		if !c.Ack {
-			p.tb.Fatalf("publish %s: nacked", id)
-		}
-	case <-time.After(10 * time.Second):
-		p.tb.Fatalf("publish %s: no confirm", id)
-	}
+	p.p.PublishRaw(key, id, "t", h, []byte(`{}`))
 }
 
 // queueDepth returns the ready messages in queue.
