@@ -60,20 +60,24 @@ type running struct {
 	c      *inbox.Consumer
 	cancel context.CancelFunc
 	done   chan error
+	once   sync.Once
 }
 
-// stop cancels the consumer and waits for Run to return.
+// stop cancels the consumer and waits for Run to return; calls after the
+// first do nothing.
 func (r *running) stop(tb testing.TB) {
 	tb.Helper()
-	r.cancel()
-	select {
-	case err := <-r.done:
-		if err != nil {
-			tb.Errorf("consumer Run: %v", err)
+	r.once.Do(func() {
+		r.cancel()
+		select {
+		case err := <-r.done:
+			if err != nil {
+				tb.Errorf("consumer Run: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			tb.Fatal("consumer did not stop within 30s")
 		}
-	case <-time.After(30 * time.Second):
-		tb.Fatal("consumer did not stop within 30s")
-	}
+	})
 }
 
 // startConsumer runs a consumer with instance name instance until tb ends.
@@ -95,8 +99,7 @@ func startConsumer(tb testing.TB, cfg inbox.Config, instance string, pool *pgxpo
 	case <-time.After(30 * time.Second):
 		tb.Fatalf("consumer %s not ready within 30s", instance)
 	}
-	var once sync.Once
-	tb.Cleanup(func() { once.Do(func() { r.stop(tb) }) })
+	tb.Cleanup(func() { r.stop(tb) })
 	return r
 }
 
