@@ -152,6 +152,11 @@ func (c *Consumer) connect(ctx context.Context) error {
 func (c *Consumer) supervise(ctx context.Context) error {
 	down := outage.New(c.cfg.Logger, "inbox lease database")
 	defer c.stopAll()
+	// The first tick only announces this instance; claims start at the
+	// second, when the instances started together see one another, so
+	// that the first to start does not take every shard only to hand most
+	// of them back (each handoff redelivers the prefetched messages).
+	joined := false
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -160,7 +165,13 @@ func (c *Consumer) supervise(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		if err := c.tick(ctx); err != nil && ctx.Err() == nil {
+		var err error
+		if joined {
+			err = c.tick(ctx)
+		} else if _, err = c.heartbeat(ctx); err == nil {
+			joined = true
+		}
+		if err != nil && ctx.Err() == nil {
 			down.Fail(err)
 		} else {
 			down.OK()
