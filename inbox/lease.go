@@ -21,7 +21,9 @@ type shardLease struct {
 	Deadline time.Time
 }
 
-func (l shardLease) fence(owner string) Fence { return Fence{Shard: l.Shard, Owner: owner, Epoch: l.Epoch} }
+func (l shardLease) fence(owner string) Fence {
+	return Fence{Shard: l.Shard, Owner: owner, Epoch: l.Epoch}
+}
 
 const (
 	// sqlHeartbeat keeps this instance's member row alive for a TTL.

@@ -17,9 +17,9 @@ type storedMessage struct {
 	Message
 	attempts  int
 	lastError string
-	waiting   bool      // a gap: due when its predecessor is handled
-	due       bool      // not waiting, and its next attempt is due now
-	keyLast   int64     // the key's last handled key_seq, when read
+	waiting   bool  // a gap: due when its predecessor is handled
+	due       bool  // not waiting, and its next attempt is due now
+	keyLast   int64 // the key's last handled key_seq, when read
 }
 
 func withAttempts(m *Message, attempts int, lastError string) *storedMessage {
