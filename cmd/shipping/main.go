@@ -10,6 +10,7 @@
 //	shipping [flags] resolve ORDER   declare a stuck order's missing events skipped
 //	shipping [flags] retry ORDER     retry an order's dead-lettered event
 //	shipping [flags] skip ORDER      drop an order's dead-lettered event; the order goes on
+//	shipping -shards N reshard       change S (every instance stopped): docs/consumer.md, "Changing S"
 //
 // Every flag has an environment equivalent (SHIPPING_POSTGRES_URL, ...);
 // see -h. The database named in -postgres-url is created if missing.
@@ -75,7 +76,7 @@ func parseConfig(args []string, lookup func(string) (string, bool), output io.Wr
 	fs.DurationVar(&cfg.statsEvery, "stats-every", 30*time.Second, "how often to log the inbox counters (0: only at exit)")
 	fs.IntVar(&cfg.killAfter, "kill-after", 0, "fault injection: SIGKILL this process after N handled commits, before the ack")
 	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")
-	fs.Usage = envflag.Usage(fs, envPrefix, "usage: shipping [flags] [stuck | dead | resolve ORDER | retry ORDER | skip ORDER]")
+	fs.Usage = envflag.Usage(fs, envPrefix, "usage: shipping [flags] [stuck | dead | resolve ORDER | retry ORDER | skip ORDER | reshard]")
 	if err := envflag.Parse(fs, envPrefix, args, lookup); err != nil {
 		return config{}, err
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ordo-relay/ordo/inbox"
 )
@@ -139,6 +140,8 @@ func runCommand(ctx context.Context, cfg config, out io.Writer) error {
 		return args[0], nil
 	}
 	switch cmd {
+	case "reshard":
+		return reshard(ctx, pool, cfg.inbox, out)
 	case "stuck":
 		return printStuck(ctx, pool, name, cfg.inbox.GapWait, out)
 	case "dead":
@@ -156,7 +159,7 @@ func runCommand(ctx context.Context, cfg config, out io.Writer) error {
 		fmt.Fprintf(out, "%s %s: done; the owning instance picks it up within its retry poll\n", cmd, key)
 		return nil
 	}
-	return fmt.Errorf("unknown command %q (want stuck, dead, resolve, retry or skip)", cmd)
+	return fmt.Errorf("unknown command %q (want stuck, dead, resolve, retry, skip or reshard)", cmd)
 }
 
 func printStuck(ctx context.Context, db inbox.DB, name string, gapWait time.Duration, out io.Writer) error {
@@ -184,4 +187,21 @@ func printDead(ctx context.Context, db inbox.DB, name string, out io.Writer) err
 			m.DeadAt.Format(time.RFC3339), strings.ReplaceAll(m.LastError, "\n", " "))
 	}
 	return w.Flush()
+}
+
+// reshard changes the installed shard count to cfg.Shards (every instance
+// must be stopped): see inbox.Reshard.
+func reshard(ctx context.Context, db inbox.DB, cfg inbox.Config, out io.Writer) error {
+	conn, err := amqp.Dial(cfg.AMQPURL)
+	if err != nil {
+		return fmt.Errorf("connect to RabbitMQ: %w", err)
+	}
+	defer conn.Close()
+	rep, err := inbox.Reshard(ctx, db, conn, cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "shards %d -> %d: %d partitions rebound, %d messages re-routed, %d queues deleted, %d stored messages moved; start the instances with -shards %d\n",
+		rep.From, rep.To, rep.Rebound, rep.Rerouted, rep.Deleted, rep.StoredMsg, rep.To)
+	return nil
 }
