@@ -28,6 +28,7 @@ type Consumer struct {
 	amqp  *broker
 
 	ready    chan struct{} // closed once the topology is declared
+	dbDown   *outage.Log   // handler database errors, rate-limited
 	owned    atomic.Int32
 	stuck    atomic.Int32
 	deadKeys atomic.Int32
@@ -57,7 +58,8 @@ func New(cfg Config, db DB, h Handler) (*Consumer, error) {
 	if len(cfg.Bindings) == 0 {
 		return nil, errors.New("inbox config: at least one binding is required")
 	}
-	c := &Consumer{cfg: cfg, db: db, h: h, topo: TopologyOf(cfg), workers: map[int]*worker{}, ready: make(chan struct{})}
+	c := &Consumer{cfg: cfg, db: db, h: h, topo: TopologyOf(cfg), workers: map[int]*worker{}, ready: make(chan struct{}),
+		dbDown: outage.New(cfg.Logger, "inbox database")}
 	c.amqp = newBroker(cfg, c.topo)
 	s, err := NewStore(cfg, db, c.amqp)
 	if err != nil {

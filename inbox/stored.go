@@ -126,7 +126,9 @@ func (s *Store) attempt(ctx context.Context, f Fence, m *storedMessage, h Handle
 	var attempts int
 	err := s.db.QueryRow(ctx, sqlStartAttempt, s.cfg.Name, m.CorrelationID, m.KeySeq, f.Shard, f.Owner, f.Epoch).Scan(&attempts)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, fmt.Errorf("start attempt of %s/%d: gone, dead or %w", m.CorrelationID, m.KeySeq, ErrFenced)
+		// Handled, skipped or dead-lettered meanwhile, or the lease moved
+		// (then the next fenced write, or the lease loop, stops the worker).
+		return 0, nil
 	}
 	if err != nil {
 		return 0, fmt.Errorf("start attempt of %s/%d: %w", m.CorrelationID, m.KeySeq, err)

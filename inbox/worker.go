@@ -28,11 +28,15 @@ func (c *Consumer) runShard(ctx context.Context, l shardLease) {
 			return
 		}
 		if errors.Is(err, ErrFenced) {
-			// The lease is gone: the supervisor will notice at its next
-			// renewal; stop writing under it meanwhile.
-			c.cfg.Logger.Warn("inbox: worker stopped: lease moved", "shard", l.Shard, "err", err)
-			<-ctx.Done()
-			return
+			// The lease is gone: the supervisor cancels this worker at its
+			// next renewal. Write nothing under it meanwhile.
+			c.cfg.Logger.Warn("inbox: worker paused: lease moved", "shard", l.Shard, "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(c.cfg.LeaseTTL):
+			}
+			continue
 		}
 		down.Fail(err)
 		if time.Since(start) > 10*time.Second {
@@ -116,7 +120,7 @@ func (c *Consumer) deliver(ctx context.Context, f Fence, d *amqp.Delivery) error
 		c.cfg.Logger.Warn("inbox: invalid message dead-lettered", "shard", f.Shard, "err", err)
 		return ack(d)
 	}
-	out, err := c.store.Handle(hctx, f, m, c.h)
+	out, err := c.handleInPlace(ctx, f, m)
 	if err != nil {
 		return err
 	}
@@ -124,6 +128,36 @@ func (c *Consumer) deliver(ctx context.Context, f Fence, d *amqp.Delivery) error
 		c.cfg.AfterCommit(m, out)
 	}
 	return ack(d)
+}
+
+// handleInPlace hands m to the Store, retrying with backoff while the
+// database fails and the lease holds: the delivery stays in hand, so a
+// database outage does not make the broker redeliver it (a redelivery
+// counts as an attempt).
+func (c *Consumer) handleInPlace(ctx context.Context, f Fence, m *Message) (Outcome, error) {
+	backoff := c.cfg.RetryMin
+	for {
+		hctx, cancel := c.handleContext(ctx)
+		out, err := c.store.Handle(hctx, f, m, c.h)
+		cancel()
+		if err == nil {
+			c.dbDown.OK()
+			return out, nil
+		}
+		if errors.Is(err, ErrFenced) || ctx.Err() != nil {
+			return 0, err
+		}
+		c.dbDown.Fail(err)
+		select {
+		case <-ctx.Done():
+			return 0, err
+		case <-time.After(backoff):
+		}
+		if !c.leaseValid(f.Shard, f.Epoch) {
+			return 0, errLeaseExpired
+		}
+		backoff = min(backoff*2, 2*time.Second)
+	}
 }
 
 // handleContext bounds one message's handling by the lease TTL. It is not
