@@ -20,6 +20,7 @@ type Stats struct {
 	DeadLettered int64 // ordo_inbox_dead_lettered_total
 	Invalid      int64 // ordo_inbox_invalid_total: without correlation id or Ordo headers, dead-lettered
 	Fenced       int64 // ordo_inbox_fenced_total: writes refused because the lease moved
+	Rewinds      int64 // ordo_inbox_key_seq_rewinds_total: a handled key_seq seen again under another message id (producer key_seq went back)
 	StuckKeys    int   // ordo_inbox_stuck_keys: keys whose gap waited longer than GapWait (Consumer only)
 	DeadKeys     int   // ordo_inbox_dead_keys: keys held behind a dead-lettered message (Consumer only)
 	ShardsOwned  int   // ordo_inbox_shards_owned (Consumer only)
@@ -35,6 +36,7 @@ func (s *Store) Stats() Stats {
 		DeadLettered: s.stats.dead.Load(),
 		Invalid:      s.stats.invalid.Load(),
 		Fenced:       s.stats.fenced.Load(),
+		Rewinds:      s.stats.rewinds.Load(),
 	}
 }
 

@@ -10,15 +10,20 @@ package inbox
 
 const (
 	// sqlDecide locks the key's row (if any) and returns its last handled
-	// key_seq, whether the message is already stored, and the retention
+	// key_seq and message id, whether the message is already stored, and the retention
 	// low-water mark. It also bounds how long this transaction may sit
 	// idle, so a paused process cannot hold the key's lock past its lease.
 	// $2 key, $3 key_seq, $4 idle timeout (ms, text).
 	sqlDecide = `
 SELECT set_config('idle_in_transaction_session_timeout', $4, true),
-       (SELECT last_seq FROM ordo_inbox_keys WHERE consumer = $1 AND correlation_id = $2 FOR UPDATE),
+       k.last_seq, coalesce(k.last_message_id, ''),
        EXISTS (SELECT 1 FROM ordo_inbox_messages WHERE consumer = $1 AND correlation_id = $2 AND key_seq = $3),
-       (SELECT low_water FROM ordo_inbox_retention WHERE consumer = $1)`
+       (SELECT low_water FROM ordo_inbox_retention WHERE consumer = $1)
+FROM (SELECT 1) AS one
+LEFT JOIN LATERAL (
+    SELECT last_seq, last_message_id FROM ordo_inbox_keys
+    WHERE consumer = $1 AND correlation_id = $2 FOR UPDATE
+) AS k ON true`
 
 	// sqlNewKey creates a key's row; RETURNING is empty if another
 	// transaction created it first.

@@ -185,13 +185,17 @@ func (s *Store) handle(ctx context.Context, f Fence, m *Message, h Handler) (Out
 func (s *Store) decide(ctx context.Context, tx pgx.Tx, m *Message) (decision, error) {
 	var (
 		last     *int64
+		lastID   string
 		stored   bool
 		lowWater *time.Time
 		ignore   string
 	)
 	if err := tx.QueryRow(ctx, sqlDecide, s.cfg.Name, m.CorrelationID, m.KeySeq, s.idle).
-		Scan(&ignore, &last, &stored, &lowWater); err != nil {
+		Scan(&ignore, &last, &lastID, &stored, &lowWater); err != nil {
 		return 0, fmt.Errorf("decide %s/%d: %w", m.CorrelationID, m.KeySeq, err)
+	}
+	if last != nil && m.KeySeq == *last && lastID != "" && m.ID != "" && m.ID != lastID {
+		s.rewound(m, lastID)
 	}
 	newKey := last == nil
 	if newKey {
@@ -213,6 +217,18 @@ func (s *Store) decide(ctx context.Context, tx pgx.Tx, m *Message) (decision, er
 		return decNext, nil
 	}
 	return decGap, nil
+}
+
+// rewound reports a message whose key_seq was already handled under
+// another message id: not a republish (that keeps its id) but a producer
+// whose key_seq went back, e.g. after a failover to an asynchronous
+// replica or a restore. The message is still dropped as a duplicate: see
+// docs/consumer.md, "Limits".
+func (s *Store) rewound(m *Message, lastID string) {
+	s.stats.rewinds.Add(1)
+	s.cfg.Logger.Error("inbox: key_seq reused by a different message: the producer's key_seq went back; "+
+		"newer messages of this key are being dropped as duplicates",
+		"key", m.CorrelationID, "key_seq", m.KeySeq, "message_id", m.ID, "handled_message_id", lastID)
 }
 
 func (s *Store) createKey(ctx context.Context, tx pgx.Tx, key string) (int64, error) {
@@ -276,7 +292,7 @@ func (s *Store) storeAndCommit(ctx context.Context, tx pgx.Tx, f Fence, m *store
 
 // counters are the Store's monotonic counts; see Stats.
 type counters struct {
-	handled, duplicates, stored, retried, dead, invalid, fenced atomic.Int64
+	handled, duplicates, stored, retried, dead, invalid, fenced, rewinds atomic.Int64
 }
 
 func (c *counters) count(o Outcome) {

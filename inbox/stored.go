@@ -153,12 +153,12 @@ func (s *Store) handleStored(ctx context.Context, f Fence, m *storedMessage, h H
 		return 0, fmt.Errorf("begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	var ignore string
+	var ignore, lastID string
 	var last *int64
 	var stored bool
 	var lowWater *time.Time
 	if err := tx.QueryRow(ctx, sqlDecide, s.cfg.Name, m.CorrelationID, m.KeySeq, s.idle).
-		Scan(&ignore, &last, &stored, &lowWater); err != nil {
+		Scan(&ignore, &last, &lastID, &stored, &lowWater); err != nil {
 		return 0, fmt.Errorf("lock key %s: %w", m.CorrelationID, err)
 	}
 	if last == nil || !stored {
