@@ -71,7 +71,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 
 func logStats(logger *slog.Logger, msg string, s inbox.Stats, owned []int) {
 	logger.Info(msg, "handled", s.Handled, "duplicates", s.Duplicates, "gaps_stored", s.GapsStored,
-		"retries", s.Retries, "dead_lettered", s.DeadLettered, "invalid", s.Invalid, "fenced", s.Fenced,
+		"retries", s.Retries, "dead_lettered", s.DeadLettered, "invalid", s.Invalid, "fenced", s.Fenced, "rewinds", s.Rewinds,
 		"stuck_keys", s.StuckKeys, "dead_keys", s.DeadKeys, "shards", owned)
 }
 
