@@ -12,7 +12,7 @@
 //	shipping [flags] skip ORDER      drop an order's dead-lettered event; the order goes on
 //	shipping -shards N reshard       change S (every instance stopped): docs/consumer.md, "Changing S"
 //
-// Every flag has an environment equivalent (SHIPPING_POSTGRES_URL, ...);
+// Every flag has an environment equivalent (ORDO_POSTGRES_URL, ...);
 // see -h. The database named in -postgres-url is created if missing.
 package main
 
@@ -32,8 +32,9 @@ import (
 	"github.com/ordo-relay/ordo/internal/envflag"
 )
 
-// envPrefix prefixes the environment variable of every flag.
-const envPrefix = "SHIPPING"
+// envPrefix prefixes the environment variable of every flag: ORDO_, as
+// for every Ordo program (each runs in its own environment).
+const envPrefix = "ORDO"
 
 // config is what the flags and environment configure.
 type config struct {

@@ -112,7 +112,9 @@ func ensureDatabase(ctx context.Context, rawURL, name string) error {
 	}
 	defer admin.Close(context.WithoutCancel(ctx))
 	_, err = admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
-	if errors.As(err, &pgErr) && pgErr.Code == "42P04" { // duplicate_database: another instance won
+	// duplicate_database, or unique_violation when two instances create
+	// it at the same instant: another instance won.
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P04" || pgErr.Code == "23505") {
 		err = nil
 	}
 	if err != nil {
