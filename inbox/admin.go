@@ -45,7 +45,8 @@ func (s *Store) Stats() Stats {
 var ErrNothingToResolve = errors.New("nothing to resolve for this key")
 
 // StuckKey is a key whose next stored message waits for a predecessor
-// that has not arrived.
+// that has not arrived (keys held by a dead-lettered message are listed by
+// Dead instead).
 type StuckKey struct {
 	Key      string
 	Last     int64     // last handled key_seq
@@ -75,6 +76,8 @@ SELECT correlation_id, last_seq, key_seq, prev_seq, stored_at, stored FROM (
          WHERE w.consumer = m.consumer AND w.correlation_id = m.correlation_id)::int AS stored
     FROM ordo_inbox_messages m JOIN ordo_inbox_keys k USING (consumer, correlation_id)
     WHERE m.consumer = $1 AND m.dead_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM ordo_inbox_messages d   -- held by a dead message: see Dead
+                      WHERE d.consumer = m.consumer AND d.correlation_id = m.correlation_id AND d.dead_at IS NOT NULL)
     ORDER BY m.correlation_id, m.key_seq
 ) h
 WHERE prev_seq > last_seq AND stored_at <= now() - make_interval(secs => $2)
@@ -130,6 +133,8 @@ WITH k AS (
 ), h AS (
     SELECT key_seq, prev_seq FROM ordo_inbox_messages
     WHERE consumer = $1 AND correlation_id = $2 AND dead_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM ordo_inbox_messages
+                      WHERE consumer = $1 AND correlation_id = $2 AND dead_at IS NOT NULL)
     ORDER BY key_seq LIMIT 1
 ), adv AS (
     UPDATE ordo_inbox_keys SET last_seq = h.prev_seq, handled_at = now()
@@ -169,7 +174,8 @@ WHERE consumer = $1 AND correlation_id = $2 AND dead_at IS NULL
 // (Last+1..Prev of StuckKey) are declared skipped, the key moves on to its
 // first stored message, and a missing message that arrives later is a
 // duplicate. The owning consumer handles the stored messages within
-// RetryPoll.
+// RetryPoll. A key held by a dead-lettered message is not stuck: use
+// Retry or Skip for it (Resolve returns ErrNothingToResolve).
 func Resolve(ctx context.Context, db DB, consumer, key string) error {
 	return operatorAction(ctx, db, "resolve", sqlResolve, consumer, key)
 }

@@ -136,6 +136,13 @@ func TestHandlerErrorRollsBackAndRetries(t *testing.T) {
 	if err != nil || len(dl) != 1 || dl[0].Key != "poison" || dl[0].KeySeq != 1 || dl[0].Attempts != 3 || dl[0].Waiting != 1 {
 		t.Fatalf("dead %+v, %v", dl, err)
 	}
+	// Held by a dead message, the key is not stuck, and not resolvable.
+	if stuck, err := inbox.Stuck(ctx, pool, "t", 0); err != nil || len(stuck) != 0 {
+		t.Fatalf("stuck %+v %v, want none: the key is dead-lettered, not missing a message", stuck, err)
+	}
+	if err := inbox.Resolve(ctx, pool, "t", "poison"); !errors.Is(err, inbox.ErrNothingToResolve) {
+		t.Fatalf("resolve of a dead key: %v", err)
+	}
 	// The operator retries it with a fixed handler: both messages go.
 	if err := inbox.Retry(ctx, pool, "t", "poison"); err != nil {
 		t.Fatal(err)
