@@ -16,6 +16,7 @@ import (
 
 	"github.com/ordo-relay/ordo/inbox"
 	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/orderapi"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(wrap{m}) }
@@ -205,6 +206,12 @@ func stopped(tb testing.TB, p *testkit.Process, counter string) int {
 	if code, err := p.Wait(30 * time.Second); err != nil || code != 0 {
 		tb.Fatalf("SIGTERM: exit %d, %v", code, err)
 	}
+	return exitCounter(tb, p, counter)
+}
+
+// exitCounter returns a counter of an exited instance's last stats line.
+func exitCounter(tb testing.TB, p *testkit.Process, counter string) int {
+	tb.Helper()
 	m := regexp.MustCompile(`shipping stopped.* ` + counter + `=(\d+)`).FindStringSubmatch(p.Output())
 	if m == nil {
 		tb.Fatalf("no exit stats line with %s", counter)
@@ -299,3 +306,32 @@ func TestSIGTERMWithPrefetch(t *testing.T) {
 }
 
 var _ = errors.New
+
+// TestProjectionCancelledBeforePlacedNeverHappens: OrderCancelled published
+// before its OrderPlaced (key_seq 2 before 1) waits in the inbox; the
+// projection sees placed, then cancelled, and never fails.
+func TestProjectionCancelledBeforePlacedNeverHappens(t *testing.T) {
+	e := newEnv(t)
+	p := e.start("a")
+	for i := range 5 {
+		id := fmt.Sprintf("order-%d", i)
+		e.pub.Publish(id, 2, orderapi.TypeOrderCancelled, []byte(`{"orderId":"`+id+`","cancelledAt":"2026-01-02T00:00:00Z"}`))
+		e.pub.Publish(id, 1, orderapi.TypeOrderPlaced, []byte(`{"orderId":"`+id+`","customerId":"c","currency":"EUR","total":"9.90","placedAt":"2026-01-01T00:00:00Z"}`))
+	}
+	want := map[string]int64{}
+	for i := range 5 {
+		want[fmt.Sprintf("order-%d", i)] = 2
+	}
+	e.waitAll(want)
+	var cancelled int
+	if err := e.pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM shipping_orders WHERE status = 'cancelled' AND placed_at < cancelled_at`).Scan(&cancelled); err != nil || cancelled != 5 {
+		t.Fatalf("cancelled orders %d, %v; want 5", cancelled, err)
+	}
+	if n := stopped(t, p, "retries"); n != 0 {
+		t.Fatalf("%d retries: a handler failed (cancelled before placed?)", n)
+	}
+	if n := exitCounter(t, p, "gaps_stored"); n != 5 {
+		t.Fatalf("%d gaps stored, want 5", n)
+	}
+}
