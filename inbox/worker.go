@@ -95,8 +95,13 @@ func (c *Consumer) consumeShard(ctx context.Context, l shardLease) error {
 			hctx, cancel := c.handleContext(ctx)
 			_, err := c.store.RetryDue(hctx, fence, l.Shard, dueBatch, c.h)
 			cancel()
-			if err != nil {
+			if errors.Is(err, ErrFenced) {
 				return err
+			}
+			if err != nil {
+				// Keep the session (and the deliveries in hand): the next
+				// poll tries again.
+				c.dbDown.Fail(err)
 			}
 		}
 	}
