@@ -23,6 +23,9 @@ type broker struct {
 	dlq      *amqp.Channel
 	confirms chan amqp.Confirmation
 	closed   bool
+	// downSince is when dialling first failed in the current outage; zero
+	// while connected.
+	downSince time.Time
 }
 
 var _ DeadLetterer = (*broker)(nil)
@@ -43,6 +46,27 @@ func (b *broker) connection() (*amqp.Connection, error) {
 	if b.conn != nil && !b.conn.IsClosed() {
 		return b.conn, nil
 	}
+	conn, err := b.dial()
+	if err != nil {
+		if b.downSince.IsZero() {
+			b.downSince = time.Now()
+		}
+		return nil, err
+	}
+	b.conn, b.dlq, b.downSince = conn, nil, time.Time{}
+	return conn, nil
+}
+
+// reachable reports false once the broker has been unreachable for longer
+// than d: the instance then gives its shards to instances that reach it.
+func (b *broker) reachable(d time.Duration) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.downSince.IsZero() || time.Since(b.downSince) <= d
+}
+
+// dial connects and declares the topology.
+func (b *broker) dial() (*amqp.Connection, error) {
 	conn, err := amqp.DialConfig(b.cfg.AMQPURL, amqp.Config{
 		Heartbeat:  b.cfg.Heartbeat,
 		Dial:       amqp.DefaultDial(5 * time.Second),
@@ -60,7 +84,6 @@ func (b *broker) connection() (*amqp.Connection, error) {
 		_ = conn.Close()
 		return nil, fmt.Errorf("declare topology: %w", err)
 	}
-	b.conn, b.dlq = conn, nil
 	return conn, nil
 }
 

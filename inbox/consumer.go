@@ -196,7 +196,7 @@ func (c *Consumer) tick(ctx context.Context) error {
 		c.stopWorker(s)
 	}
 	c.updateDeadlines(held)
-	want, err := c.heartbeat(qctx)
+	want, err := c.want(qctx)
 	if err != nil {
 		return err
 	}
@@ -223,6 +223,26 @@ func (c *Consumer) tick(ctx context.Context) error {
 		c.cfg.Logger.Info("inbox: shards claimed", "instance", c.cfg.Instance, "shards", shardsOf(got), "owned", c.Owned())
 	}
 	return nil
+}
+
+// want heartbeats and returns the shards this instance should own; while
+// the broker has been unreachable for longer than LeaseTTL it leaves the
+// member list instead and wants nothing, so that instances that reach the
+// broker take its shards (it would hold them uselessly), and it tries the
+// broker again.
+func (c *Consumer) want(ctx context.Context) ([]int, error) {
+	if !c.amqp.reachable(c.cfg.LeaseTTL) {
+		if _, err := c.amqp.connection(); err != nil {
+			if _, err := c.db.Exec(ctx, sqlLeave, c.cfg.Name, c.cfg.Instance); err != nil {
+				return nil, fmt.Errorf("leave: %w", err)
+			}
+			if len(c.Owned()) > 0 {
+				c.cfg.Logger.Warn("inbox: broker unreachable; handing every shard to the other instances", "err", err)
+			}
+			return nil, nil
+		}
+	}
+	return c.heartbeat(ctx)
 }
 
 // handOff stops the workers of shards no longer wanted, waits for each to
