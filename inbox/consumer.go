@@ -191,9 +191,9 @@ func (c *Consumer) tick(ctx context.Context) error {
 		c.stopExpired(time.Now())
 		return err
 	}
-	for _, s := range lost {
-		c.cfg.Logger.Warn("inbox: shard lease lost; stopping its worker", "shard", s)
-		c.stopWorker(s)
+	if len(lost) > 0 {
+		c.cfg.Logger.Warn("inbox: shard leases lost; stopping their workers", "shards", lost)
+		c.stopWorkers(lost)
 	}
 	c.updateDeadlines(held)
 	want, err := c.want(qctx)
@@ -251,15 +251,27 @@ func (c *Consumer) handOff(ctx context.Context, want []int) error {
 	var rel []shardLease
 	for s, l := range c.heldLeases() {
 		if !slices.Contains(want, s) {
-			c.stopWorker(s)
 			rel = append(rel, l)
 		}
 	}
 	if len(rel) == 0 {
 		return nil
 	}
+	c.stopWorkers(shardsOf(rel))
+	// A fresh bound: the workers' last messages may have used up ctx's.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.LeaseTTL/2)
+	defer cancel()
 	c.cfg.Logger.Info("inbox: shards handed off", "instance", c.cfg.Instance, "shards", shardsOf(rel))
-	return c.release(ctx, rel)
+	return c.release(rctx, rel)
+}
+
+// stopWorkers stops the workers of shards together and waits for them all.
+func (c *Consumer) stopWorkers(shards []int) {
+	var wg sync.WaitGroup
+	for _, s := range shards {
+		wg.Go(func() { c.stopWorker(s) })
+	}
+	wg.Wait()
 }
 
 func (c *Consumer) heldLeases() map[int]shardLease {
@@ -335,11 +347,11 @@ func (c *Consumer) stopWorker(shard int) {
 // with a short bound of their own.
 func (c *Consumer) stopAll() {
 	held := c.heldLeases()
-	var wg sync.WaitGroup
+	shards := make([]int, 0, len(held))
 	for s := range held {
-		wg.Go(func() { c.stopWorker(s) })
+		shards = append(shards, s)
 	}
-	wg.Wait()
+	c.stopWorkers(shards)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	ls := make([]shardLease, 0, len(held))

@@ -274,7 +274,7 @@ func TestSIGSTOPLateCommitRefused(t *testing.T) {
 	// transactions meet the stale lease and the closed sessions.
 	a.WaitOutput(t, "inbox", 30*time.Second)
 	waitFor(t, 30*time.Second, "a gave up its shards", func() bool {
-		return regexp.MustCompile(`lease (lost|moved|expired)|shard .* unavailable`).MatchString(a.Output())
+		return regexp.MustCompile(`leases? (lost|moved|expired)|shard .* unavailable`).MatchString(a.Output())
 	})
 	stopped(t, a, "handled")
 	_, byAfter := e.events()
