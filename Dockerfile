@@ -1,9 +1,10 @@
 # syntax=docker/dockerfile:1
 
-# One image with both Ordo binaries:
+# One image with the Ordo binaries:
 #   /usr/local/bin/ordo-node  the relay node (the default entrypoint)
 #   /usr/local/bin/orderapi   the demo order API
-# Both are configured through ORDO_* environment variables (see -h).
+#   /usr/local/bin/shipping   the example inbox consumer (docs/consumer.md)
+# All are configured through ORDO_* environment variables (see -h).
 
 FROM golang:1.26-bookworm AS build
 # go.mod asks for a newer patch release than an old cached image may have;
@@ -17,10 +18,11 @@ COPY . .
 RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/ordo-node ./cmd/node && \
-    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/orderapi ./cmd/orderapi
+    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/orderapi ./cmd/orderapi && \
+    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/shipping ./cmd/shipping
 
 FROM gcr.io/distroless/static-debian12:nonroot
-COPY --from=build /out/ordo-node /out/orderapi /usr/local/bin/
+COPY --from=build /out/ordo-node /out/orderapi /out/shipping /usr/local/bin/
 USER nonroot:nonroot
 # 8080: orderapi; 8081: node /healthz, /readyz, /status.
 EXPOSE 8080 8081

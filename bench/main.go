@@ -119,6 +119,7 @@ var scenarios = []scenario{
 	{"join", "a 3rd node joins 2 under load: seconds until it publishes on each of its partitions", runJoin},
 	{"shapes", "classic vs Ordo in every backlog shape, with and without ANALYZE: msgs/s, ratios, whole cost per message", runShapes},
 	{"scaleout", "1..4 Ordo nodes, each capped to -scale-cap of a core in a CPU cgroup: msgs/s, efficiency, server busy", runScaleout},
+	{"consume", "inbox consumers, 1..3 instances: ordered handling msgs/s and commit-to-handled latency, vs competing consumers", runConsume},
 	{"charts", "draw the PNG charts (scale-out, shapes, latency) from the newest results under -out into -charts", runCharts},
 }
 

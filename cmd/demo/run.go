@@ -118,6 +118,17 @@ func run(ctx context.Context, cfg config, con *console) (err error) {
 	}
 	con.Printf("node ready at %s, %v after start (it holds partition leases and is connected to the broker)\n", nodeURL, since(launched))
 
+	var shipDB string
+	if cfg.Keep {
+		con.Step("Starting %d instances of the example consumer (cmd/shipping)", shippingInstances)
+		ships, db, err := startShipping(ctx, con, cfg, dir)
+		if err != nil {
+			return err
+		}
+		shipDB = db
+		defer func() { _ = stopShipping(ships) }()
+	}
+
 	con.Step("Placing %d orders and cancelling every other one", cfg.Orders)
 	orders, err := placeOrders(ctx, con, client, apiURL, cfg.Orders)
 	if err != nil {
@@ -144,6 +155,9 @@ func run(ctx context.Context, cfg config, con *console) (err error) {
 	con.Printf("outbox: %d pending\n", pending)
 
 	if cfg.Keep {
+		if err := showProjection(ctx, con, shipDB, exp.total(), cfg.Wait); err != nil {
+			return err
+		}
 		if err := keep(ctx, con, b.deliveries, exp, apiURL, nodeURL, api, node); err != nil {
 			return err
 		}

@@ -33,6 +33,7 @@ type binary struct {
 var binaries = []binary{
 	{Path: "/usr/local/bin/ordo-node", Pkg: "github.com/ordo-relay/ordo/cmd/node", Dir: "./cmd/node"},
 	{Path: "/usr/local/bin/orderapi", Pkg: "github.com/ordo-relay/ordo/cmd/orderapi", Dir: "./cmd/orderapi"},
+	{Path: "/usr/local/bin/shipping", Pkg: "github.com/ordo-relay/ordo/cmd/shipping", Dir: "./cmd/shipping"},
 }
 
 // repoFile reads a file at the repository root.

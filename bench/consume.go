@@ -1,0 +1,196 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/ordo-relay/ordo/inbox"
+)
+
+// consumeOptions are the consume scenario's knobs. They are read from the
+// environment (ORDO_BENCH_CONSUME_*) so that the scenario needs no flags of
+// its own in main.go.
+type consumeOptions struct {
+	Instances []int         // instance counts, one run each (ORDO_BENCH_CONSUME_INSTANCES, default 1,2,3)
+	Orders    int           // orders in the drained backlog, two messages each (ORDO_BENCH_CONSUME_ORDERS, default 1000)
+	Rate      int           // orders per second of the latency phase (ORDO_BENCH_CONSUME_RATE, default 50)
+	Latency   time.Duration // length of the latency phase (ORDO_BENCH_CONSUME_LATENCY, default 5s)
+	Delay     time.Duration // simulated handler work per message (ORDO_BENCH_CONSUME_DELAY, default 20ms)
+	Conns     int           // PostgreSQL connections per instance: its handler concurrency (ORDO_BENCH_CONSUME_CONNS, default 4)
+	Shards    int           // S (ORDO_BENCH_CONSUME_SHARDS, default 12)
+}
+
+func consumeOptionsFromEnv(o options) (consumeOptions, error) {
+	c := consumeOptions{Instances: []int{1, 2, 3}, Orders: 1000, Rate: 50, Latency: 5 * time.Second,
+		Delay: 20 * time.Millisecond, Conns: 4, Shards: 12}
+	if o.Quick {
+		c.Orders, c.Latency = 300, 3*time.Second
+	}
+	env := func(name string, set func(string) error) error {
+		if v, ok := os.LookupEnv("ORDO_BENCH_CONSUME_" + name); ok {
+			if err := set(v); err != nil {
+				return fmt.Errorf("ORDO_BENCH_CONSUME_%s=%q: %w", name, v, err)
+			}
+		}
+		return nil
+	}
+	atoi := func(p *int) func(string) error {
+		return func(s string) (err error) { *p, err = strconv.Atoi(s); return err }
+	}
+	dur := func(p *time.Duration) func(string) error {
+		return func(s string) (err error) { *p, err = time.ParseDuration(s); return err }
+	}
+	for _, e := range []error{
+		env("INSTANCES", func(s string) (err error) { c.Instances, err = parseCounts("instances", s); return err }),
+		env("ORDERS", atoi(&c.Orders)), env("RATE", atoi(&c.Rate)), env("LATENCY", dur(&c.Latency)),
+		env("DELAY", dur(&c.Delay)), env("CONNS", atoi(&c.Conns)), env("SHARDS", atoi(&c.Shards)),
+	} {
+		if e != nil {
+			return c, e
+		}
+	}
+	if c.Orders < 1 || c.Rate < 1 || c.Latency <= 0 || c.Delay < 0 || c.Conns < 2 || c.Shards < 1 {
+		return c, fmt.Errorf("consume options out of range: %+v", c)
+	}
+	return c, nil
+}
+
+// runConsume measures end-to-end ordered handling through the inbox: a
+// producer commits orders (OrderPlaced, then OrderCancelled in a second
+// transaction), one Ordo node relays them, and N inbox consumer instances
+// (in this process, each with its own pool of Conns connections) handle
+// them with a handler that sleeps Delay (a downstream call) and inserts a
+// row, in the inbox's transaction. For each instance count it reports the
+// rate at which a backlog of Orders orders is handled, and the latency from
+// the producer's commit to the handler's insert (just before its commit)
+// at Rate orders a second. Then it runs the same backlog through plain
+// competing consumers on one queue and counts the orders they handled out
+// of order.
+func runConsume(ctx context.Context, o options, emit func(*Result)) error {
+	co, err := consumeOptionsFromEnv(o)
+	if err != nil {
+		return err
+	}
+	for _, n := range co.Instances {
+		res, err := consumeOnce(ctx, o, co, n)
+		if err != nil {
+			return fmt.Errorf("%d instances: %w", n, err)
+		}
+		emit(res)
+	}
+	res, err := competingOnce(ctx, o, co, co.Instances[len(co.Instances)-1])
+	if err != nil {
+		return fmt.Errorf("competing consumers: %w", err)
+	}
+	emit(res)
+	return nil
+}
+
+// consumeRig is a rig plus the consume scenario's durable exchange and
+// handled table.
+type consumeRig struct {
+	*rig
+	exchange string
+}
+
+func newConsumeRig(ctx context.Context, o options, label string) (*consumeRig, error) {
+	r, err := newRig(ctx, o, "consume", int32(o.Workers+4))
+	if err != nil {
+		return nil, err
+	}
+	cr := &consumeRig{rig: r, exchange: r.name + ".orders"}
+	err = withChannel(ctx, o.AMQPURL, func(ch *amqp.Channel) error {
+		return ch.ExchangeDeclare(cr.exchange, "topic", true, false, false, false, nil)
+	})
+	if err == nil {
+		r.onClose("delete exchange "+cr.exchange, func(ctx context.Context) error {
+			return withChannel(ctx, o.AMQPURL, func(ch *amqp.Channel) error { return ch.ExchangeDelete(cr.exchange, false, false) })
+		})
+		_, err = r.pool.Exec(ctx, `CREATE TABLE bench_handled (
+			n bigserial PRIMARY KEY, key text NOT NULL, seq bigint NOT NULL, message_id text NOT NULL,
+			handled_at timestamptz NOT NULL DEFAULT clock_timestamp())`)
+	}
+	if err != nil {
+		r.close()
+		return nil, fmt.Errorf("consume rig: %w", err)
+	}
+	return cr, nil
+}
+
+// load commits orders at full speed (Rate orders/s for latency) through
+// the producer and waits until the node has published every row.
+func (r *consumeRig) load(ctx context.Context, orders, rate int, sys *node) (*producer, error) {
+	p, err := newProducer(producerConfig{Rate: rate, Workers: r.o.Workers, Payload: 100, Exchange: r.exchange,
+		Orders: true, Max: int64(orders)}, r.pool, r.o.Partitions)
+	if err != nil {
+		return nil, err
+	}
+	pctx, cancel := context.WithTimeout(ctx, r.o.Timeout)
+	defer cancel()
+	if err := p.run(pctx); err != nil {
+		return nil, err
+	}
+	if _, err := r.waitPending(ctx, sys.failed); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// handledStats reads bench_handled: rows, distinct messages, keys handled
+// out of order (a key_seq other than the previous one's + 1), and the
+// handled_at of each message.
+func handledStats(ctx context.Context, pool *pgxpool.Pool) (total, distinct, outOfOrder int, at map[string]time.Time, err error) {
+	err = pool.QueryRow(ctx, `
+		SELECT count(*), count(DISTINCT message_id),
+		       (SELECT count(DISTINCT key) FROM (
+		            SELECT key, seq, lag(seq) OVER (PARTITION BY key ORDER BY n) AS prev FROM bench_handled) x
+		        WHERE seq <> coalesce(prev, 0) + 1)
+		FROM bench_handled`).Scan(&total, &distinct, &outOfOrder)
+	if err != nil {
+		return 0, 0, 0, nil, fmt.Errorf("read handled: %w", err)
+	}
+	rows, err := pool.Query(ctx, `SELECT message_id, min(handled_at) FROM bench_handled GROUP BY message_id`)
+	if err != nil {
+		return 0, 0, 0, nil, fmt.Errorf("read handled: %w", err)
+	}
+	at = map[string]time.Time{}
+	var id string
+	var t time.Time
+	_, err = pgx.ForEachRow(rows, []any{&id, &t}, func() error { at[id] = t; return nil })
+	return total, distinct, outOfOrder, at, err
+}
+
+// waitHandled waits until n distinct messages are in bench_handled and
+// returns when the last was handled.
+func waitHandled(ctx context.Context, o options, pool *pgxpool.Pool, n int) (time.Time, error) {
+	var last time.Time
+	err := waitUntil(ctx, o.Timeout, 20*time.Millisecond, fmt.Sprintf("%d messages handled", n), func() (bool, error) {
+		var got int
+		var at *time.Time
+		if err := pool.QueryRow(ctx, `SELECT count(DISTINCT message_id), max(handled_at) FROM bench_handled`).Scan(&got, &at); err != nil {
+			return false, err
+		}
+		if at != nil {
+			last = *at
+		}
+		return got >= n, nil
+	})
+	return last, err
+}
+
+func benchHandler(delay time.Duration) inbox.Handler {
+	return func(ctx context.Context, tx pgx.Tx, m *inbox.Message) error {
+		if err := sleep(ctx, delay); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO bench_handled (key, seq, message_id) VALUES ($1, $2, $3)`, m.CorrelationID, m.KeySeq, m.ID)
+		return err
+	}
+}

@@ -1,0 +1,123 @@
+// Command shipping is the bookstore's example consumer: it keeps a
+// projection of the orders (placed -> cancelled) in its own database,
+// reading the order events through the inbox package, so that each event
+// is handled once and each order's events in order, however many shipping
+// instances run.
+//
+//	shipping [flags]                 consume until SIGINT or SIGTERM
+//	shipping [flags] stuck           keys whose gap waited longer than -gap-wait
+//	shipping [flags] dead            dead-lettered messages and what waits behind them
+//	shipping [flags] resolve ORDER   declare a stuck order's missing events skipped
+//	shipping [flags] retry ORDER     retry an order's dead-lettered event
+//	shipping [flags] skip ORDER      drop an order's dead-lettered event; the order goes on
+//	shipping -shards N reshard       change S (every instance stopped): docs/consumer.md, "Changing S"
+//
+// Every flag has an environment equivalent (ORDO_POSTGRES_URL, ...);
+// see -h. The database named in -postgres-url is created if missing.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/ordo-relay/ordo/inbox"
+	"github.com/ordo-relay/ordo/internal/envflag"
+)
+
+// envPrefix prefixes the environment variable of every flag: ORDO_, as
+// for every Ordo program (each runs in its own environment).
+const envPrefix = "ORDO"
+
+// config is what the flags and environment configure.
+type config struct {
+	postgresURL  string        // the shipping database (projection and inbox)
+	dbMaxConns   int           // pool size
+	handlerDelay time.Duration // simulated work per event
+	statsEvery   time.Duration // how often to log the inbox counters
+	killAfter    int           // fault injection: SIGKILL itself after this many handled commits, before the ack
+	logLevel     slog.Level
+	inbox        inbox.Config
+	command      []string // a subcommand and its argument, if any
+}
+
+func parseConfig(args []string, lookup func(string) (string, bool), output io.Writer) (config, error) {
+	cfg := config{inbox: inbox.DefaultConfig("shipping")}
+	ic := &cfg.inbox
+	ic.Exchange = "bookstore.ordering"
+	ic.Bindings = []string{"order.*"}
+	var mode, level string
+	fs := flag.NewFlagSet("shipping", flag.ContinueOnError)
+	fs.SetOutput(output)
+	fs.StringVar(&cfg.postgresURL, "postgres-url", "postgres://postgres@127.0.0.1:5432/shipping?sslmode=disable", "the shipping database (created if missing)")
+	fs.StringVar(&ic.AMQPURL, "amqp-url", ic.AMQPURL, "RabbitMQ URL")
+	fs.StringVar(&ic.Exchange, "exchange", ic.Exchange, "the exchange the order events are published to")
+	fs.StringVar(&ic.Name, "name", ic.Name, "consumer group name: keys the inbox rows and names the queues")
+	fs.StringVar(&ic.Instance, "instance", ic.Instance, "this instance's name (lease owner); unique per live process")
+	fs.IntVar(&ic.Shards, "shards", ic.Shards, "shard queues S; fixed at install")
+	fs.IntVar(&ic.Partitions, "partitions", ic.Partitions, "the producer's partition count P")
+	fs.IntVar(&ic.Prefetch, "prefetch", ic.Prefetch, "unacknowledged deliveries per shard")
+	fs.IntVar(&ic.MaxAttempts, "max-attempts", ic.MaxAttempts, "handler attempts before a message is dead-lettered")
+	fs.DurationVar(&ic.LeaseTTL, "lease-ttl", ic.LeaseTTL, "shard lease lifetime")
+	fs.DurationVar(&ic.Heartbeat, "heartbeat", ic.Heartbeat, "AMQP heartbeat")
+	fs.DurationVar(&ic.GapWait, "gap-wait", ic.GapWait, "how long a gap may wait before its key is reported stuck")
+	fs.DurationVar(&ic.RetryMin, "retry-min", ic.RetryMin, "first retry backoff")
+	fs.DurationVar(&ic.RetryMax, "retry-max", ic.RetryMax, "largest retry backoff")
+	fs.DurationVar(&ic.RetentionAge, "retention-age", 0, "delete keys idle longer than this (the redelivery bound); 0 keeps them")
+	fs.StringVar(&mode, "mode", "ordered", "ordered, bootstrap (first run over an existing stream) or partial")
+	fs.IntVar(&cfg.dbMaxConns, "db-max-conns", 0, "PostgreSQL pool size (0: shards + 4)")
+	fs.DurationVar(&cfg.handlerDelay, "handler-delay", 0, "simulated work per event (tests, bench)")
+	fs.DurationVar(&cfg.statsEvery, "stats-every", 30*time.Second, "how often to log the inbox counters (0: only at exit)")
+	fs.IntVar(&cfg.killAfter, "kill-after", 0, "fault injection: SIGKILL this process after N handled commits, before the ack")
+	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")
+	fs.Usage = envflag.Usage(fs, envPrefix, "usage: shipping [flags] [stuck | dead | resolve ORDER | retry ORDER | skip ORDER | reshard]")
+	if err := envflag.Parse(fs, envPrefix, args, lookup); err != nil {
+		return config{}, err
+	}
+	cfg.command = fs.Args()
+	var err error
+	if ic.Mode, err = inbox.ParseMode(mode); err != nil {
+		return config{}, err
+	}
+	if err := cfg.logLevel.UnmarshalText([]byte(level)); err != nil {
+		return config{}, fmt.Errorf("-log-level: %w", err)
+	}
+	if cfg.dbMaxConns == 0 {
+		cfg.dbMaxConns = ic.Shards + 4
+	}
+	if cfg.dbMaxConns < 2 || cfg.dbMaxConns > 1000 {
+		return config{}, fmt.Errorf("-db-max-conns %d out of range 2..1000", cfg.dbMaxConns)
+	}
+	return cfg, ic.Validate()
+}
+
+func main() {
+	cfg, err := parseConfig(os.Args[1:], os.LookupEnv, os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "shipping:", err)
+		os.Exit(2)
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
+	cfg.inbox.Logger = logger
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	if len(cfg.command) > 0 {
+		err = runCommand(ctx, cfg, os.Stdout)
+	} else {
+		err = run(ctx, cfg, logger)
+	}
+	stop()
+	if err != nil {
+		logger.Error("shipping failed", "err", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,400 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/ordo-relay/ordo/internal/outage"
+)
+
+// Consumer consumes a consumer group's shard queues: it balances the S
+// shards over the live instances through leases in the consumer's
+// database, runs one worker per owned shard (an exclusive AMQP consumer
+// with manual acks), and hands every delivery to its Store. Create it with
+// New and run it with Run.
+type Consumer struct {
+	cfg   Config
+	db    DB
+	h     Handler
+	topo  Topology
+	store *Store
+	amqp  *broker
+
+	ready    chan struct{} // closed once the topology is declared
+	dbDown   *outage.Log   // handler database errors, rate-limited
+	owned    atomic.Int32
+	stuck    atomic.Int32
+	deadKeys atomic.Int32
+	invalid  atomic.Int64
+
+	mu      sync.Mutex
+	workers map[int]*worker // owned by Run's loop; read under mu by Owned
+}
+
+// worker is the goroutine of one owned shard.
+type worker struct {
+	lease  shardLease
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// New returns a Consumer of cfg's group that handles each message with h
+// in a transaction on db (normally a *pgxpool.Pool of at least 2 + the
+// shards one instance may own connections).
+func New(cfg Config, db DB, h Handler) (*Consumer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Exchange == "" {
+		return nil, errors.New("inbox config: Exchange is required")
+	}
+	if len(cfg.Bindings) == 0 {
+		return nil, errors.New("inbox config: at least one binding is required")
+	}
+	c := &Consumer{cfg: cfg, db: db, h: h, topo: TopologyOf(cfg), workers: map[int]*worker{}, ready: make(chan struct{}),
+		dbDown: outage.New(cfg.Logger, "inbox database")}
+	c.amqp = newBroker(cfg, c.topo)
+	s, err := NewStore(cfg, db, c.amqp)
+	if err != nil {
+		return nil, err
+	}
+	c.store = s
+	return c, nil
+}
+
+// Ready is closed once Run has declared the topology on the broker: from
+// then on every message published to the source exchange reaches a shard
+// queue (or the dead-letter queue).
+func (c *Consumer) Ready() <-chan struct{} { return c.ready }
+
+// Topology returns the consumer's broker layout.
+func (c *Consumer) Topology() Topology { return c.topo }
+
+// Stats returns the counters and gauges. Safe for concurrent use.
+func (c *Consumer) Stats() Stats {
+	s := c.store.Stats()
+	s.Invalid = c.invalid.Load()
+	s.ShardsOwned = int(c.owned.Load())
+	s.StuckKeys = int(c.stuck.Load())
+	s.DeadKeys = int(c.deadKeys.Load())
+	return s
+}
+
+// Owned returns the shards this instance holds now, ascending.
+func (c *Consumer) Owned() []int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var s []int
+	for i := range c.workers {
+		s = append(s, i)
+	}
+	slices.Sort(s)
+	return s
+}
+
+// Run migrates the inbox schema, checks the topology against the one
+// installed (returning a *TopologyMismatchError if it differs), and
+// consumes until ctx is cancelled. On cancellation it lets each shard
+// worker finish the message in hand, closes its channel (the broker
+// requeues prefetched deliveries), releases the leases and leaves. Outages
+// of the database or broker are logged, rate limited, and retried; they do
+// not end Run.
+func (c *Consumer) Run(ctx context.Context) error {
+	if err := Migrate(ctx, c.db); err != nil {
+		return err
+	}
+	if err := InstallTopology(ctx, c.db, c.topo); err != nil {
+		return err
+	}
+	defer c.amqp.close()
+	if err := c.connect(ctx); err != nil {
+		return nil // cancelled before the broker was reachable
+	}
+	close(c.ready)
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return c.supervise(gctx) })
+	g.Go(func() error { c.refreshGauges(gctx); return nil })
+	if c.cfg.RetentionAge > 0 {
+		g.Go(func() error { c.retain(gctx); return nil })
+	}
+	return g.Wait()
+}
+
+// connect waits until the broker is reachable and the topology declared,
+// so that nothing published after Run's start is lost for want of a
+// queue. It returns ctx's error if cancelled first.
+func (c *Consumer) connect(ctx context.Context) error {
+	down := outage.New(c.cfg.Logger, "inbox broker")
+	backoff := c.cfg.RetryMin
+	for {
+		_, err := c.amqp.connection()
+		if err == nil {
+			down.OK()
+			return nil
+		}
+		down.Fail(err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// supervise is the lease loop: every LeaseTTL/3 it heartbeats, renews,
+// hands off shards no longer wanted and claims the wanted ones.
+func (c *Consumer) supervise(ctx context.Context) error {
+	down := outage.New(c.cfg.Logger, "inbox lease database")
+	defer c.stopAll()
+	// The first tick only announces this instance; claims start at the
+	// second, when the instances started together see one another, so
+	// that the first to start does not take every shard only to hand most
+	// of them back (each handoff redelivers the prefetched messages).
+	joined := false
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		var err error
+		if joined {
+			err = c.tick(ctx)
+		} else if _, err = c.heartbeat(ctx); err == nil {
+			joined = true
+		}
+		if err != nil && ctx.Err() == nil {
+			down.Fail(err)
+		} else {
+			down.OK()
+		}
+		t.Reset(c.cfg.LeaseTTL / 3)
+	}
+}
+
+func (c *Consumer) tick(ctx context.Context) error {
+	qctx, cancel := context.WithTimeout(ctx, c.cfg.LeaseTTL/2)
+	defer cancel()
+	held := c.heldLeases()
+	lost, err := c.renew(qctx, held)
+	if err != nil {
+		c.stopExpired(time.Now())
+		return err
+	}
+	if len(lost) > 0 {
+		c.cfg.Logger.Warn("inbox: shard leases lost; stopping their workers", "shards", lost)
+		c.stopWorkers(lost)
+	}
+	c.updateDeadlines(held)
+	want, err := c.want(qctx)
+	if err != nil {
+		return err
+	}
+	if err := c.handOff(qctx, want); err != nil {
+		return err
+	}
+	var missing []int
+	for _, s := range want {
+		if _, ok := held[s]; !ok || slices.Contains(lost, s) {
+			missing = append(missing, s)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	got, err := c.claim(qctx, missing)
+	if err != nil {
+		return err
+	}
+	for _, l := range got {
+		c.startWorker(ctx, l)
+	}
+	if len(got) > 0 {
+		c.cfg.Logger.Info("inbox: shards claimed", "instance", c.cfg.Instance, "shards", shardsOf(got), "owned", c.Owned())
+	}
+	return nil
+}
+
+// want heartbeats and returns the shards this instance should own; while
+// the broker has been unreachable for longer than LeaseTTL it leaves the
+// member list instead and wants nothing, so that instances that reach the
+// broker take its shards (it would hold them uselessly), and it tries the
+// broker again.
+func (c *Consumer) want(ctx context.Context) ([]int, error) {
+	if !c.amqp.reachable(c.cfg.LeaseTTL) {
+		if _, err := c.amqp.connection(); err != nil {
+			if _, err := c.db.Exec(ctx, sqlLeave, c.cfg.Name, c.cfg.Instance); err != nil {
+				return nil, fmt.Errorf("leave: %w", err)
+			}
+			if len(c.Owned()) > 0 {
+				c.cfg.Logger.Warn("inbox: broker unreachable; handing every shard to the other instances", "err", err)
+			}
+			return nil, nil
+		}
+	}
+	return c.heartbeat(ctx)
+}
+
+// handOff stops the workers of shards no longer wanted, waits for each to
+// finish its message in hand, and releases their leases.
+func (c *Consumer) handOff(ctx context.Context, want []int) error {
+	var rel []shardLease
+	for s, l := range c.heldLeases() {
+		if !slices.Contains(want, s) {
+			rel = append(rel, l)
+		}
+	}
+	if len(rel) == 0 {
+		return nil
+	}
+	c.stopWorkers(shardsOf(rel))
+	// A fresh bound: the workers' last messages may have used up ctx's.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.LeaseTTL/2)
+	defer cancel()
+	c.cfg.Logger.Info("inbox: shards handed off", "instance", c.cfg.Instance, "shards", shardsOf(rel))
+	return c.release(rctx, rel)
+}
+
+// stopWorkers stops the workers of shards together and waits for them all.
+func (c *Consumer) stopWorkers(shards []int) {
+	var wg sync.WaitGroup
+	for _, s := range shards {
+		wg.Go(func() { c.stopWorker(s) })
+	}
+	wg.Wait()
+}
+
+func (c *Consumer) heldLeases() map[int]shardLease {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := make(map[int]shardLease, len(c.workers))
+	for s, w := range c.workers {
+		m[s] = w.lease
+	}
+	return m
+}
+
+func (c *Consumer) updateDeadlines(held map[int]shardLease) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for s, l := range held {
+		if w, ok := c.workers[s]; ok && w.lease.Epoch == l.Epoch {
+			w.lease.Deadline = l.Deadline
+		}
+	}
+}
+
+// leaseValid reports whether shard's lease at epoch may still be written
+// under; workers check it before each message.
+func (c *Consumer) leaseValid(shard int, epoch int64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	w, ok := c.workers[shard]
+	return ok && w.lease.Epoch == epoch && time.Now().Before(w.lease.Deadline)
+}
+
+// stopExpired stops the workers whose local deadline has passed (the
+// database is unreachable: their leases may be claimed by now).
+func (c *Consumer) stopExpired(now time.Time) {
+	for s, l := range c.heldLeases() {
+		if !now.Before(l.Deadline) {
+			c.cfg.Logger.Warn("inbox: shard lease expired locally; stopping its worker", "shard", s)
+			c.stopWorker(s)
+		}
+	}
+}
+
+func (c *Consumer) startWorker(ctx context.Context, l shardLease) {
+	wctx, cancel := context.WithCancel(ctx)
+	w := &worker{lease: l, cancel: cancel, done: make(chan struct{})}
+	c.mu.Lock()
+	c.workers[l.Shard] = w
+	c.owned.Store(int32(len(c.workers)))
+	c.mu.Unlock()
+	go func() {
+		defer close(w.done)
+		c.runShard(wctx, l)
+	}()
+}
+
+// stopWorker tells shard's worker to stop and waits until it has.
+func (c *Consumer) stopWorker(shard int) {
+	c.mu.Lock()
+	w, ok := c.workers[shard]
+	c.mu.Unlock()
+	if !ok {
+		return
+	}
+	w.cancel()
+	<-w.done
+	c.mu.Lock()
+	delete(c.workers, shard)
+	c.owned.Store(int32(len(c.workers)))
+	c.mu.Unlock()
+}
+
+// stopAll stops every worker, then releases the leases and the member row
+// with a short bound of their own.
+func (c *Consumer) stopAll() {
+	held := c.heldLeases()
+	shards := make([]int, 0, len(held))
+	for s := range held {
+		shards = append(shards, s)
+	}
+	c.stopWorkers(shards)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	ls := make([]shardLease, 0, len(held))
+	for _, l := range held {
+		ls = append(ls, l)
+	}
+	if err := c.release(ctx, ls); err != nil {
+		c.cfg.Logger.Warn("inbox: release leases: they will expire instead", "err", err)
+	}
+	if _, err := c.db.Exec(ctx, sqlLeave, c.cfg.Name, c.cfg.Instance); err != nil {
+		c.cfg.Logger.Warn("inbox: leave: the member row will expire instead", "err", err)
+	}
+}
+
+// refreshGauges keeps the stuck and dead key counts of Stats current.
+func (c *Consumer) refreshGauges(ctx context.Context) {
+	t := time.NewTicker(max(c.cfg.RetryPoll*5, time.Second))
+	defer t.Stop()
+	for {
+		if stuck, err := Stuck(ctx, c.db, c.cfg.Name, c.cfg.GapWait); err == nil {
+			c.stuck.Store(int32(len(stuck)))
+		}
+		var dead int32
+		if err := c.db.QueryRow(ctx, `SELECT count(*) FROM ordo_inbox_messages WHERE consumer = $1 AND dead_at IS NOT NULL`,
+			c.cfg.Name).Scan(&dead); err == nil {
+			c.deadKeys.Store(dead)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func shardsOf(ls []shardLease) []int {
+	s := make([]int, len(ls))
+	for i, l := range ls {
+		s[i] = l.Shard
+	}
+	slices.Sort(s)
+	return s
+}
+
+// errLeaseExpired stops a worker whose local lease deadline passed.
+var errLeaseExpired = fmt.Errorf("shard lease deadline passed: %w", ErrFenced)

@@ -1,0 +1,138 @@
+package inbox
+
+// Every SQL statement of the package. $1 is always the consumer name.
+//
+// The fence: a write made under a shard lease checks, in the same
+// statement, that the lease row still names this owner at this epoch, and
+// locks it FOR SHARE until commit, so a new owner's claim (which bumps the
+// epoch) waits for the commit or makes the write fail. Epoch 0 turns the
+// check off (a Store used without leases).
+
+const (
+	// sqlDecide locks the key's row (if any) and returns its last handled
+	// key_seq and message id, whether the message is already stored, and the retention
+	// low-water mark. It also bounds how long this transaction may sit
+	// idle, so a paused process cannot hold the key's lock past its lease.
+	// $2 key, $3 key_seq, $4 idle timeout (ms, text).
+	sqlDecide = `
+SELECT set_config('idle_in_transaction_session_timeout', $4, true),
+       k.last_seq, coalesce(k.last_message_id, ''),
+       EXISTS (SELECT 1 FROM ordo_inbox_messages WHERE consumer = $1 AND correlation_id = $2 AND key_seq = $3),
+       (SELECT low_water FROM ordo_inbox_retention WHERE consumer = $1)
+FROM (SELECT 1) AS one
+LEFT JOIN LATERAL (
+    SELECT last_seq, last_message_id FROM ordo_inbox_keys
+    WHERE consumer = $1 AND correlation_id = $2 FOR UPDATE
+) AS k ON true`
+
+	// sqlNewKey creates a key's row; RETURNING is empty if another
+	// transaction created it first.
+	sqlNewKey = `
+INSERT INTO ordo_inbox_keys (consumer, correlation_id, last_seq) VALUES ($1, $2, 0)
+ON CONFLICT DO NOTHING RETURNING last_seq`
+
+	// sqlLockKey locks an existing key row. $2 key.
+	sqlLockKey = `SELECT last_seq FROM ordo_inbox_keys WHERE consumer = $1 AND correlation_id = $2 FOR UPDATE`
+
+	// sqlAdvance records a handled message, fenced. $2 key, $3 key_seq,
+	// $4 message id, $5 occurred_at, $6 shard, $7 owner, $8 epoch.
+	sqlAdvance = `
+WITH fence AS (
+    SELECT 1 FROM ordo_inbox_leases
+    WHERE consumer = $1 AND shard = $6 AND owner = $7 AND epoch = $8 AND $8 > 0
+    FOR SHARE
+), upd AS (
+    UPDATE ordo_inbox_keys
+    SET last_seq = $3, last_message_id = $4, last_occurred_at = $5, handled_at = now()
+    WHERE consumer = $1 AND correlation_id = $2 AND ($8 = 0 OR EXISTS (SELECT 1 FROM fence))
+    RETURNING 1
+), del AS (
+    DELETE FROM ordo_inbox_messages
+    WHERE consumer = $1 AND correlation_id = $2 AND key_seq <= $3 AND EXISTS (SELECT 1 FROM upd)
+)
+SELECT count(*) FROM upd`
+
+	// sqlStore stores a message, fenced; an existing row is kept as it is.
+	// $2.. the message, $16 seconds until due (NULL: a gap, due when its
+	// predecessor is handled), $17 shard, $18 owner, $19 epoch (the lease).
+	sqlStore = `
+WITH fence AS (
+    SELECT 1 FROM ordo_inbox_leases
+    WHERE consumer = $1 AND shard = $17 AND owner = $18 AND epoch = $19 AND $19 > 0
+    FOR SHARE
+), ins AS (
+    INSERT INTO ordo_inbox_messages (consumer, correlation_id, key_seq, prev_seq, partition, shard,
+        message_id, type, exchange, routing_key, occurred_at, headers, body, attempts, last_error, next_attempt_at)
+    SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
+        CASE WHEN $16::float8 IS NULL THEN 'infinity'::timestamptz ELSE now() + make_interval(secs => $16::float8) END
+    WHERE $19 = 0 OR EXISTS (SELECT 1 FROM fence)
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+SELECT ($19 = 0 OR EXISTS (SELECT 1 FROM fence)), EXISTS (SELECT 1 FROM ins)`
+
+	// sqlStartAttempt counts an attempt of a stored message before its
+	// handler runs, in its own transaction, so a crash inside the handler
+	// still counts. $2 key, $3 key_seq, $4 shard, $5 owner, $6 epoch.
+	sqlStartAttempt = `
+WITH fence AS (
+    SELECT 1 FROM ordo_inbox_leases
+    WHERE consumer = $1 AND shard = $4 AND owner = $5 AND epoch = $6 AND $6 > 0
+    FOR SHARE
+)
+UPDATE ordo_inbox_messages SET attempts = attempts + 1
+WHERE consumer = $1 AND correlation_id = $2 AND key_seq = $3 AND dead_at IS NULL
+  AND ($6 = 0 OR EXISTS (SELECT 1 FROM fence))
+RETURNING attempts`
+
+	// sqlFailed records a failed attempt and when to try again. $2 key,
+	// $3 key_seq, $4 error, $5 backoff (seconds), $6 shard, $7 owner, $8 epoch.
+	sqlFailed = `
+WITH fence AS (
+    SELECT 1 FROM ordo_inbox_leases
+    WHERE consumer = $1 AND shard = $6 AND owner = $7 AND epoch = $8 AND $8 > 0
+    FOR SHARE
+)
+UPDATE ordo_inbox_messages
+SET last_error = $4, next_attempt_at = now() + make_interval(secs => $5)
+WHERE consumer = $1 AND correlation_id = $2 AND key_seq = $3 AND ($8 = 0 OR EXISTS (SELECT 1 FROM fence))`
+
+	// sqlDead marks a stored message dead-lettered: its key waits for an
+	// operator. $2 key, $3 key_seq, $4 reason, $5 shard, $6 owner, $7 epoch.
+	sqlDead = `
+WITH fence AS (
+    SELECT 1 FROM ordo_inbox_leases
+    WHERE consumer = $1 AND shard = $5 AND owner = $6 AND epoch = $7 AND $7 > 0
+    FOR SHARE
+)
+UPDATE ordo_inbox_messages
+SET dead_at = now(), last_error = $4, next_attempt_at = 'infinity'
+WHERE consumer = $1 AND correlation_id = $2 AND key_seq = $3 AND dead_at IS NULL
+  AND ($7 = 0 OR EXISTS (SELECT 1 FROM fence))`
+
+	// storedCols is the column list scanStored reads.
+	storedCols = `m.correlation_id, m.key_seq, m.prev_seq, m.partition, m.message_id, m.type, m.exchange,
+    m.routing_key, m.occurred_at, m.headers, m.body, m.attempts, coalesce(m.last_error, ''), m.next_attempt_at,
+    m.next_attempt_at <= now(), k.last_seq`
+
+	// sqlKeyHead returns a key's lowest stored message not dead-lettered,
+	// with the key's last handled key_seq. $2 key.
+	sqlKeyHead = `
+SELECT ` + storedCols + `
+FROM ordo_inbox_messages m JOIN ordo_inbox_keys k USING (consumer, correlation_id)
+WHERE m.consumer = $1 AND m.correlation_id = $2 AND m.dead_at IS NULL
+ORDER BY m.key_seq LIMIT 1`
+
+	// sqlDue returns a shard's stored messages whose retry is due. The
+	// partial index on (consumer, shard, next_attempt_at) makes this a
+	// range scan over due rows only: gaps wait at 'infinity'. $2 shard,
+	// $3 limit.
+	sqlDue = `
+SELECT ` + storedCols + `
+FROM ordo_inbox_messages m JOIN ordo_inbox_keys k USING (consumer, correlation_id)
+WHERE m.consumer = $1 AND m.shard = $2 AND m.dead_at IS NULL AND m.next_attempt_at <= now()
+ORDER BY m.next_attempt_at LIMIT $3`
+
+	// sqlDeleteStored drops a stored message found to be a duplicate.
+	sqlDeleteStored = `DELETE FROM ordo_inbox_messages WHERE consumer = $1 AND correlation_id = $2 AND key_seq = $3`
+)

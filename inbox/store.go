@@ -1,0 +1,311 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DB is what the inbox needs from PostgreSQL; *pgxpool.Pool satisfies it.
+// The inbox tables must have been created with Migrate.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Handler handles one message inside tx, the inbox's transaction: write
+// your business rows through tx and return nil, and the inbox records the
+// message as handled in the same commit. Return an error (or panic) and
+// the whole transaction rolls back; the message is retried with backoff
+// and dead-lettered after MaxAttempts. A Handler must not commit or roll
+// back tx, and should finish well within the lease TTL.
+type Handler func(ctx context.Context, tx pgx.Tx, m *Message) error
+
+// Fence is the shard lease a write is made under. Every inbox write checks
+// in its own transaction that the lease still has this owner and epoch;
+// the zero Fence checks nothing (a single consumer without leases).
+type Fence struct {
+	Shard int
+	Owner string
+	Epoch int64
+}
+
+// ErrFenced is returned by Store.Handle when the shard's lease has moved
+// to another owner or epoch: nothing was committed, and the delivery must
+// not be acknowledged (the new owner will receive it).
+var ErrFenced = errors.New("shard lease moved: write refused")
+
+// DeadLetterer sends a message to the dead-letter queue. The Consumer's
+// implementation publishes with a confirm; DeadLetter returns once the
+// broker has the message. Safe for concurrent use.
+type DeadLetterer interface {
+	DeadLetter(ctx context.Context, m *Message, reason string, attempts int) error
+}
+
+// Outcome is what Store.Handle did with a message.
+type Outcome int
+
+const (
+	// Handled: the handler ran and its transaction committed.
+	Handled Outcome = iota + 1
+	// Duplicate: the key was already past this message (or the message is
+	// already stored): dropped.
+	Duplicate
+	// Stored: a gap. The message waits in the inbox table for its
+	// predecessor.
+	Stored
+	// Retrying: the handler failed (or a redelivery must count an attempt
+	// first); the message is stored and retried with backoff.
+	Retrying
+	// DeadLettered: out of attempts; sent to the dead-letter queue, and its
+	// key waits for an operator.
+	DeadLettered
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Handled:
+		return "handled"
+	case Duplicate:
+		return "duplicate"
+	case Stored:
+		return "stored"
+	case Retrying:
+		return "retrying"
+	case DeadLettered:
+		return "dead-lettered"
+	}
+	return "Outcome(" + strconv.Itoa(int(o)) + ")"
+}
+
+// Store makes the inbox's decisions against PostgreSQL. It is safe for
+// concurrent use, but the messages of one key must be handed to it by one
+// goroutine at a time (the Consumer runs one worker per shard); the key's
+// row lock keeps even a mistaken second caller from breaking the order.
+type Store struct {
+	cfg   Config
+	db    DB
+	dead  DeadLetterer
+	idle  string // idle_in_transaction_session_timeout, ms
+	stats counters
+}
+
+// NewStore returns a Store for cfg.Name over db. dead may be nil: dead
+// messages are then only marked in the inbox table. Call Migrate first.
+func NewStore(cfg Config, db DB, dead DeadLetterer) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Store{cfg: cfg, db: db, dead: dead, idle: strconv.FormatInt(cfg.LeaseTTL.Milliseconds(), 10)}, nil
+}
+
+// shardOf maps a partition to its shard: partition mod S.
+func (s *Store) shardOf(partition int) int { return partition % s.cfg.Shards }
+
+// Handle decides what to do with m under the key's row lock, and runs h in
+// the same transaction when m is the key's next message. Then it handles
+// the key's stored messages that became next. It returns ErrFenced when
+// the lease f moved, and other errors when the database failed; in both
+// cases nothing about m was committed and the caller must not acknowledge
+// it. A handler error is not returned: it becomes Retrying or
+// DeadLettered.
+func (s *Store) Handle(ctx context.Context, f Fence, m *Message, h Handler) (Outcome, error) {
+	out, err := s.handle(ctx, f, m, h)
+	if err != nil {
+		if errors.Is(err, ErrFenced) {
+			s.stats.fenced.Add(1)
+		}
+		return 0, err
+	}
+	s.stats.count(out)
+	if out == Handled || out == Retrying {
+		if err := s.follow(ctx, f, m.CorrelationID, h); err != nil {
+			// m itself is settled; what follows is retried by the poll.
+			s.cfg.Logger.Warn("inbox: handle stored messages", "key", m.CorrelationID, "err", err)
+		}
+	}
+	return out, nil
+}
+
+type decision int
+
+const (
+	decNext decision = iota + 1
+	decDuplicate
+	decGap
+)
+
+func (s *Store) handle(ctx context.Context, f Fence, m *Message, h Handler) (Outcome, error) {
+	tx, err := s.db.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	d, err := s.decide(ctx, tx, m)
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case d == decDuplicate:
+		return Duplicate, nil
+	case d == decGap:
+		return Stored, s.storeAndCommit(ctx, tx, f, withAttempts(m, 0, ""), nil)
+	case m.Redelivered:
+		// An earlier delivery may have crashed its handler: count that
+		// attempt in a commit of its own, then run from the stored copy.
+		due := 0.0
+		if err := s.storeAndCommit(ctx, tx, f, withAttempts(m, 1, "redelivered by the broker"), &due); err != nil {
+			return 0, err
+		}
+		return Retrying, nil
+	}
+	if herr := runHandler(ctx, tx, m, h); herr != nil {
+		_ = tx.Rollback(ctx)
+		return s.failed(ctx, f, m, herr)
+	}
+	if err := s.advance(ctx, tx, f, m); err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("commit: %w", err)
+	}
+	return Handled, nil
+}
+
+// decide locks m's key row (creating it for a new key) and classifies m.
+func (s *Store) decide(ctx context.Context, tx pgx.Tx, m *Message) (decision, error) {
+	var (
+		last     *int64
+		lastID   string
+		stored   bool
+		lowWater *time.Time
+		ignore   string
+	)
+	if err := tx.QueryRow(ctx, sqlDecide, s.cfg.Name, m.CorrelationID, m.KeySeq, s.idle).
+		Scan(&ignore, &last, &lastID, &stored, &lowWater); err != nil {
+		return 0, fmt.Errorf("decide %s/%d: %w", m.CorrelationID, m.KeySeq, err)
+	}
+	if last != nil && m.KeySeq == *last && lastID != "" && m.ID != "" && m.ID != lastID {
+		s.rewound(m, lastID)
+	}
+	newKey := last == nil
+	if newKey {
+		if lowWater != nil && !m.Timestamp.IsZero() && m.Timestamp.Before(*lowWater) {
+			return decDuplicate, nil // a key retention deleted: see Retain
+		}
+		l, err := s.createKey(ctx, tx, m.CorrelationID)
+		if err != nil {
+			return 0, err
+		}
+		last = &l
+	}
+	switch {
+	case m.KeySeq <= *last || stored:
+		return decDuplicate, nil
+	case s.cfg.Mode == Partial || m.PrevKeySeq <= *last:
+		return decNext, nil
+	case newKey && *last == 0 && s.cfg.Mode == Bootstrap:
+		return decNext, nil
+	}
+	return decGap, nil
+}
+
+// rewound reports a message whose key_seq was already handled under
+// another message id: not a republish (that keeps its id) but a producer
+// whose key_seq went back, e.g. after a failover to an asynchronous
+// replica or a restore. The message is still dropped as a duplicate: see
+// docs/consumer.md, "Limits".
+func (s *Store) rewound(m *Message, lastID string) {
+	s.stats.rewinds.Add(1)
+	s.cfg.Logger.Error("inbox: key_seq reused by a different message: the producer's key_seq went back; "+
+		"newer messages of this key are being dropped as duplicates",
+		"key", m.CorrelationID, "key_seq", m.KeySeq, "message_id", m.ID, "handled_message_id", lastID)
+}
+
+func (s *Store) createKey(ctx context.Context, tx pgx.Tx, key string) (int64, error) {
+	var last int64
+	err := tx.QueryRow(ctx, sqlNewKey, s.cfg.Name, key).Scan(&last)
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = tx.QueryRow(ctx, sqlLockKey, s.cfg.Name, key).Scan(&last)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("create key %s: %w", key, err)
+	}
+	return last, nil
+}
+
+// advance records m as its key's last handled message, fenced.
+func (s *Store) advance(ctx context.Context, tx pgx.Tx, f Fence, m *Message) error {
+	var n int
+	if err := tx.QueryRow(ctx, sqlAdvance, s.cfg.Name, m.CorrelationID, m.KeySeq, m.ID,
+		nullTime(m.Timestamp), f.Shard, f.Owner, f.Epoch).Scan(&n); err != nil {
+		return fmt.Errorf("advance %s to %d: %w", m.CorrelationID, m.KeySeq, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("advance %s to %d under shard %d epoch %d: %w", m.CorrelationID, m.KeySeq, f.Shard, f.Epoch, ErrFenced)
+	}
+	return nil
+}
+
+// runHandler runs h, turning a panic into an error.
+func runHandler(ctx context.Context, tx pgx.Tx, m *Message, h Handler) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("handler panic: %v", r)
+		}
+	}()
+	return h(ctx, tx, m)
+}
+
+// failed stores m after its first attempt failed with herr, to be retried
+// after a backoff, or dead-letters it when one attempt is all it gets.
+func (s *Store) failed(ctx context.Context, f Fence, m *Message, herr error) (Outcome, error) {
+	sm := withAttempts(m, 1, herr.Error())
+	due := s.cfg.backoff(1, rand.Float64()).Seconds()
+	if err := s.store(ctx, s.db, f, sm, &due); err != nil {
+		return 0, err
+	}
+	if s.cfg.MaxAttempts <= 1 {
+		return s.deadLetter(ctx, f, sm)
+	}
+	return Retrying, nil
+}
+
+func (s *Store) storeAndCommit(ctx context.Context, tx pgx.Tx, f Fence, m *storedMessage, dueIn *float64) error {
+	if err := s.store(ctx, tx, f, m, dueIn); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit stored %s/%d: %w", m.CorrelationID, m.KeySeq, err)
+	}
+	return nil
+}
+
+// counters are the Store's monotonic counts; see Stats.
+type counters struct {
+	handled, duplicates, stored, retried, dead, invalid, fenced, rewinds atomic.Int64
+}
+
+func (c *counters) count(o Outcome) {
+	switch o {
+	case Handled:
+		c.handled.Add(1)
+	case Duplicate:
+		c.duplicates.Add(1)
+	case Stored:
+		c.stored.Add(1)
+	case Retrying:
+		c.retried.Add(1)
+	case DeadLettered:
+		c.dead.Add(1)
+	}
+}

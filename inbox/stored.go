@@ -1,0 +1,282 @@
+package inbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// storedMessage is a message held in ordo_inbox_messages.
+type storedMessage struct {
+	Message
+	attempts  int
+	lastError string
+	waiting   bool  // a gap: due when its predecessor is handled
+	due       bool  // not waiting, and its next attempt is due now
+	keyLast   int64 // the key's last handled key_seq, when read
+}
+
+func withAttempts(m *Message, attempts int, lastError string) *storedMessage {
+	return &storedMessage{Message: *m, attempts: attempts, lastError: lastError}
+}
+
+// querier is the part of DB and pgx.Tx that store needs.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// store inserts m (kept as it is if already there), fenced. dueIn is the
+// number of seconds until its next attempt, nil for a gap.
+func (s *Store) store(ctx context.Context, q querier, f Fence, m *storedMessage, dueIn *float64) error {
+	headers, err := json.Marshal(m.Headers)
+	if err != nil {
+		headers = []byte(`{}`) // headers the handler cannot get back; the typed fields remain
+	}
+	if m.Headers == nil {
+		headers = []byte(`{}`)
+	}
+	var lastErr *string
+	if m.lastError != "" {
+		lastErr = &m.lastError
+	}
+	var fenceOK, inserted bool
+	if err := q.QueryRow(ctx, sqlStore, s.cfg.Name, m.CorrelationID, m.KeySeq, m.PrevKeySeq, m.Partition,
+		s.shardOf(m.Partition), m.ID, m.Type, m.Exchange, m.RoutingKey, nullTime(m.Timestamp), headers,
+		nonNil(m.Body), m.attempts, lastErr, dueIn, f.Shard, f.Owner, f.Epoch).Scan(&fenceOK, &inserted); err != nil {
+		return fmt.Errorf("store %s/%d: %w", m.CorrelationID, m.KeySeq, err)
+	}
+	if !fenceOK {
+		return fmt.Errorf("store %s/%d under shard %d epoch %d: %w", m.CorrelationID, m.KeySeq, f.Shard, f.Epoch, ErrFenced)
+	}
+	return nil
+}
+
+// follow handles, in key_seq order, key's stored messages that are next
+// and due, until one is not.
+func (s *Store) follow(ctx context.Context, f Fence, key string, h Handler) error {
+	for ctx.Err() == nil {
+		m, err := s.keyHead(ctx, key)
+		if err != nil || m == nil {
+			return err
+		}
+		if !s.isNext(m) || (!m.waiting && !m.due) {
+			return nil
+		}
+		out, err := s.attempt(ctx, f, m, h)
+		if err != nil {
+			return err
+		}
+		if out != Handled && out != Duplicate {
+			return nil
+		}
+	}
+	return ctx.Err()
+}
+
+// isNext reports whether stored m may be handled now that its key is at
+// m.keyLast.
+func (s *Store) isNext(m *storedMessage) bool {
+	return m.KeySeq <= m.keyLast || s.cfg.Mode == Partial || m.PrevKeySeq <= m.keyLast
+}
+
+// RetryDue attempts up to limit stored messages of shard whose retry is
+// due, each followed by the messages of its key that become next. The
+// Consumer calls it every RetryPoll; a program driving Store itself should
+// too. It returns how many it attempted.
+func (s *Store) RetryDue(ctx context.Context, f Fence, shard, limit int, h Handler) (int, error) {
+	rows, err := s.db.Query(ctx, sqlDue, s.cfg.Name, shard, limit)
+	if err != nil {
+		return 0, fmt.Errorf("read due messages of shard %d: %w", shard, err)
+	}
+	due, err := pgx.CollectRows(rows, scanStored)
+	if err != nil {
+		return 0, fmt.Errorf("read due messages of shard %d: %w", shard, err)
+	}
+	n := 0
+	for _, m := range due {
+		if !s.isNext(m) {
+			continue
+		}
+		n++
+		out, err := s.attempt(ctx, f, m, h)
+		if err != nil {
+			return n, err
+		}
+		if out == Handled || out == Duplicate {
+			if err := s.follow(ctx, f, m.CorrelationID, h); err != nil {
+				return n, err
+			}
+		}
+	}
+	return n, nil
+}
+
+// attempt runs one attempt of stored message m: it counts the attempt in
+// a commit of its own, then handles m in a second transaction.
+func (s *Store) attempt(ctx context.Context, f Fence, m *storedMessage, h Handler) (Outcome, error) {
+	if m.KeySeq <= m.keyLast {
+		return Duplicate, s.dropStored(ctx, m)
+	}
+	var attempts int
+	err := s.db.QueryRow(ctx, sqlStartAttempt, s.cfg.Name, m.CorrelationID, m.KeySeq, f.Shard, f.Owner, f.Epoch).Scan(&attempts)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Handled, skipped or dead-lettered meanwhile, or the lease moved
+		// (then the next fenced write, or the lease loop, stops the worker).
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("start attempt of %s/%d: %w", m.CorrelationID, m.KeySeq, err)
+	}
+	m.attempts = attempts
+	if attempts > s.cfg.MaxAttempts {
+		out, err := s.deadLetter(ctx, f, m)
+		s.stats.count(out)
+		return out, err
+	}
+	out, err := s.handleStored(ctx, f, m, h)
+	if err != nil {
+		return 0, err
+	}
+	s.stats.count(out)
+	return out, nil
+}
+
+func (s *Store) handleStored(ctx context.Context, f Fence, m *storedMessage, h Handler) (Outcome, error) {
+	tx, err := s.db.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var ignore, lastID string
+	var last *int64
+	var stored bool
+	var lowWater *time.Time
+	if err := tx.QueryRow(ctx, sqlDecide, s.cfg.Name, m.CorrelationID, m.KeySeq, s.idle).
+		Scan(&ignore, &last, &lastID, &stored, &lowWater); err != nil {
+		return 0, fmt.Errorf("lock key %s: %w", m.CorrelationID, err)
+	}
+	if last == nil || !stored {
+		return 0, fmt.Errorf("stored %s/%d: key or message row vanished", m.CorrelationID, m.KeySeq)
+	}
+	m.keyLast = *last
+	if m.KeySeq <= m.keyLast {
+		_ = tx.Rollback(ctx)
+		return Duplicate, s.dropStored(ctx, m)
+	}
+	if !s.isNext(m) {
+		return 0, nil
+	}
+	if herr := runHandler(ctx, tx, &m.Message, h); herr != nil {
+		_ = tx.Rollback(ctx)
+		return s.retryLater(ctx, f, m, herr)
+	}
+	if err := s.advance(ctx, tx, f, &m.Message); err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("commit: %w", err)
+	}
+	return Handled, nil
+}
+
+// retryLater records a failed attempt of stored m, dead-lettering it when
+// it has had MaxAttempts.
+func (s *Store) retryLater(ctx context.Context, f Fence, m *storedMessage, herr error) (Outcome, error) {
+	m.lastError = herr.Error()
+	if m.attempts >= s.cfg.MaxAttempts {
+		return s.deadLetter(ctx, f, m)
+	}
+	backoff := s.cfg.backoff(m.attempts, rand.Float64()).Seconds()
+	tag, err := s.db.Exec(ctx, sqlFailed, s.cfg.Name, m.CorrelationID, m.KeySeq, m.lastError, backoff, f.Shard, f.Owner, f.Epoch)
+	if err != nil {
+		return 0, fmt.Errorf("record failure of %s/%d: %w", m.CorrelationID, m.KeySeq, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return 0, fmt.Errorf("record failure of %s/%d: %w", m.CorrelationID, m.KeySeq, ErrFenced)
+	}
+	return Retrying, nil
+}
+
+// deadLetter sends stored m to the dead-letter queue, then marks it dead:
+// its key waits until an operator retries or skips it.
+func (s *Store) deadLetter(ctx context.Context, f Fence, m *storedMessage) (Outcome, error) {
+	reason := fmt.Sprintf("%d attempts failed; last: %s", m.attempts, m.lastError)
+	if m.attempts > s.cfg.MaxAttempts {
+		reason = fmt.Sprintf("%d attempts started, none finished (a crashing handler?); last: %s", m.attempts-1, m.lastError)
+	}
+	if s.dead != nil {
+		if err := s.dead.DeadLetter(ctx, &m.Message, reason, m.attempts); err != nil {
+			return 0, fmt.Errorf("dead-letter %s/%d: %w", m.CorrelationID, m.KeySeq, err)
+		}
+	}
+	tag, err := s.db.Exec(ctx, sqlDead, s.cfg.Name, m.CorrelationID, m.KeySeq, reason, f.Shard, f.Owner, f.Epoch)
+	if err != nil {
+		return 0, fmt.Errorf("mark %s/%d dead: %w", m.CorrelationID, m.KeySeq, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return 0, fmt.Errorf("mark %s/%d dead: %w", m.CorrelationID, m.KeySeq, ErrFenced)
+	}
+	s.cfg.Logger.Warn("inbox: message dead-lettered; its key waits for an operator",
+		"key", m.CorrelationID, "key_seq", m.KeySeq, "message_id", m.ID, "reason", reason)
+	return DeadLettered, nil
+}
+
+func (s *Store) dropStored(ctx context.Context, m *storedMessage) error {
+	if _, err := s.db.Exec(ctx, sqlDeleteStored, s.cfg.Name, m.CorrelationID, m.KeySeq); err != nil {
+		return fmt.Errorf("drop stored duplicate %s/%d: %w", m.CorrelationID, m.KeySeq, err)
+	}
+	return nil
+}
+
+func (s *Store) keyHead(ctx context.Context, key string) (*storedMessage, error) {
+	rows, err := s.db.Query(ctx, sqlKeyHead, s.cfg.Name, key)
+	if err != nil {
+		return nil, fmt.Errorf("read stored head of %s: %w", key, err)
+	}
+	ms, err := pgx.CollectRows(rows, scanStored)
+	if err != nil {
+		return nil, fmt.Errorf("read stored head of %s: %w", key, err)
+	}
+	if len(ms) == 0 {
+		return nil, nil
+	}
+	return ms[0], nil
+}
+
+func scanStored(row pgx.CollectableRow) (*storedMessage, error) {
+	m := &storedMessage{}
+	var occurred *time.Time
+	var headers []byte
+	var next pgtype.Timestamptz
+	if err := row.Scan(&m.CorrelationID, &m.KeySeq, &m.PrevKeySeq, &m.Partition, &m.ID, &m.Type, &m.Exchange,
+		&m.RoutingKey, &occurred, &headers, &m.Body, &m.attempts, &m.lastError, &next, &m.due, &m.keyLast); err != nil {
+		return nil, err
+	}
+	if occurred != nil {
+		m.Timestamp = *occurred
+	}
+	_ = json.Unmarshal(headers, &m.Headers)
+	m.waiting = next.InfinityModifier == pgtype.Infinity
+	m.Redelivered = m.attempts > 0
+	return m, nil
+}
+
+func nullTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
