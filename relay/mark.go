@@ -83,6 +83,7 @@ func (r *Relay) markLoop(ctx context.Context) {
 		case <-ctx.Done():
 			stopping = true
 		case <-r.wakeMark:
+			r.gather(ctx)
 		}
 		wctx := ctx
 		if stopping {
@@ -106,6 +107,29 @@ func (r *Relay) markLoop(ctx context.Context) {
 		if stopping {
 			return
 		}
+	}
+}
+
+// markBatch and markLinger: a mark waits up to markLinger for markBatch
+// settlements to gather, so a hot key confirmed one message at a time is
+// not marked one UPDATE per message. Publishing does not wait for marks.
+const (
+	markBatch  = 64
+	markLinger = 2 * time.Millisecond
+)
+
+// gather waits up to markLinger while fewer than markBatch settlements are
+// queued.
+func (r *Relay) gather(ctx context.Context) {
+	deadline := time.Now().Add(markLinger)
+	for time.Now().Before(deadline) {
+		r.mu.Lock()
+		n := len(r.queue)
+		r.mu.Unlock()
+		if n >= markBatch || ctx.Err() != nil {
+			return
+		}
+		time.Sleep(markLinger / 4)
 	}
 }
 
