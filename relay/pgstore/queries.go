@@ -6,7 +6,11 @@ package pgstore
 // partition on outbox_pending_by_partition (partition, seq), and for each
 // row one equality probe of the unique (correlation_id, key_seq) index for
 // the row below it: the only sensible plans, generic or custom, with or
-// without statistics, and a cost that follows the rows returned.
+// without statistics, and a cost that follows the rows returned. The
+// probe's LIMIT 1 keeps it a subquery run per row: without it PostgreSQL
+// may turn it into a join, and with statistics of a hot key (one
+// correlation_id) it hashed the key's whole backlog on every read (77
+// msg/s draining one key of 20,000 rows after ANALYZE).
 const sqlReadPending = `
 SELECT o.id, o.partition, o.seq, o.correlation_id, o.key_seq, o.exchange, o.routing_key, o.type,
        o.payload, o.headers, o.occurred_at, o.attempts, o.parked_at IS NOT NULL,
@@ -23,6 +27,7 @@ LEFT JOIN LATERAL (
     SELECT d.processed_at IS NULL AS pending, d.dead_at IS NOT NULL AS dead
     FROM outbox AS d
     WHERE d.correlation_id = o.correlation_id AND d.key_seq = o.key_seq - 1
+    LIMIT 1
 ) AS prev ON true`
 
 // sqlPrevKeySeq walks down from key_seq $2 - 1 over the key's dead rows
