@@ -52,6 +52,15 @@ type Config struct {
 	// PProf serves net/http/pprof under /debug/pprof/ on the HTTP address.
 	PProf bool
 
+	// DegradedAfter is the oldest pending age, in the partitions the node
+	// holds, above which /readyz and /status call the node degraded (still
+	// ready); 0 turns the check off.
+	DegradedAfter time.Duration
+	// BacklogInterval is how often the backlog snapshot (every partition's
+	// pending and parked counts and oldest age, for /status and /metrics)
+	// is refreshed: one bounded query per interval.
+	BacklogInterval time.Duration
+
 	// GossipAddr is the host:port gossip listens on; empty runs the node
 	// alone (it wants every partition) without gossip.
 	GossipAddr string
@@ -91,6 +100,9 @@ func DefaultConfig() Config {
 		ConfirmTimeout: 30 * time.Second,
 		RejoinInterval: 10 * time.Second,
 
+		DegradedAfter:   10 * time.Second,
+		BacklogInterval: time.Second,
+
 		RetentionAge:      24 * time.Hour,
 		RetentionInterval: time.Minute,
 		RetentionChunk:    1000,
@@ -106,6 +118,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("db-max-conns %d: need at least 3 (reads, marks, status)", c.DBMaxConns)
 	case c.LeaseTTL < 300*time.Millisecond:
 		return fmt.Errorf("lease-ttl %v is too short (at least 300ms)", c.LeaseTTL)
+	case c.BacklogInterval < 100*time.Millisecond:
+		return fmt.Errorf("backlog-interval %v is too short (at least 100ms)", c.BacklogInterval)
+	case c.DegradedAfter < 0:
+		return fmt.Errorf("degraded-after %v is negative", c.DegradedAfter)
 	case c.GossipAddr == "" && len(c.Join) > 0:
 		return errors.New("join addresses need a gossip address (-gossip-addr)")
 	}
