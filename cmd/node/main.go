@@ -5,6 +5,7 @@
 //
 //	node [flags]                           run a node
 //	node status [-http ADDR]               print a node's view of the cluster
+//	node health [-http ADDR] [-path P]     exit 0 when P (/readyz) answers 200
 //	node parked [-http ADDR]               list parked messages
 //	node retry  [-http ADDR] ID | -key K   retry a parked message
 //	node skip   [-http ADDR] ID            skip (kill) a parked message
@@ -140,6 +141,8 @@ func main() {
 		switch os.Args[1] {
 		case "status":
 			os.Exit(statusMain(os.Args[2:], os.LookupEnv, os.Stdout, os.Stderr))
+		case "health":
+			os.Exit(healthMain(os.Args[2:], os.LookupEnv, os.Stdout, os.Stderr))
 		case "parked", "retry", "skip", "purge", "gossip-key", "fill-gap":
 			os.Exit(adminMain(os.Args[1], os.Args[2:], os.LookupEnv, os.Stdout, os.Stderr))
 		}

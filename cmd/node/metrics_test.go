@@ -207,7 +207,7 @@ func TestMetricsDocumented(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	re := regexp.MustCompile("`(ordo_[a-z0-9_]+)`")
+	re := regexp.MustCompile("(?m)^\\| `(ordo_[a-z0-9_]+)` \\|")
 	var documented []string
 	for _, m := range re.FindAllStringSubmatch(string(doc), -1) {
 		if !strings.HasSuffix(m[1], "_bucket") && !slices.Contains(documented, m[1]) {
