@@ -17,12 +17,13 @@ function el(tag, attrs, ...children) {
   return e;
 }
 
-// colour gives each owner a stable hue.
+// colour gives each owner a stable hue; the golden angle keeps names that
+// differ in one character (n1, n2, n3) far apart on the wheel.
 function colour(name) {
   if (!name) return "";
   let h = 0;
-  for (const ch of name) h = (h * 31 + ch.charCodeAt(0)) % 360;
-  return `hsl(${h} 70% 72%)`;
+  for (const ch of name) h = (h * 31 + ch.charCodeAt(0)) >>> 0;
+  return `hsl(${Math.round((h * 137.508) % 360)} 70% 72%)`;
 }
 
 function fmt(n, digits) { return Number(n).toLocaleString(undefined, { maximumFractionDigits: digits ?? 0 }); }
