@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -23,7 +24,7 @@ import (
 // Config is everything a node is configured with.
 type Config struct {
 	PostgresURL    string        // outbox database
-	AMQPURL        string        // broker
+	AMQPURL        string        // broker, or a comma-separated list of broker nodes tried in turn
 	NodeName       string        // lease owner and gossip name; stable across restarts
 	HTTPAddr       string        // /healthz, /readyz, /status
 	Partitions     int           // P; must match the installed count
@@ -131,9 +132,11 @@ func (c Config) Validate() error {
 	if c.AMQPURL == "" {
 		return errors.New("amqp-url is empty")
 	}
-	if _, err := amqp.ParseURI(c.AMQPURL); err != nil {
-		// The parse error quotes the whole URL, password included.
-		return fmt.Errorf("amqp-url %s does not parse: percent-encode reserved characters (@ : / ? # %%) in the user name and password", redact.URL(c.AMQPURL))
+	for _, u := range strings.Split(c.AMQPURL, ",") {
+		if _, err := amqp.ParseURI(strings.TrimSpace(u)); err != nil {
+			// The parse error quotes the whole URL, password included.
+			return fmt.Errorf("amqp-url %s does not parse: percent-encode reserved characters (@ : / ? # %%) in the user name and password", redact.URL(u))
+		}
 	}
 	rc := c.relay(nil)
 	return rc.Validate()

@@ -48,10 +48,13 @@ func newHTTPServer(handler http.Handler, pprof bool, logger *slog.Logger) *http.
 
 // Status is the /status document.
 type Status struct {
-	Node       string              `json:"node"`
-	Partitions int                 `json:"partitionCount"`
-	Held       []int               `json:"held"`
-	Broker     bool                `json:"brokerConnected"`
+	Node       string `json:"node"`
+	Partitions int    `json:"partitionCount"`
+	Held       []int  `json:"held"`
+	Broker     bool   `json:"brokerConnected"`
+	// BrokerURL is the broker of the current or last connection, its
+	// password masked (one of -amqp-url's list).
+	BrokerURL  string              `json:"brokerURL"`
 	Relay      relay.Stats         `json:"relay"`
 	Members    []membership.Member `json:"members"`
 	Assignment []string            `json:"assignment"` // this node's view: owner by partition
@@ -143,7 +146,7 @@ func (v *view) status(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, Status{
 		Node: v.cfg.NodeName, Partitions: v.cfg.Partitions, Held: held,
-		Broker: v.pub.Connected(), Relay: v.relay.Stats(), Members: v.memberList(), Assignment: v.assignment(),
+		Broker: v.pub.Connected(), BrokerURL: v.pub.URL(), Relay: v.relay.Stats(), Members: v.memberList(), Assignment: v.assignment(),
 		Leases: snap.Partitions, BacklogAgeSeconds: now.Sub(snap.Taken).Seconds(),
 		Degradation: v.degradation(), History: v.backlog.History(),
 	})
