@@ -27,7 +27,7 @@ const (
 )
 
 // sqlBacklog is one row per partition: its lease and its backlog. Every
-// part is a bounded probe of one partial index (outbox_pending_partition_seq,
+// part is a bounded probe of one partial index (outbox_pending_by_partition,
 // outbox_parked), so its cost is O(partitions), whatever the backlog.
 var sqlBacklog = strings.NewReplacer("$sample", strconv.Itoa(BacklogSampleRows), "$parkedcap", strconv.Itoa(BacklogParkedCap)).Replace(`
 SELECT l.partition, coalesce(l.owner, ''), l.epoch, nullif(l.expires_at, '-infinity'),
