@@ -129,14 +129,16 @@ func (v *view) readyz(w http.ResponseWriter, r *http.Request) {
 }
 
 // status answers the /status document from the backlog snapshot; 503 when
-// the snapshot is stale (the database has not answered for a while).
+// the database does not answer a ping (O(1); the snapshot may be a few
+// seconds old) or the snapshot is stale.
 func (v *view) status(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	perr := v.pool.Ping(ctx)
 	snap := v.backlog.Snapshot()
 	now := time.Now()
-	if !snap.Fresh(now, v.backlogMaxAge()) {
-		if snap.Err != nil {
-			v.logger.Debug("status: backlog snapshot is stale", "err", snap.Err)
-		}
+	if perr != nil || !snap.Fresh(now, v.backlogMaxAge()) {
+		v.logger.Debug("status: database unavailable", "ping", perr, "backlog", snap.Err)
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "database unavailable"})
 		return
 	}
