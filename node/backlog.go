@@ -21,7 +21,7 @@ const (
 	// BacklogSampleRows is how many pending rows of one partition a
 	// snapshot counts at most. A partition with more is estimated from the
 	// seq density of those rows (see estimatePending).
-	BacklogSampleRows = 1000
+	BacklogSampleRows = 256
 	// BacklogParkedCap is the most parked rows counted per partition.
 	BacklogParkedCap = 10000
 )
