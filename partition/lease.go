@@ -117,13 +117,6 @@ func (l *Leaser) Stats() LeaserStats {
 	return l.stats
 }
 
-// Held returns how many leases the node holds, handoffs included.
-func (l *Leaser) Held() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.leases)
-}
-
 // Handoff is one partition given back because it is no longer wanted.
 type Handoff struct {
 	Partition int
