@@ -20,6 +20,7 @@ const OperatorHeader = "X-Ordo-Operator"
 //	GET  /admin/parked[?limit=N]        parked messages
 //	POST /admin/messages/{id}/retry     retry one parked message
 //	POST /admin/keys/{key}/retry        retry the parked message of a key
+//	POST /admin/retry                   bulk retry: {"errorContains": "...", "keyPrefix": "..."}
 //	POST /admin/messages/{id}/skip      skip (kill) one parked message
 //	POST /admin/purge                   delete purgeable dead rows
 //	GET  /admin/gaps[?limit=N]          key_seq gaps (see Gap)
@@ -36,6 +37,7 @@ func Handler(store *Store, token string, logger *slog.Logger) http.Handler {
 	mux.HandleFunc("GET /admin/parked", h.auth(h.parked))
 	mux.HandleFunc("POST /admin/messages/{id}/retry", h.auth(h.retry))
 	mux.HandleFunc("POST /admin/keys/{key}/retry", h.auth(h.retryKey))
+	mux.HandleFunc("POST /admin/retry", h.auth(h.retryBulk))
 	mux.HandleFunc("POST /admin/messages/{id}/skip", h.auth(h.skip))
 	mux.HandleFunc("POST /admin/purge", h.auth(h.purge))
 	mux.HandleFunc("GET /admin/gaps", h.auth(h.gaps))

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -23,7 +24,7 @@ import (
 // Config is everything a node is configured with.
 type Config struct {
 	PostgresURL    string        // outbox database
-	AMQPURL        string        // broker
+	AMQPURL        string        // broker, or a comma-separated list of broker nodes tried in turn
 	NodeName       string        // lease owner and gossip name; stable across restarts
 	HTTPAddr       string        // /healthz, /readyz, /status
 	Partitions     int           // P; must match the installed count
@@ -51,6 +52,15 @@ type Config struct {
 	AdminToken string
 	// PProf serves net/http/pprof under /debug/pprof/ on the HTTP address.
 	PProf bool
+
+	// DegradedAfter is the oldest pending age, in the partitions the node
+	// holds, above which /readyz and /status call the node degraded (still
+	// ready); 0 turns the check off.
+	DegradedAfter time.Duration
+	// BacklogInterval is how often the backlog snapshot (every partition's
+	// pending and parked counts and oldest age, for /status and /metrics)
+	// is refreshed: one bounded query per interval.
+	BacklogInterval time.Duration
 
 	// GossipAddr is the host:port gossip listens on; empty runs the node
 	// alone (it wants every partition) without gossip.
@@ -91,6 +101,9 @@ func DefaultConfig() Config {
 		ConfirmTimeout: 30 * time.Second,
 		RejoinInterval: 10 * time.Second,
 
+		DegradedAfter:   10 * time.Second,
+		BacklogInterval: time.Second,
+
 		RetentionAge:      24 * time.Hour,
 		RetentionInterval: time.Minute,
 		RetentionChunk:    1000,
@@ -106,6 +119,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("db-max-conns %d: need at least 3 (reads, marks, status)", c.DBMaxConns)
 	case c.LeaseTTL < 300*time.Millisecond:
 		return fmt.Errorf("lease-ttl %v is too short (at least 300ms)", c.LeaseTTL)
+	case c.BacklogInterval < 100*time.Millisecond:
+		return fmt.Errorf("backlog-interval %v is too short (at least 100ms)", c.BacklogInterval)
+	case c.DegradedAfter < 0:
+		return fmt.Errorf("degraded-after %v is negative", c.DegradedAfter)
 	case c.GossipAddr == "" && len(c.Join) > 0:
 		return errors.New("join addresses need a gossip address (-gossip-addr)")
 	}
@@ -115,9 +132,11 @@ func (c Config) Validate() error {
 	if c.AMQPURL == "" {
 		return errors.New("amqp-url is empty")
 	}
-	if _, err := amqp.ParseURI(c.AMQPURL); err != nil {
-		// The parse error quotes the whole URL, password included.
-		return fmt.Errorf("amqp-url %s does not parse: percent-encode reserved characters (@ : / ? # %%) in the user name and password", redact.URL(c.AMQPURL))
+	for _, u := range strings.Split(c.AMQPURL, ",") {
+		if _, err := amqp.ParseURI(strings.TrimSpace(u)); err != nil {
+			// The parse error quotes the whole URL, password included.
+			return fmt.Errorf("amqp-url %s does not parse: percent-encode reserved characters (@ : / ? # %%) in the user name and password", redact.URL(u))
+		}
 	}
 	rc := c.relay(nil)
 	return rc.Validate()

@@ -7,16 +7,11 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/pprof"
-	"slices"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ordo-relay/ordo/admin"
 	"github.com/ordo-relay/ordo/membership"
-	"github.com/ordo-relay/ordo/partition"
 	"github.com/ordo-relay/ordo/relay"
-	"github.com/ordo-relay/ordo/relay/rabbitmq"
 )
 
 // Limits of the node's HTTP server. Its requests are small JSON documents
@@ -53,95 +48,110 @@ func newHTTPServer(handler http.Handler, pprof bool, logger *slog.Logger) *http.
 
 // Status is the /status document.
 type Status struct {
-	Node       string              `json:"node"`
-	Partitions int                 `json:"partitionCount"`
-	Held       []int               `json:"held"`
-	Broker     bool                `json:"brokerConnected"`
+	Node       string `json:"node"`
+	Partitions int    `json:"partitionCount"`
+	Held       []int  `json:"held"`
+	Broker     bool   `json:"brokerConnected"`
+	// BrokerURL is the broker of the current or last connection, its
+	// password masked (one of -amqp-url's list).
+	BrokerURL  string              `json:"brokerURL"`
 	Relay      relay.Stats         `json:"relay"`
 	Members    []membership.Member `json:"members"`
 	Assignment []string            `json:"assignment"` // this node's view: owner by partition
-	Leases     []PartitionStatus   `json:"partitions"` // what the database says
+	Leases     []PartitionStatus   `json:"partitions"` // what the database says, from the backlog snapshot
+	// BacklogAgeSeconds is how old the partitions' snapshot is.
+	BacklogAgeSeconds float64     `json:"backlogAgeSeconds"`
+	Degradation       Degradation `json:"degradation"`
+	// History is the cluster's throughput and lag over the last minutes,
+	// one sample per backlog refresh, oldest first.
+	History []Sample `json:"history,omitempty"`
 }
 
-func newHTTP(cfg Config, pool *pgxpool.Pool, pub *rabbitmq.Publisher, leaser *partition.Leaser,
-	members *membership.Membership, rl *relay.Relay, logger *slog.Logger) http.Handler {
-	alive := func() []string {
-		if members == nil {
-			return []string{cfg.NodeName}
-		}
-		return members.Alive()
-	}
+func newHTTP(v *view, pm *publishMetrics) http.Handler {
+	cfg, logger := v.cfg, v.logger
 	mux := http.NewServeMux()
-	mux.Handle("/admin/", admin.Handler(admin.NewStore(pool), cfg.AdminToken, logger))
+	mux.Handle("/admin/", admin.Handler(admin.NewStore(v.pool), cfg.AdminToken, logger))
 	mux.HandleFunc("POST /admin/gossip-key", admin.Guard(cfg.AdminToken, func(w http.ResponseWriter, r *http.Request, who admin.Actor) {
-		gossipKey(w, r, who, members, logger)
+		gossipKey(w, r, who, v.members, logger)
 	}))
 	if cfg.PProf {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
+	mux.Handle("GET /metrics", newMetricsHandler(v, pm))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
-		problems := []string{}
-		if err := pool.Ping(ctx); err != nil {
-			// The error names hosts, users and databases: log it, do not
-			// answer it.
-			logger.Debug("readyz: database unreachable", "err", err)
-			problems = append(problems, "database unreachable")
-		}
-		if !pub.Connected() {
-			problems = append(problems, "broker not connected")
-		}
-		held := 0
-		now := time.Now()
-		for _, l := range leaser.Leases() {
-			if l.Valid(now) {
-				held++
-			}
-		}
-		a, _ := partition.Assign(alive(), cfg.Partitions)
-		wanted := len(a.Owned(cfg.NodeName))
-		if held < wanted {
-			problems = append(problems, "not every assigned partition's lease is held yet")
-		}
-		if len(problems) > 0 {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"ready": false, "problems": problems, "held": held, "assigned": wanted})
-			return
-		}
-		writeJSON(w, http.StatusOK, map[string]any{"ready": true, "held": held, "assigned": wanted})
-	})
-	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
-		defer cancel()
-		leases, err := partitionStatus(ctx, pool)
-		if err != nil {
-			logger.Warn("status", "err", err)
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "database unavailable"})
-			return
-		}
-		held := []int{}
-		for p := range leaser.Leases() {
-			held = append(held, p)
-		}
-		slices.Sort(held)
-		var ms []membership.Member
-		if members != nil {
-			ms = members.Members()
-		} else {
-			ms = []membership.Member{{Name: cfg.NodeName, State: "alive"}}
-		}
-		a, _ := partition.Assign(alive(), cfg.Partitions)
-		writeJSON(w, http.StatusOK, Status{
-			Node: cfg.NodeName, Partitions: cfg.Partitions, Held: held,
-			Broker: pub.Connected(), Relay: rl.Stats(), Members: ms, Assignment: a, Leases: leases,
-		})
-	})
+	mux.HandleFunc("GET /readyz", v.readyz)
+	mux.HandleFunc("GET /status", v.status)
+	mountPage(mux)
 	return mux
+}
+
+// Readiness is the /readyz document.
+type Readiness struct {
+	Ready    bool     `json:"ready"`
+	Problems []string `json:"problems,omitempty"`
+	Held     int      `json:"held"`
+	Assigned int      `json:"assigned"`
+	Degradation
+}
+
+// readyz answers 200 when the database and the broker are reachable and
+// the node holds every partition assigned to it, else 503. A degraded node
+// is still ready; the body says why it is degraded.
+func (v *view) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	rd := Readiness{Problems: []string{}}
+	if err := v.pool.Ping(ctx); err != nil {
+		// The error names hosts, users and databases: log it, do not
+		// answer it.
+		v.logger.Debug("readyz: database unreachable", "err", err)
+		rd.Problems = append(rd.Problems, "database unreachable")
+	}
+	if !v.pub.Connected() {
+		rd.Problems = append(rd.Problems, "broker not connected")
+	}
+	rd.Held = len(v.held())
+	rd.Assigned = len(v.assignment().Owned(v.cfg.NodeName))
+	if rd.Held < rd.Assigned {
+		rd.Problems = append(rd.Problems, "not every assigned partition's lease is held yet")
+	}
+	rd.Degradation = v.degradation()
+	rd.Ready = len(rd.Problems) == 0
+	code := http.StatusOK
+	if !rd.Ready {
+		code = http.StatusServiceUnavailable
+	}
+	writeJSON(w, code, rd)
+}
+
+// status answers the /status document from the backlog snapshot; 503 when
+// the database does not answer a ping (O(1); the snapshot may be a few
+// seconds old) or the snapshot is stale.
+func (v *view) status(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	perr := v.pool.Ping(ctx)
+	snap := v.backlog.Snapshot()
+	now := time.Now()
+	if perr != nil || !snap.Fresh(now, v.backlogMaxAge()) {
+		v.logger.Debug("status: database unavailable", "ping", perr, "backlog", snap.Err)
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "database unavailable"})
+		return
+	}
+	held := v.held()
+	if held == nil {
+		held = []int{}
+	}
+	writeJSON(w, http.StatusOK, Status{
+		Node: v.cfg.NodeName, Partitions: v.cfg.Partitions, Held: held,
+		Broker: v.pub.Connected(), BrokerURL: v.pub.URL(), Relay: v.relay.Stats(), Members: v.memberList(), Assignment: v.assignment(),
+		Leases: snap.Partitions, BacklogAgeSeconds: now.Sub(snap.Taken).Seconds(),
+		Degradation: v.degradation(), History: v.backlog.History(),
+	})
 }
 
 // gossipKey applies one gossip key rotation step on this node:

@@ -119,6 +119,8 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 	if opts.WrapPublisher != nil {
 		pub = opts.WrapPublisher(pub)
 	}
+	pm := newPublishMetrics()
+	pub = observedPublisher{Publisher: pub, m: pm}
 	store := pgstore.New(pool, logger)
 	r, err := relay.New(cfg.relay(logger), store, pub, leaser)
 	if err != nil {
@@ -132,7 +134,9 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("http-addr: %w", err)
 	}
-	srv := newHTTPServer(newHTTP(cfg, pool, amqpPub, leaser, members, r, logger), cfg.PProf, logger)
+	backlog := NewBacklog(pool, cfg.BacklogInterval, logger)
+	v := &view{cfg: cfg, pool: pool, pub: amqpPub, leaser: leaser, members: members, relay: r, backlog: backlog, logger: logger}
+	srv := newHTTPServer(newHTTP(v, pm), cfg.PProf, logger)
 
 	// Background services outlive the relay: they stop only after it has
 	// settled, so nothing is published under a released lease.
@@ -144,6 +148,7 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 	defer stopGossip()
 	var bg errgroup.Group
 	bg.Go(func() error { return amqpPub.Run(bgCtx) })
+	bg.Go(func() error { return backlog.Run(bgCtx) })
 	bg.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("http: %w", err)

@@ -1,54 +1,26 @@
 package node
 
-import (
-	"context"
-	"fmt"
-	"time"
+import "time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-)
-
-// PartitionStatus is one partition's lease and backlog, for /status.
+// PartitionStatus is one partition's lease and backlog, for /status, the
+// cluster page and /metrics. It comes from the node's backlog snapshot
+// (see Backlog), so it is at most a refresh interval old.
 type PartitionStatus struct {
 	Partition int        `json:"partition"`
 	Owner     string     `json:"owner"`
 	Epoch     int64      `json:"epoch"`
 	Expires   *time.Time `json:"leaseExpires,omitempty"` // nil when free
-	Pending   int64      `json:"pending"`
-	// OldestPendingSeconds is the age of the oldest pending row; 0 when
-	// nothing is pending.
+	// LeaseLive reports whether a node holds an unexpired lease on the
+	// partition, by the database's clock.
+	LeaseLive bool `json:"leaseLive"`
+	// Pending counts rows not yet processed, parked rows included. It is
+	// exact up to BacklogSampleRows; above that it is an estimate and
+	// PendingEstimated is true.
+	Pending          int64 `json:"pending"`
+	PendingEstimated bool  `json:"pendingEstimated,omitempty"`
+	// Parked counts parked rows (at most BacklogParkedCap).
+	Parked int64 `json:"parked"`
+	// OldestPendingSeconds is the age of the oldest pending row that is
+	// not parked; 0 when there is none.
 	OldestPendingSeconds float64 `json:"oldestPendingSeconds"`
-}
-
-// sqlPartitionStatus is one row per partition: its lease and its backlog.
-const sqlPartitionStatus = `
-SELECT l.partition, coalesce(l.owner, ''), l.epoch, nullif(l.expires_at, '-infinity'),
-       coalesce(p.pending, 0), extract(epoch FROM clock_timestamp() - p.oldest)::float8
-FROM ordo_leases AS l
-LEFT JOIN (
-    SELECT partition, count(*) AS pending, min(occurred_at) AS oldest
-    FROM outbox WHERE processed_at IS NULL GROUP BY partition
-) AS p ON p.partition = l.partition
-ORDER BY l.partition`
-
-// partitionStatus returns every partition's lease and backlog.
-func partitionStatus(ctx context.Context, pool *pgxpool.Pool) ([]PartitionStatus, error) {
-	rows, err := pool.Query(ctx, sqlPartitionStatus)
-	if err != nil {
-		return nil, fmt.Errorf("partition status: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (PartitionStatus, error) {
-		var x PartitionStatus
-		var age *float64
-		err := r.Scan(&x.Partition, &x.Owner, &x.Epoch, &x.Expires, &x.Pending, &age)
-		if age != nil {
-			x.OldestPendingSeconds = *age
-		}
-		return x, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("partition status: %w", err)
-	}
-	return out, nil
 }

@@ -86,11 +86,35 @@ type Leaser struct {
 	changed chan struct{}
 
 	lastRenew time.Time // owned by Run
+	lastWant  []int     // owned by Run: the wanted set of the previous tick
 
 	mu       sync.Mutex
 	leases   map[int]Lease
 	revoking map[int]time.Time // held, no longer wanted: draining since
 	handoffs []Handoff
+	stats    LeaserStats
+}
+
+// LeaserStats are a Leaser's running totals since it started.
+type LeaserStats struct {
+	// Claims counts leases claimed (each partition once per claim).
+	Claims int64
+	// RenewalFailures counts renewal rounds that failed (the database did
+	// not answer); Losses counts leases a renewal found held by another
+	// node or epoch.
+	RenewalFailures, Losses int64
+	// Handoffs counts leases released because they were no longer wanted;
+	// HandoffTimeouts those released before their partition drained.
+	Handoffs, HandoffTimeouts int64
+	// Rebalances counts changes of the wanted set (the assignment).
+	Rebalances int64
+}
+
+// Stats returns the running totals. Safe for concurrent use.
+func (l *Leaser) Stats() LeaserStats {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.stats
 }
 
 // Handoff is one partition given back because it is no longer wanted.
@@ -239,6 +263,17 @@ func (l *Leaser) tick(ctx context.Context, conn *pgx.Conn) (busy bool, err error
 	qctx, cancel := context.WithTimeout(ctx, max(l.cfg.RenewEvery, l.cfg.TTL/2))
 	defer cancel()
 	want := l.cfg.Want()
+	if !slices.Equal(want, l.lastWant) {
+		if l.lastWant != nil {
+			l.mu.Lock()
+			l.stats.Rebalances++
+			l.mu.Unlock()
+		}
+		l.lastWant = slices.Clone(want)
+		if l.lastWant == nil {
+			l.lastWant = []int{}
+		}
+	}
 	wantSet := make(map[int]bool, len(want))
 	for _, p := range want {
 		wantSet[p] = true
@@ -288,6 +323,12 @@ func (l *Leaser) tick(ctx context.Context, conn *pgx.Conn) (busy bool, err error
 			delete(l.revoking, x.Partition)
 		}
 		l.handoffs = append(l.handoffs, done...)
+		l.stats.Handoffs += int64(len(done))
+		for _, h := range done {
+			if !h.Drained {
+				l.stats.HandoffTimeouts++
+			}
+		}
 		l.mu.Unlock()
 		for _, h := range done {
 			if !h.Drained {
@@ -331,10 +372,12 @@ func (l *Leaser) renew(ctx context.Context, conn *pgx.Conn) error {
 	}
 	rows, err := conn.Query(ctx, sqlRenew, l.cfg.Node, l.cfg.TTL.Seconds(), parts, epochs)
 	if err != nil {
+		l.renewalFailed()
 		return fmt.Errorf("renew leases: %w", err)
 	}
 	renewed, err := pgx.CollectRows(rows, pgx.RowTo[int32])
 	if err != nil {
+		l.renewalFailed()
 		return fmt.Errorf("renew leases: %w", err)
 	}
 	l.lastRenew = sent
@@ -356,6 +399,7 @@ func (l *Leaser) renew(ctx context.Context, conn *pgx.Conn) error {
 			lostEpochs = append(lostEpochs, x.Epoch)
 		}
 	}
+	l.stats.Losses += int64(len(lostParts))
 	l.mu.Unlock()
 	if len(lostParts) == 0 {
 		return nil
@@ -367,6 +411,12 @@ func (l *Leaser) renew(ctx context.Context, conn *pgx.Conn) error {
 		return fmt.Errorf("audit lost leases: %w", err)
 	}
 	return nil
+}
+
+func (l *Leaser) renewalFailed() {
+	l.mu.Lock()
+	l.stats.RenewalFailures++
+	l.mu.Unlock()
 }
 
 // claim takes what it can of parts and returns how many it got.
@@ -388,6 +438,7 @@ func (l *Leaser) claim(ctx context.Context, conn *pgx.Conn, parts []int32) (int,
 		return 0, nil
 	}
 	l.mu.Lock()
+	l.stats.Claims += int64(len(got))
 	ps := make([]int, 0, len(got))
 	for _, c := range got {
 		l.leases[int(c.Partition)] = Lease{Partition: int(c.Partition), Epoch: c.Epoch, Deadline: sent.Add(l.cfg.TTL - l.cfg.Margin)}

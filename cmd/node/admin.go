@@ -27,9 +27,11 @@ func adminMain(cmd string, args []string, lookup func(string) (string, bool), st
 	token := fs.String("admin-token", "", "the node's admin bearer token")
 	op := fs.String("operator", currentUser(), "your name, recorded with the action")
 	key := fs.String("key", "", "retry: the correlation id whose parked message to retry (instead of an id)")
+	errSub := fs.String("error", "", "retry: every parked message whose last error contains this (bulk)")
+	prefix := fs.String("key-prefix", "", "retry: every parked message whose correlation id starts with this (bulk; with -error, both must match)")
 	usage := map[string]string{
 		"parked": "usage: node parked [flags]\n\nLists parked messages with their error and what waits behind each.",
-		"retry":  "usage: node retry [flags] MESSAGE-ID\n       node retry [flags] -key CORRELATION-ID\n\nPuts a parked message back at the head of its key.",
+		"retry":  "usage: node retry [flags] MESSAGE-ID\n       node retry [flags] -key CORRELATION-ID\n       node retry [flags] [-error SUBSTRING] [-key-prefix PREFIX]\n\nPuts parked messages back at the head of their key.",
 		"skip":   "usage: node skip [flags] MESSAGE-ID\n\nMarks a parked message dead: it is never published and its key goes on.",
 		"purge":  "usage: node purge [flags]\n\nDeletes dead rows no longer needed to compute x-ordo-prev-key-seq.",
 		"fill-gap": "usage: node fill-gap [flags] CORRELATION-ID KEY-SEQ\n\nPuts a dead placeholder row in a key_seq gap (listed by node parked),\n" +
@@ -66,13 +68,17 @@ func adminMain(cmd string, args []string, lookup func(string) (string, bool), st
 	case "purge":
 		method, path = http.MethodPost, "/admin/purge"
 	case "retry", "skip":
+		bulk := *errSub != "" || *prefix != ""
 		switch {
-		case cmd == "retry" && *key != "" && fs.NArg() == 0:
+		case cmd == "retry" && bulk && *key == "" && fs.NArg() == 0:
+			b, _ := json.Marshal(admin.Filter{ErrorContains: *errSub, KeyPrefix: *prefix})
+			method, path, body = http.MethodPost, "/admin/retry", bytes.NewReader(b)
+		case cmd == "retry" && *key != "" && fs.NArg() == 0 && !bulk:
 			method, path = http.MethodPost, "/admin/keys/"+url.PathEscape(*key)+"/retry"
-		case fs.NArg() == 1 && *key == "":
+		case fs.NArg() == 1 && *key == "" && !bulk:
 			method, path = http.MethodPost, "/admin/messages/"+url.PathEscape(fs.Arg(0))+"/"+cmd
 		default:
-			fmt.Fprintf(stderr, "node %s: give exactly one message id%s\n", cmd, map[bool]string{true: " or -key", false: ""}[cmd == "retry"])
+			fmt.Fprintf(stderr, "node %s: give exactly one message id%s\n", cmd, map[bool]string{true: ", or -key, or -error and/or -key-prefix", false: ""}[cmd == "retry"])
 			return 2
 		}
 	}

@@ -190,3 +190,53 @@ func TestFillGapEndToEnd(t *testing.T) {
 			d.MessageID, d.KeySeq, d.PrevKeySeq, d.HasPrevKeySeq, behind[1])
 	}
 }
+
+// TestBulkRetry: node retry -error and -key-prefix retry every parked
+// message they select, and only those.
+func TestBulkRetry(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	lonely := testkit.NewExchange(t)
+	for _, key := range []string{"bulk-a1", "bulk-a2", "other"} {
+		f.enqueueTo(t, lonely, key, "nowhere.bound", 1)
+	}
+	_, base := f.start(t, "bulk-node", "ORDO_ADMIN_TOKEN=s3cret", "ORDO_MAX_ATTEMPTS=1", "ORDO_RETRY_MIN=10ms", "ORDO_RETRY_MAX=50ms")
+	addr := strings.TrimPrefix(base, "http://")
+	env := map[string]string{"ORDO_ADMIN_TOKEN": "s3cret"}
+	waitParked(t, f, 3)
+
+	if code, _, errOut := runAdmin(t, env, "retry", "-http", addr, "-key", "x", "-error", "NO_ROUTE"); code != 2 {
+		t.Errorf("-key with -error: exit %d (%s), want 2", code, errOut)
+	}
+	code, out, errOut := runAdmin(t, env, "retry", "-http", addr, "-error", "NO_ROUTE", "-key-prefix", "bulk-a")
+	if code != 0 || !strings.Contains(out, `"retried": 2`) {
+		t.Fatalf("bulk retry: exit %d, out %q, err %q; want 2 retried", code, out, errOut)
+	}
+	code, out, _ = runAdmin(t, env, "retry", "-http", addr, "-error", "no such error anywhere")
+	if code != 0 || !strings.Contains(out, `"retried": 0`) {
+		t.Fatalf("bulk retry matching nothing: exit %d, out %q", code, out)
+	}
+	var result string
+	if err := f.pool.QueryRow(ctx30(t), `SELECT result FROM ordo_operator_audit WHERE action = 'retry-bulk' ORDER BY id LIMIT 1`).Scan(&result); err != nil || result != "retried 2" {
+		t.Fatalf("audit of the bulk retry: %q (%v)", result, err)
+	}
+}
+
+// waitParked waits until n messages are parked.
+func waitParked(t *testing.T, f *fixture, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var got int
+		if err := f.pool.QueryRow(ctx30(t), `SELECT count(*) FROM outbox WHERE parked_at IS NOT NULL AND processed_at IS NULL`).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d parked after 30 s, want %d", got, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

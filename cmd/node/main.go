@@ -5,6 +5,7 @@
 //
 //	node [flags]                           run a node
 //	node status [-http ADDR]               print a node's view of the cluster
+//	node health [-http ADDR] [-path P]     exit 0 when P (/readyz) answers 200
 //	node parked [-http ADDR]               list parked messages
 //	node retry  [-http ADDR] ID | -key K   retry a parked message
 //	node skip   [-http ADDR] ID            skip (kill) a parked message
@@ -34,6 +35,9 @@ import (
 type options struct {
 	node.Config
 	LogLevel slog.Level
+	// LogFormat is json, text, or auto (json unless stderr, where logs go,
+	// is a terminal).
+	LogFormat string
 	// GossipInsecure lets the node gossip without encryption (no
 	// -gossip-key); it is logged as a warning at every start.
 	GossipInsecure bool
@@ -98,7 +102,10 @@ func parseConfig(args []string, lookup func(string) (string, bool), out io.Write
 	keys := fs.String("gossip-key", "", "comma-separated base64 gossip encryption keys (16, 24 or 32 bytes); the first encrypts, all decrypt; required with -gossip-addr unless -gossip-insecure")
 	fs.BoolVar(&o.GossipInsecure, "gossip-insecure", false, "allow -gossip-addr without -gossip-key: gossip unencrypted (logged as a warning at every start)")
 	fs.DurationVar(&c.RejoinInterval, "rejoin-interval", c.RejoinInterval, "how often to join the seeds again (heals splits)")
+	fs.DurationVar(&c.DegradedAfter, "degraded-after", c.DegradedAfter, "oldest pending age in this node's partitions above which /readyz and /status say degraded (0: off)")
+	fs.DurationVar(&c.BacklogInterval, "backlog-interval", c.BacklogInterval, "how often the backlog of every partition is read for /status and /metrics (one bounded query)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&o.LogFormat, "log-format", "auto", "json, text, or auto: json unless stderr is a terminal")
 	fs.Usage = envflag.Usage(fs, "ORDO", "usage: node [flags]\n       node status|parked|retry|skip|purge|fill-gap|gossip-key -h\n\nRuns one Ordo relay node.")
 	if err := envflag.Parse(fs, "ORDO", args, lookup); err != nil {
 		return o, err
@@ -120,6 +127,9 @@ func parseConfig(args []string, lookup func(string) (string, bool), out io.Write
 	if err := o.LogLevel.UnmarshalText([]byte(*level)); err != nil {
 		return o, fmt.Errorf("log-level %q: %w", *level, err)
 	}
+	if err := checkLogFormat(o.LogFormat); err != nil {
+		return o, err
+	}
 	if err := o.checkGossipSecurity(); err != nil {
 		return o, err
 	}
@@ -131,6 +141,8 @@ func main() {
 		switch os.Args[1] {
 		case "status":
 			os.Exit(statusMain(os.Args[2:], os.LookupEnv, os.Stdout, os.Stderr))
+		case "health":
+			os.Exit(healthMain(os.Args[2:], os.LookupEnv, os.Stdout, os.Stderr))
 		case "parked", "retry", "skip", "purge", "gossip-key", "fill-gap":
 			os.Exit(adminMain(os.Args[1], os.Args[2:], os.LookupEnv, os.Stdout, os.Stderr))
 		}
@@ -143,7 +155,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "node:", err)
 		os.Exit(2)
 	}
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: o.LogLevel})).With("node", o.NodeName)
+	logger := newLogger(os.Stderr, o.LogFormat, o.LogLevel).With("node", o.NodeName)
 	o.logStartWarnings(logger)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	err = node.Run(ctx, o.Config, node.Options{Logger: logger})

@@ -152,7 +152,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 		return fmt.Errorf("listen on %s: %w", cfg.httpAddr, err)
 	}
 	srv := &http.Server{
-		Handler:           handler,
+		Handler:           instrument(handler, pool, logger),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      30 * time.Second,

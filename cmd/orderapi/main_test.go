@@ -139,6 +139,17 @@ func TestRunServesAndStopsGracefully(t *testing.T) {
 	if resp.StatusCode != http.StatusCreated || !strings.Contains(string(b), `"total":"1500"`) {
 		t.Errorf("POST /orders = %d %s", resp.StatusCode, b)
 	}
+	resp, err = http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{"ordo_orderapi_requests_total 1", "# TYPE ordo_orderapi_request_duration_seconds histogram", "go_goroutines"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("GET /metrics lacks %q", want)
+		}
+	}
 	http.DefaultClient.CloseIdleConnections()
 
 	cancel()

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,7 +24,9 @@ import (
 
 // Config configures an Publisher.
 type Config struct {
-	// URL of the broker, e.g. amqp://guest:guest@127.0.0.1:5672/.
+	// URL of the broker, e.g. amqp://guest:guest@127.0.0.1:5672/, or a
+	// comma-separated list of broker nodes: Run dials them in turn and,
+	// after a failed dial or a lost connection, moves on to the next.
 	URL string
 	// Window is the most unconfirmed messages the relay keeps in flight; it
 	// sizes the confirm and return buffers so the client library never has
@@ -81,6 +84,7 @@ type Publisher struct {
 	pubMu sync.Mutex // serialises delivery-tag assignment with the publish
 
 	mu        sync.Mutex
+	dialed    string   // the URL of the current or last connection
 	cur       *session // nil while not connected
 	exchanges map[string]time.Time
 	opened    int64 // channels opened, for tests and status
@@ -126,6 +130,14 @@ func (p *Publisher) Connected() bool {
 	return p.cur != nil
 }
 
+// URL returns the broker URL of the current or last connection, its
+// password masked; empty before the first connection.
+func (p *Publisher) URL() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.dialed
+}
+
 // ChannelsOpened returns how many publishing channels Run has opened.
 func (p *Publisher) ChannelsOpened() int64 {
 	p.mu.Lock()
@@ -137,23 +149,28 @@ func (p *Publisher) ChannelsOpened() int64 {
 // then closes them, settling anything unconfirmed as relay.Unsent. It returns nil.
 func (p *Publisher) Run(ctx context.Context) error {
 	bo := backoff.New(p.cfg.ReconnectMin, p.cfg.ReconnectMax)
-	for ctx.Err() == nil {
-		conn, err := amqp.DialConfig(p.cfg.URL, amqp.Config{
+	urls := strings.Split(p.cfg.URL, ",")
+	for next := 0; ctx.Err() == nil; next++ {
+		url := strings.TrimSpace(urls[next%len(urls)])
+		conn, err := amqp.DialConfig(url, amqp.Config{
 			Heartbeat: p.cfg.Heartbeat,
 			Locale:    "en_US",
 			Dial:      amqp.DefaultDial(5 * time.Second),
 		})
 		if err != nil {
-			if _, perr := amqp.ParseURI(p.cfg.URL); perr != nil {
+			if _, perr := amqp.ParseURI(url); perr != nil {
 				// The parse error quotes the whole URL, password included.
-				err = fmt.Errorf("the AMQP URL %s does not parse", redact.URL(p.cfg.URL))
+				err = fmt.Errorf("the AMQP URL %s does not parse", redact.URL(url))
 			}
 			p.down.Fail(fmt.Errorf("dial: %w", err))
 			backoff.Sleep(ctx, bo.Next())
 			continue
 		}
+		p.mu.Lock()
+		p.dialed = redact.URL(url)
+		p.mu.Unlock()
 		before := p.ChannelsOpened()
-		err = p.serveConn(ctx, conn)
+		err = p.serveConn(ctx, conn) // when it is lost, the loop moves on to the next URL
 		conn.Close()
 		if ctx.Err() != nil {
 			return nil

@@ -1,0 +1,202 @@
+package node
+
+import (
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// The node's metrics that are read at scrape time. docs/operations.md lists
+// every metric; keep it in step (TestMetricsDocumented checks).
+var (
+	descPartitions = prometheus.NewDesc("ordo_partitions",
+		"Partition count P.", nil, nil)
+	descAssigned = prometheus.NewDesc("ordo_partitions_assigned",
+		"Partitions this node's view of the membership assigns to it.", nil, nil)
+	descHeld = prometheus.NewDesc("ordo_partitions_held",
+		"Partitions whose lease this node holds (valid local deadline).", nil, nil)
+	descPending = prometheus.NewDesc("ordo_partition_pending",
+		"Pending rows of a partition, parked ones included (estimated above the sample size; see docs/operations.md).", []string{"partition"}, nil)
+	descParked = prometheus.NewDesc("ordo_partition_parked",
+		"Parked rows of a partition.", []string{"partition"}, nil)
+	descOldest = prometheus.NewDesc("ordo_partition_oldest_pending_age_seconds",
+		"Age of the oldest pending, not parked, row of a partition; 0 when none.", []string{"partition"}, nil)
+	descLeaseLive = prometheus.NewDesc("ordo_partition_lease_live",
+		"1 when some node holds an unexpired lease on the partition (database clock), else 0.", []string{"partition"}, nil)
+	descBacklogAge = prometheus.NewDesc("ordo_backlog_snapshot_age_seconds",
+		"Seconds since the backlog snapshot the partition metrics come from was taken.", nil, nil)
+	descBacklogRefreshes = prometheus.NewDesc("ordo_backlog_refreshes_total",
+		"Backlog snapshot queries run.", nil, nil)
+	descBacklogFailures = prometheus.NewDesc("ordo_backlog_refresh_failures_total",
+		"Backlog snapshot queries that failed.", nil, nil)
+	descBacklogDuration = prometheus.NewDesc("ordo_backlog_refresh_duration_seconds",
+		"Duration of the last backlog snapshot query.", nil, nil)
+
+	descMarked = prometheus.NewDesc("ordo_messages_marked_total",
+		"Confirmed messages marked processed.", nil, nil)
+	descRelayFailures = prometheus.NewDesc("ordo_message_failures_recorded_total",
+		"Failed attempts recorded against messages (nacked, returned, failed).", nil, nil)
+	descParkedTotal = prometheus.NewDesc("ordo_messages_parked_total",
+		"Messages this node parked after -max-attempts failures.", nil, nil)
+	descRefused = prometheus.NewDesc("ordo_marks_refused_total",
+		"Marks refused because the partition's lease moved (the rows stay pending).", nil, nil)
+	descDeleted = prometheus.NewDesc("ordo_retention_deleted_total",
+		"Processed rows deleted by retention.", nil, nil)
+	descReads = prometheus.NewDesc("ordo_relay_reads_total",
+		"Key-head reads.", nil, nil)
+	descIdleReads = prometheus.NewDesc("ordo_relay_idle_reads_total",
+		"Reads that returned rows none of which could be published.", nil, nil)
+	descLeaseSkipped = prometheus.NewDesc("ordo_relay_lease_skipped_total",
+		"Rows read but not published because their lease lapsed or moved during the read.", nil, nil)
+	descStalled = prometheus.NewDesc("ordo_relay_stalled_seconds",
+		"How long the relay has gone without publishing while reads fail or return rows it cannot publish; 0 while it makes progress.", nil, nil)
+	descInFlight = prometheus.NewDesc("ordo_relay_in_flight",
+		"Messages published and not yet marked, or backing off.", nil, nil)
+	descUnconfirmed = prometheus.NewDesc("ordo_relay_unconfirmed",
+		"Messages published and not yet confirmed (at most the confirm window W).", nil, nil)
+	descWindow = prometheus.NewDesc("ordo_relay_confirm_window",
+		"The confirm window W.", nil, nil)
+
+	descClaims = prometheus.NewDesc("ordo_lease_claims_total",
+		"Partition leases claimed.", nil, nil)
+	descRenewFailures = prometheus.NewDesc("ordo_lease_renewal_failures_total",
+		"Lease renewal rounds that failed (database unreachable or slow).", nil, nil)
+	descLosses = prometheus.NewDesc("ordo_lease_losses_total",
+		"Leases a renewal found held by another node or epoch.", nil, nil)
+	descHandoffs = prometheus.NewDesc("ordo_lease_handoffs_total",
+		"Leases released because the partition was assigned elsewhere.", nil, nil)
+	descHandoffTimeouts = prometheus.NewDesc("ordo_lease_handoff_timeouts_total",
+		"Handoffs that released the lease before the partition's in-flight messages settled.", nil, nil)
+	descRebalances = prometheus.NewDesc("ordo_rebalances_total",
+		"Changes of the set of partitions assigned to this node.", nil, nil)
+
+	descBrokerUp = prometheus.NewDesc("ordo_broker_connected",
+		"1 while the publisher has an open channel to the broker.", nil, nil)
+	descBrokerBlocked = prometheus.NewDesc("ordo_broker_blocked",
+		"1 while the broker blocks the connection (connection.blocked: memory or disk alarm).", nil, nil)
+	descDatabaseUp = prometheus.NewDesc("ordo_database_reachable",
+		"1 while the backlog snapshot is fresh (the database answered within 3 refresh intervals).", nil, nil)
+	descMembers = prometheus.NewDesc("ordo_gossip_members",
+		"Live gossip members this node sees (itself included).", nil, nil)
+	descMembersGone = prometheus.NewDesc("ordo_gossip_members_gone",
+		"Members this node saw leave or declared dead.", nil, nil)
+	descDegraded = prometheus.NewDesc("ordo_degraded",
+		"1 while the node is degraded (oldest pending age in its partitions above -degraded-after, or broker blocked).", nil, nil)
+)
+
+// collector is the node's prometheus.Collector: every value is read from
+// the running components at scrape time.
+type collector struct{ v *view }
+
+// Describe implements prometheus.Collector.
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{
+		descPartitions, descAssigned, descHeld, descPending, descParked, descOldest, descLeaseLive,
+		descBacklogAge, descBacklogRefreshes, descBacklogFailures, descBacklogDuration,
+		descMarked, descRelayFailures, descParkedTotal, descRefused, descDeleted, descReads, descIdleReads,
+		descLeaseSkipped, descStalled, descInFlight, descUnconfirmed, descWindow,
+		descClaims, descRenewFailures, descLosses, descHandoffs, descHandoffTimeouts, descRebalances,
+		descBrokerUp, descBrokerBlocked, descDatabaseUp, descMembers, descMembersGone, descDegraded,
+	} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v int64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
+	}
+	v := c.v
+	gauge(descPartitions, float64(v.cfg.Partitions))
+	gauge(descAssigned, float64(len(v.assignment().Owned(v.cfg.NodeName))))
+	gauge(descHeld, float64(len(v.held())))
+	c.collectBacklog(gauge, counter)
+
+	s := v.relay.Stats()
+	counter(descMarked, s.Marked)
+	counter(descRelayFailures, s.Failed)
+	counter(descParkedTotal, s.Parked)
+	counter(descRefused, s.Refused)
+	counter(descDeleted, s.Deleted)
+	counter(descReads, s.Reads)
+	counter(descIdleReads, s.IdleReads)
+	counter(descLeaseSkipped, s.LeaseSkipped)
+	gauge(descStalled, s.StalledSeconds)
+	gauge(descInFlight, float64(s.InFlight))
+	gauge(descUnconfirmed, float64(s.Unconfirmed))
+	gauge(descWindow, float64(v.cfg.ConfirmWindow))
+
+	ls := v.leaser.Stats()
+	counter(descClaims, ls.Claims)
+	counter(descRenewFailures, ls.RenewalFailures)
+	counter(descLosses, ls.Losses)
+	counter(descHandoffs, ls.Handoffs)
+	counter(descHandoffTimeouts, ls.HandoffTimeouts)
+	counter(descRebalances, ls.Rebalances)
+
+	gauge(descBrokerUp, b2f(v.pub.Connected()))
+	if blocked, known := v.brokerBlocked(); known {
+		gauge(descBrokerBlocked, b2f(blocked))
+	}
+	alive, gone := 0, 0
+	for _, m := range v.memberList() {
+		if m.State == "alive" {
+			alive++
+		} else {
+			gone++
+		}
+	}
+	gauge(descMembers, float64(alive))
+	gauge(descMembersGone, float64(gone))
+	gauge(descDegraded, b2f(v.degradation().Degraded))
+}
+
+// collectBacklog exports the backlog snapshot: every partition, owned or
+// not, because an unowned partition is the one that stalls.
+func (c collector) collectBacklog(gauge func(*prometheus.Desc, float64, ...string), counter func(*prometheus.Desc, int64)) {
+	v := c.v
+	snap := v.backlog.Snapshot()
+	bs := v.backlog.Stats()
+	counter(descBacklogRefreshes, bs.Refreshes)
+	counter(descBacklogFailures, bs.Failures)
+	gauge(descBacklogDuration, bs.LastDuration.Seconds())
+	now := time.Now()
+	gauge(descDatabaseUp, b2f(snap.Fresh(now, v.backlogMaxAge())))
+	if snap.Taken.IsZero() {
+		return
+	}
+	gauge(descBacklogAge, now.Sub(snap.Taken).Seconds())
+	for _, p := range snap.Partitions {
+		l := strconv.Itoa(p.Partition)
+		gauge(descPending, float64(p.Pending), l)
+		gauge(descParked, float64(p.Parked), l)
+		gauge(descOldest, p.OldestPendingSeconds, l)
+		gauge(descLeaseLive, b2f(p.LeaseLive), l)
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// newMetricsHandler returns /metrics: the node's collector, the publish
+// counters, and Go's runtime and process collectors, in a registry of its
+// own.
+func newMetricsHandler(v *view, pm *publishMetrics) http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collector{v}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(pm.collectors()...)
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, ErrorLog: slog.NewLogLogger(v.logger.Handler(), slog.LevelWarn)})
+}

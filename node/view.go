@@ -1,0 +1,117 @@
+package node
+
+import (
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ordo-relay/ordo/membership"
+	"github.com/ordo-relay/ordo/partition"
+	"github.com/ordo-relay/ordo/relay"
+	"github.com/ordo-relay/ordo/relay/rabbitmq"
+)
+
+// view is what the node's HTTP endpoints and its metrics read: the running
+// components, asked at request time. Every method is safe for concurrent
+// use.
+type view struct {
+	cfg     Config
+	pool    *pgxpool.Pool
+	pub     *rabbitmq.Publisher
+	leaser  *partition.Leaser
+	members *membership.Membership // nil without gossip
+	relay   *relay.Relay
+	backlog *Backlog
+	logger  *slog.Logger
+}
+
+// blocker is implemented by a publisher that knows whether the broker has
+// blocked its connection (connection.blocked: a memory or disk alarm).
+type blocker interface{ Blocked() bool }
+
+// alive returns the live members' names.
+func (v *view) alive() []string {
+	if v.members == nil {
+		return []string{v.cfg.NodeName}
+	}
+	return v.members.Alive()
+}
+
+// memberList returns every member this node knows of, gone ones included.
+func (v *view) memberList() []membership.Member {
+	if v.members == nil {
+		return []membership.Member{{Name: v.cfg.NodeName, State: "alive"}}
+	}
+	return v.members.Members()
+}
+
+// assignment is this node's view of who should own each partition.
+func (v *view) assignment() partition.Assignment {
+	a, _ := partition.Assign(v.alive(), v.cfg.Partitions)
+	return a
+}
+
+// held returns the partitions this node holds a valid lease on, sorted.
+func (v *view) held() []int {
+	now := time.Now()
+	var ps []int
+	for p, l := range v.leaser.Leases() {
+		if l.Valid(now) {
+			ps = append(ps, p)
+		}
+	}
+	slices.Sort(ps)
+	return ps
+}
+
+// brokerBlocked reports whether the broker blocked the connection; false
+// when the publisher cannot tell.
+func (v *view) brokerBlocked() (blocked, known bool) {
+	b, ok := any(v.pub).(blocker)
+	if !ok {
+		return false, false
+	}
+	return b.Blocked(), true
+}
+
+// backlogMaxAge is how old a backlog snapshot may be before the views that
+// show it call the database unreachable.
+func (v *view) backlogMaxAge() time.Duration {
+	return 3*v.cfg.BacklogInterval + 2*time.Second
+}
+
+// Degradation says why a node is degraded: it publishes, but not well.
+type Degradation struct {
+	Degraded bool     `json:"degraded"`
+	Reasons  []string `json:"reasons,omitempty"`
+	// OldestPendingSeconds is the oldest pending age among the partitions
+	// this node holds, from the backlog snapshot.
+	OldestPendingSeconds float64 `json:"oldestPendingSeconds"`
+}
+
+// degradation computes the degraded state: the oldest pending row of a
+// partition this node holds is older than DegradedAfter, or the broker is
+// blocked.
+func (v *view) degradation() Degradation {
+	var d Degradation
+	snap := v.backlog.Snapshot()
+	held := map[int]bool{}
+	for _, p := range v.held() {
+		held[p] = true
+	}
+	for _, ps := range snap.Partitions {
+		if held[ps.Partition] {
+			d.OldestPendingSeconds = max(d.OldestPendingSeconds, ps.OldestPendingSeconds)
+		}
+	}
+	if v.cfg.DegradedAfter > 0 && d.OldestPendingSeconds > v.cfg.DegradedAfter.Seconds() {
+		d.Reasons = append(d.Reasons, "oldest pending message in a held partition is older than -degraded-after ("+v.cfg.DegradedAfter.String()+")")
+	}
+	if blocked, _ := v.brokerBlocked(); blocked {
+		d.Reasons = append(d.Reasons, "broker blocked the connection (memory or disk alarm)")
+	}
+	d.Degraded = len(d.Reasons) > 0
+	return d
+}
