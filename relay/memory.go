@@ -63,16 +63,6 @@ func newPartState(p int, epoch int64) *partState {
 	return &partState{id: p, epoch: epoch, keys: map[string]*keyState{}, queued: map[uuid.UUID]*entry{}, dirty: true}
 }
 
-// hasParked reports whether a key of ps has a parked head.
-func (ps *partState) hasParked() bool {
-	for _, k := range ps.keys {
-		if len(k.queue) > 0 && k.queue[0].row.Parked {
-			return true
-		}
-	}
-	return false
-}
-
 func (ps *partState) key(name string) *keyState {
 	k := ps.keys[name]
 	if k == nil {
@@ -191,6 +181,11 @@ func (r *Relay) sweepLocked(ps *partState) {
 		delete(ps.queued, id)
 		r.bytes -= e.size
 		r.pushReadyLocked(k)
+		if e.row.Parked {
+			// An operator skipped or purged it: this pass left its
+			// followers out, so read them in the next.
+			ps.dirty = true
+		}
 	}
 	for name, k := range ps.keys {
 		if len(k.queue) == 0 && k.inFlight == 0 && k.writing == 0 && !r.blocked[k] && !r.leaseWait[k] {

@@ -132,9 +132,9 @@ func (r *Relay) wait(ctx context.Context, poll <-chan time.Time, retry *time.Tim
 	case <-poll:
 		r.mu.Lock()
 		for _, ps := range r.parts {
-			// A parked key waits for an operator: look every poll, so a
-			// retry or skip takes effect within one.
-			if time.Since(ps.lastPass) >= passEvery || ps.hasParked() {
+			// An operator's retry or skip notifies the partition (admin),
+			// so a parked key needs no faster look than this.
+			if time.Since(ps.lastPass) >= passEvery {
 				ps.dirty = true
 			}
 		}
