@@ -163,6 +163,14 @@ func (p *Publisher) Connected() bool {
 	return p.cur != nil && p.blocked == ""
 }
 
+// Blocked reports whether the broker blocks the connection now (a
+// resource alarm). Safe for concurrent use.
+func (p *Publisher) Blocked() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.blocked != ""
+}
+
 // State is what Status reports.
 type State struct {
 	// Connected: a confirm-mode channel is open.
