@@ -126,8 +126,11 @@ func TestDisruptiveMemoryAlarm(t *testing.T) {
 		for i := range keys {
 			keys[i] = fmt.Sprintf("key-%d", i%16)
 		}
-		for _, id := range store.Insert(0, keys...) {
-			store.Update(id, func(row *relaytest.StoredRow) { row.Exchange = ex })
+		// Written to partition 1, which the relay does not hold, then moved
+		// to partition 0 with their exchange set: the relay never reads
+		// one with the store's default exchange.
+		for _, id := range store.Insert(1, keys...) {
+			store.Update(id, func(row *relaytest.StoredRow) { row.Exchange, row.Partition = ex, 0 })
 			checker.Expect(id.String())
 			idsMu.Lock()
 			ids = append(ids, id.String())
