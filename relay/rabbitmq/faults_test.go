@@ -224,3 +224,29 @@ func (h *brokerHarness) publishRetrying(t *testing.T, m *relay.Message, settle f
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestReconnectBackoffAfterInstantClose: a connection the broker closes
+// right after a publish (here over a frame too large, let through on
+// purpose) does not start the reconnect backoff over, so a message that
+// keeps doing it cannot make the publisher reconnect ten times a second.
+func TestReconnectBackoffAfterInstantClose(t *testing.T) {
+	t.Parallel()
+	h := newBroker(t, func(c *Config) { c.ReconnectMin, c.ReconnectMax = 100*time.Millisecond, time.Second })
+	h.pub.noFrameCheck = true
+	r := newResults(t)
+	h.confirmOne(t, r)
+	before := h.pub.ChannelsOpened()
+	start := time.Now()
+	for time.Since(start) < 3*time.Second {
+		big := h.message("bound")
+		big.Headers = map[string]any{"a": strings.Repeat("x", 60<<10), "b": strings.Repeat("x", 60<<10), "c": strings.Repeat("x", 60<<10)}
+		if err := h.pub.Publish(context.Background(), big, r.settle(big.ID)); err != nil {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	opened := h.pub.ChannelsOpened() - before
+	t.Logf("%d connections in 3s while every one was closed over its first publish", opened)
+	if opened > 8 { // 100 ms doubling to 1 s: 0.1+0.2+0.4+0.8+1+1 = 3.5 s for 6
+		t.Fatalf("%d connections in 3s: the backoff started over after connections that never confirmed a publish", opened)
+	}
+}
