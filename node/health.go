@@ -22,11 +22,14 @@ import (
 //     has succeeded within dbWindow (the lease TTL minus its margin): the
 //     node declares the database lost when its leases lapse, not later.
 //     A stalled link is caught by the ping's timeout, like a closed one.
-//   - The broker is reachable while the publisher can publish (a channel
-//     is open, and no resource alarm blocks it); a change counts once it
-//     has lasted brokerGrace, so a channel reopened after a 404 moves
-//     nothing. A stalled link is caught by the publisher itself (no
-//     confirm within its stall timeout closes it), or by the heartbeat.
+//   - The broker is reachable while the publisher has a channel open; a
+//     change counts once it has lasted brokerGrace, so a channel reopened
+//     after a 404 moves nothing. A stalled link is caught by the
+//     publisher itself (no confirm within its stall timeout closes it),
+//     or by the heartbeat. A resource alarm does not count: it blocks
+//     every node's publishing, but RabbitMQ tells only the connections
+//     that publish, so counting it would move partitions to idle nodes
+//     that are about to be blocked too.
 type healthMonitor struct {
 	pub         *rabbitmq.Publisher
 	connect     func(ctx context.Context) (*pgx.Conn, error)
@@ -81,7 +84,7 @@ func (h *healthMonitor) Run(ctx context.Context) error {
 			return nil
 		case now := <-t.C:
 			hl := membership.Health{
-				Broker:   broker.update(now, h.pub.Connected(), h.brokerGrace),
+				Broker:   broker.update(now, h.pub.Status().Connected, h.brokerGrace),
 				Database: now.Sub(time.Unix(0, h.lastPing.Load())) < h.dbWindow,
 			}
 			h.set(hl)
