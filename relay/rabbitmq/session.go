@@ -58,23 +58,31 @@ func (rs returns) add(r amqp.Return) {
 		r.ReplyCode, r.ReplyText, r.Exchange, r.RoutingKey)
 }
 
-// serveChannel opens a confirm-mode channel on conn and settles its
-// publishes until it or the connection closes, or ctx ends. confirmed
-// reports whether a publish was acked on it.
-func (p *Publisher) serveChannel(ctx context.Context, conn *amqp.Connection, connClosed <-chan *amqp.Error, frameMax int) (confirmed bool, err error) {
+// channelEvents are the notifications of one channel, sized so the
+// library never has to drop one.
+type channelEvents struct {
+	confirms chan amqp.Confirmation
+	returns  chan amqp.Return
+	closed   chan *amqp.Error
+}
+
+// openSession opens a confirm-mode channel on conn, registers its
+// notifications and makes it the current session.
+func (p *Publisher) openSession(conn *amqp.Connection, frameMax int) (*session, channelEvents, error) {
 	var ch *amqp.Channel
 	if err := p.bounded(conn, "open channel", func() (err error) { ch, err = conn.Channel(); return err }); err != nil {
-		return false, fmt.Errorf("open channel: %w", err)
+		return nil, channelEvents{}, fmt.Errorf("open channel: %w", err)
 	}
 	if err := p.bounded(conn, "confirm mode", func() error { return ch.Confirm(false) }); err != nil {
 		p.closeChannel(conn, ch)
-		return false, fmt.Errorf("confirm mode: %w", err)
+		return nil, channelEvents{}, fmt.Errorf("confirm mode: %w", err)
 	}
 	buf := 2*p.cfg.Window + 16
-	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, buf))
-	rets := ch.NotifyReturn(make(chan amqp.Return, buf))
-	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
-
+	ev := channelEvents{
+		confirms: ch.NotifyPublish(make(chan amqp.Confirmation, buf)),
+		returns:  ch.NotifyReturn(make(chan amqp.Return, buf)),
+		closed:   ch.NotifyClose(make(chan *amqp.Error, 1)),
+	}
 	s := &session{conn: conn, ch: ch, frameMax: frameMax, pending: map[uint64]*pendingPub{},
 		expired: map[uint64]int64{}, progress: time.Now()}
 	p.mu.Lock()
@@ -83,7 +91,18 @@ func (p *Publisher) serveChannel(ctx context.Context, conn *amqp.Connection, con
 	p.mu.Unlock()
 	p.down.OK()
 	p.cfg.Logger.Info("RabbitMQ channel open")
+	return s, ev, nil
+}
 
+// serveChannel opens a confirm-mode channel on conn and settles its
+// publishes until it or the connection closes, or ctx ends. confirmed
+// reports whether a publish was acked on it.
+func (p *Publisher) serveChannel(ctx context.Context, conn *amqp.Connection, connClosed <-chan *amqp.Error, frameMax int) (confirmed bool, err error) {
+	s, ev, err := p.openSession(conn, frameMax)
+	if err != nil {
+		return false, err
+	}
+	rets, confirms, chClosed := ev.returns, ev.confirms, ev.closed
 	returned := returns{}
 	drainReturns := func() {
 		for {
