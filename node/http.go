@@ -115,11 +115,11 @@ func (v *view) readyz(w http.ResponseWriter, r *http.Request) {
 		v.logger.Debug("readyz: database unreachable", "err", err)
 		rd.Problems = append(rd.Problems, "database unreachable")
 	}
-	switch bs := v.pub.Status(); {
-	case !bs.Connected:
+	// Status, not Connected: a broker that blocks publishing (a resource
+	// alarm) leaves the node ready but degraded, and the degradation says
+	// so.
+	if !v.pub.Status().Connected {
 		rd.Problems = append(rd.Problems, "broker not connected")
-	case bs.Blocked != "":
-		rd.Problems = append(rd.Problems, "broker blocks publishing (resource alarm: "+bs.Blocked+")")
 	}
 	rd.Held = len(v.held())
 	rd.Assigned = len(v.assignment().Owned(v.cfg.NodeName))
