@@ -161,7 +161,7 @@ func notify(ctx context.Context, tx pgx.Tx, partitions ...int32) error {
 // outcome.
 func (s *Store) act(ctx context.Context, who Actor, action, target string, f func(pgx.Tx) (string, error)) error {
 	var result string
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := s.durable(ctx, func(tx pgx.Tx) error {
 		var err error
 		result, err = f(tx)
 		if err != nil {
@@ -171,12 +171,27 @@ func (s *Store) act(ctx context.Context, who Actor, action, target string, f fun
 	})
 	if err != nil {
 		// The action rolled back: record the refusal on its own.
-		if aerr := audit(ctx, s.pool, who, action, target, "error: "+err.Error()); aerr != nil {
+		if aerr := s.durable(ctx, func(tx pgx.Tx) error {
+			return audit(ctx, tx, who, action, target, "error: "+err.Error())
+		}); aerr != nil {
 			return errors.Join(err, aerr)
 		}
 		return err
 	}
 	return nil
+}
+
+// durable runs f in a transaction that commits synchronously, whatever the
+// pool's sessions say: the node's pool runs with synchronous_commit=off
+// (a relay mark lost in a crash is only published again), but an action
+// reported done to an operator must survive a database crash.
+func (s *Store) durable(ctx context.Context, f func(pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sqlSynchronousCommit); err != nil {
+			return fmt.Errorf("commit synchronously: %w", err)
+		}
+		return f(tx)
+	})
 }
 
 // execer runs a statement: pgx.Tx and *pgxpool.Pool.

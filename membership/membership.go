@@ -52,6 +52,11 @@ type Config struct {
 	// SuspicionMult * max(1, log10(N)) * ProbeInterval more.
 	ProbeInterval time.Duration
 	SuspicionMult int
+	// HealthHold is how long a member must stay less healthy than the
+	// healthiest before partitions are no longer assigned to it (see
+	// Eligible). A fault every node sees, noticed a little apart by each,
+	// moves nothing; a fault of one node moves its partitions after it.
+	HealthHold time.Duration
 	// Transport replaces memberlist's network transport (tests use it to
 	// drop gossip between groups). Nil: UDP+TCP on BindAddr.
 	Transport memberlist.Transport
@@ -69,6 +74,7 @@ func DefaultConfig(name, bind string) Config {
 		JoinTimeout:    time.Minute,
 		ProbeInterval:  200 * time.Millisecond,
 		SuspicionMult:  3,
+		HealthHold:     time.Second,
 	}
 }
 
@@ -96,6 +102,10 @@ type Member struct {
 	Name  string `json:"name"`
 	Addr  string `json:"addr"`
 	State string `json:"state"` // alive, or gone (left or declared dead)
+	// Health is what the member gossips of its dependencies; Eligible,
+	// whether partitions are assigned to it now (see Membership.Eligible).
+	Health   Health `json:"health"`
+	Eligible bool   `json:"eligible"`
 }
 
 // Membership is a running gossip member. Create with New, then Run.
@@ -105,13 +115,19 @@ type Membership struct {
 	keyring *memberlist.Keyring // nil without encryption; safe for concurrent use
 	changed chan struct{}
 
-	joined atomic.Bool // the first join is over (succeeded, or no seeds)
+	joined  atomic.Bool   // the first join is over (succeeded, or no seeds)
+	meta    atomic.Value  // []byte: this node's metadata, for NodeMeta
+	metaSig chan struct{} // this node's health changed: re-advertise it
 
-	mu     sync.Mutex
-	events []event // copied in callbacks, applied by Run
-	view   map[string]Member
-	alive  []string
-	evSig  chan struct{}
+	mu       sync.Mutex
+	events   []event // copied in callbacks, applied by Run
+	view     map[string]Member
+	alive    []string
+	health   Health // this node's own
+	elig     eligibility
+	eligible []string
+	recheck  time.Time // when eligibility may change with no new event
+	evSig    chan struct{}
 }
 
 // ErrJoin is returned (wrapped) when none of the seeds could be joined.
@@ -134,7 +150,9 @@ func New(cfg Config) (*Membership, error) {
 	if err != nil {
 		return nil, fmt.Errorf("membership: gossip bind port %q: %w", portStr, err)
 	}
-	m := &Membership{cfg: cfg, changed: make(chan struct{}, 1), view: map[string]Member{}, evSig: make(chan struct{}, 1)}
+	m := &Membership{cfg: cfg, changed: make(chan struct{}, 1), view: map[string]Member{}, evSig: make(chan struct{}, 1),
+		metaSig: make(chan struct{}, 1), health: Healthy, elig: eligibility{hold: cfg.HealthHold}}
+	m.meta.Store(encodeMeta(Healthy))
 
 	mc := memberlist.DefaultLANConfig()
 	mc.Name = cfg.NodeName
@@ -175,6 +193,7 @@ func New(cfg Config) (*Membership, error) {
 		mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true
 	}
 	mc.Events = (*delegate)(m)
+	mc.Delegate = (*delegate)(m)
 	mc.Logger = newLogBridge(cfg.Logger)
 	if cfg.Transport != nil {
 		mc.Transport = cfg.Transport
@@ -191,6 +210,7 @@ func New(cfg Config) (*Membership, error) {
 type event struct {
 	name, addr string
 	state      memberlist.NodeStateType
+	meta       []byte
 }
 
 // delegate receives memberlist's callbacks. They run with memberlist's
@@ -201,7 +221,8 @@ type delegate Membership
 func (d *delegate) push(n *memberlist.Node, state memberlist.NodeStateType) {
 	m := (*Membership)(d)
 	m.mu.Lock()
-	m.events = append(m.events, event{name: n.Name, addr: net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port))), state: state})
+	m.events = append(m.events, event{name: n.Name, addr: net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port))),
+		state: state, meta: slices.Clone(n.Meta)})
 	m.mu.Unlock()
 	select {
 	case m.evSig <- struct{}{}:
@@ -213,6 +234,56 @@ func (d *delegate) push(n *memberlist.Node, state memberlist.NodeStateType) {
 func (d *delegate) NotifyJoin(n *memberlist.Node)   { d.push(n, memberlist.StateAlive) }
 func (d *delegate) NotifyLeave(n *memberlist.Node)  { d.push(n, memberlist.StateDead) }
 func (d *delegate) NotifyUpdate(n *memberlist.Node) { d.push(n, memberlist.StateAlive) }
+
+// NodeMeta implements memberlist.Delegate: this node's health. It only
+// reads an atomic value.
+func (d *delegate) NodeMeta(limit int) []byte {
+	b := d.meta.Load().([]byte)
+	if len(b) > limit {
+		return nil // cannot happen: a few dozen bytes; peers read nothing as healthy
+	}
+	return b
+}
+
+// NotifyMsg, GetBroadcasts, LocalState and MergeRemoteState implement
+// memberlist.Delegate; membership sends no messages or state of its own.
+func (d *delegate) NotifyMsg([]byte)                           {}
+func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
+func (d *delegate) LocalState(join bool) []byte                { return nil }
+func (d *delegate) MergeRemoteState(buf []byte, join bool)     {}
+
+// SetHealth sets what this node gossips of its own dependencies. Run
+// advertises it to the cluster (memberlist's UpdateNode) outside
+// memberlist's callbacks. Safe for concurrent use.
+func (m *Membership) SetHealth(h Health) {
+	m.mu.Lock()
+	same := m.health == h
+	m.health = h
+	m.mu.Unlock()
+	if same {
+		return
+	}
+	m.meta.Store(encodeMeta(h))
+	m.cfg.Logger.Info("this node's health changed; advertising it", "broker", h.Broker, "database", h.Database)
+	select {
+	case m.metaSig <- struct{}{}:
+	default:
+	}
+	select {
+	case m.evSig <- struct{}{}:
+	default:
+	}
+}
+
+// Eligible returns the names of the live members that partitions are
+// assigned to, sorted: every live member except those that have been less
+// healthy than the healthiest for HealthHold or longer. When a dependency
+// is down for every node, nobody is less healthy, and nobody steps aside.
+func (m *Membership) Eligible() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.eligible)
+}
 
 // Alive returns the names of the live members (alive or suspect),
 // sorted, this node included.
@@ -249,7 +320,7 @@ func cmpString(a, b string) int {
 	return 0
 }
 
-// Changed is signalled (coalesced) whenever Alive changes.
+// Changed is signalled (coalesced) whenever Alive or Eligible changes.
 func (m *Membership) Changed() <-chan struct{} { return m.changed }
 
 // Run joins the seeds, applies membership events until ctx ends, rejoins
@@ -257,7 +328,15 @@ func (m *Membership) Changed() <-chan struct{} { return m.changed }
 // gracefully and shuts gossip down. It returns an error only if the first
 // join found seeds but could reach none of them within a minute.
 func (m *Membership) Run(ctx context.Context) error {
+	advCtx, stopAdv := context.WithCancel(context.Background())
+	advDone := make(chan struct{})
+	go func() {
+		defer close(advDone)
+		m.advertise(advCtx)
+	}()
 	defer func() {
+		stopAdv()
+		<-advDone
 		if err := m.ml.Leave(2 * time.Second); err != nil {
 			m.cfg.Logger.Warn("leave the cluster", "err", err)
 		}
@@ -277,14 +356,36 @@ func (m *Membership) Run(ctx context.Context) error {
 	}
 	rejoin := time.NewTicker(max(m.cfg.RejoinInterval, time.Second))
 	defer rejoin.Stop()
+	recheck := time.NewTimer(time.Hour)
+	defer recheck.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-m.evSig:
-			m.apply()
+		case <-recheck.C:
 		case <-rejoin.C:
 			m.join()
+		}
+		if at := m.apply(); !at.IsZero() {
+			recheck.Reset(max(time.Until(at), time.Millisecond))
+		}
+	}
+}
+
+// advertise re-advertises this node, with its new health, whenever
+// SetHealth changes it, until ctx ends.
+func (m *Membership) advertise(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.metaSig:
+		}
+		// Waits until the update is broadcast, or a second when no peer
+		// can be reached.
+		if err := m.ml.UpdateNode(time.Second); err != nil {
+			m.cfg.Logger.Debug("advertise health", "err", err)
 		}
 	}
 }
@@ -330,8 +431,10 @@ func (m *Membership) join() {
 	}
 }
 
-// apply folds queued events into the view.
-func (m *Membership) apply() {
+// apply folds queued events into the view, recomputes the live and
+// eligible members, signals Changed if either changed, and returns when
+// eligibility may change next without an event (zero: not by itself).
+func (m *Membership) apply() time.Time {
 	m.mu.Lock()
 	evs := m.events
 	m.events = nil
@@ -341,25 +444,36 @@ func (m *Membership) apply() {
 		m.view[m.cfg.NodeName] = Member{Name: m.cfg.NodeName, Addr: m.cfg.BindAddr, State: "alive"}
 	}
 	for _, e := range evs {
-		m.view[e.name] = Member{Name: e.name, Addr: e.addr, State: stateName(e.state)}
+		m.view[e.name] = Member{Name: e.name, Addr: e.addr, State: stateName(e.state), Health: decodeMeta(e.meta)}
 	}
+	self := m.view[m.cfg.NodeName]
+	self.Health = m.health // the newest, whether memberlist reported it yet or not
+	m.view[m.cfg.NodeName] = self
 	alive := make([]string, 0, len(m.view))
+	health := make(map[string]Health, len(m.view))
 	for _, x := range m.view {
 		if x.State == "alive" || x.State == "suspect" {
 			alive = append(alive, x.Name)
+			health[x.Name] = x.Health
 		}
 	}
 	slices.Sort(alive)
-	changed := !slices.Equal(alive, m.alive)
-	m.alive = alive
+	eligible, recheck := m.elig.update(time.Now(), health)
+	for name, x := range m.view {
+		x.Eligible = slices.Contains(eligible, name)
+		m.view[name] = x
+	}
+	changed := !slices.Equal(alive, m.alive) || !slices.Equal(eligible, m.eligible)
+	m.alive, m.eligible, m.recheck = alive, eligible, recheck
 	m.mu.Unlock()
 	if changed {
-		m.cfg.Logger.Info("membership changed", "alive", alive)
+		m.cfg.Logger.Info("membership changed", "alive", alive, "eligible", eligible)
 		select {
 		case m.changed <- struct{}{}:
 		default:
 		}
 	}
+	return recheck
 }
 
 func stateName(s memberlist.NodeStateType) string {

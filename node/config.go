@@ -174,5 +174,8 @@ func (c Config) membership(logger *slog.Logger, tr memberlist.Transport) members
 	}
 	mc.Transport = tr
 	mc.Logger = logger
+	// A node less healthy than a peer for half a lease TTL steps aside;
+	// nodes that notice a shared outage within that of each other stay.
+	mc.HealthHold = c.LeaseTTL / 2
 	return mc
 }

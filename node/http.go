@@ -12,6 +12,7 @@ import (
 	"github.com/ordo-relay/ordo/admin"
 	"github.com/ordo-relay/ordo/membership"
 	"github.com/ordo-relay/ordo/relay"
+	"github.com/ordo-relay/ordo/relay/rabbitmq"
 )
 
 // Limits of the node's HTTP server. Its requests are small JSON documents
@@ -54,11 +55,14 @@ type Status struct {
 	Broker     bool   `json:"brokerConnected"`
 	// BrokerURL is the broker of the current or last connection, its
 	// password masked (one of -amqp-url's list).
-	BrokerURL  string              `json:"brokerURL"`
-	Relay      relay.Stats         `json:"relay"`
-	Members    []membership.Member `json:"members"`
-	Assignment []string            `json:"assignment"` // this node's view: owner by partition
-	Leases     []PartitionStatus   `json:"partitions"` // what the database says, from the backlog snapshot
+	BrokerURL string `json:"brokerURL"`
+	// BrokerState says why the broker cannot be published to, if so
+	// (not connected, or blocked by a resource alarm).
+	BrokerState rabbitmq.State      `json:"broker"`
+	Relay       relay.Stats         `json:"relay"`
+	Members     []membership.Member `json:"members"`
+	Assignment  []string            `json:"assignment"` // this node's view: owner by partition
+	Leases      []PartitionStatus   `json:"partitions"` // what the database says, from the backlog snapshot
 	// BacklogAgeSeconds is how old the partitions' snapshot is.
 	BacklogAgeSeconds float64     `json:"backlogAgeSeconds"`
 	Degradation       Degradation `json:"degradation"`
@@ -111,7 +115,10 @@ func (v *view) readyz(w http.ResponseWriter, r *http.Request) {
 		v.logger.Debug("readyz: database unreachable", "err", err)
 		rd.Problems = append(rd.Problems, "database unreachable")
 	}
-	if !v.pub.Connected() {
+	// Status, not Connected: a broker that blocks publishing (a resource
+	// alarm) leaves the node ready but degraded, and the degradation says
+	// so.
+	if !v.pub.Status().Connected {
 		rd.Problems = append(rd.Problems, "broker not connected")
 	}
 	rd.Held = len(v.held())
@@ -148,7 +155,7 @@ func (v *view) status(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, Status{
 		Node: v.cfg.NodeName, Partitions: v.cfg.Partitions, Held: held,
-		Broker: v.pub.Connected(), BrokerURL: v.pub.URL(), Relay: v.relay.Stats(), Members: v.memberList(), Assignment: v.assignment(),
+		Broker: v.pub.Connected(), BrokerURL: v.pub.URL(), BrokerState: v.pub.Status(), Relay: v.relay.Stats(), Members: v.memberList(), Assignment: v.assignment(),
 		Leases: snap.Partitions, BacklogAgeSeconds: now.Sub(snap.Taken).Seconds(),
 		Degradation: v.degradation(), History: v.backlog.History(),
 	})

@@ -84,7 +84,9 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 			if !members.Joined() {
 				return nil // not yet part of the cluster: want nothing
 			}
-			a, err := partition.Assign(members.Alive(), cfg.Partitions)
+			// Live members, less those stepped aside for a healthier
+			// peer (this one included).
+			a, err := partition.Assign(members.Eligible(), cfg.Partitions)
 			if err != nil {
 				return nil
 			}
@@ -114,7 +116,13 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 	if err != nil {
 		return err
 	}
-	amqpPub := rabbitmq.New(rabbitmq.Config{URL: cfg.AMQPURL, Window: cfg.ConfirmWindow, ConfirmTimeout: cfg.ConfirmTimeout, Logger: logger})
+	// A link that confirms nothing for a lease TTL is taken for dead: the
+	// node stops counting on it long before the heartbeat would.
+	amqpPub := rabbitmq.New(rabbitmq.Config{URL: cfg.AMQPURL, Window: cfg.ConfirmWindow, ConfirmTimeout: cfg.ConfirmTimeout,
+		StallTimeout: cfg.LeaseTTL, Logger: logger})
+	health := newHealthMonitor(cfg, amqpPub, func(ctx context.Context) (*pgx.Conn, error) {
+		return pgx.ConnectConfig(ctx, leaseConn.Copy())
+	}, members, logger)
 	var pub relay.Publisher = amqpPub
 	if opts.WrapPublisher != nil {
 		pub = opts.WrapPublisher(pub)
@@ -135,7 +143,7 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 		return fmt.Errorf("http-addr: %w", err)
 	}
 	backlog := NewBacklog(pool, cfg.BacklogInterval, logger)
-	v := &view{cfg: cfg, pool: pool, pub: amqpPub, leaser: leaser, members: members, relay: r, backlog: backlog, logger: logger}
+	v := &view{cfg: cfg, pool: pool, pub: amqpPub, leaser: leaser, members: members, health: health, relay: r, backlog: backlog, logger: logger}
 	srv := newHTTPServer(newHTTP(v, pm), cfg.PProf, logger)
 
 	// Background services outlive the relay: they stop only after it has
@@ -149,6 +157,7 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 	var bg errgroup.Group
 	bg.Go(func() error { return amqpPub.Run(bgCtx) })
 	bg.Go(func() error { return backlog.Run(bgCtx) })
+	bg.Go(func() error { return health.Run(bgCtx) })
 	bg.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("http: %w", err)

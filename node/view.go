@@ -22,6 +22,7 @@ type view struct {
 	pub     *rabbitmq.Publisher
 	leaser  *partition.Leaser
 	members *membership.Membership // nil without gossip
+	health  *healthMonitor
 	relay   *relay.Relay
 	backlog *Backlog
 	logger  *slog.Logger
@@ -31,18 +32,19 @@ type view struct {
 // blocked its connection (connection.blocked: a memory or disk alarm).
 type blocker interface{ Blocked() bool }
 
-// alive returns the live members' names.
+// alive returns the names of the members partitions are assigned to: the
+// live ones, less those stepped aside for a healthier peer.
 func (v *view) alive() []string {
 	if v.members == nil {
 		return []string{v.cfg.NodeName}
 	}
-	return v.members.Alive()
+	return v.members.Eligible()
 }
 
 // memberList returns every member this node knows of, gone ones included.
 func (v *view) memberList() []membership.Member {
 	if v.members == nil {
-		return []membership.Member{{Name: v.cfg.NodeName, State: "alive"}}
+		return []membership.Member{{Name: v.cfg.NodeName, State: "alive", Health: v.health.Health(), Eligible: true}}
 	}
 	return v.members.Members()
 }

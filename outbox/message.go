@@ -17,6 +17,17 @@ const MaxNameBytes = 255
 // x-ordo-epoch). Producers may not set headers with this prefix.
 const ReservedHeaderPrefix = "x-ordo-"
 
+// MaxHeaderFrameBytes is the most bytes a message's AMQP content header
+// frame may take: its properties and every header, Ordo's own included,
+// encoded. It is RabbitMQ's default frame_max (128 KiB); the broker closes
+// the whole connection over a bigger frame, so Enqueue refuses a message
+// whose headers would not fit. (A broker configured with a smaller
+// frame_max is checked by the relay, which parks such a message.)
+const MaxHeaderFrameBytes = 128 << 10
+
+// MaxHeaderValueBytes is the longest string header value, in bytes.
+const MaxHeaderValueBytes = 64 << 10
+
 // Message is one outgoing message as a producer describes it.
 type Message struct {
 	// CorrelationID is the ordering key (the aggregate id): messages with the
@@ -96,7 +107,11 @@ func (m *Message) validate(i int) (headers []byte, err error) {
 			return nil, bad(field, "the %q prefix is reserved for headers Ordo sets", ReservedHeaderPrefix)
 		}
 		switch v := v.(type) {
-		case string, bool, int, int8, int16, int32, int64, uint8, uint16, uint32:
+		case string:
+			if len(v) > MaxHeaderValueBytes {
+				return nil, bad(field, "value is %d bytes long, the limit is %d", len(v), MaxHeaderValueBytes)
+			}
+		case bool, int, int8, int16, int32, int64, uint8, uint16, uint32:
 		case uint:
 			if uint64(v) > math.MaxInt64 {
 				return nil, bad(field, "unsigned value %d does not fit an AMQP signed 64-bit integer", v)
@@ -121,6 +136,9 @@ func (m *Message) validate(i int) (headers []byte, err error) {
 			return nil, bad(field, "value of type %T is not allowed (use a string, number or boolean)", v)
 		}
 	}
+	if size := m.headerFrameBytes(); size > MaxHeaderFrameBytes {
+		return nil, bad("Headers", "with the message's properties they take %d bytes encoded as AMQP, more than one frame holds (%d, RabbitMQ's default frame_max)", size, MaxHeaderFrameBytes)
+	}
 	if len(m.Headers) == 0 {
 		return []byte("{}"), nil
 	}
@@ -129,4 +147,33 @@ func (m *Message) validate(i int) (headers []byte, err error) {
 		return nil, bad("Headers", "%v", err)
 	}
 	return headers, nil
+}
+
+// ordoHeadersBytes is what the headers Ordo adds take encoded (name length
+// octet, name, type octet, value): x-ordo-key-seq, x-ordo-prev-key-seq,
+// x-ordo-epoch and x-ordo-attempt as 64-bit integers, x-ordo-partition as
+// a 32-bit one.
+const ordoHeadersBytes = (1 + 14 + 9) + (1 + 19 + 9) + (1 + 12 + 9) + (1 + 14 + 9) + (1 + 16 + 5)
+
+// headerFrameBytes returns the size of the content header frame the relay
+// will send for m (a validated message): frame overhead, class, weight,
+// body size, property flags, the properties it sets (content type,
+// delivery mode, correlation id, message id, timestamp, type) and the
+// header table. Integers go out as 64-bit values, and so do floats.
+func (m *Message) headerFrameBytes() int {
+	n := 8 + 2 + 2 + 8 + 2
+	n += 1 + len("application/json") + 1 + (1 + len(m.CorrelationID)) + (1 + 36) + 8 + (1 + len(m.Type))
+	n += 4 + ordoHeadersBytes
+	for k, v := range m.Headers {
+		n += 1 + len(k)
+		switch v := v.(type) {
+		case string:
+			n += 5 + len(v)
+		case bool:
+			n += 2
+		default: // a number
+			n += 9
+		}
+	}
+	return n
 }

@@ -167,6 +167,11 @@ func TestEnqueueRejectsInvalid(t *testing.T) {
 		{"header map", func(m *outbox.Message) { m.Headers = map[string]any{"h": map[string]any{}} }, "Headers[h]"},
 		{"header reserved", func(m *outbox.Message) { m.Headers = map[string]any{"X-Ordo-Epoch": 1} }, "Headers[X-Ordo-Epoch]"},
 		{"header long name", func(m *outbox.Message) { m.Headers = map[string]any{long: "v"} }, "Headers[" + long + "]"},
+		{"headers over one frame", func(m *outbox.Message) {
+			v := strings.Repeat("x", 60<<10)
+			m.Headers = map[string]any{"a": v, "b": v, "c": v}
+		}, "Headers"},
+		{"header value over 64 KiB", func(m *outbox.Message) { m.Headers = map[string]any{"a": strings.Repeat("x", 65<<10)} }, "Headers[a]"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -28,10 +28,16 @@ type cluster struct {
 	http   []string
 	procs  []*testkit.Process
 	extra  []string
+	// pgURL and amqpURL, when set, are each node's own URLs (through
+	// proxies of its own); otherwise every node uses the fixture's.
+	pgURL, amqpURL []string
 }
 
 func newCluster(t *testing.T, f *fixture, n int, extra ...string) *cluster {
-	c := &cluster{f: f, extra: extra}
+	return startCluster(t, &cluster{f: f, extra: extra}, n)
+}
+
+func startCluster(t *testing.T, c *cluster, n int) *cluster {
 	for i := range n {
 		c.names = append(c.names, fmt.Sprintf("n%d", i+1))
 		c.gossip = append(c.gossip, testkit.FreeAddr(t))
@@ -46,9 +52,13 @@ func newCluster(t *testing.T, f *fixture, n int, extra ...string) *cluster {
 
 func (c *cluster) start(t *testing.T, i int) {
 	t.Helper()
+	pgURL, amqpURL := c.f.dbURL, testkit.AMQPURL()
+	if c.pgURL != nil {
+		pgURL, amqpURL = c.pgURL[i], c.amqpURL[i]
+	}
 	env := append([]string{
-		"ORDO_POSTGRES_URL=" + c.f.dbURL,
-		"ORDO_AMQP_URL=" + testkit.AMQPURL(),
+		"ORDO_POSTGRES_URL=" + pgURL,
+		"ORDO_AMQP_URL=" + amqpURL,
 		"ORDO_NODE_NAME=" + c.names[i],
 		"ORDO_HTTP_ADDR=" + c.http[i],
 		"ORDO_GOSSIP_ADDR=" + c.gossip[i],

@@ -22,6 +22,12 @@ type brokerHarness struct {
 }
 
 func newBrokerHarness(t *testing.T) relaytest.PublisherHarness {
+	return newBroker(t, nil)
+}
+
+// newBroker is newBrokerHarness with the publisher's settings edited by
+// edit (nil: as they are).
+func newBroker(t *testing.T, edit func(*Config)) *brokerHarness {
 	testkit.RequireRabbitMQ(t)
 	ex := testkit.NewExchange(t)
 	queue := testkit.UniqueName(t, "q")
@@ -36,7 +42,11 @@ func newBrokerHarness(t *testing.T) relaytest.PublisherHarness {
 	})
 	host := strings.TrimSuffix(strings.TrimPrefix(testkit.AMQPURL(), "amqp://guest:guest@"), "/")
 	proxy := testkit.NewProxy(t, host)
-	pub := New(Config{URL: proxy.URL(testkit.AMQPURL()), Window: 512, ReconnectMax: 100 * time.Millisecond})
+	cfg := Config{URL: proxy.URL(testkit.AMQPURL()), Window: 512, ReconnectMax: 100 * time.Millisecond}
+	if edit != nil {
+		edit(&cfg)
+	}
+	pub := New(cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- pub.Run(ctx) }()

@@ -19,6 +19,6 @@ func BenchmarkPublishing(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		_ = publishing(m)
+		_ = publishing(m, 1)
 	}
 }

@@ -1,8 +1,10 @@
 // Package rabbitmq is the RabbitMQ backend of the relay: a relay.Publisher
 // that owns one connection and one confirm-mode channel, publishes with
 // mandatory and persistent delivery, and settles each message exactly once
-// (returns drained before acks, Unsent on any close, Failed past the
-// confirm timeout or for a missing exchange).
+// (returns matched to their publish before acks, Unsent on any close,
+// Failed past the confirm timeout or for a missing exchange). It pauses
+// while the broker blocks the connection (a resource alarm), closes a link
+// that stops confirming, and bounds every call that waits for the broker.
 package rabbitmq
 
 import (
@@ -12,6 +14,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -22,7 +25,7 @@ import (
 	"github.com/ordo-relay/ordo/relay"
 )
 
-// Config configures an Publisher.
+// Config configures a Publisher.
 type Config struct {
 	// URL of the broker, e.g. amqp://guest:guest@127.0.0.1:5672/, or a
 	// comma-separated list of broker nodes: Run dials them in turn and,
@@ -35,16 +38,33 @@ type Config struct {
 	// ReconnectMin and ReconnectMax bound the capped exponential backoff
 	// between connection attempts.
 	ReconnectMin, ReconnectMax time.Duration
+	// StableAfter is how long a connection must stay up, with a publish
+	// confirmed on it, before the reconnect backoff starts over: a
+	// connection the broker closes at once (over a message it refuses)
+	// keeps backing off.
+	StableAfter time.Duration
 	// ExchangeCheckTTL is how long a passive declare proving an exchange
 	// exists is trusted before the exchange is checked again.
 	ExchangeCheckTTL time.Duration
-	// Heartbeat is the AMQP heartbeat interval; a dead broker is noticed
-	// within about two of them.
+	// Heartbeat is the AMQP heartbeat interval; a silent broker is noticed
+	// within about one and a half of them.
 	Heartbeat time.Duration
 	// ConfirmTimeout is how long a publish may wait for its confirm on a
 	// channel that stays open; past it the message is relay.Failed (an attempt
-	// for its key), and a confirm that comes later is ignored.
+	// for its key), and a confirm that comes later is ignored. The clock
+	// does not run while the broker blocks the connection.
 	ConfirmTimeout time.Duration
+	// StallTimeout: when publishes have waited this long and no confirm at
+	// all has come meanwhile, the link is taken for dead (a blackholed
+	// network the heartbeat has not noticed yet): the connection is closed,
+	// its messages are relay.Unsent, and it is dialled again. Not while
+	// the broker blocks the connection. 0 turns it off.
+	StallTimeout time.Duration
+	// CallTimeout bounds every call that waits for the broker's answer
+	// (opening a channel, confirm mode, a passive declare, closing). A
+	// broker under a resource alarm stops reading the socket, and such a
+	// call would wait forever; past CallTimeout the connection is closed.
+	CallTimeout time.Duration
 	// Logger receives connection and outage messages.
 	Logger *slog.Logger
 }
@@ -59,6 +79,9 @@ func (c *Config) setDefaults() {
 	if c.ReconnectMax <= 0 {
 		c.ReconnectMax = time.Second
 	}
+	if c.StableAfter <= 0 {
+		c.StableAfter = time.Second
+	}
 	if c.ExchangeCheckTTL <= 0 {
 		c.ExchangeCheckTTL = 10 * time.Second
 	}
@@ -67,6 +90,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ConfirmTimeout <= 0 {
 		c.ConfirmTimeout = 30 * time.Second
+	}
+	if c.CallTimeout <= 0 {
+		c.CallTimeout = 5 * time.Second
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -81,41 +107,47 @@ type Publisher struct {
 	cfg  Config
 	down *outage.Log
 
-	pubMu sync.Mutex // serialises delivery-tag assignment with the publish
+	pubMu   sync.Mutex     // serialises delivery-tag assignment with the publish
+	calls   sync.WaitGroup // bounded broker calls still running; Run waits for them
+	attempt atomic.Int64   // the last HeaderAttempt value used
 
 	mu        sync.Mutex
 	dialed    string   // the URL of the current or last connection
 	cur       *session // nil while not connected
 	exchanges map[string]time.Time
 	opened    int64 // channels opened, for tests and status
+	stalls    int64 // links closed because they stopped confirming
 	// isolate counts publishes still to be sent one at a time after the
-	// broker closed a channel over one message (a channel-level error
-	// other than a missing exchange): with a single message in flight, the
-	// next such close names its culprit, which then fails instead of being
-	// retried as relay.Unsent forever.
+	// broker closed a channel, or the whole connection, over one message
+	// (a channel-level error other than a missing exchange, or a 5xx
+	// connection error): with a single message in flight, the next such
+	// close names its culprit, which then fails instead of being retried
+	// as relay.Unsent forever.
 	isolate int
+	// blocked is the broker's reason while it blocks the connection
+	// (connection.blocked: a memory or disk alarm), empty otherwise;
+	// blockedAt is when it started.
+	blocked   string
+	blockedAt time.Time
+
+	// noFrameCheck lets a message over frame_max reach the broker, for
+	// the test of connection errors; set it before the first Publish.
+	noFrameCheck bool
 }
 
 var _ relay.Publisher = (*Publisher)(nil)
 
-// session is one confirm-mode channel and what is unconfirmed on it.
-type session struct {
-	conn    *amqp.Connection
-	ch      *amqp.Channel
-	pending map[uint64]*pendingPub // by delivery tag; guarded by Publisher.mu
-	closed  bool                   // guarded by Publisher.mu
-	side    *amqp.Channel          // for passive declares; guarded by pubMu
-}
-
-type pendingPub struct {
-	msgID  string
-	sent   time.Time
-	settle func(relay.Result)
-}
-
 // ErrConfirmTimeout is the Err of a relay.Failed result whose confirm did not
 // come within ConfirmTimeout on an open channel.
 var ErrConfirmTimeout = errors.New("no publisher confirm within the confirm timeout")
+
+// ErrBlocked is returned (wrapping relay.ErrNotConnected) by Publish while
+// the broker blocks the connection because of a resource alarm.
+var ErrBlocked = fmt.Errorf("%w: the broker blocks publishing (resource alarm)", relay.ErrNotConnected)
+
+// ErrCallTimeout is returned (wrapped) when the broker did not answer a
+// call within CallTimeout; the connection was closed.
+var ErrCallTimeout = errors.New("no answer from the broker within the call timeout")
 
 // New returns a publisher; call Run to connect.
 func New(cfg Config) *Publisher {
@@ -123,11 +155,46 @@ func New(cfg Config) *Publisher {
 	return &Publisher{cfg: cfg, down: outage.New(cfg.Logger, "RabbitMQ"), exchanges: map[string]time.Time{}}
 }
 
-// Connected reports whether a channel is open.
+// Connected reports whether a channel is open and the broker does not
+// block it: whether a publish can go out now.
 func (p *Publisher) Connected() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.cur != nil
+	return p.cur != nil && p.blocked == ""
+}
+
+// Blocked reports whether the broker blocks the connection now (a
+// resource alarm). Safe for concurrent use.
+func (p *Publisher) Blocked() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.blocked != ""
+}
+
+// State is what Status reports.
+type State struct {
+	// Connected: a confirm-mode channel is open.
+	Connected bool `json:"connected"`
+	// Blocked is the broker's reason while it blocks the connection
+	// (e.g. "low on memory"), empty otherwise; BlockedSeconds is for how
+	// long.
+	Blocked        string  `json:"blocked,omitempty"`
+	BlockedSeconds float64 `json:"blockedSeconds,omitempty"`
+	// ChannelsOpened and Stalls count channels opened and links closed
+	// because they stopped confirming, since the start.
+	ChannelsOpened int64 `json:"channelsOpened"`
+	Stalls         int64 `json:"stalls"`
+}
+
+// Status returns the publisher's state. Safe for concurrent use.
+func (p *Publisher) Status() State {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := State{Connected: p.cur != nil, Blocked: p.blocked, ChannelsOpened: p.opened, Stalls: p.stalls}
+	if p.blocked != "" {
+		s.BlockedSeconds = time.Since(p.blockedAt).Seconds()
+	}
+	return s
 }
 
 // URL returns the broker URL of the current or last connection, its
@@ -148,6 +215,7 @@ func (p *Publisher) ChannelsOpened() int64 {
 // Run keeps a connection and a confirm-mode channel open until ctx ends,
 // then closes them, settling anything unconfirmed as relay.Unsent. It returns nil.
 func (p *Publisher) Run(ctx context.Context) error {
+	defer p.calls.Wait()
 	bo := backoff.New(p.cfg.ReconnectMin, p.cfg.ReconnectMax)
 	urls := strings.Split(p.cfg.URL, ",")
 	for next := 0; ctx.Err() == nil; next++ {
@@ -169,13 +237,12 @@ func (p *Publisher) Run(ctx context.Context) error {
 		p.mu.Lock()
 		p.dialed = redact.URL(url)
 		p.mu.Unlock()
-		before := p.ChannelsOpened()
-		err = p.serveConn(ctx, conn) // when it is lost, the loop moves on to the next URL
-		conn.Close()
+		up := time.Now()
+		published, err := p.serveConn(ctx, conn) // when it is lost, the loop moves on to the next URL
 		if ctx.Err() != nil {
 			return nil
 		}
-		if p.ChannelsOpened() > before {
+		if published && time.Since(up) >= p.cfg.StableAfter {
 			bo.Reset() // it worked: the next outage starts the backoff over
 		}
 		p.down.Fail(err)
@@ -186,17 +253,26 @@ func (p *Publisher) Run(ctx context.Context) error {
 	return nil
 }
 
-// serveConn opens channels on conn until the connection fails or ctx ends.
-func (p *Publisher) serveConn(ctx context.Context, conn *amqp.Connection) error {
+// serveConn opens channels on conn until the connection fails or ctx ends,
+// then closes it. published reports whether a publish was confirmed on it.
+func (p *Publisher) serveConn(ctx context.Context, conn *amqp.Connection) (published bool, err error) {
 	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	blockedDone := p.watchBlocked(conn)
+	defer func() {
+		p.closeConn(conn, p.cfg.CallTimeout)
+		<-blockedDone
+		p.setBlocked(amqp.Blocking{}) // whatever the old connection said
+	}()
+	frameMax := conn.Config.FrameSize
 	for {
-		err := p.serveChannel(ctx, conn, connClosed)
+		confirmed, err := p.serveChannel(ctx, conn, connClosed, frameMax)
+		published = published || confirmed
 		if ctx.Err() != nil || conn.IsClosed() {
-			return err
+			return published, err
 		}
 		var aerr *amqp.Error
 		if !errors.As(err, &aerr) || !aerr.Recover {
-			return err
+			return published, err
 		}
 		if aerr.Code == amqp.NotFound {
 			// A publish to a missing exchange closed the channel. Forget
@@ -210,322 +286,78 @@ func (p *Publisher) serveConn(ctx context.Context, conn *amqp.Connection) error 
 	}
 }
 
-func (p *Publisher) serveChannel(ctx context.Context, conn *amqp.Connection, connClosed <-chan *amqp.Error) error {
-	ch, err := conn.Channel()
-	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		ch.Close()
-		return fmt.Errorf("confirm mode: %w", err)
-	}
-	buf := 2*p.cfg.Window + 16
-	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, buf))
-	returns := ch.NotifyReturn(make(chan amqp.Return, buf))
-	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
-
-	s := &session{conn: conn, ch: ch, pending: map[uint64]*pendingPub{}}
-	p.mu.Lock()
-	p.cur = s
-	p.opened++
-	p.mu.Unlock()
-	p.down.OK()
-	p.cfg.Logger.Info("RabbitMQ channel open")
-
-	returned := map[string]error{}
-	drainReturns := func() {
-		for {
-			select {
-			case r, ok := <-returns:
-				if !ok {
-					return
-				}
-				returned[r.MessageId] = fmt.Errorf("returned by broker: %d %s (exchange %q, routing key %q)",
-					r.ReplyCode, r.ReplyText, r.Exchange, r.RoutingKey)
-			default:
-				return
-			}
+// watchBlocked follows the broker's connection.blocked and unblocked
+// notifications on conn until it closes; the returned channel is closed
+// then. It reads them at once: amqp091-go drops a notification nobody
+// takes within 5 s, and a lost "unblocked" would pause the node for good.
+func (p *Publisher) watchBlocked(conn *amqp.Connection) <-chan struct{} {
+	blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for b := range blocked { // closed by the library with the connection
+			p.setBlocked(b)
 		}
-	}
-	settle := func(c amqp.Confirmation) {
-		p.mu.Lock()
-		pp, ok := s.pending[c.DeliveryTag]
-		delete(s.pending, c.DeliveryTag)
-		p.mu.Unlock()
-		if !ok {
-			return
-		}
-		// The broker sends basic.return before the ack, and the library
-		// hands both over from one goroutine in that order: any return for
-		// this message is already buffered.
-		drainReturns()
-		switch rerr, wasReturned := returned[pp.msgID]; {
-		case wasReturned:
-			delete(returned, pp.msgID)
-			pp.settle(relay.Result{Outcome: relay.Returned, Err: rerr})
-		case !c.Ack:
-			pp.settle(relay.Result{Outcome: relay.Nacked, Err: errors.New("nacked by broker")})
-		default:
-			pp.settle(relay.Result{Outcome: relay.Confirmed})
-		}
-	}
-
-	expire := time.NewTicker(max(p.cfg.ConfirmTimeout/4, 10*time.Millisecond))
-	defer expire.Stop()
-	var cause error
-loop:
-	for {
-		select {
-		case <-ctx.Done():
-			cause = ctx.Err()
-			break loop
-		case now := <-expire.C:
-			p.expire(s, now)
-		case r, ok := <-returns:
-			if ok {
-				returned[r.MessageId] = fmt.Errorf("returned by broker: %d %s (exchange %q, routing key %q)",
-					r.ReplyCode, r.ReplyText, r.Exchange, r.RoutingKey)
-			}
-		case c, ok := <-confirms:
-			if !ok {
-				cause = errors.New("channel closed")
-				break loop
-			}
-			settle(c)
-		case e := <-chClosed:
-			if e != nil {
-				cause = e
-			} else {
-				cause = errors.New("channel closed")
-			}
-			break loop
-		case e := <-connClosed:
-			cause = fmt.Errorf("connection closed: %v", e)
-			break loop
-		}
-	}
-
-	// Stop new publishes on this session, then settle what the library
-	// still delivered, then everything else as relay.Unsent.
-	p.pubMu.Lock()
-	p.mu.Lock()
-	s.closed = true
-	p.cur = nil
-	p.mu.Unlock()
-	if s.side != nil {
-		s.side.Close()
-	}
-	p.pubMu.Unlock()
-	ch.Close()
-	for c := range confirms { // closed by the library when the channel closes
-		settle(c)
-	}
-	var aerr *amqp.Error
-	soft := errors.As(cause, &aerr) && aerr.Recover && aerr.Code != amqp.NotFound && !conn.IsClosed()
-	p.mu.Lock()
-	rest := s.pending
-	s.pending = nil
-	isolating := p.isolate > 0
-	if soft {
-		// Send the next publishes one at a time, enough of them to get past
-		// everything that was in flight.
-		p.isolate = 2*len(rest) + 16
-	}
-	p.mu.Unlock()
-	for _, pp := range rest {
-		if soft && isolating && len(rest) == 1 {
-			// Alone in flight when the broker closed the channel: it is
-			// the cause. A failure, so it backs off and is parked.
-			pp.settle(relay.Result{Outcome: relay.Failed, Err: fmt.Errorf("the broker closed the channel over this message: %w", cause)})
-			continue
-		}
-		pp.settle(relay.Result{Outcome: relay.Unsent, Err: fmt.Errorf("unconfirmed when the channel closed: %w", cause)})
-	}
-	if len(rest) > 0 {
-		p.cfg.Logger.Info("unconfirmed messages will be republished", "count", len(rest))
-	}
-	return cause
+	}()
+	return done
 }
 
-// waitIsolated, while isolating, waits until nothing is unconfirmed on s.
-// Called with pubMu held; the serve loop settles confirms without it.
-func (p *Publisher) waitIsolated(ctx context.Context, s *session) error {
-	for {
-		p.mu.Lock()
-		isolating, busy, closed := p.isolate > 0, len(s.pending) > 0, s.closed
-		p.mu.Unlock()
-		switch {
-		case closed || s.ch.IsClosed():
-			// The serve loop needs pubMu to finish closing: give it back.
-			return relay.ErrNotConnected
-		case !isolating || !busy:
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Millisecond):
-		}
-	}
-}
-
-// expire fails the publishes of s waiting longer than ConfirmTimeout.
-func (p *Publisher) expire(s *session, now time.Time) {
-	var late []*pendingPub
+// setBlocked records a blocked or unblocked notification. When a block
+// ends, the publishes that waited through it get the time back: the
+// confirm timeout and the stall clock do not run while blocked.
+func (p *Publisher) setBlocked(b amqp.Blocking) {
+	now := time.Now()
 	p.mu.Lock()
-	for tag, pp := range s.pending {
-		if now.Sub(pp.sent) >= p.cfg.ConfirmTimeout {
-			late = append(late, pp)
-			delete(s.pending, tag)
-		}
-	}
-	p.mu.Unlock()
-	for _, pp := range late {
-		pp.settle(relay.Result{Outcome: relay.Failed, Err: fmt.Errorf("%w (%v)", ErrConfirmTimeout, p.cfg.ConfirmTimeout)})
-	}
-	if len(late) > 0 {
-		p.cfg.Logger.Warn("publishes unconfirmed past the confirm timeout; counted as failed attempts",
-			"count", len(late), "timeout", p.cfg.ConfirmTimeout)
-	}
-}
-
-// Publish implements relay.Publisher.
-func (p *Publisher) Publish(ctx context.Context, m *relay.Message, settle func(relay.Result)) error {
-	if err := checkSendable(m); err != nil {
-		// The client or the broker would reject it by closing the channel
-		// or the connection: the message would be retried as Unsent
-		// forever, without ever counting an attempt.
-		settle(relay.Result{Outcome: relay.Failed, Err: fmt.Errorf("%w: %w", ErrUnsendable, err)})
-		return nil
-	}
-	p.pubMu.Lock()
-	defer p.pubMu.Unlock()
-	p.mu.Lock()
-	s := p.cur
-	p.mu.Unlock()
-	if s == nil {
-		return relay.ErrNotConnected
-	}
-	if m.Exchange != "" {
-		if err := p.checkExchange(s, m.Exchange); err != nil {
-			if errors.Is(err, relay.ErrExchangeNotFound) {
-				settle(relay.Result{Outcome: relay.Failed, Err: err})
-				return nil
-			}
-			return err
-		}
-	}
-	if err := p.waitIsolated(ctx, s); err != nil {
-		return err
-	}
-	tag := s.ch.GetNextPublishSeqNo()
-	msgID := m.ID.String()
-	p.mu.Lock()
-	if s.closed {
-		p.mu.Unlock()
-		return relay.ErrNotConnected
-	}
-	if p.isolate > 0 {
-		p.isolate--
-	}
-	s.pending[tag] = &pendingPub{msgID: msgID, sent: time.Now(), settle: settle}
-	p.mu.Unlock()
-
-	err := s.ch.PublishWithContext(ctx, m.Exchange, m.RoutingKey, true, false, publishing(m))
-	if err != nil {
-		p.mu.Lock()
-		_, mine := s.pending[tag]
-		delete(s.pending, tag)
-		p.mu.Unlock()
-		if !mine {
-			return nil // the closing session settled it already
-		}
-		return fmt.Errorf("publish: %w", err)
-	}
-	return nil
-}
-
-// checkExchange verifies with a passive declare, on a channel of its own,
-// that exchange exists; a positive answer is cached for ExchangeCheckTTL.
-// Called with pubMu held.
-func (p *Publisher) checkExchange(s *session, exchange string) error {
-	p.mu.Lock()
-	at, ok := p.exchanges[exchange]
-	p.mu.Unlock()
-	if ok && time.Since(at) < p.cfg.ExchangeCheckTTL {
-		return nil
-	}
-	if s.side == nil || s.side.IsClosed() {
-		side, err := s.conn.Channel()
-		if err != nil {
-			return fmt.Errorf("open channel for exchange checks: %w", err)
-		}
-		s.side = side
-	}
-	err := s.side.ExchangeDeclarePassive(exchange, "topic", false, false, false, false, nil)
-	var aerr *amqp.Error
+	was, since := p.blocked, p.blockedAt
 	switch {
-	case err == nil:
-		p.mu.Lock()
-		p.exchanges[exchange] = time.Now()
-		p.mu.Unlock()
-		return nil
-	case errors.As(err, &aerr) && aerr.Code == amqp.NotFound:
-		s.side = nil // the broker closed it
-		return fmt.Errorf("%w: %q", relay.ErrExchangeNotFound, exchange)
-	default:
-		s.side = nil
-		return fmt.Errorf("check exchange %q: %w", exchange, err)
+	case b.Active:
+		if was == "" {
+			p.blockedAt = now
+		}
+		p.blocked = b.Reason
+		if p.blocked == "" {
+			p.blocked = "blocked"
+		}
+	case was != "":
+		p.blocked = ""
+		if s := p.cur; s != nil {
+			s.resume(now.Sub(since))
+		}
+	}
+	p.mu.Unlock()
+	switch {
+	case b.Active && was == "":
+		p.cfg.Logger.Warn("RabbitMQ blocks publishing (resource alarm); pausing, no attempt is counted while it lasts", "reason", b.Reason)
+	case !b.Active && was != "":
+		p.cfg.Logger.Info("RabbitMQ publishing unblocked; resuming", "blocked_for", now.Sub(since).Round(time.Millisecond))
 	}
 }
 
-// publishing builds the AMQP message for m (DESIGN.md, "The AMQP message").
-func publishing(m *relay.Message) amqp.Publishing {
-	h := make(amqp.Table, len(m.Headers)+4)
-	for k, v := range m.Headers {
-		h[k] = v
-	}
-	h[relay.HeaderKeySeq] = m.KeySeq
-	h[relay.HeaderPrevKeySeq] = m.PrevKeySeq
-	h[relay.HeaderPartition] = int32(m.Partition)
-	h[relay.HeaderEpoch] = m.Epoch
-	return amqp.Publishing{
-		Headers:       h,
-		ContentType:   "application/json",
-		DeliveryMode:  amqp.Persistent,
-		CorrelationId: m.CorrelationID,
-		MessageId:     m.ID.String(),
-		Timestamp:     m.OccurredAt,
-		Type:          m.Type,
-		Body:          m.Payload,
+// closeConn closes conn, waiting at most timeout for the broker's answer.
+func (p *Publisher) closeConn(conn *amqp.Connection, timeout time.Duration) {
+	if !conn.IsClosed() {
+		_ = conn.CloseDeadline(time.Now().Add(timeout))
 	}
 }
 
-// ErrUnsendable is the Err of a Failed result for a message AMQP cannot
-// carry (a header name over 255 bytes, a header value or payload over the
-// limits below); it was not sent.
-var ErrUnsendable = errors.New("message cannot be sent over AMQP")
-
-// Limits below the broker's defaults (frame_max 128 KiB for all headers
-// together, max_message_size 16 MiB on RabbitMQ 4).
-const (
-	maxHeaderBytes  = 64 << 10
-	maxPayloadBytes = 16 << 20
-)
-
-// checkSendable refuses what the AMQP client or the broker would reject
-// by closing the channel or the connection.
-func checkSendable(m *relay.Message) error {
-	for k, v := range m.Headers {
-		if len(k) > 255 {
-			return fmt.Errorf("header name of %d bytes (AMQP allows 255)", len(k))
-		}
-		if s, ok := v.(string); ok && len(s) > maxHeaderBytes {
-			return fmt.Errorf("header %q of %d bytes (at most %d)", k, len(s), maxHeaderBytes)
-		}
+// bounded runs f, a call that waits for the broker, for at most
+// CallTimeout. Past it, it closes conn, which ends f, and returns an error
+// wrapping ErrCallTimeout without waiting for f (Run does, before it
+// returns).
+func (p *Publisher) bounded(conn *amqp.Connection, what string, f func() error) error {
+	done := make(chan error, 1)
+	p.calls.Add(1)
+	go func() {
+		defer p.calls.Done()
+		done <- f()
+	}()
+	t := time.NewTimer(p.cfg.CallTimeout)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		p.closeConn(conn, 0)
+		return fmt.Errorf("%s: %w (%v); connection closed", what, ErrCallTimeout, p.cfg.CallTimeout)
 	}
-	if len(m.Payload) > maxPayloadBytes {
-		return fmt.Errorf("payload of %d bytes (at most %d)", len(m.Payload), maxPayloadBytes)
-	}
-	return nil
 }

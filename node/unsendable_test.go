@@ -1,0 +1,146 @@
+package node_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/node"
+	"github.com/ordo-relay/ordo/outbox"
+	"github.com/ordo-relay/ordo/partition"
+)
+
+// startNode runs one node without gossip on dbURL until the test ends and
+// returns its HTTP address.
+func startNode(t *testing.T, dbURL string, partitions int, edit func(*node.Config)) string {
+	t.Helper()
+	cfg := node.DefaultConfig()
+	cfg.PostgresURL, cfg.AMQPURL, cfg.NodeName = dbURL, testkit.AMQPURL(), "solo"
+	cfg.HTTPAddr, cfg.Partitions, cfg.DBMaxConns = "127.0.0.1:0", partitions, 3
+	cfg.PollInterval = 200 * time.Millisecond
+	if edit != nil {
+		edit(&cfg)
+	}
+	ready := make(chan string, 1)
+	opts := node.Options{
+		Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Ready:  func(a string) { ready <- a },
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := node.Run(ctx, cfg, opts); err != nil {
+			t.Errorf("node: %v", err)
+		}
+	}()
+	t.Cleanup(func() { stop(); wg.Wait() })
+	select {
+	case a := <-ready:
+		return a
+	case <-time.After(30 * time.Second):
+		t.Fatal("the node did not start")
+		return ""
+	}
+}
+
+// nodeStatus fetches a node's /status.
+func nodeStatus(t *testing.T, addr string) node.Status {
+	t.Helper()
+	var st node.Status
+	resp, err := http.Get("http://" + addr + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// TestUnsendableRowsParked: rows written by a plain SQL INSERT that AMQP
+// cannot carry (three header values of 60 KB, together over frame_max; a
+// header value that is a JSON object; a 20 MiB payload) are parked, and
+// every other key flows, on one connection: no row makes the broker close
+// it (it once did, about 7 times a second, and nothing else went out).
+func TestUnsendableRowsParked(t *testing.T) {
+	t.Parallel()
+	testkit.RequireRabbitMQ(t)
+	dbURL, pool := testkit.NewTestDB(t, 3)
+	ctx := testkit.Context(t, 2*time.Minute)
+	const partitions = 4
+	if err := outbox.Migrate(ctx, pool, partitions); err != nil {
+		t.Fatal(err)
+	}
+	ex := testkit.NewExchange(t)
+	checker := testkit.NewChecker(t, testkit.AMQPURL(), ex)
+	addr := startNode(t, dbURL, partitions, func(c *node.Config) { c.RetryMin, c.RetryMax = 50*time.Millisecond, 200*time.Millisecond })
+
+	bad := map[string]string{ // key -> the row's headers and payload, as SQL
+		"three-60k-headers": `jsonb_build_object('a', repeat('x', 61440), 'b', repeat('y', 61440), 'c', repeat('z', 61440)), '{}'::jsonb`,
+		"object-header":     `'{"trace": {"id": 1}}'::jsonb, '{}'::jsonb`,
+		"20mib-payload":     `'{}'::jsonb, jsonb_build_object('blob', repeat('x', 20 << 20))`,
+	}
+	badIDs := map[string]uuid.UUID{}
+	for key, values := range bad {
+		id := uuid.Must(uuid.NewV7())
+		badIDs[key] = id
+		if _, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, headers, payload)
+			VALUES ($1, $2, $3, $4, 'bad', 't', %s)`, values), id, partition.Of(key, partitions), key, ex); err != nil {
+			t.Fatalf("insert %s: %v", key, err)
+		}
+	}
+	prod, _ := outbox.NewProducer(partitions)
+	const good = 400
+	msgs := make([]outbox.Message, good)
+	for i := range msgs {
+		msgs[i] = outbox.Message{CorrelationID: fmt.Sprintf("good-%d", i%40), Exchange: ex, RoutingKey: "good", Type: "t", Payload: json.RawMessage(`{}`)}
+	}
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		ids, err := prod.Enqueue(ctx, tx, msgs...)
+		for _, id := range ids {
+			checker.Expect(id.String())
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	rep := checker.WaitDistinct(t, good, 30*time.Second)
+	t.Logf("%d good messages delivered in %v: %s", good, time.Since(start).Round(time.Millisecond), rep)
+	if !rep.OK() {
+		t.Fatalf("checker: %s", rep.Detail())
+	}
+	for key, id := range badIDs {
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			var parked bool
+			var lastErr *string
+			if err := pool.QueryRow(ctx, `SELECT parked_at IS NOT NULL, last_error FROM outbox WHERE id = $1`, id).Scan(&parked, &lastErr); err != nil {
+				t.Fatal(err)
+			}
+			if parked {
+				t.Logf("%s parked: %s", key, *lastErr)
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s not parked after 30s (last error %v)", key, lastErr)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	if st := nodeStatus(t, addr); st.BrokerState.ChannelsOpened != 1 {
+		t.Fatalf("%d channels opened: a row made the broker close the connection or channel", st.BrokerState.ChannelsOpened)
+	}
+}

@@ -1,0 +1,153 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/ordo-relay/ordo/relay"
+)
+
+// HeaderAttempt is a header set on every publish: a number unique to that
+// publish among this publisher's (not an attempt count). The broker echoes
+// it in a basic.return, which is how a return is matched to the publish it
+// answers, and never to a later publish of the same message. Consumers
+// may ignore it.
+const HeaderAttempt = "x-ordo-attempt"
+
+// Publish implements relay.Publisher.
+func (p *Publisher) Publish(ctx context.Context, m *relay.Message, settle func(relay.Result)) error {
+	if err := checkSendable(m); err != nil {
+		// The client or the broker would reject it by closing the channel
+		// or the connection: the message would be retried as Unsent
+		// forever, without ever counting an attempt.
+		settle(relay.Result{Outcome: relay.Failed, Err: fmt.Errorf("%w: %w", ErrUnsendable, err)})
+		return nil
+	}
+	p.pubMu.Lock()
+	defer p.pubMu.Unlock()
+	s, err := p.session()
+	if err != nil {
+		return err
+	}
+	attempt := p.attempt.Add(1)
+	pub := publishing(m, attempt)
+	if err := checkFrame(&pub, s.frameMax); err != nil && !p.noFrameCheck {
+		settle(relay.Result{Outcome: relay.Failed, Err: fmt.Errorf("%w: %w", ErrUnsendable, err)})
+		return nil
+	}
+	if m.Exchange != "" {
+		if err := p.checkExchange(s, m.Exchange); err != nil {
+			if errors.Is(err, relay.ErrExchangeNotFound) {
+				settle(relay.Result{Outcome: relay.Failed, Err: err})
+				return nil
+			}
+			return err
+		}
+	}
+	if err := p.waitIsolated(ctx, s); err != nil {
+		return err
+	}
+	tag := s.ch.GetNextPublishSeqNo()
+	p.mu.Lock()
+	if s.closed {
+		p.mu.Unlock()
+		return relay.ErrNotConnected
+	}
+	if p.isolate > 0 {
+		p.isolate--
+	}
+	s.pending[tag] = &pendingPub{attempt: attempt, sent: time.Now(), settle: settle}
+	p.mu.Unlock()
+
+	err = s.ch.PublishWithContext(ctx, m.Exchange, m.RoutingKey, true, false, pub)
+	if err != nil {
+		p.mu.Lock()
+		_, mine := s.pending[tag]
+		delete(s.pending, tag)
+		p.mu.Unlock()
+		if !mine {
+			return nil // the closing session settled it already
+		}
+		return fmt.Errorf("publish: %w", err)
+	}
+	return nil
+}
+
+// session returns the open session, or why there is none to publish on.
+func (p *Publisher) session() (*session, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case p.cur == nil:
+		return nil, relay.ErrNotConnected
+	case p.blocked != "":
+		return nil, fmt.Errorf("%w (%s)", ErrBlocked, p.blocked)
+	}
+	return p.cur, nil
+}
+
+// checkExchange verifies with a passive declare, on a channel of its own,
+// that exchange exists; a positive answer is cached for ExchangeCheckTTL.
+// Both calls are bounded by CallTimeout. Called with pubMu held.
+func (p *Publisher) checkExchange(s *session, exchange string) error {
+	p.mu.Lock()
+	at, ok := p.exchanges[exchange]
+	p.mu.Unlock()
+	if ok && time.Since(at) < p.cfg.ExchangeCheckTTL {
+		return nil
+	}
+	if s.side == nil || s.side.IsClosed() {
+		var side *amqp.Channel
+		err := p.bounded(s.conn, "open channel for exchange checks", func() (err error) { side, err = s.conn.Channel(); return err })
+		if err != nil {
+			return fmt.Errorf("open channel for exchange checks: %w", err)
+		}
+		s.side = side
+	}
+	side := s.side
+	err := p.bounded(s.conn, "check exchange", func() error {
+		return side.ExchangeDeclarePassive(exchange, "topic", false, false, false, false, nil)
+	})
+	var aerr *amqp.Error
+	switch {
+	case err == nil:
+		p.mu.Lock()
+		p.exchanges[exchange] = time.Now()
+		p.mu.Unlock()
+		return nil
+	case errors.As(err, &aerr) && aerr.Code == amqp.NotFound:
+		s.side = nil // the broker closed it
+		return fmt.Errorf("%w: %q", relay.ErrExchangeNotFound, exchange)
+	default:
+		s.side = nil
+		return fmt.Errorf("check exchange %q: %w", exchange, err)
+	}
+}
+
+// publishing builds the AMQP message for m (DESIGN.md, "The AMQP message"),
+// with attempt as its HeaderAttempt.
+func publishing(m *relay.Message, attempt int64) amqp.Publishing {
+	h := make(amqp.Table, len(m.Headers)+5)
+	for k, v := range m.Headers {
+		h[k] = v
+	}
+	h[relay.HeaderKeySeq] = m.KeySeq
+	h[relay.HeaderPrevKeySeq] = m.PrevKeySeq
+	h[relay.HeaderPartition] = int32(m.Partition)
+	h[relay.HeaderEpoch] = m.Epoch
+	h[HeaderAttempt] = attempt
+	return amqp.Publishing{
+		Headers:       h,
+		ContentType:   "application/json",
+		DeliveryMode:  amqp.Persistent,
+		CorrelationId: m.CorrelationID,
+		MessageId:     m.ID.String(),
+		Timestamp:     m.OccurredAt,
+		Type:          m.Type,
+		Body:          m.Payload,
+	}
+}
