@@ -511,3 +511,34 @@ func TestCoreBlockedPublisherStopsCleanly(t *testing.T) {
 	}
 	c.stop()
 }
+
+// TestCoreRetryAfterBackoffDoesNotWaitForThePoll: a key whose backoff ends
+// goes at once, not at the next poll.
+func TestCoreRetryAfterBackoffDoesNotWaitForThePoll(t *testing.T) {
+	c := newCore(t, 0, func(cfg *relay.Config) { cfg.PollInterval = 5 * time.Second })
+	c.pub.SetFault(failFirst(1, relay.Nacked))
+	c.store.Insert(0, "k")
+	start := time.Now()
+	c.start()
+	c.waitDrained()
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("a nacked message with a few ms of backoff was delivered after %v (poll 5s)", took)
+	}
+}
+
+// TestCoreDeadRowLookupFailureBacksOff: when the lookup of a dead row's
+// predecessor fails (database down), the relay backs off instead of
+// spinning on it, and goes on once it works.
+func TestCoreDeadRowLookupFailureBacksOff(t *testing.T) {
+	c := newCore(t, 0, nil)
+	ids := c.store.Insert(0, "k", "k")
+	c.store.Update(ids[0], func(r *relaytest.StoredRow) { r.Processed, r.Dead = true, true })
+	c.store.FailPrevKeySeq(errors.New("injected: database down"))
+	c.start()
+	time.Sleep(300 * time.Millisecond)
+	if n := c.store.PrevKeySeqCalls(); n > 50 {
+		t.Fatalf("%d lookups in 300ms: the relay spins on a failing lookup", n)
+	}
+	c.store.FailPrevKeySeq(nil)
+	c.waitDrained()
+}

@@ -148,6 +148,12 @@ func (r *Relay) ingestLocked(ps *partState, rows []Row) {
 		at, _ := slices.BinarySearchFunc(k.queue, row.KeySeq, func(x *entry, ks int64) int {
 			return int(min(max(x.row.KeySeq-ks, -1), 1))
 		})
+		if at > 0 && r.bytes >= r.cfg.ReadAheadBytes {
+			// Memory is full and the row waits behind others of its key
+			// (blocked ones, say): leave it for a later pass.
+			ps.dirty = true
+			continue
+		}
 		k.queue = slices.Insert(k.queue, at, e)
 		ps.queued[row.ID] = e
 		r.bytes += e.size
@@ -187,10 +193,8 @@ func (r *Relay) sweepLocked(ps *partState) {
 			ps.dirty = true
 		}
 	}
-	for name, k := range ps.keys {
-		if len(k.queue) == 0 && k.inFlight == 0 && k.writing == 0 && !r.blocked[k] && !r.leaseWait[k] {
-			delete(ps.keys, name)
-		}
+	for _, k := range ps.keys {
+		r.forgetIfIdleLocked(k)
 	}
 }
 
@@ -236,9 +240,9 @@ func (r *Relay) headLocked(k *keyState, now time.Time) (*entry, bool) {
 }
 
 // earliestRetryLocked returns when the first backing-off key may go again
-// (zero if none), and puts the keys whose time has come back in line.
-func (r *Relay) earliestRetryLocked(now time.Time) time.Time {
-	var first time.Time
+// (zero if none), and puts the keys whose time has come back in line
+// (due: at least one).
+func (r *Relay) earliestRetryLocked(now time.Time) (first time.Time, due bool) {
 	for k := range r.blocked {
 		if !r.currentLocked(k) || len(k.queue) == 0 {
 			delete(r.blocked, k)
@@ -248,13 +252,14 @@ func (r *Relay) earliestRetryLocked(now time.Time) time.Time {
 		if !now.Before(at) {
 			delete(r.blocked, k)
 			r.pushReadyLocked(k)
+			due = true
 			continue
 		}
 		if first.IsZero() || at.Before(first) {
 			first = at
 		}
 	}
-	return first
+	return first, due
 }
 
 // eligibleLocked counts queued heads that nothing but a lease or a stall

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -76,7 +77,15 @@ func (r *Relay) readLoop(ctx context.Context) {
 			return
 		}
 		if err != nil {
-			continue // the publisher reconnects and logs on its own
+			// The publisher reconnects and logs on its own; a database
+			// error (the dead-row lookup) is an outage like a read's.
+			if !errors.As(err, new(*publishError)) {
+				down.Fail(err)
+			}
+			if !backoff.Sleep(ctx, pubWait.Next()) {
+				return
+			}
+			continue
 		}
 		read, err := r.readOnce(ctx)
 		if ctx.Err() != nil {
@@ -108,7 +117,11 @@ func (r *Relay) readLoop(ctx context.Context) {
 func (r *Relay) wait(ctx context.Context, poll <-chan time.Time, retry *time.Timer) bool {
 	r.mu.Lock()
 	now := time.Now()
-	next := r.earliestRetryLocked(now)
+	next, due := r.earliestRetryLocked(now)
+	if due {
+		r.mu.Unlock()
+		return true // a key's backoff is over: publish it now
+	}
 	for _, ps := range r.parts {
 		// A notification that came within minPassGap of the last pass
 		// starts the next one when the gap is over.
@@ -332,12 +345,20 @@ func (r *Relay) nextFlight() (f *flight, leaseLost bool) {
 // it backs off, is parked after MaxAttempts, and only its key waits.
 func (r *Relay) publish(ctx context.Context, f *flight) error {
 	if f.e.row.PrevDead {
-		prev, err := r.store.PrevKeySeq(ctx, f.msg.CorrelationID, f.msg.KeySeq)
+		lctx, cancel := context.WithTimeout(ctx, r.cfg.ReadTimeout)
+		prev, err := r.store.PrevKeySeq(lctx, f.msg.CorrelationID, f.msg.KeySeq)
+		cancel()
 		if err != nil {
 			r.unsend(f)
 			return err
 		}
 		f.msg.PrevKeySeq = prev
+		// A check followed by a wait is not a check: the lease again.
+		if l, held := r.own.Lease(f.msg.Partition); !held || l.Epoch != f.msg.Epoch || !l.Valid(time.Now()) {
+			r.unsend(f)
+			r.progress.leaseSkipped(1)
+			return nil
+		}
 	}
 	headers, bad := decodeHeaders(f.e.row.Headers)
 	if bad != nil {

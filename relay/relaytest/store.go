@@ -28,6 +28,23 @@ type Store struct {
 	wake   []func(int)
 	reads  int
 	delay  time.Duration
+
+	prevErr   error
+	prevCalls int
+}
+
+// FailPrevKeySeq makes PrevKeySeq fail with err (nil: work again).
+func (s *Store) FailPrevKeySeq(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.prevErr = err
+}
+
+// PrevKeySeqCalls counts PrevKeySeq calls.
+func (s *Store) PrevKeySeqCalls() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.prevCalls
 }
 
 // StoredRow is one outbox row as the in-memory store keeps it.
@@ -221,6 +238,10 @@ func (s *Store) RecordFailures(ctx context.Context, node string, rows []relay.Se
 func (s *Store) PrevKeySeq(ctx context.Context, key string, keySeq int64) (int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.prevCalls++
+	if s.prevErr != nil {
+		return 0, s.prevErr
+	}
 	k := keySeq - 1
 	for k > 0 {
 		r := s.findLocked(key, k)
