@@ -48,7 +48,15 @@ var (
 	descDeleted = prometheus.NewDesc("ordo_retention_deleted_total",
 		"Processed rows deleted by retention.", nil, nil)
 	descReads = prometheus.NewDesc("ordo_relay_reads_total",
-		"Key-head reads.", nil, nil)
+		"Reads of pending rows.", nil, nil)
+	descReadRows = prometheus.NewDesc("ordo_relay_read_rows_total",
+		"Rows returned by reads (÷ ordo_relay_reads_total: the read batch size).", nil, nil)
+	descReadSeconds = prometheus.NewDesc("ordo_relay_read_seconds_total",
+		"Time spent in reads (÷ ordo_relay_reads_total: the mean read duration).", nil, nil)
+	descMarks = prometheus.NewDesc("ordo_relay_marks_total",
+		"Mark statements (confirmed ÷ marks: the mark batch size).", nil, nil)
+	descMarkSeconds = prometheus.NewDesc("ordo_relay_mark_seconds_total",
+		"Time spent in mark statements.", nil, nil)
 	descIdleReads = prometheus.NewDesc("ordo_relay_idle_reads_total",
 		"Reads that returned rows none of which could be published.", nil, nil)
 	descLeaseSkipped = prometheus.NewDesc("ordo_relay_lease_skipped_total",
@@ -99,6 +107,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 		descPartitions, descAssigned, descHeld, descPending, descParked, descOldest, descLeaseLive,
 		descBacklogAge, descBacklogRefreshes, descBacklogFailures, descBacklogDuration,
 		descMarked, descRelayFailures, descParkedTotal, descRefused, descDeleted, descReads, descIdleReads,
+		descReadRows, descReadSeconds, descMarks, descMarkSeconds,
 		descLeaseSkipped, descStalled, descInFlight, descUnconfirmed, descWindow,
 		descClaims, descRenewFailures, descLosses, descHandoffs, descHandoffTimeouts, descRebalances,
 		descBrokerUp, descBrokerBlocked, descDatabaseUp, descMembers, descMembersGone, descDegraded,
@@ -115,6 +124,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	counter := func(d *prometheus.Desc, v int64) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
 	}
+	counterF := func(d *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v)
+	}
 	v := c.v
 	gauge(descPartitions, float64(v.cfg.Partitions))
 	gauge(descAssigned, float64(len(v.assignment().Owned(v.cfg.NodeName))))
@@ -128,6 +140,10 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descRefused, s.Refused)
 	counter(descDeleted, s.Deleted)
 	counter(descReads, s.Reads)
+	counter(descReadRows, s.ReadRows)
+	counterF(descReadSeconds, s.ReadSeconds)
+	counter(descMarks, s.Marks)
+	counterF(descMarkSeconds, s.MarkSeconds)
 	counter(descIdleReads, s.IdleReads)
 	counter(descLeaseSkipped, s.LeaseSkipped)
 	gauge(descStalled, s.StalledSeconds)

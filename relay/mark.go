@@ -177,7 +177,9 @@ func (r *Relay) markConfirmed(ctx context.Context, confirmed []settlement) error
 	for i, s := range confirmed {
 		rows[i] = Settled{ID: s.f.msg.ID, Partition: s.f.msg.Partition, Epoch: s.f.msg.Epoch}
 	}
+	began := time.Now()
 	marked, err := r.store.MarkPublished(ctx, r.cfg.Node, rows)
+	took := time.Since(began)
 	if err != nil {
 		return err
 	}
@@ -198,6 +200,8 @@ func (r *Relay) markConfirmed(ctx context.Context, confirmed []settlement) error
 		s.f.key.flights--
 		r.forgetIfIdleLocked(s.f.key)
 	}
+	r.stats.Marks++
+	r.stats.MarkSeconds += took.Seconds()
 	r.stats.Confirmed += int64(len(confirmed))
 	r.stats.Marked += int64(len(marked))
 	r.stats.Refused += int64(refused)

@@ -226,7 +226,9 @@ func (r *Relay) readOnce(ctx context.Context) (bool, error) {
 	}
 	limit := max(32, min(r.cfg.BatchSize, 2*r.cfg.BatchSize/len(cursors)))
 	rctx, cancel := context.WithTimeout(ctx, r.cfg.ReadTimeout)
+	began := time.Now()
 	rows, err := r.store.ReadPending(rctx, cursors, limit)
+	took := time.Since(began)
 	cancel()
 	r.progress.read(err)
 	if err != nil {
@@ -238,6 +240,8 @@ func (r *Relay) readOnce(ctx context.Context) (bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.stats.Reads++
+	r.stats.ReadRows += int64(len(rows))
+	r.stats.ReadSeconds += took.Seconds()
 	byPart := map[int][]Row{}
 	for _, row := range rows {
 		byPart[row.Partition] = append(byPart[row.Partition], row)

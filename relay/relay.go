@@ -191,6 +191,11 @@ type Stats struct {
 	// because their partition's lease lapsed or changed hands after they
 	// were read; they stay pending.
 	Reads, Passes, IdleReads, LeaseSkipped int64
+	// ReadRows and ReadSeconds total the rows and the time of every read;
+	// Marks and MarkSeconds count the mark statements and their time
+	// (Confirmed ÷ Marks is the mark batch size).
+	ReadRows, Marks          int64
+	ReadSeconds, MarkSeconds float64
 	// StalledSeconds is how long the relay has gone without publishing
 	// while reads fail or rows it could publish wait; 0 while it makes
 	// progress or has nothing to do.

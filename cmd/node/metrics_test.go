@@ -97,6 +97,10 @@ var wantTypes = map[string]dto.MetricType{
 	"ordo_retention_deleted_total":              dto.MetricType_COUNTER,
 	"ordo_commit_to_confirm_seconds":            dto.MetricType_HISTOGRAM,
 	"ordo_relay_reads_total":                    dto.MetricType_COUNTER,
+	"ordo_relay_read_rows_total":                dto.MetricType_COUNTER,
+	"ordo_relay_read_seconds_total":             dto.MetricType_COUNTER,
+	"ordo_relay_marks_total":                    dto.MetricType_COUNTER,
+	"ordo_relay_mark_seconds_total":             dto.MetricType_COUNTER,
 	"ordo_relay_idle_reads_total":               dto.MetricType_COUNTER,
 	"ordo_relay_lease_skipped_total":            dto.MetricType_COUNTER,
 	"ordo_relay_stalled_seconds":                dto.MetricType_GAUGE,
@@ -183,6 +187,11 @@ func TestMetricsUnderLoad(t *testing.T) {
 	}
 	if got := sum("ordo_messages_parked_total"); got != 1 {
 		t.Errorf("ordo_messages_parked_total: %v, want 1", got)
+	}
+	for _, name := range []string{"ordo_relay_read_rows_total", "ordo_relay_marks_total"} {
+		if got := sum(name) - value(before[0], name) - value(before[1], name); got <= 0 {
+			t.Errorf("%s did not move under load", name)
+		}
 	}
 	if got := sum("ordo_relay_reads_total") - value(before[0], "ordo_relay_reads_total") - value(before[1], "ordo_relay_reads_total"); got <= 0 {
 		t.Errorf("ordo_relay_reads_total did not move")
