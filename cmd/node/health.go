@@ -27,12 +27,8 @@ func healthMain(args []string, lookup func(string) (string, bool), stdout, stder
 		}
 		return 2
 	}
-	url := *addr
-	if !strings.Contains(url, "://") {
-		url = "http://" + url
-	}
 	client := &http.Client{Timeout: 3 * time.Second}
-	resp, err := client.Get(strings.TrimSuffix(url, "/") + *path)
+	resp, err := client.Get(nodeURL(*addr, *path))
 	if err != nil {
 		fmt.Fprintln(stderr, "node health:", err)
 		return 1

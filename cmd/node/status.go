@@ -15,6 +15,14 @@ import (
 	"github.com/ordo-relay/ordo/node"
 )
 
+// nodeURL is path on a node's HTTP address, given as host:port or as a URL.
+func nodeURL(addr, path string) string {
+	if !strings.Contains(addr, "://") {
+		addr = "http://" + addr
+	}
+	return strings.TrimSuffix(addr, "/") + path
+}
+
 // statusMain is "node status": it fetches a node's /status and prints it as
 // tables for people. It returns the exit code.
 func statusMain(args []string, lookup func(string) (string, bool), stdout, stderr io.Writer) int {
@@ -28,12 +36,8 @@ func statusMain(args []string, lookup func(string) (string, bool), stdout, stder
 		}
 		return 2
 	}
-	url := *addr
-	if !strings.Contains(url, "://") {
-		url = "http://" + url
-	}
 	client := &http.Client{Timeout: 10 * time.Second}
-	resp, err := client.Get(strings.TrimSuffix(url, "/") + "/status")
+	resp, err := client.Get(nodeURL(*addr, "/status"))
 	if err != nil {
 		fmt.Fprintln(stderr, "node status:", err)
 		return 1
@@ -42,7 +46,7 @@ func statusMain(args []string, lookup func(string) (string, bool), stdout, stder
 	var st node.Status
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(resp.Body)
-		fmt.Fprintf(stderr, "node status: %s answered %s: %s\n", url, resp.Status, strings.TrimSpace(string(b)))
+		fmt.Fprintf(stderr, "node status: %s answered %s: %s\n", nodeURL(*addr, "/status"), resp.Status, strings.TrimSpace(string(b)))
 		return 1
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {

@@ -1,0 +1,57 @@
+package partition
+
+// The Leaser's SQL, on the ordo_leases and ordo_lease_audit tables.
+const (
+	// sqlClaim takes free, expired or own leases, bumping the epoch so any
+	// earlier holder's writes are refused from now on, and records the
+	// claim (and the expiry of another node's lease it replaces).
+	sqlClaim = `
+WITH prev AS (
+    SELECT partition, owner, epoch, expires_at < clock_timestamp() AS expired
+    FROM ordo_leases
+    WHERE partition = ANY($3::int[])
+      AND (owner IS NULL OR owner = $1 OR expires_at < clock_timestamp())
+    FOR UPDATE
+), claimed AS (
+    UPDATE ordo_leases AS l
+    SET owner = $1, epoch = l.epoch + 1,
+        expires_at = clock_timestamp() + make_interval(secs => $2),
+        claimed_at = clock_timestamp()
+    FROM prev WHERE l.partition = prev.partition
+    RETURNING l.partition, l.epoch
+), expired AS (
+    INSERT INTO ordo_lease_audit (node, partition, epoch, event, detail)
+    SELECT prev.owner, prev.partition, prev.epoch, 'expire', 'taken over by ' || $1
+    FROM prev WHERE prev.owner IS NOT NULL AND prev.owner <> $1 AND prev.expired
+), audit AS (
+    INSERT INTO ordo_lease_audit (node, partition, epoch, event)
+    SELECT $1, partition, epoch, 'claim' FROM claimed
+)
+SELECT partition, epoch FROM claimed`
+
+	// sqlRenew extends leases still held at the same epoch.
+	sqlRenew = `
+UPDATE ordo_leases AS l
+SET expires_at = clock_timestamp() + make_interval(secs => $2)
+FROM unnest($3::int[], $4::bigint[]) AS h(partition, epoch)
+WHERE l.partition = h.partition AND l.epoch = h.epoch AND l.owner = $1
+RETURNING l.partition`
+
+	// sqlRenewFailed records leases a renewal found gone.
+	sqlRenewFailed = `
+INSERT INTO ordo_lease_audit (node, partition, epoch, event, detail)
+SELECT $1, p, e, 'renew-failed', 'held by another node or epoch now'
+FROM unnest($2::int[], $3::bigint[]) AS h(p, e)`
+
+	// sqlRelease frees leases still held at the same epoch and records it.
+	sqlRelease = `
+WITH released AS (
+    UPDATE ordo_leases AS l
+    SET owner = NULL, expires_at = '-infinity'
+    FROM unnest($2::int[], $3::bigint[]) AS h(partition, epoch)
+    WHERE l.partition = h.partition AND l.epoch = h.epoch AND l.owner = $1
+    RETURNING l.partition, l.epoch
+)
+INSERT INTO ordo_lease_audit (node, partition, epoch, event)
+SELECT $1, partition, epoch, 'release' FROM released`
+)
