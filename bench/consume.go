@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ordo-relay/ordo/inbox"
+	"github.com/ordo-relay/ordo/internal/testkit"
 )
 
 // consumeOptions are the consume scenario's knobs. They are read from the
@@ -106,12 +107,12 @@ func newConsumeRig(ctx context.Context, o options, label string) (*consumeRig, e
 		return nil, err
 	}
 	cr := &consumeRig{rig: r, exchange: r.name + ".orders"}
-	err = withChannel(ctx, o.AMQPURL, func(ch *amqp.Channel) error {
+	err = testkit.Channel(ctx, o.AMQPURL, func(ch *amqp.Channel) error {
 		return ch.ExchangeDeclare(cr.exchange, "topic", true, false, false, false, nil)
 	})
 	if err == nil {
 		r.onClose("delete exchange "+cr.exchange, func(ctx context.Context) error {
-			return withChannel(ctx, o.AMQPURL, func(ch *amqp.Channel) error { return ch.ExchangeDelete(cr.exchange, false, false) })
+			return testkit.Channel(ctx, o.AMQPURL, func(ch *amqp.Channel) error { return ch.ExchangeDelete(cr.exchange, false, false) })
 		})
 		_, err = r.pool.Exec(ctx, `CREATE TABLE bench_handled (
 			n bigserial PRIMARY KEY, key text NOT NULL, seq bigint NOT NULL, message_id text NOT NULL,

@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ordo-relay/ordo/inbox"
+	"github.com/ordo-relay/ordo/internal/testkit"
 )
 
 // consumeBase is the 1-instance rate the speedups are computed against.
@@ -134,11 +135,11 @@ func addConsumeParams(res *Result, o options, co consumeOptions) {
 
 // declareTopology declares topo and removes it at close.
 func (r *consumeRig) declareTopology(ctx context.Context, topo inbox.Topology) error {
-	if err := withChannel(ctx, r.o.AMQPURL, topo.Declare); err != nil {
+	if err := testkit.Channel(ctx, r.o.AMQPURL, topo.Declare); err != nil {
 		return fmt.Errorf("declare inbox topology: %w", err)
 	}
 	r.onClose("delete inbox topology", func(ctx context.Context) error {
-		return withChannel(ctx, r.o.AMQPURL, func(ch *amqp.Channel) error {
+		return testkit.Channel(ctx, r.o.AMQPURL, func(ch *amqp.Channel) error {
 			var errs []error
 			for i := range topo.Shards {
 				_, err := ch.QueueDelete(topo.ShardQueue(i), false, false, false)
@@ -252,7 +253,7 @@ func competingOnce(ctx context.Context, o options, co consumeOptions, n int) (*R
 	res.Param("consumers", "competing")
 	addConsumeParams(res, o, co)
 	queue := r.name + ".competing"
-	err = withChannel(ctx, o.AMQPURL, func(ch *amqp.Channel) error {
+	err = testkit.Channel(ctx, o.AMQPURL, func(ch *amqp.Channel) error {
 		if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
 			return err
 		}
@@ -262,7 +263,7 @@ func competingOnce(ctx context.Context, o options, co consumeOptions, n int) (*R
 		return nil, fmt.Errorf("declare competing queue: %w", err)
 	}
 	r.onClose("delete "+queue, func(ctx context.Context) error {
-		return withChannel(ctx, o.AMQPURL, func(ch *amqp.Channel) error { _, err := ch.QueueDelete(queue, false, false, false); return err })
+		return testkit.Channel(ctx, o.AMQPURL, func(ch *amqp.Channel) error { _, err := ch.QueueDelete(queue, false, false, false); return err })
 	})
 	node, err := r.startNode(ctx, o.AMQPURL)
 	if err != nil {

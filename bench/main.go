@@ -44,6 +44,7 @@ import (
 	"time"
 
 	"github.com/ordo-relay/ordo/internal/envflag"
+	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/partition"
 )
 
@@ -323,7 +324,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	code := run(ctx, o, names)
 	stop()
-	removeBinaries()
+	testkit.RemoveBinaries()
 	os.Exit(code)
 }
 

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,17 +8,15 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
 )
 
 const (
-	// buildTimeout bounds go build of the node.
-	buildTimeout = 5 * time.Minute
 	// nodeStopTimeout bounds a node's graceful stop: its settle timeout
 	// (5 s) plus lease release and slack. After it the node is killed.
 	nodeStopTimeout = 20 * time.Second
@@ -28,82 +25,52 @@ const (
 	// clockTicks is USER_HZ, the unit of /proc/<pid>/stat CPU times; 100
 	// on every Linux the bench runs on.
 	clockTicks = 100
+	// nodePkg is the node's main package, built by the test kit.
+	nodePkg = "github.com/ordo-relay/ordo/cmd/node"
 )
 
-var built struct {
-	mu  sync.Mutex
-	dir string // temporary directory holding the binary
-	bin string
-}
-
 // nodeBinary returns the node binary: -node-bin, or ./cmd/node built once
-// per bench process into a temporary directory (see removeBinaries).
+// per bench process by the test kit (see testkit.RemoveBinaries).
 func nodeBinary(ctx context.Context, o options) (string, error) {
 	if o.NodeBin != "" {
 		return o.NodeBin, nil
 	}
-	built.mu.Lock()
-	defer built.mu.Unlock()
-	if built.bin != "" {
-		return built.bin, nil
+	if err := inModule(ctx); err != nil {
+		return "", err
 	}
-	root, err := moduleRoot(ctx)
+	bin, took, err := testkit.Build(ctx, nodePkg)
 	if err != nil {
 		return "", err
 	}
-	dir, err := os.MkdirTemp("", "ordo-bench-bin-")
-	if err != nil {
-		return "", fmt.Errorf("build node: %w", err)
+	if took > 0 {
+		fmt.Printf("built the node in %v\n", took.Round(time.Millisecond))
 	}
-	bin := filepath.Join(dir, "node")
-	bctx, cancel := context.WithTimeout(ctx, buildTimeout)
-	defer cancel()
-	start := time.Now()
-	cmd := exec.CommandContext(bctx, "go", "build", "-o", bin, "./cmd/node")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		_ = os.RemoveAll(dir)
-		return "", fmt.Errorf("go build ./cmd/node: %w\n%s", err, out)
-	}
-	fmt.Printf("built the node in %v\n", time.Since(start).Round(time.Millisecond))
-	built.dir, built.bin = dir, bin
 	return bin, nil
 }
 
-// moduleRoot returns the directory of the main module's go.mod.
-func moduleRoot(ctx context.Context) (string, error) {
+// inModule checks that the bench runs inside the ordo module, where go
+// build finds the node's package.
+func inModule(ctx context.Context) error {
 	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
 	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
+		return fmt.Errorf("go env GOMOD: %w", err)
 	}
-	mod := strings.TrimSpace(string(out))
-	if mod == "" || mod == os.DevNull {
-		return "", errors.New("not inside the ordo module: run the bench from the repository (go run ./bench)")
+	if mod := strings.TrimSpace(string(out)); mod == "" || mod == os.DevNull {
+		return errors.New("not inside the ordo module: run the bench from the repository (go run ./bench)")
 	}
-	return filepath.Dir(mod), nil
+	return nil
 }
 
-// removeBinaries deletes the directory nodeBinary built into.
-func removeBinaries() {
-	built.mu.Lock()
-	defer built.mu.Unlock()
-	if built.dir != "" {
-		_ = os.RemoveAll(built.dir)
-	}
-	built.dir, built.bin = "", ""
-}
-
-// node is a running node binary. Its methods are safe for concurrent use.
+// node is a running node binary: a test-kit process with the node's HTTP
+// address. Its methods are safe for concurrent use.
 type node struct {
 	name     string
 	httpAddr string
-	cmd      *exec.Cmd
 	started  time.Time
-	done     chan struct{} // closed when the process has exited
-	waitErr  error         // set before done is closed
-	log      *nodeLog
+	proc     *testkit.Process
 	stopping sync.Once
 	stopErr  error
+	took     time.Duration
 
 	endMu sync.Mutex
 	ended bool // stop or kill was called: exiting is not a failure
@@ -112,8 +79,8 @@ type node struct {
 // startNode starts the node binary as a child in its own process group (so
 // a Ctrl-C reaches only the bench, which then stops the node in order) with
 // Pdeathsig SIGKILL (so it dies with the bench). Its output is printed with
-// a "[name]" prefix and kept for logLines. env adds or overrides ORDO_*
-// variables (gossip settings, say).
+// a "[name]" prefix and its last nodeLogLines lines kept. env adds or
+// overrides ORDO_* variables (gossip settings, say).
 func startNode(ctx context.Context, o options, name, dbURL, amqpURL string, env ...string) (*node, error) {
 	bin, err := nodeBinary(ctx, o)
 	if err != nil {
@@ -123,58 +90,41 @@ func startNode(ctx context.Context, o options, name, dbURL, amqpURL string, env 
 	if err != nil {
 		return nil, err
 	}
-	n := &node{name: name, httpAddr: addr, done: make(chan struct{}), log: &nodeLog{prefix: "[" + name + "] "}}
-	cmd := exec.Command(bin)
-	cmd.Env = append(os.Environ(),
-		"ORDO_POSTGRES_URL="+dbURL,
-		"ORDO_AMQP_URL="+amqpURL,
-		"ORDO_NODE_NAME="+name,
-		"ORDO_HTTP_ADDR="+addr,
-		"ORDO_CONFIRM_WINDOW="+strconv.Itoa(o.ConfirmWindow),
-		"ORDO_PARTITIONS="+strconv.Itoa(o.Partitions),
-	)
-	cmd.Env = append(cmd.Env, env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	// One writer for both streams: exec then copies them from one pipe.
-	cmd.Stdout = n.log
-	cmd.Stderr = n.log
-	cmd.WaitDelay = 2 * time.Second
-	n.cmd = cmd
-	n.started = time.Now()
-	if err := cmd.Start(); err != nil {
+	n := &node{name: name, httpAddr: addr, started: time.Now()}
+	prefix := "[" + name + "] "
+	n.proc, err = testkit.Start(name, bin, nil, testkit.ProcessOptions{
+		Env: append([]string{
+			"ORDO_POSTGRES_URL=" + dbURL,
+			"ORDO_AMQP_URL=" + amqpURL,
+			"ORDO_NODE_NAME=" + name,
+			"ORDO_HTTP_ADDR=" + addr,
+			"ORDO_CONFIRM_WINDOW=" + strconv.Itoa(o.ConfirmWindow),
+			"ORDO_PARTITIONS=" + strconv.Itoa(o.Partitions),
+		}, env...),
+		OwnGroup:  true,
+		KeepLines: nodeLogLines,
+		Echo:      func(l string) { fmt.Fprintln(os.Stderr, prefix+l) },
+	})
+	if err != nil {
 		return nil, fmt.Errorf("start node %s: %w", name, err)
 	}
-	go func() {
-		n.waitErr = cmd.Wait()
-		n.log.flush()
-		close(n.done)
-	}()
 	return n, nil
 }
 
-// freeAddr returns 127.0.0.1:<a port free just now>.
+// freeAddr returns 127.0.0.1:<a port free for TCP and UDP just now>.
 func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := testkit.PickPort()
 	if err != nil {
-		return "", fmt.Errorf("find a free port: %w", err)
+		return "", err
 	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr, nil
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), nil
 }
 
 // pid returns the node's process id.
-func (n *node) pid() int { return n.cmd.Process.Pid }
+func (n *node) pid() int { return n.proc.Pid() }
 
 // exited reports whether the process has exited.
-func (n *node) exited() bool {
-	select {
-	case <-n.done:
-		return true
-	default:
-		return false
-	}
-}
+func (n *node) exited() bool { return n.proc.Exited() }
 
 // failed returns an error when the node has exited without being stopped
 // or killed; nil while it runs.
@@ -182,7 +132,8 @@ func (n *node) failed() error {
 	if !n.exited() || n.endedOnPurpose() {
 		return nil
 	}
-	return fmt.Errorf("node %s exited early (%v); last output:\n%s", n.name, n.waitErr, n.log.tail(20))
+	code, err := n.proc.Wait(0)
+	return fmt.Errorf("node %s exited early (code %d, %v); last output:\n%s", n.name, code, err, n.proc.Tail(20))
 }
 
 // waitReady polls /readyz until it answers 200: the node is connected to
@@ -208,8 +159,8 @@ func (n *node) waitReady(ctx context.Context, timeout time.Duration) error {
 // stop return nil for it.
 func (n *node) kill() {
 	n.markEnded()
-	_ = n.cmd.Process.Kill()
-	<-n.done
+	n.proc.Kill()
+	<-n.proc.Done()
 }
 
 func (n *node) markEnded() {
@@ -228,30 +179,24 @@ func (n *node) endedOnPurpose() bool {
 // kills the node. It returns how long the graceful stop took. Calling it
 // again returns the first call's error.
 func (n *node) stop(timeout time.Duration) (time.Duration, error) {
-	var took time.Duration
 	n.stopping.Do(func() {
-		start := time.Now()
 		if n.exited() {
 			n.stopErr = n.failed()
 			return
 		}
 		n.markEnded()
-		_ = n.cmd.Process.Signal(syscall.SIGTERM)
-		t := time.NewTimer(timeout)
-		defer t.Stop()
-		select {
-		case <-n.done:
-			took = time.Since(start)
-			if n.waitErr != nil {
-				n.stopErr = fmt.Errorf("node %s: %w; last output:\n%s", n.name, n.waitErr, n.log.tail(20))
-			}
-		case <-t.C:
-			_ = n.cmd.Process.Kill()
-			<-n.done
-			n.stopErr = fmt.Errorf("node %s did not stop within %v after SIGTERM; killed", n.name, timeout)
+		start := time.Now()
+		code, err := n.proc.Stop(timeout)
+		switch {
+		case err != nil:
+			n.stopErr = fmt.Errorf("node %s: %w; last output:\n%s", n.name, err, n.proc.Tail(20))
+		case code != 0:
+			n.stopErr = fmt.Errorf("node %s exited with code %d; last output:\n%s", n.name, code, n.proc.Tail(20))
+		default:
+			n.took = time.Since(start)
 		}
 	})
-	return took, n.stopErr
+	return n.took, n.stopErr
 }
 
 // procStatus returns a field of /proc/<pid>/status in kB (VmHWM, VmRSS).
@@ -313,76 +258,5 @@ func procCPU(pid int) (time.Duration, error) {
 // lineAfter returns the time of the first output line at or after t that
 // contains substr.
 func (n *node) lineAfter(substr string, t time.Time) (time.Time, bool) {
-	return n.log.find(substr, t)
-}
-
-// nodeLog receives a node's output, prints it line by line with a prefix
-// and keeps the last nodeLogLines lines with their arrival times. exec
-// calls Write from one goroutine; find and tail may run concurrently.
-type nodeLog struct {
-	prefix string
-
-	mu      sync.Mutex
-	partial []byte
-	lines   []logLine
-}
-
-type logLine struct {
-	at   time.Time
-	text string
-}
-
-func (l *nodeLog) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.partial = append(l.partial, b...)
-	for {
-		i := bytes.IndexByte(l.partial, '\n')
-		if i < 0 {
-			break
-		}
-		l.addLocked(string(l.partial[:i]))
-		l.partial = l.partial[i+1:]
-	}
-	l.partial = append([]byte(nil), l.partial...)
-	return len(b), nil
-}
-
-func (l *nodeLog) flush() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.partial) > 0 {
-		l.addLocked(string(l.partial))
-		l.partial = nil
-	}
-}
-
-func (l *nodeLog) addLocked(text string) {
-	fmt.Fprintln(os.Stderr, l.prefix+text)
-	if len(l.lines) == nodeLogLines {
-		copy(l.lines, l.lines[1:])
-		l.lines = l.lines[:nodeLogLines-1]
-	}
-	l.lines = append(l.lines, logLine{time.Now(), text})
-}
-
-func (l *nodeLog) find(substr string, after time.Time) (time.Time, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, ln := range l.lines {
-		if !ln.at.Before(after) && strings.Contains(ln.text, substr) {
-			return ln.at, true
-		}
-	}
-	return time.Time{}, false
-}
-
-func (l *nodeLog) tail(n int) string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var b strings.Builder
-	for _, ln := range l.lines[max(0, len(l.lines)-n):] {
-		b.WriteString("  " + ln.text + "\n")
-	}
-	return b.String()
+	return n.proc.LineAfter(substr, t)
 }

@@ -6,11 +6,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -91,31 +89,12 @@ func (r *rig) close() {
 func (r *rig) createDatabase(ctx context.Context, poolConns int32) error {
 	sctx, cancel := context.WithTimeout(ctx, setupTimeout)
 	defer cancel()
-	admin, err := pgx.Connect(sctx, r.o.PostgresURL)
+	dbURL, drop, err := testkit.CreateDatabase(sctx, r.o.PostgresURL, r.name)
 	if err != nil {
-		return fmt.Errorf("connect to PostgreSQL: %w", err)
-	}
-	defer admin.Close(context.Background())
-	ident := pgx.Identifier{r.name}.Sanitize()
-	if _, err := admin.Exec(sctx, "CREATE DATABASE "+ident); err != nil {
-		return fmt.Errorf("create database %s: %w", r.name, err)
-	}
-	r.onClose("drop database "+r.name, func(ctx context.Context) error {
-		c, err := pgx.Connect(ctx, r.o.PostgresURL)
-		if err != nil {
-			return err
-		}
-		defer c.Close(context.Background())
-		_, err = c.Exec(ctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)")
 		return err
-	})
-
-	u, err := url.Parse(r.o.PostgresURL)
-	if err != nil {
-		return fmt.Errorf("postgres-url: %w", err)
 	}
-	u.Path = "/" + r.name
-	r.dbURL = u.String()
+	r.onClose("drop database "+r.name, drop)
+	r.dbURL = dbURL
 	cfg, err := pgxpool.ParseConfig(r.dbURL)
 	if err != nil {
 		return fmt.Errorf("postgres-url: %w", err)
@@ -146,14 +125,14 @@ func (r *rig) createDatabase(ctx context.Context, poolConns int32) error {
 // before its cleanup.
 func (r *rig) declareExchange(ctx context.Context) error {
 	r.exchange = r.name
-	err := withChannel(ctx, r.o.AMQPURL, func(ch *amqp.Channel) error {
+	err := testkit.Channel(ctx, r.o.AMQPURL, func(ch *amqp.Channel) error {
 		return ch.ExchangeDeclare(r.exchange, "topic", false, true, false, false, nil)
 	})
 	if err != nil {
 		return fmt.Errorf("declare exchange %s: %w", r.exchange, err)
 	}
 	r.onClose("delete exchange "+r.exchange, func(ctx context.Context) error {
-		err := withChannel(ctx, r.o.AMQPURL, func(ch *amqp.Channel) error {
+		err := testkit.Channel(ctx, r.o.AMQPURL, func(ch *amqp.Channel) error {
 			return ch.ExchangeDelete(r.exchange, false, false)
 		})
 		var aerr *amqp.Error
@@ -163,25 +142,6 @@ func (r *rig) declareExchange(ctx context.Context) error {
 		return err
 	})
 	return nil
-}
-
-// withChannel runs f on a short-lived connection and channel. ctx bounds
-// the dial only: amqp091-go calls do not take a context.
-func withChannel(ctx context.Context, amqpURL string, f func(*amqp.Channel) error) error {
-	d := 10 * time.Second
-	if dl, ok := ctx.Deadline(); ok {
-		d = min(d, time.Until(dl))
-	}
-	conn, err := amqp.DialConfig(amqpURL, amqp.Config{Dial: amqp.DefaultDial(d)})
-	if err != nil {
-		return fmt.Errorf("connect to RabbitMQ: %w", err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	return f(ch)
 }
 
 // startConsumer starts the rig's consumer, stopped at close.

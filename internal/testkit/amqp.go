@@ -1,7 +1,10 @@
 package testkit
 
 import (
+	"context"
+	"fmt"
 	"testing"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -25,16 +28,31 @@ func NewExchange(tb testing.TB) string {
 // tb if any step fails; the connection is closed before it returns.
 func WithChannel(tb testing.TB, f func(*amqp.Channel) error) {
 	tb.Helper()
-	conn, err := amqp.Dial(AMQPURL())
+	if err := Channel(context.Background(), AMQPURL(), f); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// Channel runs f on a fresh connection to amqpURL and a channel on it, and
+// closes the connection before it returns. ctx bounds the dial only (at
+// most 10 s): amqp091-go calls take no context. It is WithChannel for
+// programs that are not tests (the bench).
+func Channel(ctx context.Context, amqpURL string, f func(*amqp.Channel) error) error {
+	d := 10 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(dl))
+	}
+	conn, err := amqp.DialConfig(amqpURL, amqp.Config{Dial: amqp.DefaultDial(d)})
 	if err != nil {
-		tb.Fatalf("connect to RabbitMQ: %v", err)
+		return fmt.Errorf("connect to RabbitMQ: %w", err)
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()
 	if err != nil {
-		tb.Fatalf("open channel: %v", err)
+		return fmt.Errorf("open channel: %w", err)
 	}
 	if err := f(ch); err != nil {
-		tb.Fatalf("RabbitMQ: %v", err)
+		return fmt.Errorf("RabbitMQ: %w", err)
 	}
+	return nil
 }

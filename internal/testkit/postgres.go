@@ -2,6 +2,7 @@ package testkit
 
 import (
 	"context"
+	"fmt"
 	"net/url"
 	"testing"
 	"time"
@@ -16,39 +17,49 @@ func NewDatabase(tb testing.TB) string {
 	tb.Helper()
 	RequirePostgres(tb)
 	name := UniqueName(tb, "ordo_t")
-	admin := adminConn(tb)
-	defer admin.Close(context.Background())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		tb.Fatalf("create test database %s: %v", name, err)
+	u, drop, err := CreateDatabase(ctx, PostgresURL(), name)
+	if err != nil {
+		tb.Fatalf("create test database: %v", err)
 	}
 	tb.Cleanup(func() {
-		c := adminConn(tb)
-		defer c.Close(context.Background())
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if _, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		if err := drop(ctx); err != nil {
 			tb.Errorf("drop test database %s: %v", name, err)
 		}
 	})
-	u, err := url.Parse(PostgresURL())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	u.Path = "/" + name
-	return u.String()
+	return u
 }
 
-func adminConn(tb testing.TB) *pgx.Conn {
-	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	c, err := pgx.Connect(ctx, PostgresURL())
+// CreateDatabase creates the empty database name on the server adminURL
+// points at, and returns its URL and a function that drops it (with FORCE,
+// closing any connection left). It is NewDatabase for programs that are
+// not tests (the bench), which choose their own names.
+func CreateDatabase(ctx context.Context, adminURL, name string) (dbURL string, drop func(context.Context) error, err error) {
+	u, err := url.Parse(adminURL)
 	if err != nil {
-		tb.Fatalf("connect to PostgreSQL admin database: %v", err)
+		return "", nil, fmt.Errorf("postgres url: %w", err)
 	}
-	return c
+	ident := pgx.Identifier{name}.Sanitize()
+	exec := func(ctx context.Context, sql string) error {
+		c, err := pgx.Connect(ctx, adminURL)
+		if err != nil {
+			return fmt.Errorf("connect to PostgreSQL: %w", err)
+		}
+		defer c.Close(context.Background())
+		_, err = c.Exec(ctx, sql)
+		return err
+	}
+	if err := exec(ctx, "CREATE DATABASE "+ident); err != nil {
+		return "", nil, fmt.Errorf("create database %s: %w", name, err)
+	}
+	drop = func(ctx context.Context) error {
+		return exec(ctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)")
+	}
+	u.Path = "/" + name
+	return u.String(), drop, nil
 }
 
 // NewPool opens a pool of at most maxConns connections to dbURL, closed when

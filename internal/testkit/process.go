@@ -3,7 +3,9 @@ package testkit
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -34,6 +36,7 @@ type buildEntry struct {
 	once sync.Once
 	sub  string // the entry's own directory, so equal last elements do not clash
 	bin  string
+	took time.Duration
 	err  error
 }
 
@@ -46,6 +49,20 @@ type buildEntry struct {
 // directory under os.TempDir for the whole process; RemoveBinaries deletes it.
 func BuildBinary(tb testing.TB, pkg string) string {
 	tb.Helper()
+	bin, built, err := Build(context.Background(), pkg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if built > 0 {
+		tb.Logf("built %s in %v", pkg, built.Round(time.Millisecond))
+	}
+	return bin
+}
+
+// Build is BuildBinary for programs that are not tests (the bench): it
+// returns the binary's path, how long this call spent building (zero when
+// the binary was built before), or the compiler's output as an error.
+func Build(ctx context.Context, pkg string) (bin string, took time.Duration, err error) {
 	builds.mu.Lock()
 	if builds.entries == nil {
 		builds.entries = map[string]*buildEntry{}
@@ -54,7 +71,7 @@ func BuildBinary(tb testing.TB, pkg string) string {
 		dir, err := os.MkdirTemp("", "ordo-testkit-bin-")
 		if err != nil {
 			builds.mu.Unlock()
-			tb.Fatalf("build %s: %v", pkg, err)
+			return "", 0, fmt.Errorf("build %s: %w", pkg, err)
 		}
 		builds.dir = dir
 	}
@@ -65,31 +82,37 @@ func BuildBinary(tb testing.TB, pkg string) string {
 	}
 	builds.mu.Unlock()
 
+	first := false
 	e.once.Do(func() {
-		name := path.Base(filepath.ToSlash(pkg))
-		if name == "." || name == "/" || name == "" {
-			name = "main"
-		}
-		if err := os.MkdirAll(e.sub, 0o755); err != nil {
-			e.err = fmt.Errorf("build %s: %w", pkg, err)
-			return
-		}
-		bin := filepath.Join(e.sub, name)
-		start := time.Now()
-		ctx, cancel := context.WithTimeout(context.Background(), buildTimeout)
-		defer cancel()
-		out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, pkg).CombinedOutput()
-		if err != nil {
-			e.err = fmt.Errorf("go build %s: %w\n%s", pkg, err, out)
-			return
-		}
-		e.bin = bin
-		tb.Logf("built %s in %v", pkg, time.Since(start).Round(time.Millisecond))
+		first = true
+		e.bin, e.took, e.err = build(ctx, pkg, e.sub)
 	})
 	if e.err != nil {
-		tb.Fatal(e.err)
+		return "", 0, e.err
 	}
-	return e.bin
+	if !first {
+		return e.bin, 0, nil
+	}
+	return e.bin, e.took, nil
+}
+
+func build(ctx context.Context, pkg, dir string) (string, time.Duration, error) {
+	name := path.Base(filepath.ToSlash(pkg))
+	if name == "." || name == "/" || name == "" {
+		name = "main"
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", 0, fmt.Errorf("build %s: %w", pkg, err)
+	}
+	bin := filepath.Join(dir, name)
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, buildTimeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, pkg).CombinedOutput()
+	if err != nil {
+		return "", 0, fmt.Errorf("go build %s: %w\n%s", pkg, err, out)
+	}
+	return bin, time.Since(start), nil
 }
 
 // RemoveBinaries deletes the directory BuildBinary builds into. Call it from
@@ -106,19 +129,42 @@ func RemoveBinaries() {
 	builds.entries = nil
 }
 
-// Process is a child process started by StartProcess. Its methods are safe
-// for concurrent use.
+// ProcessOptions are the choices StartProcess makes for a test and a
+// program such as the bench may make otherwise.
+type ProcessOptions struct {
+	// Env is added to this process's environment ("K=V"; later ones win).
+	Env []string
+	// OwnGroup starts the child in a process group of its own, so that a
+	// Ctrl-C at the terminal reaches only the parent, which then stops the
+	// child in order.
+	OwnGroup bool
+	// Echo, when set, receives each output line as it arrives.
+	Echo func(line string)
+	// KeepLines bounds the lines kept for Output, Tail and LineAfter: the
+	// oldest are dropped beyond it. Zero keeps every line.
+	KeepLines int
+}
+
+// Process is a child process started by StartProcess or Start. Its methods
+// are safe for concurrent use.
 type Process struct {
 	name string
 	cmd  *exec.Cmd
 	done chan struct{} // closed when the process has exited and its output is read
 	// waitErr is set before done is closed.
 	waitErr error
+	keep    int
+	echo    func(string)
 
 	mu      sync.Mutex
 	tb      testing.TB // nil once the test has ended: output is no longer logged
-	out     bytes.Buffer
+	lines   []outputLine
 	changed chan struct{} // closed and replaced when output arrives or the process exits
+}
+
+type outputLine struct {
+	at   time.Time
+	text string
 }
 
 // StartProcess starts bin with args, the environment of the test process
@@ -133,36 +179,11 @@ type Process struct {
 // test process.
 func StartProcess(tb testing.TB, name, bin string, args []string, env []string) *Process {
 	tb.Helper()
-	p := &Process{
-		name:    name,
-		done:    make(chan struct{}),
-		tb:      tb,
-		changed: make(chan struct{}),
+	p, err := start(name, bin, args, ProcessOptions{Env: env}, tb)
+	if err != nil {
+		tb.Fatal(err)
 	}
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	cmd.Stdout = &lineWriter{p: p}
-	cmd.Stderr = &lineWriter{p: p}
-	cmd.WaitDelay = processWaitDelay
-	p.cmd = cmd
-	if err := cmd.Start(); err != nil {
-		tb.Fatalf("start %s (%s): %v", name, bin, err)
-	}
-	tb.Logf("started %s: pid %d: %s %s", name, cmd.Process.Pid, bin, strings.Join(args, " "))
-
-	go func() {
-		err := cmd.Wait()
-		// exec has finished copying output: flush partial last lines.
-		cmd.Stdout.(*lineWriter).flush()
-		cmd.Stderr.(*lineWriter).flush()
-		p.waitErr = err
-		close(p.done)
-		p.mu.Lock()
-		p.notifyLocked()
-		p.mu.Unlock()
-	}()
-
+	tb.Logf("started %s: pid %d: %s %s", name, p.Pid(), bin, strings.Join(args, " "))
 	tb.Cleanup(func() {
 		if !p.Exited() {
 			p.Kill()
@@ -174,6 +195,49 @@ func StartProcess(tb testing.TB, name, bin string, args []string, env []string) 
 	})
 	return p
 }
+
+// Start is StartProcess for programs that are not tests: nothing is logged
+// but through o.Echo, and the caller owns the child's end (Stop, or Kill
+// and Wait).
+func Start(name, bin string, args []string, o ProcessOptions) (*Process, error) {
+	return start(name, bin, args, o, nil)
+}
+
+func start(name, bin string, args []string, o ProcessOptions, tb testing.TB) (*Process, error) {
+	p := &Process{
+		name:    name,
+		done:    make(chan struct{}),
+		tb:      tb,
+		keep:    o.KeepLines,
+		echo:    o.Echo,
+		changed: make(chan struct{}),
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), o.Env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: o.OwnGroup}
+	cmd.Stdout = &lineWriter{p: p}
+	cmd.Stderr = &lineWriter{p: p}
+	cmd.WaitDelay = processWaitDelay
+	p.cmd = cmd
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s (%s): %w", name, bin, err)
+	}
+	go func() {
+		err := cmd.Wait()
+		// exec has finished copying output: flush partial last lines.
+		cmd.Stdout.(*lineWriter).flush()
+		cmd.Stderr.(*lineWriter).flush()
+		p.waitErr = err
+		close(p.done)
+		p.mu.Lock()
+		p.notifyLocked()
+		p.mu.Unlock()
+	}()
+	return p, nil
+}
+
+// Name returns the name the process was started with.
+func (p *Process) Name() string { return p.name }
 
 // Pid returns the child's process id.
 func (p *Process) Pid() int { return p.cmd.Process.Pid }
@@ -188,6 +252,9 @@ func (p *Process) Exited() bool {
 	}
 }
 
+// Done is closed once the child has exited and its output was read.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
 // Signal sends sig to the child. It returns os.ErrProcessDone when the child
 // has already exited.
 func (p *Process) Signal(sig os.Signal) error {
@@ -201,6 +268,22 @@ func (p *Process) Signal(sig os.Signal) error {
 // wait: use Wait for that.
 func (p *Process) Kill() {
 	_ = p.Signal(syscall.SIGKILL)
+}
+
+// Stop sends SIGTERM and waits up to timeout for the child to exit, then
+// kills it and waits for that. It returns the exit code as Wait does, and
+// an error naming the timeout when the child had to be killed.
+func (p *Process) Stop(timeout time.Duration) (exitCode int, err error) {
+	if err := p.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return -1, fmt.Errorf("stop %s: %w", p.name, err)
+	}
+	code, err := p.Wait(timeout)
+	if p.Exited() {
+		return code, err
+	}
+	p.Kill()
+	<-p.done
+	return -1, fmt.Errorf("%s did not stop within %v after SIGTERM; killed", p.name, timeout)
 }
 
 // Wait waits up to timeout for the child to exit. It returns the exit code
@@ -230,12 +313,41 @@ func (p *Process) Wait(timeout time.Duration) (exitCode int, err error) {
 	return -1, fmt.Errorf("wait for %s: %v", p.name, st)
 }
 
-// Output returns everything the child has printed so far, stdout and stderr
-// interleaved line by line.
+// Output returns everything the child has printed so far (the kept lines,
+// see ProcessOptions.KeepLines), stdout and stderr interleaved line by line.
 func (p *Process) Output() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.out.String()
+	var b strings.Builder
+	for _, l := range p.lines {
+		b.WriteString(l.text)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// Tail returns the last n lines of output, each indented by two spaces.
+func (p *Process) Tail(n int) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var b strings.Builder
+	for _, l := range p.lines[max(0, len(p.lines)-n):] {
+		b.WriteString("  " + l.text + "\n")
+	}
+	return b.String()
+}
+
+// LineAfter returns when the first output line at or after t that holds
+// substr arrived.
+func (p *Process) LineAfter(substr string, t time.Time) (time.Time, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.lines {
+		if !l.at.Before(t) && strings.Contains(l.text, substr) {
+			return l.at, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // WaitOutput waits until substr has appeared in the child's output and logs
@@ -259,7 +371,7 @@ func (p *Process) AwaitOutput(substr string, timeout time.Duration) error {
 		// Exited first: once it is true, the output is complete.
 		exited := p.Exited()
 		p.mu.Lock()
-		found := strings.Contains(p.out.String(), substr)
+		found := p.containsLocked(substr)
 		changed := p.changed
 		p.mu.Unlock()
 		if found {
@@ -277,6 +389,15 @@ func (p *Process) AwaitOutput(substr string, timeout time.Duration) error {
 	}
 }
 
+func (p *Process) containsLocked(substr string) bool {
+	for _, l := range p.lines {
+		if strings.Contains(l.text, substr) {
+			return true
+		}
+	}
+	return false
+}
+
 func (p *Process) notifyLocked() {
 	close(p.changed)
 	p.changed = make(chan struct{})
@@ -288,6 +409,8 @@ type lineWriter struct {
 	p       *Process
 	partial []byte // only touched by exec's copier, then by flush after Wait
 }
+
+var _ io.Writer = (*lineWriter)(nil)
 
 func (w *lineWriter) Write(b []byte) (int, error) {
 	w.partial = append(w.partial, b...)
@@ -312,14 +435,21 @@ func (w *lineWriter) flush() {
 	}
 }
 
-// line records one line and logs it while the test runs.
+// line records one line, logs it while the test runs and echoes it.
 func (p *Process) line(l []byte) {
+	text := string(bytes.TrimRight(l, "\r"))
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.out.Write(l)
-	p.out.WriteByte('\n')
+	if p.keep > 0 && len(p.lines) == p.keep {
+		copy(p.lines, p.lines[1:])
+		p.lines = p.lines[:p.keep-1]
+	}
+	p.lines = append(p.lines, outputLine{time.Now(), text})
 	if p.tb != nil {
-		p.tb.Logf("[%s] %s", p.name, bytes.TrimRight(l, "\r"))
+		p.tb.Logf("[%s] %s", p.name, text)
+	}
+	if p.echo != nil {
+		p.echo(text)
 	}
 	p.notifyLocked()
 }
@@ -330,6 +460,15 @@ func (p *Process) line(l []byte) {
 // instead.
 func FreePort(tb testing.TB) int {
 	tb.Helper()
+	port, err := PickPort()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return port
+}
+
+// PickPort is FreePort returning an error, for programs that are not tests.
+func PickPort() (int, error) {
 	var lastErr error
 	for range 20 {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -345,10 +484,9 @@ func FreePort(tb testing.TB) int {
 			continue
 		}
 		_ = pc.Close()
-		return port
+		return port, nil
 	}
-	tb.Fatalf("find a free port on 127.0.0.1: %v", lastErr)
-	return 0
+	return 0, fmt.Errorf("find a free port on 127.0.0.1: %w", lastErr)
 }
 
 // FreeAddr returns "127.0.0.1:port" for a port from FreePort.

@@ -1,9 +1,11 @@
 package testkit
 
 import (
+	"context"
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -99,4 +101,74 @@ func TestFreeAddr(t *testing.T) {
 		t.Fatalf("listen on FreeAddr %s: %v", addr, err)
 	}
 	ln.Close()
+}
+
+// TestStartOutsideATest drives the TB-free Start the bench uses: echo,
+// bounded lines, LineAfter, Tail, and Stop both ways.
+func TestStartOutsideATest(t *testing.T) {
+	bin, _, err := Build(context.Background(), echoprocPkg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var echoed []string
+	before := time.Now()
+	p, err := Start("bounded", bin, []string{"x", "y"}, ProcessOptions{
+		OwnGroup:  true,
+		KeepLines: 2,
+		Echo: func(l string) {
+			mu.Lock()
+			echoed = append(echoed, l)
+			mu.Unlock()
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.AwaitOutput("ready", 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if pgid, err := syscall.Getpgid(p.Pid()); err != nil || pgid != p.Pid() {
+		t.Errorf("Getpgid = %d, %v; want its own group %d", pgid, err, p.Pid())
+	}
+	code, err := p.Stop(30 * time.Second)
+	if err != nil || code != 3 {
+		t.Fatalf("Stop = %d, %v; want 3, nil", code, err)
+	}
+	mu.Lock()
+	got := strings.Join(echoed, "|")
+	mu.Unlock()
+	if !strings.Contains(got, "ready") || !strings.Contains(got, "args: x,y") || !strings.Contains(got, "got SIGTERM") {
+		t.Errorf("echoed %q: want every line", got)
+	}
+	if out := p.Output(); strings.Contains(out, "args") || !strings.HasSuffix(out, "ready\ngot SIGTERM\n") {
+		t.Errorf("Output with KeepLines 2 = %q; want only the last two lines", out)
+	}
+	if tail := p.Tail(1); tail != "  got SIGTERM\n" {
+		t.Errorf("Tail(1) = %q", tail)
+	}
+	if at, ok := p.LineAfter("ready", before); !ok || at.Before(before) {
+		t.Errorf("LineAfter(ready) = %v, %v", at, ok)
+	}
+	if _, ok := p.LineAfter("ready", time.Now().Add(time.Hour)); ok {
+		t.Error("LineAfter a future instant found a line")
+	}
+
+	stubborn, err := Start("stubborn", bin, []string{"ignoreterm"}, ProcessOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stubborn.AwaitOutput("ready", 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if code, err := stubborn.Stop(200 * time.Millisecond); err == nil || code != -1 || !stubborn.Exited() {
+		t.Fatalf("Stop of a child ignoring SIGTERM = %d, %v (exited %v); want -1, a timeout error, exited", code, err, stubborn.Exited())
+	}
+}
+
+func TestPickPort(t *testing.T) {
+	port, err := PickPort()
+	if err != nil || port <= 0 {
+		t.Fatalf("PickPort = %d, %v", port, err)
+	}
 }

@@ -1,7 +1,8 @@
 // Command echoproc is a test helper for testkit's process tests: it prints
 // ECHOPROC_STDERR (if set) to stderr, prints its arguments and "ready" to
 // stdout, then exits with status 3 on SIGTERM. With the argument "exit7" it
-// exits with status 7 right after printing "ready".
+// exits with status 7 right after printing "ready"; with "ignoreterm" it
+// ignores SIGTERM and runs until killed.
 package main
 
 import (
@@ -26,5 +27,8 @@ func main() {
 	}
 	<-sig
 	fmt.Println("got SIGTERM")
+	if len(os.Args) > 1 && os.Args[1] == "ignoreterm" {
+		select {} // until killed
+	}
 	os.Exit(3)
 }
