@@ -115,3 +115,26 @@ func TestIsolationWaitEndsAtDeadline(t *testing.T) {
 		t.Fatalf("the broker received %v: want %s and not %s", got, first.ID, m.ID)
 	}
 }
+
+// BenchmarkWatched is what the watchdog adds to each write: arming and
+// stopping a timer ("none": a message without a deadline, for comparison).
+func BenchmarkWatched(b *testing.B) {
+	p := New(Config{})
+	s := &session{}
+	s.dog = p.newWatchdog(s)
+	write := func() error { return nil }
+	for _, c := range []struct {
+		name     string
+		deadline time.Time
+	}{{"none", time.Time{}}, {"deadline", time.Now().Add(time.Hour)}} {
+		b.Run(c.name, func(b *testing.B) {
+			m := &relay.Message{Deadline: c.deadline}
+			b.ReportAllocs()
+			for b.Loop() {
+				if cut, _ := p.watched(s, m, write); cut {
+					b.Fatal("cut")
+				}
+			}
+		})
+	}
+}

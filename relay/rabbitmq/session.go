@@ -28,6 +28,7 @@ type session struct {
 	progress time.Time
 	closed   bool          // guarded by Publisher.mu
 	side     *amqp.Channel // for passive declares; guarded by pubMu
+	dog      *watchdog     // guards each write's lease deadline
 }
 
 type pendingPub struct {
@@ -87,6 +88,7 @@ func (p *Publisher) openSession(conn *amqp.Connection, raw net.Conn, frameMax in
 	}
 	s := &session{conn: conn, raw: raw, ch: ch, frameMax: frameMax, pending: map[uint64]*pendingPub{},
 		expired: map[uint64]int64{}, progress: time.Now()}
+	s.dog = p.newWatchdog(s)
 	p.mu.Lock()
 	p.cur = s
 	p.opened++

@@ -3,6 +3,7 @@ package rabbitmq
 import (
 	"fmt"
 	"net"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -104,20 +105,39 @@ func (p *Publisher) boundedUntil(conn *amqp.Connection, what string, until time.
 	return leaseExpired(what)
 }
 
-// watched runs write, the write of m to s, under a watchdog that resets
-// s's TCP connection if m's deadline comes before write returns. cut
-// reports whether it did.
+// watchdog resets its session's TCP connection if a write is still under
+// way at the deadline it was armed with. One per session, reused by every
+// write (writes are serialised by pubMu): a stopped timer made again costs
+// more than the write it guards.
+type watchdog struct {
+	timer   *time.Timer
+	writing atomic.Pointer[relay.Message] // the message being written, for the log
+}
+
+// newWatchdog returns s's watchdog, disarmed.
+func (p *Publisher) newWatchdog(s *session) *watchdog {
+	w := &watchdog{}
+	w.timer = time.AfterFunc(time.Hour, func() {
+		defer p.calls.Done()
+		p.cutOff(s, w.writing.Load())
+	})
+	w.timer.Stop()
+	return w
+}
+
+// watched runs write, the write of m to s, under s's watchdog, which
+// resets s's TCP connection if m's deadline comes before write returns.
+// cut reports whether it did. Called with pubMu held.
 func (p *Publisher) watched(s *session, m *relay.Message, write func() error) (cut bool, err error) {
 	if m.Deadline.IsZero() {
 		return false, write()
 	}
-	p.calls.Add(1)
-	dog := time.AfterFunc(time.Until(m.Deadline), func() {
-		defer p.calls.Done()
-		p.cutOff(s, m)
-	})
+	w := s.dog
+	w.writing.Store(m)
+	p.calls.Add(1) // done by the timer's function, or below if it never runs
+	w.timer.Reset(time.Until(m.Deadline))
 	err = write()
-	if dog.Stop() {
+	if w.timer.Stop() {
 		p.calls.Done()
 		return false, err
 	}
