@@ -48,7 +48,10 @@ func TestMemStoreConformance(t *testing.T) {
 	})
 }
 
-type memPublisher struct{ pub *relaytest.Publisher }
+type memPublisher struct {
+	pub  *relaytest.Publisher
+	seen int // messages of Sent already returned by Received
+}
 
 func (m *memPublisher) Publisher() relay.Publisher { return m.pub }
 func (m *memPublisher) Routable() relay.Message {
@@ -62,9 +65,27 @@ func (m *memPublisher) Missing() relay.Message {
 }
 func (m *memPublisher) Stall(testing.TB) { m.pub.Hold(true) }
 func (m *memPublisher) Cut(testing.TB)   { m.pub.Close(true) }
+func (m *memPublisher) Delay(testing.TB) { m.pub.Block() }
 func (m *memPublisher) Restore(testing.TB) {
+	m.pub.Unblock()
 	m.pub.Hold(false)
 	m.pub.Reconnect()
+}
+func (m *memPublisher) BeforeWrite(_ testing.TB, f func()) {
+	if f == nil {
+		m.pub.SetBeforeSend(nil)
+		return
+	}
+	m.pub.SetBeforeSend(func(*relay.Message) { f() })
+}
+func (m *memPublisher) Received(testing.TB) []uuid.UUID {
+	sent := m.pub.Sent()
+	var ids []uuid.UUID
+	for _, msg := range sent[m.seen:] {
+		ids = append(ids, msg.ID)
+	}
+	m.seen = len(sent)
+	return ids
 }
 
 func TestMemPublisherConformance(t *testing.T) {

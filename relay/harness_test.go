@@ -136,6 +136,8 @@ type nodeOpts struct {
 	retention      time.Duration
 	retentionChunk int
 	confirmTimeout time.Duration
+	// callTimeout and heartbeat replace the publisher's defaults (5 s each).
+	callTimeout, heartbeat time.Duration
 	// pollInterval and retryMin/retryMax replace the harness's short
 	// defaults (200 ms; 20-200 ms).
 	pollInterval       time.Duration
@@ -186,7 +188,8 @@ func (h *harness) startNode(o nodeOpts) *node {
 		h.t.Fatal(err)
 	}
 	amqpPub := rabbitmq.New(rabbitmq.Config{URL: o.amqpURL, Window: max(o.window, 64), Logger: o.logger,
-		ReconnectMax: 500 * time.Millisecond, ConfirmTimeout: o.confirmTimeout})
+		ReconnectMax: 500 * time.Millisecond, ConfirmTimeout: o.confirmTimeout,
+		CallTimeout: o.callTimeout, Heartbeat: o.heartbeat})
 	var pub relay.Publisher = amqpPub
 	if o.wrapPub != nil {
 		pub = o.wrapPub(pub)

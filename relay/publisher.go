@@ -31,6 +31,15 @@ type Message struct {
 	Payload       []byte
 	Headers       map[string]any // the row's own headers, already decoded
 	OccurredAt    time.Time
+	// Deadline is the local deadline of the lease m is published under
+	// (Lease.Deadline, as the relay last checked it): the publisher must
+	// not write m to the broker after it. Zero: no deadline.
+	Deadline time.Time
+}
+
+// Expired reports whether m's Deadline has passed at now.
+func (m *Message) Expired(now time.Time) bool {
+	return !m.Deadline.IsZero() && !now.Before(m.Deadline)
 }
 
 // Outcome is what became of one publish.
@@ -83,6 +92,13 @@ type Result struct {
 // returns an error, m was not sent and settle is never called.
 // Publish is called from one goroutine at a time.
 //
+// Publish never writes m after m.Deadline. It checks the deadline after
+// every wait (for a lock, for the broker's answer, for earlier confirms)
+// and right before it writes; a wait for the broker ends at the deadline.
+// Past it, Publish returns an error wrapping ErrLeaseExpired. A write
+// already under way when the deadline comes is cut off (the connection
+// is reset), and m is settled Unsent or Publish returns that error.
+//
 // Connected reports whether the publisher has somewhere to publish now; the
 // relay does not read while it is false. It is safe for concurrent use.
 type Publisher interface {
@@ -93,6 +109,11 @@ type Publisher interface {
 // ErrNotConnected is returned by Publish while the publisher has no open
 // channel to the broker.
 var ErrNotConnected = errors.New("relay: not connected to the broker")
+
+// ErrLeaseExpired is returned (wrapped) by Publish when the message's
+// Deadline passed before it could be written: it was not sent. It is not
+// an attempt; the row stays pending for whoever holds the lease next.
+var ErrLeaseExpired = errors.New("relay: the lease deadline passed before the publish")
 
 // ErrExchangeNotFound is the Err of a Failed result whose exchange does not
 // exist (checked with a passive declare).

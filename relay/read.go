@@ -310,7 +310,8 @@ func (r *Relay) nextFlight() (f *flight, leaseLost bool) {
 			r.forgetIfIdleLocked(k)
 			continue
 		}
-		if l, held := r.own.Lease(k.part.id); !held || l.Epoch != k.part.epoch || !l.Valid(now) {
+		l, held := r.own.Lease(k.part.id)
+		if !held || l.Epoch != k.part.epoch || !l.Valid(now) {
 			// Tried again on the next poll or ownership change: a late
 			// renewal may bring the lease back.
 			r.leaseWait[k] = true
@@ -324,7 +325,7 @@ func (r *Relay) nextFlight() (f *flight, leaseLost bool) {
 			ID: e.row.ID, Partition: e.row.Partition, Epoch: k.part.epoch,
 			CorrelationID: e.row.CorrelationID, KeySeq: e.row.KeySeq, PrevKeySeq: e.row.PrevKeySeq,
 			Exchange: e.row.Exchange, RoutingKey: e.row.RoutingKey, Type: e.row.Type,
-			Payload: e.row.Payload, OccurredAt: e.row.OccurredAt,
+			Payload: e.row.Payload, OccurredAt: e.row.OccurredAt, Deadline: l.Deadline,
 		}}
 		r.flights[e.row.ID] = f
 		k.inFlight++
@@ -344,9 +345,12 @@ func (r *Relay) nextFlight() (f *flight, leaseLost bool) {
 	return nil, false
 }
 
-// publish hands f to the publisher. A row that cannot become a message
-// (headers a plain INSERT wrote that AMQP cannot carry) fails like a nack:
-// it backs off, is parked after MaxAttempts, and only its key waits.
+// publish hands f to the publisher, with the deadline of the lease it was
+// checked against: the publisher's waits (for the broker, for confirms)
+// can outlast the lease, and it must not write after the deadline. A row
+// that cannot become a message (headers a plain INSERT wrote that AMQP
+// cannot carry) fails like a nack: it backs off, is parked after
+// MaxAttempts, and only its key waits.
 func (r *Relay) publish(ctx context.Context, f *flight) error {
 	if f.e.row.PrevDead {
 		lctx, cancel := context.WithTimeout(ctx, r.cfg.ReadTimeout)
@@ -358,11 +362,13 @@ func (r *Relay) publish(ctx context.Context, f *flight) error {
 		}
 		f.msg.PrevKeySeq = prev
 		// A check followed by a wait is not a check: the lease again.
-		if l, held := r.own.Lease(f.msg.Partition); !held || l.Epoch != f.msg.Epoch || !l.Valid(time.Now()) {
+		l, held := r.own.Lease(f.msg.Partition)
+		if !held || l.Epoch != f.msg.Epoch || !l.Valid(time.Now()) {
 			r.unsend(f)
 			r.progress.leaseSkipped(1)
 			return nil
 		}
+		f.msg.Deadline = l.Deadline
 	}
 	headers, bad := decodeHeaders(f.e.row.Headers)
 	if bad != nil {
@@ -372,6 +378,13 @@ func (r *Relay) publish(ctx context.Context, f *flight) error {
 	f.msg.Headers = headers
 	if err := r.pub.Publish(ctx, &f.msg, func(res Result) { r.settle(f, res) }); err != nil {
 		r.unsend(f)
+		if errors.Is(err, ErrLeaseExpired) {
+			// The publisher waited past the lease deadline and sent
+			// nothing: the row waits for a valid lease, like one that
+			// found it lapsed before the publish.
+			r.progress.leaseSkipped(1)
+			return nil
+		}
 		return &publishError{err}
 	}
 	return nil

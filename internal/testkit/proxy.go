@@ -40,6 +40,13 @@ type Proxy struct {
 	closed bool
 
 	stall atomic.Pointer[chan struct{}] // non-nil while stalled; closed by Resume
+
+	// replyDelay is how long each byte from the target waits before it
+	// is forwarded to the client (DelayReplies); delayChanged is closed,
+	// and replaced, whenever it changes, so that waiting bytes see the
+	// new value at once.
+	replyDelay   atomic.Int64
+	delayChanged atomic.Pointer[chan struct{}]
 }
 
 // proxyLink is one forwarded connection: the client's side and the target's.
@@ -94,6 +101,8 @@ func StartProxy(target string) (*Proxy, error) {
 		cancel: cancel,
 		links:  map[*proxyLink]struct{}{},
 	}
+	changed := make(chan struct{})
+	p.delayChanged.Store(&changed)
 	p.wg.Add(1)
 	go p.acceptLoop()
 	return p, nil
@@ -237,7 +246,7 @@ func (p *Proxy) forward(client net.Conn, gen uint64) {
 		defer close(done)
 		p.pipe(l, server, client)
 	}()
-	p.pipe(l, client, server)
+	p.pipeReplies(l, client, server)
 	<-done
 	l.abort(false)
 
@@ -253,31 +262,117 @@ func (p *Proxy) pipe(l *proxyLink, dst, src net.Conn) {
 	buf := make([]byte, 32*1024)
 	for {
 		n, rerr := src.Read(buf)
-		if n > 0 {
-			if g := p.stall.Load(); g != nil {
-				select {
-				case <-*g:
-				case <-p.ctx.Done():
-					l.abort(false)
-					return
-				}
-			}
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				l.abort(false)
-				return
-			}
-		}
-		if rerr == io.EOF {
-			if cw, ok := dst.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
-				return
-			}
-			l.abort(false)
+		if n > 0 && !p.send(l, dst, buf[:n]) {
 			return
 		}
 		if rerr != nil {
-			l.abort(false)
+			p.end(l, dst, rerr)
 			return
 		}
+	}
+}
+
+// send writes b to dst once the proxy is not stalled; on failure it
+// aborts the link and reports false.
+func (p *Proxy) send(l *proxyLink, dst net.Conn, b []byte) bool {
+	if g := p.stall.Load(); g != nil {
+		select {
+		case <-*g:
+		case <-p.ctx.Done():
+			l.abort(false)
+			return false
+		}
+	}
+	if _, err := dst.Write(b); err != nil {
+		l.abort(false)
+		return false
+	}
+	return true
+}
+
+// end finishes a direction whose source ended with err: a clean end
+// half-closes dst so the other direction can finish; anything else aborts
+// the link.
+func (p *Proxy) end(l *proxyLink, dst net.Conn, err error) {
+	if err == io.EOF {
+		if cw, ok := dst.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
+			return
+		}
+	}
+	l.abort(false)
+}
+
+// chunk is bytes read from the target, and when.
+type chunk struct {
+	b  []byte
+	at time.Time
+}
+
+// pipeReplies is pipe for the target's side: a reader of its own stamps
+// each read with the time, and the bytes are forwarded to the client in
+// order, each once the reply delay has passed since it was read (so the
+// delay is a latency, not a rate limit).
+func (p *Proxy) pipeReplies(l *proxyLink, client, server net.Conn) {
+	chunks := make(chan chunk, 64)
+	var rerr error // written before chunks is closed
+	go func() {
+		defer close(chunks)
+		for {
+			buf := make([]byte, 32*1024)
+			n, err := server.Read(buf)
+			if n > 0 {
+				chunks <- chunk{b: buf[:n], at: time.Now()}
+			}
+			if err != nil {
+				rerr = err
+				return
+			}
+		}
+	}()
+	for c := range chunks {
+		if !p.holdReply(c.at) {
+			l.abort(false)
+		} else if p.send(l, client, c.b) {
+			continue
+		}
+		for range chunks { // the aborted link ends the reader
+		}
+		return
+	}
+	p.end(l, client, rerr)
+}
+
+// holdReply waits until the reply delay has passed since at, following
+// changes of the delay; false when the proxy closes first.
+func (p *Proxy) holdReply(at time.Time) bool {
+	for {
+		changed := p.delayChanged.Load()
+		wait := time.Until(at.Add(time.Duration(p.replyDelay.Load())))
+		if wait <= 0 {
+			return true
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-*changed:
+		case <-p.ctx.Done():
+			t.Stop()
+			return false
+		}
+		t.Stop()
+	}
+}
+
+// DelayReplies makes every byte the target sends reach the client d after
+// the proxy read it (0 ends the delay, and bytes held go at once), on
+// every connection, while the client's bytes pass as usual: a broker or a
+// database whose answers come late, so that every wait for one stretches.
+// Safe for concurrent use.
+func (p *Proxy) DelayReplies(d time.Duration) {
+	p.replyDelay.Store(int64(d))
+	next := make(chan struct{})
+	if old := p.delayChanged.Swap(&next); old != nil {
+		close(*old)
 	}
 }
 

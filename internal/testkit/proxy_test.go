@@ -332,3 +332,88 @@ func TestProxyStall(t *testing.T) {
 		t.Fatalf("after Resume: %q, %v", buf, err)
 	}
 }
+
+// TestProxyDelayReplies: with replies delayed, the client's bytes reach
+// the target at once while the target's answers come d later, as a
+// latency (two answers sent together arrive together, not 2d apart); 0
+// lets held answers through at once.
+func TestProxyDelayReplies(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan string, 4) // what the target received, as it came
+	srvDone := make(chan struct{})
+	go func() {
+		defer close(srvDone)
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 64)
+		for {
+			n, err := c.Read(buf)
+			if err != nil {
+				return
+			}
+			got <- string(buf[:n])
+			if _, err := c.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+	}()
+	p := NewProxy(t, ln.Addr().String())
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { c.Close(); <-srvDone }()
+	if err := echoOnce(c, "warm"); err != nil {
+		t.Fatal(err)
+	}
+	<-got
+
+	const d = time.Second
+	p.DelayReplies(d)
+	start := time.Now()
+	if _, err := c.Write([]byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case s := <-got:
+		if s != "a" {
+			t.Fatalf("target got %q", s)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the client's bytes did not reach the target")
+	}
+	if took := time.Since(start); took >= d {
+		t.Fatalf("the client's bytes took %v: the delay is for replies only", took)
+	}
+	if _, err := c.Write([]byte("b")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 2)
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "ab" {
+		t.Fatalf("replies: %q, %v", buf, err)
+	}
+	took := time.Since(start)
+	t.Logf("two replies after %v (delay %v)", took, d)
+	if took < d || took >= 2*d {
+		t.Fatalf("replies came after %v, want the delay %v once", took, d)
+	}
+
+	p.DelayReplies(time.Hour)
+	if _, err := c.Write([]byte("c")); err != nil {
+		t.Fatal(err)
+	}
+	<-got
+	p.DelayReplies(0)
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(c, buf[:1]); err != nil || buf[0] != 'c' {
+		t.Fatalf("after the delay ended: %q, %v", buf[:1], err)
+	}
+}

@@ -2,10 +2,12 @@ package rabbitmq
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
@@ -19,6 +21,7 @@ type brokerHarness struct {
 	pub      *Publisher
 	proxy    *testkit.Proxy
 	exchange string
+	queue    string // bound to exchange with "bound"
 }
 
 func newBrokerHarness(t *testing.T) relaytest.PublisherHarness {
@@ -52,12 +55,13 @@ func newBroker(t *testing.T, edit func(*Config)) *brokerHarness {
 	go func() { done <- pub.Run(ctx) }()
 	t.Cleanup(func() {
 		proxy.Resume()
+		proxy.DelayReplies(0)
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("Run: %v", err)
 		}
 	})
-	return &brokerHarness{pub: pub, proxy: proxy, exchange: ex}
+	return &brokerHarness{pub: pub, proxy: proxy, exchange: ex, queue: queue}
 }
 
 func (h *brokerHarness) Publisher() relay.Publisher { return h.pub }
@@ -71,9 +75,34 @@ func (h *brokerHarness) Unroutable() relay.Message { return h.msg(h.exchange, "n
 func (h *brokerHarness) Missing() relay.Message    { return h.msg(h.exchange+".missing", "bound") }
 func (h *brokerHarness) Stall(testing.TB)          { h.proxy.Stall() }
 func (h *brokerHarness) Cut(testing.TB)            { h.proxy.Cut() }
+func (h *brokerHarness) Delay(testing.TB)          { h.proxy.DelayReplies(time.Hour) }
 func (h *brokerHarness) Restore(testing.TB) {
 	h.proxy.Resume()
+	h.proxy.DelayReplies(0)
 	h.proxy.Restore()
+}
+
+// BeforeWrite sets the publisher's test hook; Publish is called from the
+// test's goroutine only, so no lock is needed.
+func (h *brokerHarness) BeforeWrite(_ testing.TB, f func()) { h.pub.beforeWrite = f }
+
+// Received takes every message from the harness's queue.
+func (h *brokerHarness) Received(t testing.TB) []uuid.UUID {
+	var ids []uuid.UUID
+	testkit.WithChannel(t, func(ch *amqp.Channel) error {
+		for {
+			d, ok, err := ch.Get(h.queue, true)
+			if err != nil || !ok {
+				return err
+			}
+			id, err := uuid.Parse(d.MessageId)
+			if err != nil {
+				return fmt.Errorf("message id %q: %w", d.MessageId, err)
+			}
+			ids = append(ids, id)
+		}
+	})
+	return ids
 }
 
 // TestConformance runs the relay.Publisher contract against RabbitMQ.

@@ -18,7 +18,10 @@ import (
 // may ignore it.
 const HeaderAttempt = "x-ordo-attempt"
 
-// Publish implements relay.Publisher.
+// Publish implements relay.Publisher. It keeps to m.Deadline as
+// watchdog.go describes: checked after the publish lock, the exchange
+// check and the isolation wait, and last right before the write, which
+// runs under a watchdog.
 func (p *Publisher) Publish(ctx context.Context, m *relay.Message, settle func(relay.Result)) error {
 	if err := checkSendable(m); err != nil {
 		// The client or the broker would reject it by closing the channel
@@ -29,6 +32,9 @@ func (p *Publisher) Publish(ctx context.Context, m *relay.Message, settle func(r
 	}
 	p.pubMu.Lock()
 	defer p.pubMu.Unlock()
+	if m.Expired(time.Now()) {
+		return leaseExpired("waiting for the publish lock")
+	}
 	s, err := p.session()
 	if err != nil {
 		return err
@@ -40,7 +46,7 @@ func (p *Publisher) Publish(ctx context.Context, m *relay.Message, settle func(r
 		return nil
 	}
 	if m.Exchange != "" {
-		if err := p.checkExchange(s, m.Exchange); err != nil {
+		if err := p.checkExchange(s, m.Exchange, m.Deadline); err != nil {
 			if errors.Is(err, relay.ErrExchangeNotFound) {
 				settle(relay.Result{Outcome: relay.Failed, Err: err})
 				return nil
@@ -48,14 +54,22 @@ func (p *Publisher) Publish(ctx context.Context, m *relay.Message, settle func(r
 			return err
 		}
 	}
-	if err := p.waitIsolated(ctx, s); err != nil {
+	if err := p.waitIsolated(ctx, s, m.Deadline); err != nil {
 		return err
 	}
 	tag := s.ch.GetNextPublishSeqNo()
+	if p.beforeWrite != nil {
+		p.beforeWrite()
+	}
 	p.mu.Lock()
-	if s.closed {
+	switch {
+	case s.closed:
 		p.mu.Unlock()
 		return relay.ErrNotConnected
+	case m.Expired(time.Now()):
+		// The last check: nothing waits between it and the write.
+		p.mu.Unlock()
+		return leaseExpired("before the write")
 	}
 	if p.isolate > 0 {
 		p.isolate--
@@ -63,14 +77,19 @@ func (p *Publisher) Publish(ctx context.Context, m *relay.Message, settle func(r
 	s.pending[tag] = &pendingPub{attempt: attempt, sent: time.Now(), settle: settle}
 	p.mu.Unlock()
 
-	err = s.ch.PublishWithContext(ctx, m.Exchange, m.RoutingKey, true, false, pub)
+	cut, err := p.watched(s, m, func() error {
+		return s.ch.PublishWithContext(ctx, m.Exchange, m.RoutingKey, true, false, pub)
+	})
 	if err != nil {
 		p.mu.Lock()
 		_, mine := s.pending[tag]
 		delete(s.pending, tag)
 		p.mu.Unlock()
-		if !mine {
+		switch {
+		case !mine:
 			return nil // the closing session settled it already
+		case cut:
+			return fmt.Errorf("%w (the write was cut off: connection reset): %w", relay.ErrLeaseExpired, err)
 		}
 		return fmt.Errorf("publish: %w", err)
 	}
@@ -92,8 +111,9 @@ func (p *Publisher) session() (*session, error) {
 
 // checkExchange verifies with a passive declare, on a channel of its own,
 // that exchange exists; a positive answer is cached for ExchangeCheckTTL.
-// Both calls are bounded by CallTimeout. Called with pubMu held.
-func (p *Publisher) checkExchange(s *session, exchange string) error {
+// Both calls are bounded by CallTimeout, and end at until, the deadline of
+// the publish they are made for. Called with pubMu held.
+func (p *Publisher) checkExchange(s *session, exchange string, until time.Time) error {
 	p.mu.Lock()
 	at, ok := p.exchanges[exchange]
 	p.mu.Unlock()
@@ -102,16 +122,25 @@ func (p *Publisher) checkExchange(s *session, exchange string) error {
 	}
 	if s.side == nil || s.side.IsClosed() {
 		var side *amqp.Channel
-		err := p.bounded(s.conn, "open channel for exchange checks", func() (err error) { side, err = s.conn.Channel(); return err })
-		if err != nil {
+		err := p.boundedUntil(s.conn, "open channel for exchange checks", until,
+			func() (err error) { side, err = s.conn.Channel(); return err },
+			func() { // the channel came after the deadline: nobody uses it
+				if side != nil {
+					p.closeChannel(s.conn, side)
+				}
+			})
+		switch {
+		case errors.Is(err, relay.ErrLeaseExpired):
+			return err
+		case err != nil:
 			return fmt.Errorf("open channel for exchange checks: %w", err)
 		}
 		s.side = side
 	}
 	side := s.side
-	err := p.bounded(s.conn, "check exchange", func() error {
+	err := p.boundedUntil(s.conn, "check exchange", until, func() error {
 		return side.ExchangeDeclarePassive(exchange, "topic", false, false, false, false, nil)
-	})
+	}, func() { p.closeChannel(s.conn, side) })
 	var aerr *amqp.Error
 	switch {
 	case err == nil:
@@ -119,6 +148,9 @@ func (p *Publisher) checkExchange(s *session, exchange string) error {
 		p.exchanges[exchange] = time.Now()
 		p.mu.Unlock()
 		return nil
+	case errors.Is(err, relay.ErrLeaseExpired):
+		s.side = nil // still waiting for its answer; closed once it comes
+		return err
 	case errors.As(err, &aerr) && aerr.Code == amqp.NotFound:
 		s.side = nil // the broker closed it
 		return fmt.Errorf("%w: %q", relay.ErrExchangeNotFound, exchange)

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -133,6 +134,11 @@ type Publisher struct {
 	// noFrameCheck lets a message over frame_max reach the broker, for
 	// the test of connection errors; set it before the first Publish.
 	noFrameCheck bool
+	// beforeWrite, if set, runs in Publish after its last wait and right
+	// before the last deadline check: tests pause there, as a node
+	// paused by the scheduler or a stop-the-world would. Set it before
+	// the first Publish.
+	beforeWrite func()
 }
 
 var _ relay.Publisher = (*Publisher)(nil)
@@ -220,10 +226,11 @@ func (p *Publisher) Run(ctx context.Context) error {
 	urls := strings.Split(p.cfg.URL, ",")
 	for next := 0; ctx.Err() == nil; next++ {
 		url := strings.TrimSpace(urls[next%len(urls)])
+		var raw net.Conn // the TCP connection, for the publish watchdog
 		conn, err := amqp.DialConfig(url, amqp.Config{
 			Heartbeat: p.cfg.Heartbeat,
 			Locale:    "en_US",
-			Dial:      amqp.DefaultDial(5 * time.Second),
+			Dial:      keepConn(&raw, amqp.DefaultDial(5*time.Second)),
 		})
 		if err != nil {
 			if _, perr := amqp.ParseURI(url); perr != nil {
@@ -238,7 +245,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 		p.dialed = redact.URL(url)
 		p.mu.Unlock()
 		up := time.Now()
-		published, err := p.serveConn(ctx, conn) // when it is lost, the loop moves on to the next URL
+		published, err := p.serveConn(ctx, conn, raw) // when it is lost, the loop moves on to the next URL
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -253,9 +260,10 @@ func (p *Publisher) Run(ctx context.Context) error {
 	return nil
 }
 
-// serveConn opens channels on conn until the connection fails or ctx ends,
-// then closes it. published reports whether a publish was confirmed on it.
-func (p *Publisher) serveConn(ctx context.Context, conn *amqp.Connection) (published bool, err error) {
+// serveConn opens channels on conn (whose TCP connection is raw) until the
+// connection fails or ctx ends, then closes it. published reports whether
+// a publish was confirmed on it.
+func (p *Publisher) serveConn(ctx context.Context, conn *amqp.Connection, raw net.Conn) (published bool, err error) {
 	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	blockedDone := p.watchBlocked(conn)
 	defer func() {
@@ -265,7 +273,7 @@ func (p *Publisher) serveConn(ctx context.Context, conn *amqp.Connection) (publi
 	}()
 	frameMax := conn.Config.FrameSize
 	for {
-		confirmed, err := p.serveChannel(ctx, conn, connClosed, frameMax)
+		confirmed, err := p.serveChannel(ctx, conn, raw, connClosed, frameMax)
 		published = published || confirmed
 		if ctx.Err() != nil || conn.IsClosed() {
 			return published, err
@@ -337,27 +345,5 @@ func (p *Publisher) setBlocked(b amqp.Blocking) {
 func (p *Publisher) closeConn(conn *amqp.Connection, timeout time.Duration) {
 	if !conn.IsClosed() {
 		_ = conn.CloseDeadline(time.Now().Add(timeout))
-	}
-}
-
-// bounded runs f, a call that waits for the broker, for at most
-// CallTimeout. Past it, it closes conn, which ends f, and returns an error
-// wrapping ErrCallTimeout without waiting for f (Run does, before it
-// returns).
-func (p *Publisher) bounded(conn *amqp.Connection, what string, f func() error) error {
-	done := make(chan error, 1)
-	p.calls.Add(1)
-	go func() {
-		defer p.calls.Done()
-		done <- f()
-	}()
-	t := time.NewTimer(p.cfg.CallTimeout)
-	defer t.Stop()
-	select {
-	case err := <-done:
-		return err
-	case <-t.C:
-		p.closeConn(conn, 0)
-		return fmt.Errorf("%s: %w (%v); connection closed", what, ErrCallTimeout, p.cfg.CallTimeout)
 	}
 }

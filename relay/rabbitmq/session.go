@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -14,6 +15,7 @@ import (
 // session is one confirm-mode channel and what is unconfirmed on it.
 type session struct {
 	conn     *amqp.Connection
+	raw      net.Conn // conn's TCP connection; nil if not known
 	ch       *amqp.Channel
 	frameMax int                    // negotiated frame_max; 0: no limit
 	pending  map[uint64]*pendingPub // by delivery tag; guarded by Publisher.mu
@@ -26,6 +28,7 @@ type session struct {
 	progress time.Time
 	closed   bool          // guarded by Publisher.mu
 	side     *amqp.Channel // for passive declares; guarded by pubMu
+	dog      *watchdog     // guards each write's lease deadline
 }
 
 type pendingPub struct {
@@ -68,7 +71,7 @@ type channelEvents struct {
 
 // openSession opens a confirm-mode channel on conn, registers its
 // notifications and makes it the current session.
-func (p *Publisher) openSession(conn *amqp.Connection, frameMax int) (*session, channelEvents, error) {
+func (p *Publisher) openSession(conn *amqp.Connection, raw net.Conn, frameMax int) (*session, channelEvents, error) {
 	var ch *amqp.Channel
 	if err := p.bounded(conn, "open channel", func() (err error) { ch, err = conn.Channel(); return err }); err != nil {
 		return nil, channelEvents{}, fmt.Errorf("open channel: %w", err)
@@ -83,8 +86,9 @@ func (p *Publisher) openSession(conn *amqp.Connection, frameMax int) (*session, 
 		returns:  ch.NotifyReturn(make(chan amqp.Return, buf)),
 		closed:   ch.NotifyClose(make(chan *amqp.Error, 1)),
 	}
-	s := &session{conn: conn, ch: ch, frameMax: frameMax, pending: map[uint64]*pendingPub{},
+	s := &session{conn: conn, raw: raw, ch: ch, frameMax: frameMax, pending: map[uint64]*pendingPub{},
 		expired: map[uint64]int64{}, progress: time.Now()}
+	s.dog = p.newWatchdog(s)
 	p.mu.Lock()
 	p.cur = s
 	p.opened++
@@ -97,8 +101,8 @@ func (p *Publisher) openSession(conn *amqp.Connection, frameMax int) (*session, 
 // serveChannel opens a confirm-mode channel on conn and settles its
 // publishes until it or the connection closes, or ctx ends. confirmed
 // reports whether a publish was acked on it.
-func (p *Publisher) serveChannel(ctx context.Context, conn *amqp.Connection, connClosed <-chan *amqp.Error, frameMax int) (confirmed bool, err error) {
-	s, ev, err := p.openSession(conn, frameMax)
+func (p *Publisher) serveChannel(ctx context.Context, conn *amqp.Connection, raw net.Conn, connClosed <-chan *amqp.Error, frameMax int) (confirmed bool, err error) {
+	s, ev, err := p.openSession(conn, raw, frameMax)
 	if err != nil {
 		return false, err
 	}
@@ -282,9 +286,10 @@ func (p *Publisher) closeChannel(conn *amqp.Connection, ch *amqp.Channel) {
 	_ = p.bounded(conn, "close channel", ch.Close)
 }
 
-// waitIsolated, while isolating, waits until nothing is unconfirmed on s.
-// Called with pubMu held; the serve loop settles confirms without it.
-func (p *Publisher) waitIsolated(ctx context.Context, s *session) error {
+// waitIsolated, while isolating, waits until nothing is unconfirmed on s,
+// or until the lease deadline until (zero: none). Called with pubMu held;
+// the serve loop settles confirms without it.
+func (p *Publisher) waitIsolated(ctx context.Context, s *session, until time.Time) error {
 	for {
 		p.mu.Lock()
 		isolating, busy, closed := p.isolate > 0, len(s.pending) > 0, s.closed
@@ -295,6 +300,8 @@ func (p *Publisher) waitIsolated(ctx context.Context, s *session) error {
 			return relay.ErrNotConnected
 		case !isolating || !busy:
 			return nil
+		case !until.IsZero() && !time.Now().Before(until):
+			return leaseExpired("waiting for earlier confirms (isolation)")
 		}
 		select {
 		case <-ctx.Done():

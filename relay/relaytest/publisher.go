@@ -3,6 +3,7 @@ package relaytest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -16,7 +17,8 @@ import (
 // closes its channel or connection (settling what is unconfirmed as
 // Unsent), refuses publishes while disconnected, and blocks publishes as a
 // broker under a resource alarm does. It records every message sent, in
-// order. Safe for concurrent use.
+// order. Like every Publisher it sends nothing after a message's
+// Deadline: a blocked publish ends at it. Safe for concurrent use.
 type Publisher struct {
 	mu        sync.Mutex
 	connected bool
@@ -29,6 +31,9 @@ type Publisher struct {
 	maxHeld   int
 	async     sync.WaitGroup
 	delay     time.Duration
+	// beforeSend runs after a publish's waits, right before its last
+	// deadline check (SetBeforeSend).
+	beforeSend func(*relay.Message)
 }
 
 type held struct {
@@ -47,16 +52,23 @@ func (p *Publisher) Publish(ctx context.Context, m *relay.Message, settle func(r
 	for p.blocked != nil {
 		b := p.blocked
 		p.mu.Unlock()
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-b:
+		if err := waitUnblocked(ctx, b, m.Deadline); err != nil {
+			return err
 		}
 		p.mu.Lock()
 	}
 	if !p.connected {
 		p.mu.Unlock()
 		return relay.ErrNotConnected
+	}
+	if hook := p.beforeSend; hook != nil {
+		p.mu.Unlock()
+		hook(m)
+		p.mu.Lock()
+	}
+	if m.Expired(time.Now()) {
+		p.mu.Unlock()
+		return fmt.Errorf("%w (relaytest: before the send)", relay.ErrLeaseExpired)
 	}
 	p.sent = append(p.sent, *m)
 	settle = p.recording(*m, settle)
@@ -86,6 +98,34 @@ func (p *Publisher) Publish(ctx context.Context, m *relay.Message, settle func(r
 	p.mu.Unlock()
 	settle(relay.Result{Outcome: relay.Confirmed})
 	return nil
+}
+
+// waitUnblocked waits until b is closed, ctx ends or deadline (zero:
+// none) passes.
+func waitUnblocked(ctx context.Context, b <-chan struct{}, deadline time.Time) error {
+	var lapsed <-chan time.Time
+	if !deadline.IsZero() {
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		lapsed = t.C
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-lapsed:
+		return fmt.Errorf("%w (relaytest: blocked)", relay.ErrLeaseExpired)
+	case <-b:
+		return nil
+	}
+}
+
+// SetBeforeSend makes f run in every publish after its waits, right
+// before its last deadline check (nil: nothing): a pause there is a
+// node paused between its checks and the write.
+func (p *Publisher) SetBeforeSend(f func(*relay.Message)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.beforeSend = f
 }
 
 // recording wraps settle so confirmed messages are recorded as delivered.
@@ -209,7 +249,7 @@ func (p *Publisher) Reconnect() {
 }
 
 // Block makes Publish wait, as under a broker resource alarm, until
-// Unblock or the publish's context ends.
+// Unblock, the publish's context ends or its message's Deadline passes.
 func (p *Publisher) Block() {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -29,6 +29,17 @@ type PublisherHarness interface {
 	Stall(t testing.TB)
 	Cut(t testing.TB)
 	Restore(t testing.TB)
+	// Delay makes the broker answer late, far later than any deadline in
+	// the suite (until Restore), so that the publisher's waits for it
+	// stretch: a publish to an exchange not used before waits for it.
+	Delay(t testing.TB)
+	// BeforeWrite makes f run in each publish after its last wait, right
+	// before it writes (nil: nothing), as a pause of the node there.
+	BeforeWrite(t testing.TB, f func())
+	// Received returns the ids of the messages the broker has received
+	// since the last call (those routed to Routable's queue, for a real
+	// broker).
+	Received(t testing.TB) []uuid.UUID
 }
 
 // PublisherSuite runs the relay.Publisher contract against the
@@ -42,6 +53,8 @@ func PublisherSuite(t *testing.T, newHarness func(t *testing.T) PublisherHarness
 		{"returns reported before acks", pubReturnsBeforeAcks},
 		{"missing exchange fails", pubMissingExchange},
 		{"unsent when the connection drops, then refused until back", pubUnsentOnCut},
+		{"nothing sent after the deadline", pubNothingAfterDeadline},
+		{"a wait for the broker ends at the deadline", pubWaitEndsAtDeadline},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -226,4 +239,86 @@ func pubUnsentOnCut(t *testing.T, h PublisherHarness) {
 	if r := o.wait(len(sent) + 1)[m.ID]; r.Outcome != relay.Confirmed {
 		t.Fatalf("after the connection came back: %v (%v), want confirmed", r.Outcome, r.Err)
 	}
+}
+
+// publishExpired publishes m and requires Publish to refuse it with
+// relay.ErrLeaseExpired, without settling it.
+func publishExpired(t *testing.T, p relay.Publisher, m *relay.Message) {
+	t.Helper()
+	err := p.Publish(ctxFor(t), m, func(r relay.Result) {
+		t.Errorf("a publish past its deadline was settled %v (%v)", r.Outcome, r.Err)
+	})
+	if !errors.Is(err, relay.ErrLeaseExpired) {
+		t.Fatalf("publish past its deadline: %v, want ErrLeaseExpired", err)
+	}
+}
+
+// confirmSentinel publishes a routable message without a deadline,
+// retrying while the publisher reconnects, waits for its confirm, and
+// requires it to be all the broker received since the last look.
+func confirmSentinel(t *testing.T, h PublisherHarness, o *outcomes, settled int) {
+	t.Helper()
+	p := h.Publisher()
+	m := fresh(h.Routable(), 99)
+	for {
+		waitConnected(t, p, true)
+		err := p.Publish(ctxFor(t), m, o.settle(m.ID))
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, relay.ErrNotConnected) {
+			t.Fatal(err)
+		}
+	}
+	if r := o.wait(settled + 1)[m.ID]; r.Outcome != relay.Confirmed {
+		t.Fatalf("sentinel: %v (%v), want confirmed", r.Outcome, r.Err)
+	}
+	if got := h.Received(t); len(got) != 1 || got[0] != m.ID {
+		t.Fatalf("the broker received %v; want only the sentinel %s", got, m.ID)
+	}
+}
+
+// pubNothingAfterDeadline: a message whose deadline passed before the
+// publish, or passes while the publisher pauses right before the write,
+// is not sent.
+func pubNothingAfterDeadline(t *testing.T, h PublisherHarness) {
+	p := h.Publisher()
+	waitConnected(t, p, true)
+	o := newOutcomes(t)
+	late := fresh(h.Routable(), 1)
+	late.Deadline = time.Now().Add(-time.Millisecond)
+	publishExpired(t, p, late)
+
+	paused := fresh(h.Routable(), 2)
+	paused.Deadline = time.Now().Add(100 * time.Millisecond)
+	h.BeforeWrite(t, func() {
+		for !time.Now().After(paused.Deadline) {
+			time.Sleep(time.Millisecond)
+		}
+	})
+	publishExpired(t, p, paused)
+	h.BeforeWrite(t, nil)
+	confirmSentinel(t, h, o, 0)
+}
+
+// pubWaitEndsAtDeadline: a publish that waits for a broker answering late
+// gives up at its deadline and sends nothing; the publisher works again
+// once the broker answers.
+func pubWaitEndsAtDeadline(t *testing.T, h PublisherHarness) {
+	p := h.Publisher()
+	waitConnected(t, p, true)
+	o := newOutcomes(t)
+	h.Delay(t)
+	m := fresh(h.Routable(), 1)
+	const lease = 300 * time.Millisecond
+	m.Deadline = time.Now().Add(lease)
+	start := time.Now()
+	publishExpired(t, p, m)
+	took := time.Since(start)
+	t.Logf("the publish gave up after %v (deadline %v)", took.Round(time.Millisecond), lease)
+	if took > lease+10*time.Second {
+		t.Fatalf("the publish waited %v for a deadline %v away", took, lease)
+	}
+	h.Restore(t)
+	confirmSentinel(t, h, o, 0)
 }
