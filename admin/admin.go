@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ordo-relay/ordo/outbox"
 )
 
 // ErrNotFound is returned when no outbox row has the given id (or no
@@ -151,9 +153,10 @@ func (s *Store) onParked(ctx context.Context, tx pgx.Tx, sql string, id uuid.UUI
 	return notify(ctx, tx, part)
 }
 
-// notify wakes the relays of partitions.
+// notify wakes the relays of partitions when tx commits, on the channel
+// the outbox trigger uses: each reads the partition again at once.
 func notify(ctx context.Context, tx pgx.Tx, partitions ...int32) error {
-	_, err := tx.Exec(ctx, `SELECT pg_notify('ordo_outbox', p::text) FROM unnest($1::int[]) AS p`, partitions)
+	_, err := tx.Exec(ctx, `SELECT pg_notify($1, p::text) FROM unnest($2::int[]) AS p`, outbox.NotifyChannel, partitions)
 	return err
 }
 

@@ -1,7 +1,9 @@
 -- Partition leases: who publishes each partition (DESIGN.md invariant 3).
 -- One row per partition, seeded at install and on every start by
--- outbox.Migrate. A node owns partition p while owner = its name and its
+-- lease.Migrate. A node owns partition p while owner = its name and its
 -- epoch is the current one; every relay write checks both.
+-- (Until the lease component owned it, this was part of the outbox
+-- component's migration 2, 0002_leases.sql; lease.Migrate adopts it.)
 CREATE TABLE ordo_leases (
     partition  int         PRIMARY KEY CHECK (partition >= 0),
     owner      text,
@@ -9,6 +11,3 @@ CREATE TABLE ordo_leases (
     expires_at timestamptz NOT NULL DEFAULT '-infinity',
     claimed_at timestamptz
 );
-
--- Key heads are read in seq order among pending rows.
-CREATE INDEX outbox_pending_seq ON outbox (seq) WHERE processed_at IS NULL;
