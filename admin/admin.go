@@ -2,7 +2,9 @@
 // retry or skip them, purge dead rows. Every action is recorded in
 // ordo_operator_audit with the operator's name, the caller's address, the
 // action, its target and the result. The HTTP handler serves the same
-// actions behind a bearer token.
+// actions behind a bearer token. It owns no table: the outbox rows, the
+// key counters and ordo_operator_audit are package outbox's, and it wakes
+// relays on outbox.NotifyChannel.
 package admin
 
 import (
