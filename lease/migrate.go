@@ -38,10 +38,21 @@ type TxBeginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// Migrate brings the lease tables (ordo_leases, ordo_lease_audit) up to
-// date and makes sure every partition 0..partitions-1 has a lease row. It
-// is idempotent and safe to call from many processes at once: it runs in
-// one transaction under the migration lock every Ordo component shares.
+// Migrate brings the lease tables up to date and makes sure every
+// partition 0..partitions-1 has a lease row. It is idempotent and safe to
+// call from many processes at once: it runs in one transaction under the
+// migration lock every Ordo component shares.
+//
+// The package owns the lease tables: ordo_leases (one row per partition)
+// and ordo_lease_audit (every claim, release, expiry, lost renewal and
+// refused stale-epoch write), created from the embedded migrations/*.sql
+// and recorded as component "lease" in ordo_schema_migrations. Other
+// packages use them without owning them: relay/pgstore checks a lease row
+// in every write and records refused writes in the audit, node reads them
+// for /status. Earlier releases created the two tables in the outbox
+// component's migrations 2 and 3; on such a database Migrate adopts those
+// versions (records them as its own, with the time they were applied)
+// instead of running them again, and the outbox keeps its records.
 //
 // partitions must be the installed count: outbox.Migrate checks it, so
 // call that first (a node does both). The lease tables refer to no other

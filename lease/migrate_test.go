@@ -104,22 +104,22 @@ func oldMigrate(ctx context.Context, pool *pgxpool.Pool, fsys fstest.MapFS) erro
 	})
 }
 
-type record struct {
+type schemaRecord struct {
 	name      string
 	appliedAt string // as PostgreSQL prints it, to the microsecond
 }
 
-// records returns ordo_schema_migrations by "component/version".
-func records(tb testing.TB, ctx context.Context, pool *pgxpool.Pool) map[string]record {
+// schemaRecords returns ordo_schema_migrations by "component/version".
+func schemaRecords(tb testing.TB, ctx context.Context, pool *pgxpool.Pool) map[string]schemaRecord {
 	tb.Helper()
 	rows, err := pool.Query(ctx, `SELECT component || '/' || version, name, applied_at::text FROM ordo_schema_migrations`)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	out := map[string]record{}
+	out := map[string]schemaRecord{}
 	for rows.Next() {
 		var k string
-		var r record
+		var r schemaRecord
 		if err := rows.Scan(&k, &r.name, &r.appliedAt); err != nil {
 			tb.Fatal(err)
 		}
@@ -233,20 +233,20 @@ func TestUpgradeFromEarlierReleases(t *testing.T) {
 			if err := oldMigrate(ctx, pool, oldOutboxMigrations(t, upTo)); err != nil {
 				t.Fatalf("install as the old release: %v", err)
 			}
-			before := records(t, ctx, pool)
+			before := schemaRecords(t, ctx, pool)
 			for range 2 {
 				if err := migrateAll(ctx, pool); err != nil {
 					t.Fatalf("upgrade: %v", err)
 				}
 			}
-			after := records(t, ctx, pool)
+			after := schemaRecords(t, ctx, pool)
 			checkRecords(t, before, after, upTo)
 			sameSchema(t, catalog(t, ctx, pool), want)
 
 			if err := oldMigrate(ctx, pool, oldOutboxMigrations(t, 9)); err != nil {
 				t.Fatalf("the previous release after the upgrade: %v", err)
 			}
-			if again := records(t, ctx, pool); len(again) != len(after) {
+			if again := schemaRecords(t, ctx, pool); len(again) != len(after) {
 				t.Errorf("the previous release recorded %d migrations more after the upgrade", len(again)-len(after))
 			}
 			sameSchema(t, catalog(t, ctx, pool), want)
@@ -258,11 +258,11 @@ func TestUpgradeFromEarlierReleases(t *testing.T) {
 // outbox has versions 1..9; lease version v is adopted (recorded with the
 // time its SQL was applied as outbox version v+1) iff the old install had
 // applied that version, and recorded anew otherwise.
-func checkRecords(tb testing.TB, before, after map[string]record, oldUpTo int) {
+func checkRecords(tb testing.TB, before, after map[string]schemaRecord, oldUpTo int) {
 	tb.Helper()
 	for k, r := range before {
 		if after[k] != r {
-			tb.Errorf("record %s changed: %+v, then %+v", k, r, after[k])
+			tb.Errorf("schemaRecord %s changed: %+v, then %+v", k, r, after[k])
 		}
 	}
 	wantKeys := []string{"lease/1", "lease/2"}
@@ -312,7 +312,7 @@ func TestUpgradeFrom813ffadKeepsData(t *testing.T) {
 		data[table] = dump(t, ctx, pool, table)
 	}
 	keysBefore := dump(t, ctx, pool, "(SELECT correlation_id, last_key_seq FROM outbox_keys)")
-	before := records(t, ctx, pool)
+	before := schemaRecords(t, ctx, pool)
 
 	var wg sync.WaitGroup
 	errs := make([]error, 3)
@@ -329,7 +329,7 @@ func TestUpgradeFrom813ffadKeepsData(t *testing.T) {
 		t.Fatalf("second upgrade: %v", err)
 	}
 
-	checkRecords(t, before, records(t, ctx, pool), 6)
+	checkRecords(t, before, schemaRecords(t, ctx, pool), 6)
 	for _, table := range tables {
 		if got := dump(t, ctx, pool, table); got != data[table] {
 			t.Errorf("%s changed by the upgrade:\nbefore %s\nafter  %s", table, data[table], got)
@@ -419,12 +419,12 @@ func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 			t.Fatalf("concurrent migrate: %v", err)
 		}
 	}
-	first := records(t, ctx, pool)
+	first := schemaRecords(t, ctx, pool)
 	if err := migrateAll(ctx, pool); err != nil {
 		t.Fatalf("migrate again: %v", err)
 	}
-	checkRecords(t, nil, records(t, ctx, pool), 0)
-	if again := records(t, ctx, pool); !maps.Equal(again, first) {
+	checkRecords(t, nil, schemaRecords(t, ctx, pool), 0)
+	if again := schemaRecords(t, ctx, pool); !maps.Equal(again, first) {
 		t.Errorf("migrating again changed the records: %v, then %v", first, again)
 	}
 	var rows, top int
