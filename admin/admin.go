@@ -2,7 +2,9 @@
 // retry or skip them, purge dead rows. Every action is recorded in
 // ordo_operator_audit with the operator's name, the caller's address, the
 // action, its target and the result. The HTTP handler serves the same
-// actions behind a bearer token.
+// actions behind a bearer token. It owns no table: the outbox rows, the
+// key counters and ordo_operator_audit are package outbox's, and it wakes
+// relays on outbox.NotifyChannel.
 package admin
 
 import (
@@ -15,6 +17,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ordo-relay/ordo/outbox"
 )
 
 // ErrNotFound is returned when no outbox row has the given id (or no
@@ -151,9 +155,10 @@ func (s *Store) onParked(ctx context.Context, tx pgx.Tx, sql string, id uuid.UUI
 	return notify(ctx, tx, part)
 }
 
-// notify wakes the relays of partitions.
+// notify wakes the relays of partitions when tx commits, on the channel
+// the outbox trigger uses: each reads the partition again at once.
 func notify(ctx context.Context, tx pgx.Tx, partitions ...int32) error {
-	_, err := tx.Exec(ctx, `SELECT pg_notify('ordo_outbox', p::text) FROM unnest($1::int[]) AS p`, partitions)
+	_, err := tx.Exec(ctx, `SELECT pg_notify($1, p::text) FROM unnest($2::int[]) AS p`, outbox.NotifyChannel, partitions)
 	return err
 }
 

@@ -28,15 +28,11 @@ type Filter struct {
 // sqlRetryMatching retries every parked message whose last error holds $1
 // (if not null) and whose key starts with $2 (if not null).
 const sqlRetryMatching = `
-WITH changed AS (
 UPDATE outbox SET parked_at = NULL, next_attempt_at = NULL, attempts = 0
 WHERE parked_at IS NOT NULL AND processed_at IS NULL
   AND ($1::text IS NULL OR strpos(coalesce(last_error, ''), $1) > 0)
   AND ($2::text IS NULL OR starts_with(correlation_id, $2))
-RETURNING partition
-)
--- Wake the partitions' relays at commit.
-SELECT c.partition FROM changed AS c, LATERAL (SELECT pg_notify('ordo_outbox', c.partition::text)) AS woken`
+RETURNING partition`
 
 // RetryMatching retries every parked message f selects, in one
 // transaction with its audit row, and returns how many it retried (0 is

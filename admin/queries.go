@@ -12,31 +12,19 @@ ORDER BY o.parked_at
 LIMIT $1`
 
 	sqlRetry = `
-WITH changed AS (
 UPDATE outbox SET parked_at = NULL, next_attempt_at = NULL, attempts = 0
 WHERE id = $1 AND parked_at IS NOT NULL AND processed_at IS NULL
-RETURNING partition
-)
--- Wake the partition's relay at commit: it reads the key again at once.
-SELECT c.partition FROM changed AS c, LATERAL (SELECT pg_notify('ordo_outbox', c.partition::text)) AS woken`
+RETURNING partition`
 
 	sqlRetryKey = `
-WITH changed AS (
 UPDATE outbox SET parked_at = NULL, next_attempt_at = NULL, attempts = 0
 WHERE correlation_id = $1 AND parked_at IS NOT NULL AND processed_at IS NULL
-RETURNING partition
-)
--- Wake the partition's relay at commit: it reads the key again at once.
-SELECT c.partition FROM changed AS c, LATERAL (SELECT pg_notify('ordo_outbox', c.partition::text)) AS woken`
+RETURNING partition`
 
 	sqlSkip = `
-WITH changed AS (
 UPDATE outbox SET dead_at = clock_timestamp(), processed_at = clock_timestamp(), parked_at = NULL, next_attempt_at = NULL
 WHERE id = $1 AND parked_at IS NOT NULL AND processed_at IS NULL
-RETURNING partition
-)
--- Wake the partition's relay at commit: it reads the key again at once.
-SELECT c.partition FROM changed AS c, LATERAL (SELECT pg_notify('ordo_outbox', c.partition::text)) AS woken`
+RETURNING partition`
 
 	// sqlPurge: a dead row may go once no later row of its key is pending
 	// and a later row was published (present and not dead, or already

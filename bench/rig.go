@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/lease"
 	"github.com/ordo-relay/ordo/outbox"
 )
 
@@ -115,6 +116,9 @@ func (r *rig) createDatabase(ctx context.Context, poolConns int32) error {
 	}
 	r.onClose("close probe pool", func(context.Context) error { r.probe.Close(); return nil })
 	if err := outbox.Migrate(sctx, pool, r.o.Partitions); err != nil {
+		return fmt.Errorf("migrate %s: %w", r.name, err)
+	}
+	if err := lease.Migrate(sctx, pool, r.o.Partitions); err != nil {
 		return fmt.Errorf("migrate %s: %w", r.name, err)
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/lease"
 	"github.com/ordo-relay/ordo/outbox"
 )
 
@@ -15,6 +16,9 @@ func explain(t *testing.T, q string) string {
 	_, pool := testkit.NewTestDB(t, 2)
 	ctx := testkit.Context(t, 60*time.Second)
 	if err := outbox.Migrate(ctx, pool, 64); err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Migrate(ctx, pool, 64); err != nil {
 		t.Fatal(err)
 	}
 	// Statistics of an empty table, then a backlog: the case where plans

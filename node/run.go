@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/ordo-relay/ordo/lease"
 	"github.com/ordo-relay/ordo/membership"
 	"github.com/ordo-relay/ordo/outbox"
 	"github.com/ordo-relay/ordo/partition"
@@ -214,16 +215,20 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 	return errors.Join(relayErr, leaseErr, gossipErr, bg.Wait(), httpErr)
 }
 
-// migrate applies the outbox migrations, retrying while PostgreSQL is
-// unreachable, and refusing at once on a partition count mismatch.
+// migrate applies the outbox migrations, then the lease migrations,
+// retrying while PostgreSQL is unreachable, and refusing at once on a
+// partition count mismatch (outbox.Migrate checks it first).
 func migrate(ctx context.Context, pool *pgxpool.Pool, partitions int, logger *slog.Logger) error {
 	for attempt := 1; ; attempt++ {
 		err := outbox.Migrate(ctx, pool, partitions)
+		if err == nil {
+			err = lease.Migrate(ctx, pool, partitions)
+		}
 		if err == nil || errors.Is(err, outbox.ErrPartitionMismatch) || ctx.Err() != nil {
 			return err
 		}
 		if attempt == 1 || attempt%10 == 0 {
-			logger.Warn("cannot migrate the outbox yet; retrying", "attempt", attempt, "err", err)
+			logger.Warn("cannot migrate the schema yet; retrying", "attempt", attempt, "err", err)
 		}
 		select {
 		case <-ctx.Done():

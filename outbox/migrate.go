@@ -15,6 +15,14 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
+// NotifyChannel is the LISTEN/NOTIFY channel on which the outbox's AFTER
+// INSERT trigger (migration 1) wakes the relays, once per partition a
+// transaction wrote to, with the partition number as the payload. Anything
+// else that wakes a relay (an operator's retry) notifies it too. The
+// trigger spells the name in SQL; TestNotifyChannelIsTheTriggers checks
+// that the two agree.
+const NotifyChannel = "ordo_outbox"
+
 // ErrPartitionMismatch is returned (wrapped in a *PartitionMismatchError) by
 // Migrate and LoadPartitions when the database was installed with a
 // different partition count than the one configured.
@@ -39,8 +47,10 @@ type TxBeginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// Migrate brings the outbox schema up to date and installs the partition
-// count on first use. It is idempotent and safe to call from many processes
+// Migrate brings the outbox schema up to date (component "outbox" in
+// ordo_schema_migrations) and installs the partition count on first use.
+// The lease tables are the lease package's (lease.Migrate), which a node
+// applies after this. It is idempotent and safe to call from many processes
 // at once. If the database already holds a different partition count it
 // changes nothing and returns a *PartitionMismatchError.
 func Migrate(ctx context.Context, db TxBeginner, partitions int) error {
@@ -64,7 +74,7 @@ func install(ctx context.Context, tx pgx.Tx, partitions int) error {
 	case err == nil && installed != partitions:
 		return &PartitionMismatchError{Installed: installed, Configured: partitions}
 	case err == nil:
-		return seedLeases(ctx, tx, partitions)
+		return nil
 	case !errors.Is(err, pgx.ErrNoRows):
 		return err
 	}
@@ -75,13 +85,6 @@ func install(ctx context.Context, tx pgx.Tx, partitions int) error {
 	ddl := fmt.Sprintf(`ALTER TABLE outbox ADD CONSTRAINT outbox_partition_range CHECK (partition >= 0 AND partition < %d)`, partitions)
 	if _, err := tx.Exec(ctx, ddl); err != nil {
 		return fmt.Errorf("add partition range constraint: %w", err)
-	}
-	return seedLeases(ctx, tx, partitions)
-}
-
-func seedLeases(ctx context.Context, tx pgx.Tx, partitions int) error {
-	if _, err := tx.Exec(ctx, sqlSeedLeases, partitions); err != nil {
-		return fmt.Errorf("seed lease rows: %w", err)
 	}
 	return nil
 }

@@ -346,7 +346,7 @@ func TestNotifyPerPartition(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Release()
-	if _, err := conn.Exec(ctx, `LISTEN ordo_outbox`); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{outbox.NotifyChannel}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
 	// 20 messages of one key plus one of another, over two statements.

@@ -8,9 +8,3 @@ INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, 
 SELECT id, p, k, e, r, t, pl::jsonb, h::jsonb
 FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[])
     AS m(id, p, k, e, r, t, pl, h)`
-
-// sqlSeedLeases makes sure every partition 0..$1-1 has a lease row.
-const sqlSeedLeases = `
-INSERT INTO ordo_leases (partition)
-SELECT g FROM generate_series(0, $1::int - 1) AS g
-ON CONFLICT (partition) DO NOTHING`

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/lease"
 	"github.com/ordo-relay/ordo/outbox"
 	"github.com/ordo-relay/ordo/partition"
 	"github.com/ordo-relay/ordo/relay"
@@ -43,6 +44,9 @@ func newHarness(t *testing.T) *harness {
 	dbURL, pool := testkit.NewTestDB(t, 6)
 	ctx := testkit.Context(t, 30*time.Second)
 	if err := outbox.Migrate(ctx, pool, testPartitions); err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Migrate(ctx, pool, testPartitions); err != nil {
 		t.Fatal(err)
 	}
 	prod, err := outbox.NewProducer(testPartitions)

@@ -6,6 +6,11 @@
 // serialise on a transaction-scoped advisory lock (a session lock taken
 // through a pool could be released on another connection) and the second one
 // finds the work done.
+//
+// Versions are recorded per component (component, version) in
+// ordo_schema_migrations, whose owner is this package. A migration that
+// changes owner is adopted (Adopt): its new owner records it as applied,
+// without running it again, where its former owner had recorded it.
 package pgmigrate
 
 import (
@@ -46,13 +51,8 @@ func Apply(ctx context.Context, tx pgx.Tx, component string, fsys fs.FS, dir str
 	if err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS ordo_schema_migrations (
-		component  text        NOT NULL,
-		version    int         NOT NULL,
-		name       text        NOT NULL,
-		applied_at timestamptz NOT NULL DEFAULT now(),
-		PRIMARY KEY (component, version))`); err != nil {
-		return fmt.Errorf("create migrations table: %w", err)
+	if err := createTable(ctx, tx); err != nil {
+		return err
 	}
 	rows, err := tx.Query(ctx, `SELECT version FROM ordo_schema_migrations WHERE component = $1`, component)
 	if err != nil {
@@ -85,6 +85,65 @@ func Apply(ctx context.Context, tx pgx.Tx, component string, fsys fs.FS, dir str
 			`INSERT INTO ordo_schema_migrations (component, version, name) VALUES ($1, $2, $3)`,
 			component, m.version, m.name); err != nil {
 			return fmt.Errorf("record %s migration %s: %w", component, m.name, err)
+		}
+	}
+	return nil
+}
+
+func createTable(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS ordo_schema_migrations (
+		component  text        NOT NULL,
+		version    int         NOT NULL,
+		name       text        NOT NULL,
+		applied_at timestamptz NOT NULL DEFAULT now(),
+		PRIMARY KEY (component, version))`); err != nil {
+		return fmt.Errorf("create migrations table: %w", err)
+	}
+	return nil
+}
+
+// Moved says that a component's migration Version holds SQL that an
+// earlier release applied as migration FromVersion of component From,
+// recorded under the file name FromName.
+type Moved struct {
+	Version     int    // the migration's version under its new owner
+	From        string // the component that applied it before
+	FromVersion int    // its version there
+	FromName    string // the file name From recorded it under
+}
+
+// Adopt records as applied, for component, every moved migration whose
+// former record (From, FromVersion, FromName) exists and that component
+// has not recorded yet, keeping the former record's applied_at. It runs no
+// migration and leaves the former records as they are, so a binary that
+// still knows the migration under its former owner finds it applied. The
+// name check tells the moved SQL apart from whatever the former owner
+// records under that version now. Call Lock on tx first, and Adopt before
+// Apply.
+func Adopt(ctx context.Context, tx pgx.Tx, component string, fsys fs.FS, dir string, moved []Moved) error {
+	ms, err := load(fsys, dir)
+	if err != nil {
+		return err
+	}
+	names := make(map[int]string, len(ms))
+	for _, m := range ms {
+		names[m.version] = m.name
+	}
+	if err := createTable(ctx, tx); err != nil {
+		return err
+	}
+	for _, mv := range moved {
+		name, ok := names[mv.Version]
+		if !ok {
+			return fmt.Errorf("adopt %s migration %d: no such migration in %s", component, mv.Version, dir)
+		}
+		if _, err := tx.Exec(ctx, `
+INSERT INTO ordo_schema_migrations (component, version, name, applied_at)
+SELECT $1, $2, $3, f.applied_at FROM ordo_schema_migrations AS f
+WHERE f.component = $4 AND f.version = $5 AND f.name = $6
+ON CONFLICT (component, version) DO NOTHING`,
+			component, mv.Version, name, mv.From, mv.FromVersion, mv.FromName); err != nil {
+			return fmt.Errorf("adopt %s migration %s from %s %s: %w", component, name, mv.From, mv.FromName, err)
 		}
 	}
 	return nil

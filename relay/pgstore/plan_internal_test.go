@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/lease"
 	"github.com/ordo-relay/ordo/outbox"
 )
 
@@ -36,6 +37,9 @@ func plansFollowTheWork(t *testing.T, hotStats bool) {
 	_, pool := testkit.NewTestDB(t, 2)
 	ctx := testkit.Context(t, 5*time.Minute)
 	if err := outbox.Migrate(ctx, pool, 64); err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Migrate(ctx, pool, 64); err != nil {
 		t.Fatal(err)
 	}
 	exec(t, pool, `ALTER TABLE outbox SET (autovacuum_enabled = off)`)

@@ -116,7 +116,3 @@ WITH held AS (
     FOR UPDATE SKIP LOCKED
 )
 DELETE FROM outbox WHERE id = ANY(ARRAY(SELECT id FROM doomed))`
-
-// NotifyChannel is the LISTEN/NOTIFY channel the outbox triggers signal,
-// with the partition number as payload.
-const NotifyChannel = "ordo_outbox"

@@ -3,7 +3,8 @@
 // the node still holds each row's partition at the epoch the row was
 // published under (the lease row locked FOR SHARE until the write
 // commits), and every statement is planned for the table as it is when it
-// runs.
+// runs. It owns no table: the outbox and its trigger are package outbox's
+// (whose NotifyChannel it listens on), the lease tables package lease's.
 package pgstore
 
 import (
@@ -19,6 +20,7 @@ import (
 
 	"github.com/ordo-relay/ordo/internal/backoff"
 	"github.com/ordo-relay/ordo/internal/outage"
+	"github.com/ordo-relay/ordo/outbox"
 	"github.com/ordo-relay/ordo/relay"
 )
 
@@ -177,7 +179,7 @@ func (s *Store) listenOnce(ctx context.Context, wake func(int), down *outage.Log
 		return false, fmt.Errorf("connect: %w", err)
 	}
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, "LISTEN "+NotifyChannel); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{outbox.NotifyChannel}.Sanitize()); err != nil {
 		return false, fmt.Errorf("listen: %w", err)
 	}
 	down.OK()

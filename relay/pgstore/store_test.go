@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/lease"
 	"github.com/ordo-relay/ordo/outbox"
 	"github.com/ordo-relay/ordo/relay"
 	"github.com/ordo-relay/ordo/relay/pgstore"
@@ -26,6 +27,9 @@ type pgHarness struct {
 func newPGHarness(t *testing.T) relaytest.StoreHarness {
 	_, pool := testkit.NewTestDB(t, 4)
 	if err := outbox.Migrate(testkit.Context(t, 30*time.Second), pool, 8); err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Migrate(testkit.Context(t, 30*time.Second), pool, 8); err != nil {
 		t.Fatal(err)
 	}
 	return &pgHarness{pool: pool, store: pgstore.New(pool, nil)}

@@ -1,0 +1,6 @@
+-- Nothing: until the lease component owned it, this migration, then named
+-- 0003_lease_audit.sql, created ordo_lease_audit, now the lease
+-- component's migration 2 (lease/migrations/0002_lease_audit.sql). The
+-- version stays, recorded and empty, so that a node of an earlier release
+-- (which applies every outbox version it does not find recorded) never
+-- runs the old CREATE TABLE against a database installed by this one.
