@@ -12,15 +12,8 @@ import (
 // Validate reports every unusable field at once; New refuses what
 // Validate refuses, before it opens a socket.
 func TestConfigValidate(t *testing.T) {
-	fields := func(err error) []string {
-		var fs []string
-		for _, p := range confcheck.Problems(err) {
-			fs = append(fs, p.Field)
-		}
-		return fs
-	}
 	c := DefaultConfig()
-	if got := fields(c.Validate()); !slices.Equal(got, []string{"NodeName", "BindAddr"}) {
+	if got := confcheck.Fields(c.Validate()); !slices.Equal(got, []string{"NodeName", "BindAddr"}) {
 		t.Fatalf("defaults: problems %v, want [NodeName BindAddr]", got)
 	}
 	c.NodeName, c.BindAddr, c.AdvertiseAddr = "a", "127.0.0.1:7946", "10.0.0.1:7946"
@@ -30,7 +23,7 @@ func TestConfigValidate(t *testing.T) {
 	bad := Config{NodeName: "a", BindAddr: "127.0.0.1:x", AdvertiseAddr: "nohost", Keys: [][]byte{[]byte("short")},
 		RejoinInterval: time.Millisecond, JoinTimeout: 0, ProbeInterval: time.Millisecond, SuspicionMult: 0, HealthHold: -1}
 	want := []string{"BindAddr", "AdvertiseAddr", "Keys", "RejoinInterval", "JoinTimeout", "ProbeInterval", "SuspicionMult", "HealthHold"}
-	if got := fields(bad.Validate()); !slices.Equal(got, want) {
+	if got := confcheck.Fields(bad.Validate()); !slices.Equal(got, want) {
 		t.Fatalf("problems %v, want %v\n%v", got, want, bad.Validate())
 	}
 	if _, err := New(Config{NodeName: "a", BindAddr: "127.0.0.1:0", RejoinInterval: time.Millisecond}); err == nil {

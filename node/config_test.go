@@ -14,13 +14,6 @@ import (
 // (Relay.Node, Gossip.NodeName from NodeName) is reported once, at its
 // source; gossip settings are checked only when the node gossips.
 func TestConfigValidate(t *testing.T) {
-	fields := func(err error) []string {
-		var fs []string
-		for _, p := range confcheck.Problems(err) {
-			fs = append(fs, p.Field)
-		}
-		return fs
-	}
 	if err := node.DefaultConfig().Validate(); err != nil {
 		t.Fatalf("defaults refused: %v", err)
 	}
@@ -31,13 +24,13 @@ func TestConfigValidate(t *testing.T) {
 	c.Gossip.Join = []string{"a:1"}
 	c.Gossip.Keys = [][]byte{[]byte("short")} // not checked: no gossip address
 	want := []string{"NodeName", "Partitions", "DBMaxConns", "Gossip.Join", "Relay.Window", "Relay.MaxAttempts", "AMQP.URL"}
-	if got := fields(c.Validate()); !slices.Equal(got, want) {
+	if got := confcheck.Fields(c.Validate()); !slices.Equal(got, want) {
 		t.Fatalf("problems %v, want %v\n%v", got, want, c.Validate())
 	}
 
 	c = node.DefaultConfig()
 	c.Gossip.BindAddr, c.Gossip.Keys = "127.0.0.1:7946", [][]byte{[]byte("short")}
-	if got := fields(c.Validate()); !slices.Equal(got, []string{"Gossip.Keys"}) {
+	if got := confcheck.Fields(c.Validate()); !slices.Equal(got, []string{"Gossip.Keys"}) {
 		t.Fatalf("gossiping node with a bad key: problems %v, want [Gossip.Keys]", got)
 	}
 }

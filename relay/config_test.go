@@ -9,19 +9,11 @@ import (
 	"github.com/ordo-relay/ordo/relay"
 )
 
-func problemFields(err error) []string {
-	var fs []string
-	for _, p := range confcheck.Problems(err) {
-		fs = append(fs, p.Field)
-	}
-	return fs
-}
-
 // TestConfigValidate: the defaults need only a node name, and Validate
 // reports every unusable field at once, each by name.
 func TestConfigValidate(t *testing.T) {
 	c := relay.DefaultConfig()
-	if got := problemFields(c.Validate()); !slices.Equal(got, []string{"Node"}) {
+	if got := confcheck.Fields(c.Validate()); !slices.Equal(got, []string{"Node"}) {
 		t.Fatalf("defaults without a node: problems %v, want [Node]", got)
 	}
 	c.Node = "n1"
@@ -33,7 +25,7 @@ func TestConfigValidate(t *testing.T) {
 		SettleTimeout: 0, MaxAttempts: 0, RetentionAge: -time.Hour, RetentionInterval: 0, RetentionChunk: 0}
 	want := []string{"Window", "PerKeyLimit", "BatchSize", "ReadAheadBytes", "PollInterval", "ReadTimeout",
 		"SettleTimeout", "RetentionInterval", "RetryMax", "MaxAttempts", "RetentionAge", "RetentionChunk"}
-	if got := problemFields(bad.Validate()); !slices.Equal(got, want) {
+	if got := confcheck.Fields(bad.Validate()); !slices.Equal(got, want) {
 		t.Fatalf("problems %v, want %v\n%v", got, want, bad.Validate())
 	}
 }

@@ -160,19 +160,24 @@ func parseConfig(args []string, lookup func(string) (string, bool), out io.Write
 	if err := envflag.Parse(fs, envPrefix, args, lookup); err != nil {
 		return o, err
 	}
-	var errs []error
+	var errs problemList
 	if fs.NArg() > 0 {
 		errs = append(errs, fmt.Errorf("unexpected arguments: %q", fs.Args()))
 	}
-	errs = append(errs, checkLogFormat(o.LogFormat), o.checkGossipSecurity(), flagProblems(o.Validate()))
-	if err := errors.Join(errs...); err != nil {
-		return o, problemList(flatten(err))
+	for _, err := range []error{checkLogFormat(o.LogFormat), o.checkGossipSecurity()} {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	errs = append(errs, flagProblems(o.Validate())...)
+	if len(errs) > 0 {
+		return o, errs
 	}
 	return o, nil
 }
 
-// problemList is a joined error printed one problem a line, after a
-// count when there are several.
+// problemList is every problem of a command line, printed one a line
+// after their count when there are several.
 type problemList []error
 
 func (l problemList) Error() string {
@@ -190,9 +195,10 @@ func (l problemList) Error() string {
 func (l problemList) Unwrap() []error { return l }
 
 // flagProblems rewrites the problems of a node.Config as flag problems:
-// "Relay.Window: 0 is out of range" becomes "-confirm-window: 0 is out of
-// range". A problem of a field no flag sets is kept as it is.
-func flagProblems(err error) error {
+// "Relay.Window: 0 is out of range" becomes "-confirm-window
+// (ORDO_CONFIRM_WINDOW): 0 is out of range". A problem of a field no flag
+// sets is kept as it is.
+func flagProblems(err error) []error {
 	var errs []error
 	for _, p := range confcheck.Problems(err) {
 		if name := flagOf(p.Field); name != "" {
@@ -202,9 +208,9 @@ func flagProblems(err error) error {
 		}
 	}
 	if len(errs) == 0 && err != nil {
-		return err
+		errs = append(errs, err) // not a Problem: cannot happen, but never drop one
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // commaList is a flag.Value of comma-separated items, spaces trimmed and
@@ -238,19 +244,6 @@ func (k *gossipKeys) Set(s string) error {
 	keys, err := membership.ParseKeys(s)
 	*k = keys
 	return err
-}
-
-// flatten returns the errors err joins, recursively.
-func flatten(err error) []error {
-	j, ok := err.(interface{ Unwrap() []error })
-	if !ok {
-		return []error{err}
-	}
-	var all []error
-	for _, e := range j.Unwrap() {
-		all = append(all, flatten(e)...)
-	}
-	return all
 }
 
 // levelFlag makes a slog.Level field a flag shown in lower case.

@@ -86,6 +86,15 @@ func Problems(err error) []*Problem {
 	return ps
 }
 
+// Fields returns the Field of every problem err holds, in order.
+func Fields(err error) []string {
+	var fs []string
+	for _, p := range Problems(err) {
+		fs = append(fs, p.Field)
+	}
+	return fs
+}
+
 // flatten returns the errors err joins, recursively, or err alone.
 func flatten(err error) []error {
 	if err == nil {

@@ -13,15 +13,8 @@ import (
 // every unusable field at once, a URL that does not parse with its
 // password masked.
 func TestConfigValidate(t *testing.T) {
-	fields := func(err error) []string {
-		var fs []string
-		for _, p := range confcheck.Problems(err) {
-			fs = append(fs, p.Field)
-		}
-		return fs
-	}
 	c := DefaultConfig()
-	if got := fields(c.Validate()); !slices.Equal(got, []string{"URL"}) {
+	if got := confcheck.Fields(c.Validate()); !slices.Equal(got, []string{"URL"}) {
 		t.Fatalf("defaults without a URL: problems %v, want [URL]", got)
 	}
 	c.URL = "amqp://guest:guest@127.0.0.1:5672/, amqps://h2:5671/"
@@ -33,7 +26,7 @@ func TestConfigValidate(t *testing.T) {
 	want := []string{"URL", "Window", "StableAfter", "ExchangeCheckTTL", "Heartbeat", "ConfirmTimeout", "CallTimeout",
 		"ReconnectMax", "StallTimeout"}
 	err := bad.Validate()
-	if got := fields(err); !slices.Equal(got, want) {
+	if got := confcheck.Fields(err); !slices.Equal(got, want) {
 		t.Fatalf("problems %v, want %v\n%v", got, want, err)
 	}
 	if strings.Contains(err.Error(), "s3cr") || !strings.Contains(err.Error(), "amqp://u:xxxxx@h/ does not parse") {
