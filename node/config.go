@@ -164,7 +164,8 @@ func (c Config) amqp(logger *slog.Logger) rabbitmq.Config {
 type Options struct {
 	// Logger receives everything; nil means slog.Default().
 	Logger *slog.Logger
-	// GossipTransport replaces memberlist's network transport.
+	// GossipTransport, if set, replaces Gossip.Transport (memberlist's
+	// network transport).
 	GossipTransport memberlist.Transport
 	// WrapPublisher wraps the AMQP publisher (fault injection in tests).
 	WrapPublisher func(relay.Publisher) relay.Publisher
