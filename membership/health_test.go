@@ -91,7 +91,7 @@ func TestHealthGossiped(t *testing.T) {
 	addrs := []string{testkit.FreeAddr(t), testkit.FreeAddr(t), testkit.FreeAddr(t)}
 	var nodes []*running
 	for i, name := range []string{"a", "b", "c"} {
-		cfg := DefaultConfig(name, addrs[i])
+		cfg := testConfig(name, addrs[i])
 		cfg.Join = addrs[:1]
 		cfg.HealthHold = 300 * time.Millisecond
 		nodes = append(nodes, start(t, cfg))

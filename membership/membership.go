@@ -14,7 +14,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"slices"
 	"strconv"
@@ -24,59 +23,6 @@ import (
 
 	"github.com/hashicorp/memberlist"
 )
-
-// Config configures a Membership.
-type Config struct {
-	// NodeName is this node's name; it must be unique in the cluster and
-	// stay the same across restarts.
-	NodeName string
-	// BindAddr is the host:port gossip listens on (TCP and UDP).
-	BindAddr string
-	// AdvertiseAddr is the host:port other nodes reach this one at; empty
-	// means BindAddr.
-	AdvertiseAddr string
-	// Join lists seed addresses (host:port). Run joins them at start and
-	// again every RejoinInterval, so the two sides of a healed split find
-	// each other again (memberlist never rejoins a peer it declared dead).
-	Join []string
-	// RejoinInterval is how often the seeds are joined again.
-	RejoinInterval time.Duration
-	// JoinTimeout bounds the first join: if seeds are configured and none
-	// answers within it, Run fails.
-	JoinTimeout time.Duration
-	// Keys are gossip encryption keys (16, 24 or 32 bytes each); the first
-	// encrypts, all decrypt, which allows rotation. Empty: no encryption.
-	Keys [][]byte
-	// ProbeInterval and SuspicionMult set failure detection: a silent node
-	// is suspected after a failed probe and declared dead after about
-	// SuspicionMult * max(1, log10(N)) * ProbeInterval more.
-	ProbeInterval time.Duration
-	SuspicionMult int
-	// HealthHold is how long a member must stay less healthy than the
-	// healthiest before partitions are no longer assigned to it (see
-	// Eligible). A fault every node sees, noticed a little apart by each,
-	// moves nothing; a fault of one node moves its partitions after it.
-	HealthHold time.Duration
-	// Transport replaces memberlist's network transport (tests use it to
-	// drop gossip between groups). Nil: UDP+TCP on BindAddr.
-	Transport memberlist.Transport
-	// Logger receives membership events and memberlist's own warnings.
-	Logger *slog.Logger
-}
-
-// DefaultConfig returns the settings tuned for Ordo's failover target: a
-// dead node is noticed in about a second in a small cluster.
-func DefaultConfig(name, bind string) Config {
-	return Config{
-		NodeName:       name,
-		BindAddr:       bind,
-		RejoinInterval: 10 * time.Second,
-		JoinTimeout:    time.Minute,
-		ProbeInterval:  200 * time.Millisecond,
-		SuspicionMult:  3,
-		HealthHold:     time.Second,
-	}
-}
 
 // ParseKeys decodes a comma-separated list of base64 gossip keys.
 func ParseKeys(s string) ([][]byte, error) {
@@ -134,21 +80,16 @@ type Membership struct {
 var ErrJoin = errors.New("cannot join the cluster")
 
 // New creates the memberlist and starts gossiping on BindAddr, but joins
-// no one until Run.
+// no one until Run. Zero fields of cfg take their DefaultConfig value; New
+// refuses a cfg that Validate then refuses.
 func New(cfg Config) (*Membership, error) {
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	if cfg.NodeName == "" {
-		return nil, errors.New("membership: node name is required")
-	}
-	host, portStr, err := net.SplitHostPort(cfg.BindAddr)
+	host, port, err := splitHostPort(cfg.BindAddr)
 	if err != nil {
 		return nil, fmt.Errorf("membership: gossip bind address %q: %w", cfg.BindAddr, err)
-	}
-	port, err := strconv.Atoi(portStr)
-	if err != nil {
-		return nil, fmt.Errorf("membership: gossip bind port %q: %w", portStr, err)
 	}
 	m := &Membership{cfg: cfg, changed: make(chan struct{}, 1), view: map[string]Member{}, evSig: make(chan struct{}, 1),
 		metaSig: make(chan struct{}, 1), health: Healthy, elig: eligibility{hold: cfg.HealthHold}}
@@ -164,23 +105,14 @@ func New(cfg Config) (*Membership, error) {
 		mc.AdvertiseAddr = host
 	}
 	if cfg.AdvertiseAddr != "" {
-		ah, ap, err := net.SplitHostPort(cfg.AdvertiseAddr)
-		if err != nil {
+		if mc.AdvertiseAddr, mc.AdvertisePort, err = splitHostPort(cfg.AdvertiseAddr); err != nil {
 			return nil, fmt.Errorf("membership: advertise address %q: %w", cfg.AdvertiseAddr, err)
 		}
-		mc.AdvertiseAddr = ah
-		if mc.AdvertisePort, err = strconv.Atoi(ap); err != nil {
-			return nil, fmt.Errorf("membership: advertise port %q: %w", ap, err)
-		}
 	}
-	if cfg.ProbeInterval > 0 {
-		mc.ProbeInterval = cfg.ProbeInterval
-		mc.ProbeTimeout = cfg.ProbeInterval / 2
-		mc.GossipInterval = min(mc.GossipInterval, cfg.ProbeInterval/2)
-	}
-	if cfg.SuspicionMult > 0 {
-		mc.SuspicionMult = cfg.SuspicionMult
-	}
+	mc.ProbeInterval = cfg.ProbeInterval
+	mc.ProbeTimeout = cfg.ProbeInterval / 2
+	mc.GossipInterval = min(mc.GossipInterval, cfg.ProbeInterval/2)
+	mc.SuspicionMult = cfg.SuspicionMult
 	mc.PushPullInterval = 5 * time.Second
 	mc.TCPTimeout = 2 * time.Second
 	if len(cfg.Keys) > 0 {
@@ -354,7 +286,7 @@ func (m *Membership) Run(ctx context.Context) error {
 	case m.changed <- struct{}{}:
 	default:
 	}
-	rejoin := time.NewTicker(max(m.cfg.RejoinInterval, time.Second))
+	rejoin := time.NewTicker(m.cfg.RejoinInterval)
 	defer rejoin.Stop()
 	recheck := time.NewTimer(time.Hour)
 	defer recheck.Stop()
@@ -394,7 +326,7 @@ func (m *Membership) firstJoin(ctx context.Context) error {
 	if len(m.cfg.Join) == 0 {
 		return nil
 	}
-	deadline := time.Now().Add(max(m.cfg.JoinTimeout, time.Second))
+	deadline := time.Now().Add(m.cfg.JoinTimeout)
 	for {
 		n, err := m.ml.Join(m.cfg.Join)
 		if n > 0 {

@@ -76,7 +76,7 @@ func TestJoinLeave(t *testing.T) {
 	addrs := []string{testkit.FreeAddr(t), testkit.FreeAddr(t), testkit.FreeAddr(t)}
 	var nodes []*running
 	for i, name := range []string{"a", "b", "c"} {
-		cfg := DefaultConfig(name, addrs[i])
+		cfg := testConfig(name, addrs[i])
 		cfg.Join = addrs[:1]
 		nodes = append(nodes, start(t, cfg))
 	}
@@ -110,7 +110,7 @@ func TestSplitAndHeal(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg := DefaultConfig(name, self)
+		cfg := testConfig(name, self)
 		cfg.Join = addrs // every node seeds every node
 		cfg.RejoinInterval = time.Second
 		cfg.Transport = tr
@@ -137,12 +137,12 @@ func TestEncryption(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := testkit.FreeAddr(t)
-	ca := DefaultConfig("a", a)
+	ca := testConfig("a", a)
 	ca.Keys = keys
 	na := start(t, ca)
 
 	b := testkit.FreeAddr(t)
-	cb := DefaultConfig("b", b)
+	cb := testConfig("b", b)
 	cb.Keys = keys
 	cb.Join = []string{a}
 	nb := start(t, cb)
@@ -150,7 +150,7 @@ func TestEncryption(t *testing.T) {
 	waitAlive(t, nb, []string{"a", "b"}, 30*time.Second)
 
 	// Without the key: the join fails and the error says why.
-	cc := DefaultConfig("c", testkit.FreeAddr(t))
+	cc := testConfig("c", testkit.FreeAddr(t))
 	cc.Join = []string{a}
 	cc.JoinTimeout = 3 * time.Second
 	cc.Logger = slog.New(slog.DiscardHandler)
@@ -193,10 +193,10 @@ func TestParseKeys(t *testing.T) {
 func TestKeyRotationWhileRunning(t *testing.T) {
 	keyA, keyB := []byte("aaaaaaaaaaaaaaaa"), []byte("bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb")
 	a := testkit.FreeAddr(t)
-	ca := DefaultConfig("a", a)
+	ca := testConfig("a", a)
 	ca.Keys = [][]byte{keyA}
 	na := start(t, ca)
-	cb := DefaultConfig("b", testkit.FreeAddr(t))
+	cb := testConfig("b", testkit.FreeAddr(t))
 	cb.Keys, cb.Join = [][]byte{keyA}, []string{a}
 	nb := start(t, cb)
 	waitAlive(t, na, []string{"a", "b"}, 30*time.Second)
@@ -218,12 +218,12 @@ func TestKeyRotationWhileRunning(t *testing.T) {
 		t.Fatal("removing the key in use was accepted")
 	}
 
-	cc := DefaultConfig("c", testkit.FreeAddr(t))
+	cc := testConfig("c", testkit.FreeAddr(t))
 	cc.Keys, cc.Join = [][]byte{keyB}, []string{a}
 	start(t, cc)
 	waitAlive(t, na, []string{"a", "b", "c"}, 30*time.Second)
 
-	cd := DefaultConfig("d", testkit.FreeAddr(t))
+	cd := testConfig("d", testkit.FreeAddr(t))
 	cd.Keys, cd.Join, cd.JoinTimeout = [][]byte{keyA}, []string{a}, 3*time.Second
 	cd.Logger = slog.New(slog.DiscardHandler)
 	m, err := New(cd)
@@ -241,8 +241,15 @@ func TestKeyRotationWhileRunning(t *testing.T) {
 }
 
 func TestRotateKeyWithoutEncryption(t *testing.T) {
-	n := start(t, DefaultConfig("plain", testkit.FreeAddr(t)))
+	n := start(t, testConfig("plain", testkit.FreeAddr(t)))
 	if err := n.m.RotateKey(KeyAdd, []byte("aaaaaaaaaaaaaaaa")); !errors.Is(err, ErrNoEncryption) {
 		t.Fatalf("err = %v", err)
 	}
+}
+
+// testConfig is DefaultConfig for a node named name gossiping on bind.
+func testConfig(name, bind string) Config {
+	c := DefaultConfig()
+	c.NodeName, c.BindAddr = name, bind
+	return c
 }

@@ -5,158 +5,167 @@
 package node
 
 import (
-	"errors"
-	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/hashicorp/memberlist"
-	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/ordo-relay/ordo/internal/redact"
+	"github.com/ordo-relay/ordo/internal/confcheck"
 	"github.com/ordo-relay/ordo/membership"
 	"github.com/ordo-relay/ordo/partition"
 	"github.com/ordo-relay/ordo/relay"
+	"github.com/ordo-relay/ordo/relay/rabbitmq"
 )
 
-// Config is everything a node is configured with.
+// Config is everything a node is configured with: the node's own
+// settings at the top, and the settings of the relay, the RabbitMQ
+// publisher and gossip membership nested (Relay, AMQP, Gossip), each
+// documented in its package. Start from DefaultConfig, change what needs
+// changing, and call Run, which calls Validate first.
+//
+// The node sets some fields of the nested configs itself, overriding
+// what they hold: Relay.Node and Gossip.NodeName (NodeName),
+// Relay.PerKeyLimit (1: per-key order), Relay.ReadTimeout and
+// Gossip.HealthHold (LeaseTTL/2), AMQP.Window (Relay.Window),
+// AMQP.StallTimeout (LeaseTTL), and every Logger (Options.Logger).
 type Config struct {
-	PostgresURL    string        // outbox database
-	AMQPURL        string        // broker, or a comma-separated list of broker nodes tried in turn
-	NodeName       string        // lease owner and gossip name; stable across restarts
-	HTTPAddr       string        // /healthz, /readyz, /status
-	Partitions     int           // P; must match the installed count
-	ConfirmWindow  int           // W: most unconfirmed publishes in flight
-	BatchSize      int           // most rows per partition per read
-	ReadAheadMiB   int           // memory for rows read ahead or unmarked, in MiB
-	PollInterval   time.Duration // read without a notification this often
-	LeaseTTL       time.Duration // lease lifetime in the database
-	SettleTimeout  time.Duration // bound on settling confirms at shutdown
-	RetryMin       time.Duration // first backoff of a failed key
-	RetryMax       time.Duration // backoff cap
-	DBMaxConns     int           // pool size
-	MaxAttempts    int           // failed attempts that park a message
-	ConfirmTimeout time.Duration // a publish unconfirmed this long on an open channel is a failure
+	// NodeName is the lease owner and gossip name. It must be unique in
+	// the cluster and stay the same across restarts, so that a restarted
+	// node finds its leases. The default is the host name.
+	NodeName string
 
-	// RetentionAge is how long processed rows are kept (0: forever);
-	// RetentionInterval how often retention runs; RetentionChunk the most
-	// rows one DELETE removes.
-	RetentionAge      time.Duration
-	RetentionInterval time.Duration
-	RetentionChunk    int
+	// PostgresURL is the outbox database, as pgx parses it (multi-host
+	// URLs with target_session_attrs=read-write follow a failover). The
+	// default is the local server's postgres database.
+	PostgresURL string
 
-	// AdminToken is the bearer token of the /admin actions; empty turns
-	// them off.
+	// HTTPAddr is where the node serves its page, /healthz, /readyz,
+	// /status, /metrics and /admin. The default is 127.0.0.1:8081; use
+	// 0.0.0.0:PORT in a container.
+	HTTPAddr string
+
+	// Partitions is P, the partition count. It is fixed when the outbox is
+	// installed: a node configured with another count refuses to start.
+	// 1..4096; the default is 64.
+	Partitions int
+
+	// DBMaxConns is the size of the PostgreSQL pool (reads, marks, the
+	// backlog snapshot, /status and admin actions; the leaser and health
+	// checks hold connections of their own). At least 3; the default is
+	// 6.
+	DBMaxConns int
+
+	// LeaseTTL is a partition lease's lifetime: renewals run every third
+	// of it, and a crashed node's partitions are claimed at most a TTL
+	// after it stopped renewing. At least 300ms; the default is 2 s. Use
+	// 5-10 s for a database that can fail over.
+	LeaseTTL time.Duration
+
+	// AdminToken is the bearer token of the /admin actions; the default,
+	// empty, turns them off.
 	AdminToken string
-	// PProf serves net/http/pprof under /debug/pprof/ on the HTTP address.
+
+	// PProf serves net/http/pprof under /debug/pprof/ on HTTPAddr. Off by
+	// default.
 	PProf bool
 
 	// DegradedAfter is the oldest pending age, in the partitions the node
 	// holds, above which /readyz and /status call the node degraded (still
-	// ready); 0 turns the check off.
+	// ready). The default is 10 s; 0 turns the check off.
 	DegradedAfter time.Duration
+
 	// BacklogInterval is how often the backlog snapshot (every partition's
 	// pending and parked counts and oldest age, for /status and /metrics)
-	// is refreshed: one bounded query per interval.
+	// is refreshed: one bounded query per interval. At least 100ms; the
+	// default is 1 s.
 	BacklogInterval time.Duration
 
-	// GossipAddr is the host:port gossip listens on; empty runs the node
-	// alone (it wants every partition) without gossip.
-	GossipAddr string
-	// GossipAdvertise is the host:port peers reach this node at; empty
-	// means GossipAddr.
-	GossipAdvertise string
-	// Join lists seed gossip addresses.
-	Join []string
-	// GossipKeys are the gossip encryption keys (first encrypts).
-	GossipKeys [][]byte
-	// RejoinInterval is how often seeds are joined again.
-	RejoinInterval time.Duration
+	// Relay configures the relay: the confirm window W, batches, read
+	// ahead, backoff, parking and retention (see relay.Config).
+	Relay relay.Config
+
+	// AMQP configures the RabbitMQ publisher: the broker URL (a
+	// comma-separated list of broker nodes tried in turn) and its timeouts
+	// (see rabbitmq.Config). The default URL is the local broker's.
+	AMQP rabbitmq.Config
+
+	// Gossip configures membership (see membership.Config). An empty
+	// Gossip.BindAddr, the default, runs the node alone, without gossip:
+	// it wants every partition.
+	Gossip membership.Config
 }
 
-// DefaultConfig returns settings that work against the local servers.
+// DefaultConfig returns settings that work against the local servers,
+// for a node named after its host.
 func DefaultConfig() Config {
 	name, err := os.Hostname()
 	if err != nil || name == "" {
 		name = "ordo-node"
 	}
+	amqpCfg := rabbitmq.DefaultConfig()
+	amqpCfg.URL = "amqp://guest:guest@127.0.0.1:5672/"
 	return Config{
-		PostgresURL:    "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
-		AMQPURL:        "amqp://guest:guest@127.0.0.1:5672/",
-		NodeName:       name,
-		HTTPAddr:       "127.0.0.1:8081",
-		Partitions:     partition.DefaultCount,
-		ConfirmWindow:  512,
-		BatchSize:      512,
-		ReadAheadMiB:   16,
-		PollInterval:   time.Second,
-		LeaseTTL:       2 * time.Second,
-		SettleTimeout:  5 * time.Second,
-		RetryMin:       100 * time.Millisecond,
-		RetryMax:       30 * time.Second,
-		DBMaxConns:     6,
-		MaxAttempts:    5,
-		ConfirmTimeout: 30 * time.Second,
-		RejoinInterval: 10 * time.Second,
-
+		NodeName:        name,
+		PostgresURL:     "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
+		HTTPAddr:        "127.0.0.1:8081",
+		Partitions:      partition.DefaultCount,
+		DBMaxConns:      6,
+		LeaseTTL:        2 * time.Second,
 		DegradedAfter:   10 * time.Second,
 		BacklogInterval: time.Second,
-
-		RetentionAge:      24 * time.Hour,
-		RetentionInterval: time.Minute,
-		RetentionChunk:    1000,
+		Relay:           relay.DefaultConfig(),
+		AMQP:            amqpCfg,
+		Gossip:          membership.DefaultConfig(),
 	}
 }
 
-// Validate reports the first unusable setting.
+// Validate reports every unusable setting, joined: the node's own, the
+// nested configs' (as the node would use them), and the combinations
+// that do not go together. Each is a *confcheck.Problem naming its field,
+// e.g. "Relay.Window".
 func (c Config) Validate() error {
-	switch {
-	case c.NodeName == "":
-		return errors.New("node name is empty (set -node-name or ORDO_NODE_NAME)")
-	case c.DBMaxConns < 3:
-		return fmt.Errorf("db-max-conns %d: need at least 3 (reads, marks, status)", c.DBMaxConns)
-	case c.LeaseTTL < 300*time.Millisecond:
-		return fmt.Errorf("lease-ttl %v is too short (at least 300ms)", c.LeaseTTL)
-	case c.BacklogInterval < 100*time.Millisecond:
-		return fmt.Errorf("backlog-interval %v is too short (at least 100ms)", c.BacklogInterval)
-	case c.DegradedAfter < 0:
-		return fmt.Errorf("degraded-after %v is negative", c.DegradedAfter)
-	case c.GossipAddr == "" && len(c.Join) > 0:
-		return errors.New("join addresses need a gossip address (-gossip-addr)")
+	ck := confcheck.New("node")
+	ck.Require(c.NodeName != "", "NodeName", "is empty; name the node, and keep the name across restarts")
+	err := partition.ValidateCount(c.Partitions)
+	ck.Require(err == nil, "Partitions", "%v", err)
+	ck.Require(c.DBMaxConns >= 3, "DBMaxConns", "%d is below 3 (reads, marks, status)", c.DBMaxConns)
+	ck.Require(c.LeaseTTL >= 300*time.Millisecond, "LeaseTTL", "%v is too short (at least 300ms)", c.LeaseTTL)
+	ck.Require(c.BacklogInterval >= 100*time.Millisecond, "BacklogInterval", "%v is too short (at least 100ms)", c.BacklogInterval)
+	ck.Require(c.DegradedAfter >= 0, "DegradedAfter", "%v is negative (0 turns the check off)", c.DegradedAfter)
+	ck.Require(c.Gossip.BindAddr != "" || len(c.Gossip.Join) == 0, "Gossip.Join",
+		"join addresses need a gossip address (Gossip.BindAddr)")
+	// Fields the node sets itself are checked through their sources above.
+	ck.Nest("Relay", c.relay(nil).Validate(), "Node", "PerKeyLimit", "ReadTimeout")
+	ck.Nest("AMQP", c.amqp(nil).Validate(), "Window", "StallTimeout")
+	if c.Gossip.BindAddr != "" {
+		ck.Nest("Gossip", c.membership(nil, nil).Validate(), "NodeName", "HealthHold")
 	}
-	if err := partition.ValidateCount(c.Partitions); err != nil {
-		return err
-	}
-	if c.AMQPURL == "" {
-		return errors.New("amqp-url is empty")
-	}
-	for _, u := range strings.Split(c.AMQPURL, ",") {
-		if _, err := amqp.ParseURI(strings.TrimSpace(u)); err != nil {
-			// The parse error quotes the whole URL, password included.
-			return fmt.Errorf("amqp-url %s does not parse: percent-encode reserved characters (@ : / ? # %%) in the user name and password", redact.URL(u))
-		}
-	}
-	rc := c.relay(nil)
-	return rc.Validate()
+	return ck.Err()
 }
 
+// relay returns the relay's config as the node runs it.
 func (c Config) relay(logger *slog.Logger) relay.Config {
-	return relay.Config{
-		Node: c.NodeName, Window: c.ConfirmWindow, PerKeyLimit: 1, BatchSize: c.BatchSize,
-		ReadAheadBytes: int64(c.ReadAheadMiB) << 20,
-		PollInterval:   c.PollInterval, ReadTimeout: c.LeaseTTL / 2, RetryMin: c.RetryMin, RetryMax: c.RetryMax, SettleTimeout: c.SettleTimeout,
-		MaxAttempts: c.MaxAttempts, RetentionAge: c.RetentionAge, RetentionInterval: c.RetentionInterval,
-		RetentionChunk: c.RetentionChunk, Logger: logger,
-	}
+	rc := c.Relay
+	rc.Node, rc.PerKeyLimit, rc.ReadTimeout, rc.Logger = c.NodeName, 1, c.LeaseTTL/2, logger
+	return rc
+}
+
+// amqp returns the publisher's config as the node runs it. A link that
+// confirms nothing for a lease TTL is taken for dead: the node stops
+// counting on it long before the heartbeat would.
+func (c Config) amqp(logger *slog.Logger) rabbitmq.Config {
+	ac := c.AMQP
+	ac.Window, ac.StallTimeout, ac.Logger = c.Relay.Window, c.LeaseTTL, logger
+	return ac
 }
 
 // Options are hooks for tests and embedding; the zero value is fine.
 type Options struct {
 	// Logger receives everything; nil means slog.Default().
 	Logger *slog.Logger
-	// GossipTransport replaces memberlist's network transport.
+	// GossipTransport, if set, replaces Gossip.Transport (memberlist's
+	// network transport).
 	GossipTransport memberlist.Transport
 	// WrapPublisher wraps the AMQP publisher (fault injection in tests).
 	WrapPublisher func(relay.Publisher) relay.Publisher
@@ -164,16 +173,14 @@ type Options struct {
 	Ready func(httpAddr string)
 }
 
+// membership returns the membership config as the node runs it; tr, if
+// not nil, replaces Gossip.Transport.
 func (c Config) membership(logger *slog.Logger, tr memberlist.Transport) membership.Config {
-	mc := membership.DefaultConfig(c.NodeName, c.GossipAddr)
-	mc.AdvertiseAddr = c.GossipAdvertise
-	mc.Join = c.Join
-	mc.Keys = c.GossipKeys
-	if c.RejoinInterval > 0 {
-		mc.RejoinInterval = c.RejoinInterval
+	mc := c.Gossip
+	mc.NodeName, mc.Logger = c.NodeName, logger
+	if tr != nil {
+		mc.Transport = tr
 	}
-	mc.Transport = tr
-	mc.Logger = logger
 	// A node less healthy than a peer for half a lease TTL steps aside;
 	// nodes that notice a shared outage within that of each other stay.
 	mc.HealthHold = c.LeaseTTL / 2

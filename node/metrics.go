@@ -149,7 +149,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descStalled, s.StalledSeconds)
 	gauge(descInFlight, float64(s.InFlight))
 	gauge(descUnconfirmed, float64(s.Unconfirmed))
-	gauge(descWindow, float64(v.cfg.ConfirmWindow))
+	gauge(descWindow, float64(v.cfg.Relay.Window))
 
 	ls := v.leaser.Stats()
 	counter(descClaims, ls.Claims)

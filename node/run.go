@@ -76,7 +76,7 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 		}
 		return all
 	}
-	if cfg.GossipAddr != "" {
+	if cfg.Gossip.BindAddr != "" {
 		members, err = membership.New(cfg.membership(logger, opts.GossipTransport))
 		if err != nil {
 			return err
@@ -117,10 +117,7 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 	if err != nil {
 		return err
 	}
-	// A link that confirms nothing for a lease TTL is taken for dead: the
-	// node stops counting on it long before the heartbeat would.
-	amqpPub := rabbitmq.New(rabbitmq.Config{URL: cfg.AMQPURL, Window: cfg.ConfirmWindow, ConfirmTimeout: cfg.ConfirmTimeout,
-		StallTimeout: cfg.LeaseTTL, Logger: logger})
+	amqpPub := rabbitmq.New(cfg.amqp(logger))
 	health := newHealthMonitor(cfg, amqpPub, func(ctx context.Context) (*pgx.Conn, error) {
 		return pgx.ConnectConfig(ctx, leaseConn.Copy())
 	}, members, logger)
@@ -196,8 +193,8 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 	}
 	leaseDone := make(chan error, 1)
 	go func() { leaseDone <- leaser.Run(leaseCtx) }()
-	logger.Info("node started", "http", ln.Addr().String(), "gossip", cfg.GossipAddr,
-		"partitions", cfg.Partitions, "confirm_window", cfg.ConfirmWindow)
+	logger.Info("node started", "http", ln.Addr().String(), "gossip", cfg.Gossip.BindAddr,
+		"partitions", cfg.Partitions, "confirm_window", cfg.Relay.Window)
 	if opts.Ready != nil {
 		opts.Ready(ln.Addr().String())
 	}

@@ -85,10 +85,10 @@ func TestSplitBrain(t *testing.T) {
 			t.Fatal(err)
 		}
 		cfg := node.DefaultConfig()
-		cfg.PostgresURL, cfg.AMQPURL, cfg.NodeName = dbURL, testkit.AMQPURL(), name
+		cfg.PostgresURL, cfg.AMQP.URL, cfg.NodeName = dbURL, testkit.AMQPURL(), name
 		cfg.HTTPAddr, cfg.Partitions, cfg.DBMaxConns = "127.0.0.1:0", partitions, 3
-		cfg.GossipAddr, cfg.Join, cfg.RejoinInterval = self, gossip, time.Second
-		cfg.PollInterval = 200 * time.Millisecond
+		cfg.Gossip.BindAddr, cfg.Gossip.Join, cfg.Gossip.RejoinInterval = self, gossip, time.Second
+		cfg.Relay.PollInterval = 200 * time.Millisecond
 		ready := make(chan string, 1)
 		opts := node.Options{
 			Logger:          slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})).With("node", name),

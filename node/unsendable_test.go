@@ -24,9 +24,9 @@ import (
 func startNode(t *testing.T, dbURL string, partitions int, edit func(*node.Config)) string {
 	t.Helper()
 	cfg := node.DefaultConfig()
-	cfg.PostgresURL, cfg.AMQPURL, cfg.NodeName = dbURL, testkit.AMQPURL(), "solo"
+	cfg.PostgresURL, cfg.AMQP.URL, cfg.NodeName = dbURL, testkit.AMQPURL(), "solo"
 	cfg.HTTPAddr, cfg.Partitions, cfg.DBMaxConns = "127.0.0.1:0", partitions, 3
-	cfg.PollInterval = 200 * time.Millisecond
+	cfg.Relay.PollInterval = 200 * time.Millisecond
 	if edit != nil {
 		edit(&cfg)
 	}
@@ -85,7 +85,7 @@ func TestUnsendableRowsParked(t *testing.T) {
 	}
 	ex := testkit.NewExchange(t)
 	checker := testkit.NewChecker(t, testkit.AMQPURL(), ex)
-	addr := startNode(t, dbURL, partitions, func(c *node.Config) { c.RetryMin, c.RetryMax = 50*time.Millisecond, 200*time.Millisecond })
+	addr := startNode(t, dbURL, partitions, func(c *node.Config) { c.Relay.RetryMin, c.Relay.RetryMax = 50*time.Millisecond, 200*time.Millisecond })
 
 	bad := map[string]string{ // key -> the row's headers and payload, as SQL
 		"three-60k-headers": `jsonb_build_object('a', repeat('x', 61440), 'b', repeat('y', 61440), 'c', repeat('z', 61440)), '{}'::jsonb`,

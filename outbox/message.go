@@ -66,11 +66,41 @@ func (e *MessageError) Error() string {
 
 func (e *MessageError) Unwrap() error { return ErrInvalidMessage }
 
-// validate checks m and returns its payload and headers in their stored form.
+// validate checks m and returns its headers in their stored form.
 func (m *Message) validate(i int) (headers []byte, err error) {
-	bad := func(field, format string, args ...any) error {
-		return &MessageError{Index: i, Field: field, Reason: fmt.Sprintf(format, args...)}
+	bad := func(field, reason string) error {
+		return &MessageError{Index: i, Field: field, Reason: reason}
 	}
+	if field, reason := m.checkNames(); reason != "" {
+		return nil, bad(field, reason)
+	}
+	switch {
+	case len(m.Payload) == 0:
+		return nil, bad("Payload", "is required")
+	case !json.Valid(m.Payload):
+		return nil, bad("Payload", "is not valid JSON")
+	}
+	for k, v := range m.Headers {
+		if field, reason := checkHeader(k, v); reason != "" {
+			return nil, bad(field, reason)
+		}
+	}
+	if size := m.headerFrameBytes(); size > MaxHeaderFrameBytes {
+		return nil, bad("Headers", fmt.Sprintf("with the message's properties they take %d bytes encoded as AMQP, more than one frame holds (%d, RabbitMQ's default frame_max)", size, MaxHeaderFrameBytes))
+	}
+	if len(m.Headers) == 0 {
+		return []byte("{}"), nil
+	}
+	headers, err = json.Marshal(m.Headers)
+	if err != nil {
+		return nil, bad("Headers", err.Error())
+	}
+	return headers, nil
+}
+
+// checkNames checks the AMQP short strings of m: the field at fault and
+// why, or an empty reason.
+func (m *Message) checkNames() (field, reason string) {
 	for _, f := range []struct {
 		name, value string
 		required    bool
@@ -80,73 +110,68 @@ func (m *Message) validate(i int) (headers []byte, err error) {
 		{"RoutingKey", m.RoutingKey, false},
 		{"Type", m.Type, true},
 	} {
-		if f.required && f.value == "" {
-			return nil, bad(f.name, "is required")
-		}
-		if len(f.value) > MaxNameBytes {
-			return nil, bad(f.name, "is %d bytes long, the limit is %d", len(f.value), MaxNameBytes)
-		}
-		if strings.IndexByte(f.value, 0) >= 0 {
-			return nil, bad(f.name, "contains a NUL byte")
-		}
-	}
-	if len(m.Payload) == 0 {
-		return nil, bad("Payload", "is required")
-	}
-	if !json.Valid(m.Payload) {
-		return nil, bad("Payload", "is not valid JSON")
-	}
-	for k, v := range m.Headers {
-		field := "Headers[" + k + "]"
 		switch {
-		case k == "":
-			return nil, bad("Headers", "a header name is empty")
-		case len(k) > MaxNameBytes:
-			return nil, bad(field, "name is %d bytes long, the limit is %d", len(k), MaxNameBytes)
-		case strings.HasPrefix(strings.ToLower(k), ReservedHeaderPrefix):
-			return nil, bad(field, "the %q prefix is reserved for headers Ordo sets", ReservedHeaderPrefix)
-		}
-		switch v := v.(type) {
-		case string:
-			if len(v) > MaxHeaderValueBytes {
-				return nil, bad(field, "value is %d bytes long, the limit is %d", len(v), MaxHeaderValueBytes)
-			}
-		case bool, int, int8, int16, int32, int64, uint8, uint16, uint32:
-		case uint:
-			if uint64(v) > math.MaxInt64 {
-				return nil, bad(field, "unsigned value %d does not fit an AMQP signed 64-bit integer", v)
-			}
-		case uint64:
-			if v > math.MaxInt64 {
-				return nil, bad(field, "unsigned value %d does not fit an AMQP signed 64-bit integer", v)
-			}
-		case float32:
-			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-				return nil, bad(field, "value %v is not a finite number", v)
-			}
-		case float64:
-			if math.IsNaN(v) || math.IsInf(v, 0) {
-				return nil, bad(field, "value %v is not a finite number", v)
-			}
-		case json.Number:
-			if _, err := v.Float64(); err != nil {
-				return nil, bad(field, "value %q is not a number", string(v))
-			}
-		default:
-			return nil, bad(field, "value of type %T is not allowed (use a string, number or boolean)", v)
+		case f.required && f.value == "":
+			return f.name, "is required"
+		case len(f.value) > MaxNameBytes:
+			return f.name, fmt.Sprintf("is %d bytes long, the limit is %d", len(f.value), MaxNameBytes)
+		case strings.IndexByte(f.value, 0) >= 0:
+			return f.name, "contains a NUL byte"
 		}
 	}
-	if size := m.headerFrameBytes(); size > MaxHeaderFrameBytes {
-		return nil, bad("Headers", "with the message's properties they take %d bytes encoded as AMQP, more than one frame holds (%d, RabbitMQ's default frame_max)", size, MaxHeaderFrameBytes)
+	return "", ""
+}
+
+// checkHeader checks one header's name and value: the field at fault and
+// why, or an empty reason.
+func checkHeader(k string, v any) (field, reason string) {
+	field = "Headers[" + k + "]"
+	switch {
+	case k == "":
+		return "Headers", "a header name is empty"
+	case len(k) > MaxNameBytes:
+		return field, fmt.Sprintf("name is %d bytes long, the limit is %d", len(k), MaxNameBytes)
+	case strings.HasPrefix(strings.ToLower(k), ReservedHeaderPrefix):
+		return field, fmt.Sprintf("the %q prefix is reserved for headers Ordo sets", ReservedHeaderPrefix)
 	}
-	if len(m.Headers) == 0 {
-		return []byte("{}"), nil
+	return field, checkHeaderValue(v)
+}
+
+// checkHeaderValue says why v cannot be an AMQP header value, or returns
+// an empty string when it can.
+func checkHeaderValue(v any) string {
+	const notInt64 = "unsigned value %d does not fit an AMQP signed 64-bit integer"
+	const notFinite = "value %v is not a finite number"
+	switch v := v.(type) {
+	case string:
+		if len(v) > MaxHeaderValueBytes {
+			return fmt.Sprintf("value is %d bytes long, the limit is %d", len(v), MaxHeaderValueBytes)
+		}
+	case bool, int, int8, int16, int32, int64, uint8, uint16, uint32:
+	case uint:
+		if uint64(v) > math.MaxInt64 {
+			return fmt.Sprintf(notInt64, v)
+		}
+	case uint64:
+		if v > math.MaxInt64 {
+			return fmt.Sprintf(notInt64, v)
+		}
+	case float32:
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return fmt.Sprintf(notFinite, v)
+		}
+	case float64:
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return fmt.Sprintf(notFinite, v)
+		}
+	case json.Number:
+		if _, err := v.Float64(); err != nil {
+			return fmt.Sprintf("value %q is not a number", string(v))
+		}
+	default:
+		return fmt.Sprintf("value of type %T is not allowed (use a string, number or boolean)", v)
 	}
-	headers, err = json.Marshal(m.Headers)
-	if err != nil {
-		return nil, bad("Headers", "%v", err)
-	}
-	return headers, nil
+	return ""
 }
 
 // ordoHeadersBytes is what the headers Ordo adds take encoded (name length

@@ -63,7 +63,8 @@ func newCore(t *testing.T, ttl time.Duration, edit func(*relay.Config)) *core {
 	for p := range coreParts {
 		c.table.Grant("n1", p)
 	}
-	cfg := relay.DefaultConfig("n1")
+	cfg := relay.DefaultConfig()
+	cfg.Node = "n1"
 	cfg.PollInterval = 20 * time.Millisecond
 	cfg.RetryMin, cfg.RetryMax = time.Millisecond, 5*time.Millisecond
 	cfg.SettleTimeout = 200 * time.Millisecond

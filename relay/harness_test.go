@@ -202,7 +202,8 @@ func (h *harness) startNode(o nodeOpts) *node {
 	if o.wrapStore != nil {
 		store = o.wrapStore(store)
 	}
-	cfg := relay.DefaultConfig(o.name)
+	cfg := relay.DefaultConfig()
+	cfg.Node = o.name
 	cfg.PerKeyLimit = max(o.perKey, 1)
 	if o.window > 0 {
 		cfg.Window = o.window

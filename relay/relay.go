@@ -4,144 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
 )
-
-// Config configures a Relay. Zero fields take the defaults of DefaultConfig.
-type Config struct {
-	// Node is this node's name, the lease owner every write is checked
-	// against.
-	Node string
-	// Window is W, the most unconfirmed publishes the node has in flight.
-	Window int
-	// PerKeyLimit is the most messages of one key in flight at once. It
-	// must be 1 for per-key order; tests raise it to show what breaks.
-	PerKeyLimit int
-	// BatchSize is the most rows one read returns for one partition
-	// (reads of many partitions at once take fewer of each).
-	BatchSize int
-	// ReadAheadBytes bounds the rows held in memory: read ahead and not
-	// yet published, or published and not yet marked. Reads stop while it
-	// is exceeded; one row is always allowed, however large.
-	ReadAheadBytes int64
-	// PollInterval is how often the relay reads without a notification.
-	PollInterval time.Duration
-	// ReadTimeout bounds one read of key heads. A read slower than this
-	// fails, and is logged like a database outage, instead of running on
-	// while the leases it reads for may lapse. Keep it well below the
-	// lease TTL; the node sets TTL/2.
-	ReadTimeout time.Duration
-	// RetryMin and RetryMax bound the backoff of a key whose head was
-	// nacked, returned or failed.
-	RetryMin, RetryMax time.Duration
-	// SettleTimeout bounds how long Run waits, when stopping, for
-	// outstanding confirms; rows still unconfirmed then stay pending.
-	SettleTimeout time.Duration
-	// MaxAttempts is how many failed attempts park a message. A parked
-	// message, and every later message of its key, waits for an operator.
-	MaxAttempts int
-	// RetentionAge is how long processed rows are kept; 0 keeps them
-	// forever. Dead (skipped) rows stay until purged.
-	RetentionAge time.Duration
-	// RetentionInterval is how often retention runs; RetentionChunk is the
-	// most rows one DELETE removes, so no statement holds locks for long.
-	RetentionInterval time.Duration
-	RetentionChunk    int
-	// Logger receives outage and progress messages.
-	Logger *slog.Logger
-}
-
-// DefaultConfig returns the defaults for a node named node.
-func DefaultConfig(node string) Config {
-	return Config{
-		Node:              node,
-		Window:            512,
-		PerKeyLimit:       1,
-		BatchSize:         512,
-		ReadAheadBytes:    16 << 20,
-		PollInterval:      time.Second,
-		ReadTimeout:       time.Second,
-		RetryMin:          100 * time.Millisecond,
-		RetryMax:          30 * time.Second,
-		SettleTimeout:     5 * time.Second,
-		MaxAttempts:       5,
-		RetentionAge:      24 * time.Hour,
-		RetentionInterval: time.Minute,
-		RetentionChunk:    1000,
-	}
-}
-
-func (c *Config) applyDefaults() {
-	d := DefaultConfig(c.Node)
-	if c.Window == 0 {
-		c.Window = d.Window
-	}
-	if c.PerKeyLimit == 0 {
-		c.PerKeyLimit = d.PerKeyLimit
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = d.BatchSize
-	}
-	if c.ReadAheadBytes == 0 {
-		c.ReadAheadBytes = d.ReadAheadBytes
-	}
-	if c.PollInterval == 0 {
-		c.PollInterval = d.PollInterval
-	}
-	if c.ReadTimeout == 0 {
-		c.ReadTimeout = d.ReadTimeout
-	}
-	if c.RetryMin == 0 {
-		c.RetryMin = d.RetryMin
-	}
-	if c.RetryMax == 0 {
-		c.RetryMax = d.RetryMax
-	}
-	if c.SettleTimeout == 0 {
-		c.SettleTimeout = d.SettleTimeout
-	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = d.MaxAttempts
-	}
-	if c.RetentionInterval == 0 {
-		c.RetentionInterval = d.RetentionInterval
-	}
-	if c.RetentionChunk == 0 {
-		c.RetentionChunk = d.RetentionChunk
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-}
-
-// Validate reports the first unusable setting.
-func (c *Config) Validate() error {
-	switch {
-	case c.Node == "":
-		return errors.New("relay: node name is required")
-	case c.Window < 1 || c.Window > 65535:
-		return fmt.Errorf("relay: confirm window %d out of range 1..65535", c.Window)
-	case c.PerKeyLimit < 1:
-		return fmt.Errorf("relay: per-key limit %d must be at least 1", c.PerKeyLimit)
-	case c.BatchSize < 1:
-		return fmt.Errorf("relay: batch size %d must be at least 1", c.BatchSize)
-	case c.ReadAheadBytes < 1:
-		return fmt.Errorf("relay: read-ahead bytes %d must be at least 1", c.ReadAheadBytes)
-	case c.PollInterval <= 0 || c.ReadTimeout <= 0 || c.RetryMin <= 0 || c.RetryMax < c.RetryMin || c.SettleTimeout <= 0:
-		return errors.New("relay: poll interval, read timeout, retry backoff and settle timeout must be positive, with RetryMax >= RetryMin")
-	case c.MaxAttempts < 1:
-		return fmt.Errorf("relay: max attempts %d must be at least 1", c.MaxAttempts)
-	case c.RetentionAge < 0 || c.RetentionInterval <= 0 || c.RetentionChunk < 1:
-		return errors.New("relay: retention age must not be negative; retention interval and chunk must be positive")
-	}
-	return nil
-}
 
 // Relay moves pending outbox rows of the partitions its node holds to the
 // broker, each key's rows in key_seq order. Create it with New and run it
@@ -212,9 +80,10 @@ type settlement struct {
 	res Result
 }
 
-// New returns a Relay.
+// New returns a Relay. Zero fields of cfg (but RetentionAge) take their
+// DefaultConfig value; New refuses a cfg that Validate then refuses.
 func New(cfg Config, store Store, pub Publisher, own Ownership) (*Relay, error) {
-	cfg.applyDefaults()
+	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

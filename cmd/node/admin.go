@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -18,133 +19,156 @@ import (
 	"github.com/ordo-relay/ordo/internal/envflag"
 )
 
-// adminMain runs an operator subcommand against a node's /admin endpoints
-// and returns the exit code: 0 done, 1 refused or failed, 2 bad usage.
-func adminMain(cmd string, args []string, lookup func(string) (string, bool), stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("node "+cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	addr := fs.String("http", "127.0.0.1:8081", "the node's HTTP address (host:port or URL)")
-	token := fs.String("admin-token", "", "the node's admin bearer token")
-	op := fs.String("operator", currentUser(), "your name, recorded with the action")
-	key := fs.String("key", "", "retry: the correlation id whose parked message to retry (instead of an id)")
-	errSub := fs.String("error", "", "retry: every parked message whose last error contains this (bulk)")
-	prefix := fs.String("key-prefix", "", "retry: every parked message whose correlation id starts with this (bulk; with -error, both must match)")
-	usage := map[string]string{
-		"parked": "usage: node parked [flags]\n\nLists parked messages with their error and what waits behind each.",
-		"retry":  "usage: node retry [flags] MESSAGE-ID\n       node retry [flags] -key CORRELATION-ID\n       node retry [flags] [-error SUBSTRING] [-key-prefix PREFIX]\n\nPuts parked messages back at the head of their key.",
-		"skip":   "usage: node skip [flags] MESSAGE-ID\n\nMarks a parked message dead: it is never published and its key goes on.",
-		"purge":  "usage: node purge [flags]\n\nDeletes dead rows no longer needed to compute x-ordo-prev-key-seq.",
-		"fill-gap": "usage: node fill-gap [flags] CORRELATION-ID KEY-SEQ\n\nPuts a dead placeholder row in a key_seq gap (listed by node parked),\n" +
-			"so that the key's next message's x-ordo-prev-key-seq steps over it.",
-		"gossip-key": "usage: node gossip-key [flags] add|use|remove BASE64-KEY\n\nOne step of a gossip key rotation on one running node.\n" +
-			"Rotate a cluster by doing each step on every node before the next: add the new key, use it, remove the old one.",
-	}[cmd]
-	// ORDO_ADMIN_TOKEN is the node's own variable; the CLI reads it too.
-	fs.Usage = envflag.Usage(fs, "ORDO", usage)
-	if err := envflag.Parse(fs, "ORDO", args, lookup); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+// adminUsage is the synopsis of each admin subcommand.
+var adminUsage = map[string]string{
+	"parked": "usage: node parked [flags]\n\nLists parked messages with their error and what waits behind each.",
+	"retry":  "usage: node retry [flags] MESSAGE-ID\n       node retry [flags] -key CORRELATION-ID\n       node retry [flags] [-error SUBSTRING] [-key-prefix PREFIX]\n\nPuts parked messages back at the head of their key.",
+	"skip":   "usage: node skip [flags] MESSAGE-ID\n\nMarks a parked message dead: it is never published and its key goes on.",
+	"purge":  "usage: node purge [flags]\n\nDeletes dead rows no longer needed to compute x-ordo-prev-key-seq.",
+	"fill-gap": "usage: node fill-gap [flags] CORRELATION-ID KEY-SEQ\n\nPuts a dead placeholder row in a key_seq gap (listed by node parked),\n" +
+		"so that the key's next message's x-ordo-prev-key-seq steps over it.",
+	"gossip-key": "usage: node gossip-key [flags] add|use|remove BASE64-KEY\n\nOne step of a gossip key rotation on one running node.\n" +
+		"Rotate a cluster by doing each step on every node before the next: add the new key, use it, remove the old one.",
+}
+
+// adminArgs is the parsed command line of an admin subcommand.
+type adminArgs struct {
+	addr, token, operator string
+	key, errSub, prefix   string   // retry's selectors
+	args                  []string // positional arguments
+}
+
+// adminCmd runs an operator subcommand against a node's /admin
+// endpoints. Bad usage is a usageError (exit status 2); a refusal or a
+// failure is a plain error (1).
+func adminCmd(ctx context.Context, c cli, cmd string, args []string) error {
+	a, err := parseAdminArgs(c, cmd, args)
+	if err != nil {
+		return usageError(err)
 	}
-	var method, path string
-	var body io.Reader
-	switch cmd {
-	case "gossip-key":
-		if fs.NArg() != 2 {
-			fmt.Fprintf(stderr, "node gossip-key: want an action (add, use or remove) and a base64 key\n")
-			return 2
-		}
-		b, _ := json.Marshal(map[string]string{"action": fs.Arg(0), "key": fs.Arg(1)})
-		method, path, body = http.MethodPost, "/admin/gossip-key", bytes.NewReader(b)
-	case "parked":
-		method, path = http.MethodGet, "/admin/parked"
-	case "fill-gap":
-		if fs.NArg() != 2 {
-			fmt.Fprintf(stderr, "node fill-gap: want a correlation id and a key_seq\n")
-			return 2
-		}
-		method, path = http.MethodPost, "/admin/keys/"+url.PathEscape(fs.Arg(0))+"/gaps/"+url.PathEscape(fs.Arg(1))+"/fill"
-	case "purge":
-		method, path = http.MethodPost, "/admin/purge"
-	case "retry", "skip":
-		bulk := *errSub != "" || *prefix != ""
-		switch {
-		case cmd == "retry" && bulk && *key == "" && fs.NArg() == 0:
-			b, _ := json.Marshal(admin.Filter{ErrorContains: *errSub, KeyPrefix: *prefix})
-			method, path, body = http.MethodPost, "/admin/retry", bytes.NewReader(b)
-		case cmd == "retry" && *key != "" && fs.NArg() == 0 && !bulk:
-			method, path = http.MethodPost, "/admin/keys/"+url.PathEscape(*key)+"/retry"
-		case fs.NArg() == 1 && *key == "" && !bulk:
-			method, path = http.MethodPost, "/admin/messages/"+url.PathEscape(fs.Arg(0))+"/"+cmd
-		default:
-			fmt.Fprintf(stderr, "node %s: give exactly one message id%s\n", cmd, map[bool]string{true: ", or -key, or -error and/or -key-prefix", false: ""}[cmd == "retry"])
-			return 2
-		}
+	method, path, body, err := a.request(cmd)
+	if err != nil {
+		return usageError(err)
 	}
-	if cmd != "retry" && cmd != "skip" && cmd != "gossip-key" && cmd != "fill-gap" && fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "node %s: unexpected arguments %q\n", cmd, fs.Args())
-		return 2
-	}
-	base := *addr
-	if !strings.Contains(base, "://") {
-		base = "http://" + base
-	}
-	call := func(method, path string, body io.Reader) ([]byte, int) {
-		req, err := http.NewRequest(method, strings.TrimSuffix(base, "/")+path, body)
-		if err != nil {
-			fmt.Fprintf(stderr, "node %s: %v\n", cmd, err)
-			return nil, 2
-		}
-		if *token != "" {
-			req.Header.Set("Authorization", "Bearer "+*token)
-		}
-		req.Header.Set(admin.OperatorHeader, *op)
-		if body != nil {
-			req.Header.Set("Content-Type", "application/json")
-		}
-		resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
-		if err != nil {
-			fmt.Fprintf(stderr, "node %s: %v\n", cmd, err)
-			return nil, 1
-		}
-		defer resp.Body.Close()
-		answer, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != http.StatusOK {
-			var e struct{ Error string }
-			if json.Unmarshal(answer, &e) != nil || e.Error == "" {
-				e.Error = strings.TrimSpace(string(answer))
-			}
-			fmt.Fprintf(stderr, "node %s: %s (%s)\n", cmd, e.Error, resp.Status)
-			return nil, 1
-		}
-		return answer, 0
-	}
-	answer, code := call(method, path, body)
-	if code != 0 {
-		return code
+	answer, err := a.call(ctx, method, path, body)
+	if err != nil {
+		return err
 	}
 	if cmd != "parked" {
-		fmt.Fprintln(stdout, strings.TrimSpace(string(answer)))
-		return 0
+		fmt.Fprintln(c.stdout, strings.TrimSpace(string(answer)))
+		return nil
 	}
 	var list []admin.Parked
 	if err := json.Unmarshal(answer, &list); err != nil {
-		fmt.Fprintf(stderr, "node parked: decode: %v\n", err)
-		return 1
+		return fmt.Errorf("decode: %w", err)
 	}
-	printParked(stdout, list)
-	answer, code = call(http.MethodGet, "/admin/gaps", nil)
-	if code != 0 {
-		return code
+	printParked(c.stdout, list)
+	if answer, err = a.call(ctx, http.MethodGet, "/admin/gaps", nil); err != nil {
+		return err
 	}
 	var gaps []admin.Gap
 	if err := json.Unmarshal(answer, &gaps); err != nil {
-		fmt.Fprintf(stderr, "node parked: decode gaps: %v\n", err)
-		return 1
+		return fmt.Errorf("decode gaps: %w", err)
 	}
-	printGaps(stdout, gaps)
-	return 0
+	printGaps(c.stdout, gaps)
+	return nil
+}
+
+// parseAdminArgs parses the flags of admin subcommand cmd.
+func parseAdminArgs(c cli, cmd string, args []string) (adminArgs, error) {
+	var a adminArgs
+	fs := flag.NewFlagSet("node "+cmd, flag.ContinueOnError)
+	fs.SetOutput(c.stderr)
+	fs.StringVar(&a.addr, "http", "127.0.0.1:8081", "the node's HTTP address (host:port or URL)")
+	fs.StringVar(&a.token, "admin-token", "", "the node's admin bearer token")
+	fs.StringVar(&a.operator, "operator", currentUser(), "your name, recorded with the action")
+	fs.StringVar(&a.key, "key", "", "retry: the correlation id whose parked message to retry (instead of an id)")
+	fs.StringVar(&a.errSub, "error", "", "retry: every parked message whose last error contains this (bulk)")
+	fs.StringVar(&a.prefix, "key-prefix", "", "retry: every parked message whose correlation id starts with this (bulk; with -error, both must match)")
+	// ORDO_ADMIN_TOKEN is the node's own variable; the CLI reads it too.
+	fs.Usage = envflag.Usage(fs, envPrefix, adminUsage[cmd])
+	err := envflag.Parse(fs, envPrefix, args, c.lookup)
+	a.args = fs.Args()
+	return a, err
+}
+
+// request returns the HTTP request that cmd makes, or why the arguments
+// do not make one.
+func (a adminArgs) request(cmd string) (method, path string, body io.Reader, err error) {
+	nargs := len(a.args)
+	arg := func(i int) string { return url.PathEscape(a.args[i]) }
+	switch cmd {
+	case "gossip-key":
+		if nargs != 2 {
+			return "", "", nil, errors.New("want an action (add, use or remove) and a base64 key")
+		}
+		b, _ := json.Marshal(map[string]string{"action": a.args[0], "key": a.args[1]})
+		return http.MethodPost, "/admin/gossip-key", bytes.NewReader(b), nil
+	case "fill-gap":
+		if nargs != 2 {
+			return "", "", nil, errors.New("want a correlation id and a key_seq")
+		}
+		return http.MethodPost, "/admin/keys/" + arg(0) + "/gaps/" + arg(1) + "/fill", nil, nil
+	case "retry", "skip":
+		return a.retryOrSkip(cmd)
+	}
+	if nargs > 0 {
+		return "", "", nil, fmt.Errorf("unexpected arguments %q", a.args)
+	}
+	if cmd == "parked" {
+		return http.MethodGet, "/admin/parked", nil, nil
+	}
+	return http.MethodPost, "/admin/purge", nil, nil
+}
+
+// retryOrSkip returns the request of "retry" or "skip": one message by
+// id, or (retry only) one key, or every parked message matching a filter.
+func (a adminArgs) retryOrSkip(cmd string) (method, path string, body io.Reader, err error) {
+	bulk := a.errSub != "" || a.prefix != ""
+	switch {
+	case cmd == "retry" && bulk && a.key == "" && len(a.args) == 0:
+		b, _ := json.Marshal(admin.Filter{ErrorContains: a.errSub, KeyPrefix: a.prefix})
+		return http.MethodPost, "/admin/retry", bytes.NewReader(b), nil
+	case cmd == "retry" && a.key != "" && len(a.args) == 0 && !bulk:
+		return http.MethodPost, "/admin/keys/" + url.PathEscape(a.key) + "/retry", nil, nil
+	case len(a.args) == 1 && a.key == "" && !bulk:
+		return http.MethodPost, "/admin/messages/" + url.PathEscape(a.args[0]) + "/" + cmd, nil, nil
+	case cmd == "retry":
+		return "", "", nil, errors.New("give exactly one message id, or -key, or -error and/or -key-prefix")
+	}
+	return "", "", nil, errors.New("give exactly one message id")
+}
+
+// call sends one request to the node and returns the body of its 200
+// answer; any other answer is an error carrying the node's message.
+func (a adminArgs) call(ctx context.Context, method, path string, body io.Reader) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, nodeURL(a.addr, path), body)
+	if err != nil {
+		return nil, usageError(err) // -http does not make a URL
+	}
+	if a.token != "" {
+		req.Header.Set("Authorization", "Bearer "+a.token)
+	}
+	req.Header.Set(admin.OperatorHeader, a.operator)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	answer, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		var e struct{ Error string }
+		if json.Unmarshal(answer, &e) != nil || e.Error == "" {
+			e.Error = strings.TrimSpace(string(answer))
+		}
+		return nil, fmt.Errorf("%s (%s)", e.Error, resp.Status)
+	}
+	return answer, nil
 }
 
 // printParked prints parked messages as a table.

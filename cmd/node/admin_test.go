@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	stdctx "context"
 	"regexp"
 	"strings"
 	"testing"
@@ -16,7 +17,7 @@ func runAdmin(t *testing.T, env map[string]string, args ...string) (int, string,
 	t.Helper()
 	var out, errOut bytes.Buffer
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
-	code := adminMain(args[0], args[1:], lookup, &out, &errOut)
+	code := exitStatus(cli{lookup: lookup, stdout: &out, stderr: &errOut}.run(stdctx.Background(), args), &errOut)
 	return code, out.String(), errOut.String()
 }
 

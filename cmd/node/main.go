@@ -12,6 +12,9 @@
 //	node purge  [-http ADDR]               delete purgeable dead rows
 //	node fill-gap [-http ADDR] KEY KEY_SEQ put a dead placeholder in a key_seq gap
 //	node gossip-key [-http ADDR] add|use|remove KEY   rotate gossip keys while running
+//
+// Exit status: 0 done (or -h), 1 failed, 2 bad usage (flags, arguments or
+// settings).
 package main
 
 import (
@@ -23,24 +26,101 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
-	"github.com/ordo-relay/ordo/internal/envflag"
-	"github.com/ordo-relay/ordo/membership"
 	"github.com/ordo-relay/ordo/node"
 )
 
-// options is the parsed command line of "node [flags]".
-type options struct {
-	node.Config
-	LogLevel slog.Level
-	// LogFormat is json, text, or auto (json unless stderr, where logs go,
-	// is a terminal).
-	LogFormat string
-	// GossipInsecure lets the node gossip without encryption (no
-	// -gossip-key); it is logged as a warning at every start.
-	GossipInsecure bool
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	err := cli{lookup: os.LookupEnv, stdout: os.Stdout, stderr: os.Stderr}.run(ctx, os.Args[1:])
+	stop()
+	os.Exit(exitStatus(err, os.Stderr))
+}
+
+// cli is what the command runs with: the environment and the output
+// streams. main gives it the process's; tests give it their own.
+type cli struct {
+	lookup         func(string) (string, bool)
+	stdout, stderr io.Writer
+}
+
+// subcommand runs "node NAME args..."; its errors are usage errors (exit
+// status 2) when wrapped by usageError, failures otherwise.
+type subcommand func(ctx context.Context, c cli, name string, args []string) error
+
+var subcommands = map[string]subcommand{
+	"status":     statusCmd,
+	"health":     healthCmd,
+	"parked":     adminCmd,
+	"retry":      adminCmd,
+	"skip":       adminCmd,
+	"purge":      adminCmd,
+	"gossip-key": adminCmd,
+	"fill-gap":   adminCmd,
+}
+
+// run runs the command line args (without the program name): a
+// subcommand, or the node until ctx ends. It returns what to exit with
+// (see exitStatus); it never exits itself.
+func (c cli) run(ctx context.Context, args []string) error {
+	if len(args) > 0 {
+		if sub, ok := subcommands[args[0]]; ok {
+			if err := sub(ctx, c, args[0], args[1:]); err != nil {
+				return fmt.Errorf("node %s: %w", args[0], err)
+			}
+			return nil
+		}
+	}
+	o, err := parseConfig(args, c.lookup, c.stderr)
+	if err != nil {
+		return fmt.Errorf("node: %w", usageError(err))
+	}
+	return c.serve(ctx, o)
+}
+
+// serve runs the node until ctx ends. Why it stopped is logged, so the
+// error it returns is not printed again.
+func (c cli) serve(ctx context.Context, o options) error {
+	logger := newLogger(c.stderr, o.LogFormat, o.LogLevel).With("node", o.NodeName)
+	o.logStartWarnings(logger)
+	if err := node.Run(ctx, o.Config, node.Options{Logger: logger}); err != nil {
+		logger.Error("node stopped", "err", err)
+		return &exitError{status: 1, err: err, logged: true}
+	}
+	logger.Info("node stopped")
+	return nil
+}
+
+// exitError is an error with the exit status it calls for.
+type exitError struct {
+	status int
+	err    error
+	logged bool // already reported: exitStatus prints nothing
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+// usageError marks err as bad usage: exit status 2.
+func usageError(err error) error { return &exitError{status: 2, err: err} }
+
+// exitStatus returns the exit status for what run returned, after
+// writing its message to w: 0 for nil or -h (flag.ErrHelp, whose usage
+// the flag package printed), 2 for bad usage, 1 for any other error.
+func exitStatus(err error, w io.Writer) int {
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	status, logged := 1, false
+	var e *exitError
+	if errors.As(err, &e) {
+		status, logged = e.status, e.logged
+	}
+	if !logged {
+		fmt.Fprintln(w, err)
+	}
+	return status
 }
 
 // errGossipKey explains why a gossiping node needs a key.
@@ -52,11 +132,11 @@ var errGossipKey = errors.New("-gossip-addr needs -gossip-key (ORDO_GOSSIP_KEY):
 // -gossip-insecure.
 func (o options) checkGossipSecurity() error {
 	switch {
-	case o.GossipAddr == "":
+	case o.Gossip.BindAddr == "":
 		return nil
-	case len(o.GossipKeys) == 0 && !o.GossipInsecure:
+	case len(o.Gossip.Keys) == 0 && !o.GossipInsecure:
 		return errGossipKey
-	case len(o.GossipKeys) > 0 && o.GossipInsecure:
+	case len(o.Gossip.Keys) > 0 && o.GossipInsecure:
 		return errors.New("-gossip-insecure and -gossip-key contradict each other: drop -gossip-insecure to gossip encrypted")
 	}
 	return nil
@@ -64,105 +144,8 @@ func (o options) checkGossipSecurity() error {
 
 // logStartWarnings logs what a start should not pass unnoticed.
 func (o options) logStartWarnings(logger *slog.Logger) {
-	if o.GossipAddr != "" && o.GossipInsecure {
+	if o.Gossip.BindAddr != "" && o.GossipInsecure {
 		logger.Warn("gossip is not encrypted (-gossip-insecure): any host that reaches the gossip address can join the cluster and take partitions; set -gossip-key",
-			"gossip", o.GossipAddr)
+			"gossip", o.Gossip.BindAddr)
 	}
-}
-
-func parseConfig(args []string, lookup func(string) (string, bool), out io.Writer) (options, error) {
-	o := options{Config: node.DefaultConfig()}
-	c := &o.Config
-	fs := flag.NewFlagSet("node", flag.ContinueOnError)
-	fs.SetOutput(out)
-	fs.StringVar(&c.PostgresURL, "postgres-url", c.PostgresURL, "PostgreSQL URL of the outbox database")
-	fs.StringVar(&c.AMQPURL, "amqp-url", c.AMQPURL, "RabbitMQ URL")
-	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "this node's name (lease owner and gossip name); keep it stable across restarts")
-	fs.StringVar(&c.HTTPAddr, "http-addr", c.HTTPAddr, "address for /healthz, /readyz and /status")
-	fs.IntVar(&c.Partitions, "partitions", c.Partitions, "partition count P; fixed at install")
-	fs.IntVar(&c.ConfirmWindow, "confirm-window", c.ConfirmWindow, "W: the most unconfirmed publishes in flight")
-	fs.IntVar(&c.BatchSize, "batch-size", c.BatchSize, "most rows per partition per read")
-	fs.IntVar(&c.ReadAheadMiB, "read-ahead-mib", c.ReadAheadMiB, "memory for rows read ahead of publishing or awaiting their mark, in MiB")
-	fs.DurationVar(&c.PollInterval, "poll-interval", c.PollInterval, "read this often without a notification")
-	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "partition lease lifetime; renewed every third of it")
-	fs.DurationVar(&c.SettleTimeout, "settle-timeout", c.SettleTimeout, "how long to wait for outstanding confirms when stopping")
-	fs.DurationVar(&c.RetryMin, "retry-min", c.RetryMin, "first backoff of a key whose message failed")
-	fs.DurationVar(&c.RetryMax, "retry-max", c.RetryMax, "backoff cap of a failing key")
-	fs.IntVar(&c.DBMaxConns, "db-max-conns", c.DBMaxConns, "PostgreSQL pool size")
-	fs.IntVar(&c.MaxAttempts, "max-attempts", c.MaxAttempts, "failed attempts after which a message is parked")
-	fs.DurationVar(&c.ConfirmTimeout, "confirm-timeout", c.ConfirmTimeout, "a publish unconfirmed this long on an open channel counts as a failed attempt")
-	fs.DurationVar(&c.RetentionAge, "retention-age", c.RetentionAge, "delete processed rows older than this (0 keeps them)")
-	fs.DurationVar(&c.RetentionInterval, "retention-interval", c.RetentionInterval, "how often retention runs")
-	fs.IntVar(&c.RetentionChunk, "retention-chunk", c.RetentionChunk, "most rows one retention DELETE removes")
-	fs.StringVar(&c.AdminToken, "admin-token", "", "bearer token for the /admin actions (empty: actions off)")
-	fs.BoolVar(&c.PProf, "pprof", false, "serve Go's profiler under /debug/pprof/ on the HTTP address")
-	fs.StringVar(&c.GossipAddr, "gossip-addr", "", "host:port for gossip (TCP and UDP); empty runs the node alone, owning every partition")
-	fs.StringVar(&c.GossipAdvertise, "gossip-advertise", "", "host:port peers reach this node at (default: -gossip-addr)")
-	join := fs.String("join", "", "comma-separated seed gossip addresses")
-	keys := fs.String("gossip-key", "", "comma-separated base64 gossip encryption keys (16, 24 or 32 bytes); the first encrypts, all decrypt; required with -gossip-addr unless -gossip-insecure")
-	fs.BoolVar(&o.GossipInsecure, "gossip-insecure", false, "allow -gossip-addr without -gossip-key: gossip unencrypted (logged as a warning at every start)")
-	fs.DurationVar(&c.RejoinInterval, "rejoin-interval", c.RejoinInterval, "how often to join the seeds again (heals splits)")
-	fs.DurationVar(&c.DegradedAfter, "degraded-after", c.DegradedAfter, "oldest pending age in this node's partitions above which /readyz and /status say degraded (0: off)")
-	fs.DurationVar(&c.BacklogInterval, "backlog-interval", c.BacklogInterval, "how often the backlog of every partition is read for /status and /metrics (one bounded query)")
-	level := fs.String("log-level", "info", "debug, info, warn or error")
-	fs.StringVar(&o.LogFormat, "log-format", "auto", "json, text, or auto: json unless stderr is a terminal")
-	fs.Usage = envflag.Usage(fs, "ORDO", "usage: node [flags]\n       node status|parked|retry|skip|purge|fill-gap|gossip-key -h\n\nRuns one Ordo relay node.")
-	if err := envflag.Parse(fs, "ORDO", args, lookup); err != nil {
-		return o, err
-	}
-	if fs.NArg() > 0 {
-		return o, fmt.Errorf("unexpected arguments: %q", fs.Args())
-	}
-	if *join != "" {
-		for _, s := range strings.Split(*join, ",") {
-			if s = strings.TrimSpace(s); s != "" {
-				c.Join = append(c.Join, s)
-			}
-		}
-	}
-	var err error
-	if c.GossipKeys, err = membership.ParseKeys(*keys); err != nil {
-		return o, err
-	}
-	if err := o.LogLevel.UnmarshalText([]byte(*level)); err != nil {
-		return o, fmt.Errorf("log-level %q: %w", *level, err)
-	}
-	if err := checkLogFormat(o.LogFormat); err != nil {
-		return o, err
-	}
-	if err := o.checkGossipSecurity(); err != nil {
-		return o, err
-	}
-	return o, c.Validate()
-}
-
-func main() {
-	if len(os.Args) > 1 {
-		switch os.Args[1] {
-		case "status":
-			os.Exit(statusMain(os.Args[2:], os.LookupEnv, os.Stdout, os.Stderr))
-		case "health":
-			os.Exit(healthMain(os.Args[2:], os.LookupEnv, os.Stdout, os.Stderr))
-		case "parked", "retry", "skip", "purge", "gossip-key", "fill-gap":
-			os.Exit(adminMain(os.Args[1], os.Args[2:], os.LookupEnv, os.Stdout, os.Stderr))
-		}
-	}
-	o, err := parseConfig(os.Args[1:], os.LookupEnv, os.Stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		os.Exit(0)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "node:", err)
-		os.Exit(2)
-	}
-	logger := newLogger(os.Stderr, o.LogFormat, o.LogLevel).With("node", o.NodeName)
-	o.logStartWarnings(logger)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	err = node.Run(ctx, o.Config, node.Options{Logger: logger})
-	stop()
-	if err != nil {
-		logger.Error("node stopped", "err", err)
-		os.Exit(1)
-	}
-	logger.Info("node stopped")
 }

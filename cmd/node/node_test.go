@@ -278,7 +278,7 @@ func TestHTTPEndpoints(t *testing.T) {
 	}
 	// node status prints the same as a table.
 	var out, errOut strings.Builder
-	if code := statusMain([]string{"-http", strings.TrimPrefix(base, "http://")}, func(string) (string, bool) { return "", false }, &out, &errOut); code != 0 {
+	if code := runCommand(&out, &errOut, "status", "-http", strings.TrimPrefix(base, "http://")); code != 0 {
 		t.Fatalf("node status: exit %d: %s", code, errOut.String())
 	}
 	for _, want := range []string{"node http-node: 64 of 64 partitions held", "MEMBER", "http-node", "PARTITION", "LEASE OWNER"} {
@@ -286,7 +286,7 @@ func TestHTTPEndpoints(t *testing.T) {
 			t.Fatalf("node status output lacks %q:\n%s", want, out.String())
 		}
 	}
-	if code := statusMain([]string{"-http", testkit.FreeAddr(t)}, func(string) (string, bool) { return "", false }, &out, &errOut); code != 1 {
+	if code := runCommand(&out, &errOut, "status", "-http", testkit.FreeAddr(t)); code != 1 {
 		t.Fatalf("node status against nothing: exit %d, want 1", code)
 	}
 }
@@ -314,7 +314,7 @@ func TestParseConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.ConfirmWindow != 64 || c.NodeName != "n1" || c.LeaseTTL != 3*time.Second || c.Partitions != 64 || len(c.Join) != 2 || c.Join[1] != "b:2" {
+	if c.Relay.Window != 64 || c.NodeName != "n1" || c.LeaseTTL != 3*time.Second || c.Partitions != 64 || len(c.Gossip.Join) != 2 || c.Gossip.Join[1] != "b:2" {
 		t.Fatalf("config %+v", c)
 	}
 	for _, bad := range [][]string{

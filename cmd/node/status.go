@@ -1,8 +1,8 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -23,38 +23,37 @@ func nodeURL(addr, path string) string {
 	return strings.TrimSuffix(addr, "/") + path
 }
 
-// statusMain is "node status": it fetches a node's /status and prints it as
-// tables for people. It returns the exit code.
-func statusMain(args []string, lookup func(string) (string, bool), stdout, stderr io.Writer) int {
+// statusCmd is "node status": it fetches a node's /status and prints it
+// as tables for people.
+func statusCmd(ctx context.Context, c cli, _ string, args []string) error {
 	fs := flag.NewFlagSet("node status", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(c.stderr)
 	addr := fs.String("http", "127.0.0.1:8081", "the node's HTTP address (host:port or URL)")
 	fs.Usage = envflag.Usage(fs, "ORDO_STATUS", "usage: node status [-http ADDR]\n\nPrints a node's view of the cluster.")
-	if err := envflag.Parse(fs, "ORDO_STATUS", args, lookup); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if err := envflag.Parse(fs, "ORDO_STATUS", args, c.lookup); err != nil {
+		return usageError(err)
 	}
-	client := &http.Client{Timeout: 10 * time.Second}
-	resp, err := client.Get(nodeURL(*addr, "/status"))
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, nodeURL(*addr, "/status"), nil)
 	if err != nil {
-		fmt.Fprintln(stderr, "node status:", err)
-		return 1
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
 	}
 	defer resp.Body.Close()
-	var st node.Status
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(resp.Body)
-		fmt.Fprintf(stderr, "node status: %s answered %s: %s\n", nodeURL(*addr, "/status"), resp.Status, strings.TrimSpace(string(b)))
-		return 1
+		return fmt.Errorf("%s answered %s: %s", nodeURL(*addr, "/status"), resp.Status, strings.TrimSpace(string(b)))
 	}
+	var st node.Status
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		fmt.Fprintln(stderr, "node status: decode:", err)
-		return 1
+		return fmt.Errorf("decode: %w", err)
 	}
-	printStatus(stdout, st)
-	return 0
+	printStatus(c.stdout, st)
+	return nil
 }
 
 func printStatus(w io.Writer, st node.Status) {

@@ -105,7 +105,8 @@ func TestDisruptiveMemoryAlarm(t *testing.T) {
 	own := leases.Ownership("n1", 0)
 	leases.Grant("n1", 0)
 	store := relaytest.NewStore(leases)
-	cfg := relay.DefaultConfig("n1")
+	cfg := relay.DefaultConfig()
+	cfg.Node = "n1"
 	cfg.RetryMin, cfg.RetryMax, cfg.PollInterval = 20*time.Millisecond, 50*time.Millisecond, 50*time.Millisecond
 	r, err := relay.New(cfg, store, pub, own)
 	if err != nil {

@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"strings"
 	"sync"
@@ -25,80 +24,6 @@ import (
 	"github.com/ordo-relay/ordo/internal/redact"
 	"github.com/ordo-relay/ordo/relay"
 )
-
-// Config configures a Publisher.
-type Config struct {
-	// URL of the broker, e.g. amqp://guest:guest@127.0.0.1:5672/, or a
-	// comma-separated list of broker nodes: Run dials them in turn and,
-	// after a failed dial or a lost connection, moves on to the next.
-	URL string
-	// Window is the most unconfirmed messages the relay keeps in flight; it
-	// sizes the confirm and return buffers so the client library never has
-	// to drop a notification.
-	Window int
-	// ReconnectMin and ReconnectMax bound the capped exponential backoff
-	// between connection attempts.
-	ReconnectMin, ReconnectMax time.Duration
-	// StableAfter is how long a connection must stay up, with a publish
-	// confirmed on it, before the reconnect backoff starts over: a
-	// connection the broker closes at once (over a message it refuses)
-	// keeps backing off.
-	StableAfter time.Duration
-	// ExchangeCheckTTL is how long a passive declare proving an exchange
-	// exists is trusted before the exchange is checked again.
-	ExchangeCheckTTL time.Duration
-	// Heartbeat is the AMQP heartbeat interval; a silent broker is noticed
-	// within about one and a half of them.
-	Heartbeat time.Duration
-	// ConfirmTimeout is how long a publish may wait for its confirm on a
-	// channel that stays open; past it the message is relay.Failed (an attempt
-	// for its key), and a confirm that comes later is ignored. The clock
-	// does not run while the broker blocks the connection.
-	ConfirmTimeout time.Duration
-	// StallTimeout: when publishes have waited this long and no confirm at
-	// all has come meanwhile, the link is taken for dead (a blackholed
-	// network the heartbeat has not noticed yet): the connection is closed,
-	// its messages are relay.Unsent, and it is dialled again. Not while
-	// the broker blocks the connection. 0 turns it off.
-	StallTimeout time.Duration
-	// CallTimeout bounds every call that waits for the broker's answer
-	// (opening a channel, confirm mode, a passive declare, closing). A
-	// broker under a resource alarm stops reading the socket, and such a
-	// call would wait forever; past CallTimeout the connection is closed.
-	CallTimeout time.Duration
-	// Logger receives connection and outage messages.
-	Logger *slog.Logger
-}
-
-func (c *Config) setDefaults() {
-	if c.Window <= 0 {
-		c.Window = 512
-	}
-	if c.ReconnectMin <= 0 {
-		c.ReconnectMin = 100 * time.Millisecond
-	}
-	if c.ReconnectMax <= 0 {
-		c.ReconnectMax = time.Second
-	}
-	if c.StableAfter <= 0 {
-		c.StableAfter = time.Second
-	}
-	if c.ExchangeCheckTTL <= 0 {
-		c.ExchangeCheckTTL = 10 * time.Second
-	}
-	if c.Heartbeat <= 0 {
-		c.Heartbeat = 5 * time.Second
-	}
-	if c.ConfirmTimeout <= 0 {
-		c.ConfirmTimeout = 30 * time.Second
-	}
-	if c.CallTimeout <= 0 {
-		c.CallTimeout = 5 * time.Second
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-}
 
 // Publisher is the RabbitMQ relay.Publisher. It owns its connection: Run
 // dials, opens a confirm-mode channel, and on any close treats every
@@ -155,9 +80,11 @@ var ErrBlocked = fmt.Errorf("%w: the broker blocks publishing (resource alarm)",
 // call within CallTimeout; the connection was closed.
 var ErrCallTimeout = errors.New("no answer from the broker within the call timeout")
 
-// New returns a publisher; call Run to connect.
+// New returns a publisher; call Run to connect. Zero fields of cfg (but
+// StallTimeout, where zero turns the check off) take their DefaultConfig
+// value. New does not validate cfg: call Config.Validate first.
 func New(cfg Config) *Publisher {
-	cfg.setDefaults()
+	cfg = cfg.withDefaults()
 	return &Publisher{cfg: cfg, down: outage.New(cfg.Logger, "RabbitMQ"), exchanges: map[string]time.Time{}}
 }
 

@@ -1,0 +1,280 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ordo-relay/ordo/internal/confcheck"
+	"github.com/ordo-relay/ordo/internal/envflag"
+	"github.com/ordo-relay/ordo/membership"
+	"github.com/ordo-relay/ordo/node"
+)
+
+// envPrefix prefixes the environment variable of every flag of "node":
+// -confirm-window is also read from ORDO_CONFIRM_WINDOW (envflag.Name).
+const envPrefix = "ORDO"
+
+// options is the parsed command line of "node [flags]".
+type options struct {
+	node.Config
+	// LogLevel is the lowest level logged.
+	LogLevel slog.Level
+	// LogFormat is json, text, or auto (json unless stderr, where logs go,
+	// is a terminal).
+	LogFormat string
+	// GossipInsecure lets the node gossip without encryption (no
+	// -gossip-key); it is logged as a warning at every start.
+	GossipInsecure bool
+}
+
+// defaultOptions returns the defaults of every flag: node.DefaultConfig
+// and the command's own.
+func defaultOptions() options {
+	return options{Config: node.DefaultConfig(), LogLevel: slog.LevelInfo, LogFormat: "auto"}
+}
+
+// nodeFlag is one flag of "node". Its environment variable is
+// envflag.Name(envPrefix, name), and its default is what field holds in
+// defaultOptions: neither is written here.
+type nodeFlag struct {
+	name string
+	// field is the path of the field the flag sets, in options (node.Config's
+	// fields are promoted): "Partitions", "Relay.Window".
+	field string
+	help  string
+	// as, if set, makes the flag.Value for the field (a unit other than
+	// the field's); nil picks one from the field's type.
+	as func(field reflect.Value) flag.Value
+}
+
+// nodeFlags are the flags of "node", the public interface of the node
+// (docker-compose.yml, deploy/ and README.md use them): add, never rename.
+var nodeFlags = []nodeFlag{
+	{name: "postgres-url", field: "PostgresURL", help: "PostgreSQL URL of the outbox database"},
+	{name: "amqp-url", field: "AMQP.URL", help: "RabbitMQ URL, or a comma-separated list of broker nodes tried in turn"},
+	{name: "node-name", field: "NodeName", help: "this node's name (lease owner and gossip name); keep it stable across restarts"},
+	{name: "http-addr", field: "HTTPAddr", help: "address for the cluster page, /healthz, /readyz, /status, /metrics and /admin"},
+	{name: "partitions", field: "Partitions", help: "partition count P; fixed at install"},
+	{name: "db-max-conns", field: "DBMaxConns", help: "PostgreSQL pool size"},
+	{name: "lease-ttl", field: "LeaseTTL", help: "partition lease lifetime; renewed every third of it"},
+	{name: "admin-token", field: "AdminToken", help: "bearer token for the /admin actions (empty: actions off)"},
+	{name: "pprof", field: "PProf", help: "serve Go's profiler under /debug/pprof/ on the HTTP address"},
+	{name: "degraded-after", field: "DegradedAfter", help: "oldest pending age in this node's partitions above which /readyz and /status say degraded (0: off)"},
+	{name: "backlog-interval", field: "BacklogInterval", help: "how often the backlog of every partition is read for /status and /metrics (one bounded query)"},
+
+	{name: "confirm-window", field: "Relay.Window", help: "W: the most unconfirmed publishes in flight"},
+	{name: "batch-size", field: "Relay.BatchSize", help: "most rows per partition per read"},
+	{name: "read-ahead-mib", field: "Relay.ReadAheadBytes", as: mebibytes, help: "memory for rows read ahead of publishing or awaiting their mark, in MiB"},
+	{name: "poll-interval", field: "Relay.PollInterval", help: "read this often without a notification"},
+	{name: "settle-timeout", field: "Relay.SettleTimeout", help: "how long to wait for outstanding confirms when stopping"},
+	{name: "retry-min", field: "Relay.RetryMin", help: "first backoff of a key whose message failed"},
+	{name: "retry-max", field: "Relay.RetryMax", help: "backoff cap of a failing key"},
+	{name: "max-attempts", field: "Relay.MaxAttempts", help: "failed attempts after which a message is parked"},
+	{name: "retention-age", field: "Relay.RetentionAge", help: "delete processed rows older than this (0 keeps them)"},
+	{name: "retention-interval", field: "Relay.RetentionInterval", help: "how often retention runs"},
+	{name: "retention-chunk", field: "Relay.RetentionChunk", help: "most rows one retention DELETE removes"},
+
+	{name: "confirm-timeout", field: "AMQP.ConfirmTimeout", help: "a publish unconfirmed this long on an open channel counts as a failed attempt"},
+
+	{name: "gossip-addr", field: "Gossip.BindAddr", help: "host:port for gossip (TCP and UDP); empty runs the node alone, owning every partition"},
+	{name: "gossip-advertise", field: "Gossip.AdvertiseAddr", help: "host:port peers reach this node at (default: -gossip-addr)"},
+	{name: "join", field: "Gossip.Join", help: "comma-separated seed gossip addresses"},
+	{name: "gossip-key", field: "Gossip.Keys", help: "comma-separated base64 gossip encryption keys (16, 24 or 32 bytes); the first encrypts, all decrypt; required with -gossip-addr unless -gossip-insecure"},
+	{name: "rejoin-interval", field: "Gossip.RejoinInterval", help: "how often to join the seeds again (heals splits)"},
+
+	{name: "gossip-insecure", field: "GossipInsecure", help: "allow -gossip-addr without -gossip-key: gossip unencrypted (logged as a warning at every start)"},
+	{name: "log-level", field: "LogLevel", as: levelFlag, help: "debug, info, warn or error"},
+	{name: "log-format", field: "LogFormat", help: "json, text, or auto: json unless stderr is a terminal"},
+}
+
+// newNodeFlagSet returns the flag set of "node" writing into o, whose
+// current values are the defaults shown. It panics on a table entry that
+// names no field, or a field of a type it cannot parse (a test runs it).
+func newNodeFlagSet(o *options, out io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("node", flag.ContinueOnError)
+	fs.SetOutput(out)
+	root := reflect.ValueOf(o).Elem()
+	for _, f := range nodeFlags {
+		v := fieldByPath(root, f.field)
+		if f.as != nil {
+			fs.Var(f.as(v), f.name, f.help)
+			continue
+		}
+		switch p := v.Addr().Interface().(type) {
+		case *string:
+			fs.StringVar(p, f.name, *p, f.help)
+		case *int:
+			fs.IntVar(p, f.name, *p, f.help)
+		case *bool:
+			fs.BoolVar(p, f.name, *p, f.help)
+		case *time.Duration:
+			fs.DurationVar(p, f.name, *p, f.help)
+		case *[]string:
+			fs.Var((*commaList)(p), f.name, f.help)
+		case *[][]byte:
+			fs.Var((*gossipKeys)(p), f.name, f.help)
+		default:
+			panic(fmt.Sprintf("flag -%s: field %s has type %T, which has no flag type", f.name, f.field, p))
+		}
+	}
+	fs.Usage = envflag.Usage(fs, envPrefix, "usage: node [flags]\n       node status|health|parked|retry|skip|purge|fill-gap|gossip-key -h\n\nRuns one Ordo relay node.")
+	return fs
+}
+
+// fieldByPath returns the field of root at a dotted path; it panics if
+// there is none.
+func fieldByPath(root reflect.Value, path string) reflect.Value {
+	v := root
+	for _, name := range strings.Split(path, ".") {
+		v = v.FieldByName(name)
+		if !v.IsValid() {
+			panic(fmt.Sprintf("no field %s in %s", path, root.Type()))
+		}
+	}
+	return v
+}
+
+// flagOf returns the flag that sets the field at path, or "".
+func flagOf(path string) string {
+	for _, f := range nodeFlags {
+		if f.field == path {
+			return f.name
+		}
+	}
+	return ""
+}
+
+// parseConfig parses the command line of "node" (flags, then the
+// environment through lookup, then defaults) and checks the result,
+// reporting every problem at once. Usage goes to out.
+func parseConfig(args []string, lookup func(string) (string, bool), out io.Writer) (options, error) {
+	o := defaultOptions()
+	fs := newNodeFlagSet(&o, out)
+	if err := envflag.Parse(fs, envPrefix, args, lookup); err != nil {
+		return o, err
+	}
+	var errs problemList
+	if fs.NArg() > 0 {
+		errs = append(errs, fmt.Errorf("unexpected arguments: %q", fs.Args()))
+	}
+	for _, err := range []error{checkLogFormat(o.LogFormat), o.checkGossipSecurity()} {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	errs = append(errs, flagProblems(o.Validate())...)
+	if len(errs) > 0 {
+		return o, errs
+	}
+	return o, nil
+}
+
+// problemList is every problem of a command line, printed one a line
+// after their count when there are several.
+type problemList []error
+
+func (l problemList) Error() string {
+	if len(l) == 1 {
+		return l[0].Error()
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d problems:", len(l))
+	for _, e := range l {
+		b.WriteString("\n  " + e.Error())
+	}
+	return b.String()
+}
+
+func (l problemList) Unwrap() []error { return l }
+
+// flagProblems rewrites the problems of a node.Config as flag problems:
+// "Relay.Window: 0 is out of range" becomes "-confirm-window
+// (ORDO_CONFIRM_WINDOW): 0 is out of range". A problem of a field no flag
+// sets is kept as it is.
+func flagProblems(err error) []error {
+	var errs []error
+	for _, p := range confcheck.Problems(err) {
+		if name := flagOf(p.Field); name != "" {
+			errs = append(errs, fmt.Errorf("-%s (%s): %s", name, envflag.Name(envPrefix, name), p.Msg))
+		} else {
+			errs = append(errs, p)
+		}
+	}
+	if len(errs) == 0 && err != nil {
+		errs = append(errs, err) // not a Problem: cannot happen, but never drop one
+	}
+	return errs
+}
+
+// commaList is a flag.Value of comma-separated items, spaces trimmed and
+// empty items dropped.
+type commaList []string
+
+func (l *commaList) String() string { return strings.Join(*l, ",") }
+
+func (l *commaList) Set(s string) error {
+	*l = nil
+	for _, item := range strings.Split(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			*l = append(*l, item)
+		}
+	}
+	return nil
+}
+
+// gossipKeys is a flag.Value of comma-separated base64 gossip keys. It
+// never prints them: String shows how many there are.
+type gossipKeys [][]byte
+
+func (k *gossipKeys) String() string {
+	if len(*k) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("(%d keys)", len(*k))
+}
+
+func (k *gossipKeys) Set(s string) error {
+	keys, err := membership.ParseKeys(s)
+	*k = keys
+	return err
+}
+
+// levelFlag makes a slog.Level field a flag shown in lower case.
+func levelFlag(field reflect.Value) flag.Value {
+	return (*level)(field.Addr().Interface().(*slog.Level))
+}
+
+// level is a slog.Level set by name (debug, info, warn, error).
+type level slog.Level
+
+func (l *level) String() string     { return strings.ToLower(slog.Level(*l).String()) }
+func (l *level) Set(s string) error { return (*slog.Level)(l).UnmarshalText([]byte(s)) }
+
+// mebibytes makes an int64 field of bytes a flag counted in MiB.
+func mebibytes(field reflect.Value) flag.Value {
+	return (*mib)(field.Addr().Interface().(*int64))
+}
+
+// mib is a byte count set and shown in MiB.
+type mib int64
+
+func (m *mib) String() string { return strconv.FormatInt(int64(*m)>>20, 10) }
+
+func (m *mib) Set(s string) error {
+	n, err := strconv.ParseInt(s, 10, 64)
+	switch {
+	case err != nil:
+		return errors.New("not a whole number of MiB")
+	case n < 0 || n > 1<<40:
+		return fmt.Errorf("%d MiB is out of range 0..%d", n, int64(1)<<40)
+	}
+	*m = mib(n << 20)
+	return nil
+}

@@ -1,0 +1,112 @@
+// Package confcheck collects the problems of a configuration, each naming
+// the field it is about, so that a Validate method reports every problem
+// at once (errors.Join) and a command line can say which flag to fix.
+//
+//	func (c Config) Validate() error {
+//		ck := confcheck.New("relay")
+//		ck.Require(c.Window >= 1, "Window", "%d is below 1", c.Window)
+//		return ck.Err()
+//	}
+//
+// A configuration that nests another re-roots its problems with Nest:
+// "Window" of the relay's config becomes "Relay.Window" of the node's.
+package confcheck
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Problem is one unusable setting.
+type Problem struct {
+	// Scope names the configuration, e.g. "relay" or "node".
+	Scope string
+	// Field is the Go field path within it, e.g. "Window" or
+	// "Relay.Window".
+	Field string
+	// Msg says what is wrong, without the field's name.
+	Msg string
+}
+
+func (p *Problem) Error() string { return p.Scope + ": " + p.Field + ": " + p.Msg }
+
+// Checker collects the problems of one configuration. The zero value is
+// not usable; create one with New. Not safe for concurrent use.
+type Checker struct {
+	scope string
+	errs  []error
+}
+
+// New returns a Checker for the configuration named scope.
+func New(scope string) *Checker { return &Checker{scope: scope} }
+
+// Require records a problem with field when ok is false.
+func (c *Checker) Require(ok bool, field, format string, args ...any) {
+	if !ok {
+		c.errs = append(c.errs, &Problem{Scope: c.scope, Field: field, Msg: fmt.Sprintf(format, args...)})
+	}
+}
+
+// Nest records the problems of a nested configuration's error under
+// prefix (the field holding it): "Window" becomes prefix+".Window".
+// Problems with a field listed in skip are left out: they are fields the
+// enclosing configuration sets itself, from fields it checks itself. An
+// error that is not a Problem is kept, wrapped with prefix.
+func (c *Checker) Nest(prefix string, err error, skip ...string) {
+	for _, e := range flatten(err) {
+		var p *Problem
+		if !errors.As(e, &p) {
+			c.errs = append(c.errs, fmt.Errorf("%s: %s: %w", c.scope, prefix, e))
+			continue
+		}
+		skipped := false
+		for _, s := range skip {
+			skipped = skipped || s == p.Field
+		}
+		if !skipped {
+			c.errs = append(c.errs, &Problem{Scope: c.scope, Field: prefix + "." + p.Field, Msg: p.Msg})
+		}
+	}
+}
+
+// Err returns every problem recorded, joined, or nil.
+func (c *Checker) Err() error { return errors.Join(c.errs...) }
+
+// Problems returns the problems err holds, in order: err itself, or the
+// errors it joins (recursively). Errors that are not Problems are left
+// out.
+func Problems(err error) []*Problem {
+	var ps []*Problem
+	for _, e := range flatten(err) {
+		var p *Problem
+		if errors.As(e, &p) {
+			ps = append(ps, p)
+		}
+	}
+	return ps
+}
+
+// Fields returns the Field of every problem err holds, in order.
+func Fields(err error) []string {
+	var fs []string
+	for _, p := range Problems(err) {
+		fs = append(fs, p.Field)
+	}
+	return fs
+}
+
+// flatten returns the errors err joins, recursively, or err alone.
+func flatten(err error) []error {
+	if err == nil {
+		return nil
+	}
+	j, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return []error{err}
+	}
+	var all []error
+	for _, e := range j.Unwrap() {
+		all = append(all, flatten(e)...)
+	}
+	return all
+}
