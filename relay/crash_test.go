@@ -2,7 +2,6 @@ package relay_test
 
 import (
 	"fmt"
-	"net/url"
 	"testing"
 	"time"
 
@@ -21,8 +20,8 @@ type crashNode struct {
 
 func (h *harness) startCrashNode(name string, window int) *crashNode {
 	h.t.Helper()
-	db := testkit.NewProxy(h.t, postgresAddr())
-	amqp := testkit.NewProxy(h.t, amqpAddr())
+	db := testkit.NewProxy(h.t, hostPort(testkit.PostgresURL()))
+	amqp := testkit.NewProxy(h.t, hostPort(testkit.AMQPURL()))
 	n := h.startNode(nodeOpts{name: name, window: window, dbURL: db.URL(h.dbURL), amqpURL: amqp.URL(testkit.AMQPURL())})
 	return &crashNode{node: n, db: db, amqp: amqp}
 }
@@ -33,15 +32,6 @@ func (c *crashNode) crash() {
 	c.db.Cut()
 	c.amqp.Cut()
 	c.stop()
-}
-
-// amqpAddr is the host:port of the test RabbitMQ server.
-func amqpAddr() string {
-	u, err := url.Parse(testkit.AMQPURL())
-	if err != nil {
-		panic(err)
-	}
-	return u.Host
 }
 
 // leaseRow is one row of ordo_leases.

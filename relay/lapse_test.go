@@ -156,7 +156,7 @@ func TestNothingSentAfterLeaseLapsedAndClaimed(t *testing.T) {
 		}
 		h.expect(h.enqueue(msgs...))
 	}
-	proxy := testkit.NewProxy(t, postgresAddr())
+	proxy := testkit.NewProxy(t, hostPort(testkit.PostgresURL()))
 	rec := &publishRecorder{delay: 20 * time.Millisecond}
 	lapsed := h.startNode(nodeOpts{name: "lapsed", leaseDBURL: proxy.URL(h.dbURL), wrapPub: rec.wrap})
 	h.checker.WaitDistinct(t, 2*keys, 30*time.Second)
@@ -204,9 +204,10 @@ func TestNothingSentAfterLeaseLapsedAndClaimed(t *testing.T) {
 	h.waitRows(30*time.Second, "every row marked", func(n int) bool { return n == 0 }, "processed_at IS NULL")
 }
 
-// postgresAddr is the host:port of the test PostgreSQL server.
-func postgresAddr() string {
-	u, err := url.Parse(testkit.PostgresURL())
+// hostPort is the host:port of a server URL (testkit.PostgresURL(),
+// testkit.AMQPURL()), for a proxy in front of it.
+func hostPort(rawURL string) string {
+	u, err := url.Parse(rawURL)
 	if err != nil {
 		panic(err)
 	}
