@@ -18,7 +18,10 @@ import (
 // The local lease deadline, checked before every publish (DESIGN.md
 // invariant 3): a node whose lease has lapsed and been claimed elsewhere
 // sends nothing more, although it still believes it holds the partition
-// at the same epoch and has rows ready in memory.
+// at the same epoch and has rows ready in memory. The relay checks it
+// before handing a row to the publisher (and again after the dead-row
+// lookup), and hands the deadline on, which the publisher keeps to
+// (deadline_test.go, relay/rabbitmq).
 
 // TestCoreNothingSentAfterLapseAndClaim: every key's first message is
 // unconfirmed when the node's renewals stop (its local deadline passes)
@@ -103,9 +106,10 @@ func TestCoreLeaseCheckedAgainAfterDeadRowLookup(t *testing.T) {
 	}
 }
 
-// publishRecorder records every publish (partition, epoch, time) and
-// delays each outcome by delay, so a key's messages, which go one at a
-// time, take long to drain.
+// publishRecorder records every publish the publisher accepted (sent):
+// its partition, epoch and the time Publish was called. It delays each
+// outcome by delay, so a key's messages, which go one at a time, take long
+// to drain.
 type publishRecorder struct {
 	relay.Publisher
 	delay time.Duration
@@ -123,12 +127,16 @@ type publishRecord struct {
 func (p *publishRecorder) wrap(inner relay.Publisher) relay.Publisher { p.Publisher = inner; return p }
 
 func (p *publishRecorder) Publish(ctx context.Context, m *relay.Message, settle func(relay.Result)) error {
-	p.mu.Lock()
-	p.recs = append(p.recs, publishRecord{m.Partition, m.Epoch, time.Now()})
-	p.mu.Unlock()
-	return p.Publisher.Publish(ctx, m, func(res relay.Result) {
+	rec := publishRecord{m.Partition, m.Epoch, time.Now()}
+	err := p.Publisher.Publish(ctx, m, func(res relay.Result) {
 		time.AfterFunc(p.delay, func() { settle(res) })
 	})
+	if err == nil {
+		p.mu.Lock()
+		p.recs = append(p.recs, rec)
+		p.mu.Unlock()
+	}
+	return err
 }
 
 func (p *publishRecorder) records() []publishRecord {
@@ -181,12 +189,12 @@ func TestNothingSentAfterLeaseLapsedAndClaimed(t *testing.T) {
 	sort.Slice(recs, func(i, j int) bool { return recs[i].at.Before(recs[j].at) })
 	for _, r := range recs {
 		if c := claims[r.partition]; r.at.After(c.at) {
-			t.Fatalf("lapsed published on partition %d (epoch %d) %v after heir claimed it (epoch %d)",
+			t.Fatalf("lapsed sent a message on partition %d (epoch %d) %v after heir claimed it (epoch %d)",
 				r.partition, r.epoch, r.at.Sub(c.at).Round(time.Millisecond), c.epoch)
 		}
 	}
 	last := recs[len(recs)-1].at
-	t.Logf("lapsed published %d messages, the last %v after the cut and %v before heir's first claim",
+	t.Logf("lapsed sent %d messages, the last %v after the cut and %v before heir's first claim",
 		len(recs), last.Sub(cutAt).Round(time.Millisecond), first.Sub(last).Round(time.Millisecond))
 	if skipped := lapsed.relay.Stats().LeaseSkipped; skipped == 0 {
 		t.Fatal("lapsed had nothing ready when its lease lapsed: the test proved nothing")
