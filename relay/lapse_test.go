@@ -190,7 +190,7 @@ func TestNothingSentAfterLeaseLapsedAndClaimed(t *testing.T) {
 	for _, r := range recs {
 		if c := claims[r.partition]; r.at.After(c.at) {
 			t.Fatalf("lapsed sent a message on partition %d (epoch %d) %v after heir claimed it (epoch %d)",
-				r.partition, r.epoch, r.at.Sub(c.at).Round(time.Millisecond), c.epoch)
+				r.partition, r.epoch, r.at.Sub(c.at), c.epoch)
 		}
 	}
 	last := recs[len(recs)-1].at
