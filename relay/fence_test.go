@@ -95,13 +95,17 @@ func (g *gate) take(prefix string) []heldPublish {
 }
 
 // send publishes the held messages whose key starts with prefix for real;
-// the broker's answer settles them.
+// the broker's answer settles them. The hold stands for the time they were
+// in flight, so they go without their lease deadline: as if they had been
+// written when the relay handed them over.
 func (g *gate) send(prefix string) {
 	g.sendMu.Lock()
 	defer g.sendMu.Unlock()
 	for _, h := range g.take(prefix) {
+		m := *h.m
+		m.Deadline = time.Time{}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		if err := g.inner.Publish(ctx, h.m, h.settle); err != nil {
+		if err := g.inner.Publish(ctx, &m, h.settle); err != nil {
 			h.settle(relay.Result{Outcome: relay.Unsent, Err: err})
 		}
 		cancel()
