@@ -171,6 +171,10 @@ type Options struct {
 	WrapPublisher func(relay.Publisher) relay.Publisher
 	// Ready, if set, is called once with the HTTP address when serving.
 	Ready func(httpAddr string)
+	// PerKeyLimit, when above 0, replaces the relay's per-key limit of 1.
+	// For tests only: above 1, per-key order is lost under nacks and
+	// returns, and the tests that show it set this.
+	PerKeyLimit int
 }
 
 // membership returns the membership config as the node runs it; tr, if

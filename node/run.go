@@ -128,7 +128,7 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 	pm := newPublishMetrics()
 	pub = observedPublisher{Publisher: pub, m: pm}
 	store := pgstore.New(pool, logger)
-	r, err := relay.New(cfg.relay(logger), store, pub, leaser)
+	r, err := relay.New(opts.relayConfig(cfg.relay(logger)), store, pub, leaser)
 	if err != nil {
 		return err
 	}

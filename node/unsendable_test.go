@@ -23,6 +23,13 @@ import (
 // returns its HTTP address.
 func startNode(t *testing.T, dbURL string, partitions int, edit func(*node.Config)) string {
 	t.Helper()
+	return startNodeWith(t, dbURL, partitions, edit, node.Options{})
+}
+
+// startNodeWith is startNode with options (its Logger and Ready are
+// replaced).
+func startNodeWith(t *testing.T, dbURL string, partitions int, edit func(*node.Config), opts node.Options) string {
+	t.Helper()
 	cfg := node.DefaultConfig()
 	cfg.PostgresURL, cfg.AMQP.URL, cfg.NodeName = dbURL, testkit.AMQPURL(), "solo"
 	cfg.HTTPAddr, cfg.Partitions, cfg.DBMaxConns = "127.0.0.1:0", partitions, 3
@@ -31,10 +38,8 @@ func startNode(t *testing.T, dbURL string, partitions int, edit func(*node.Confi
 		edit(&cfg)
 	}
 	ready := make(chan string, 1)
-	opts := node.Options{
-		Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		Ready:  func(a string) { ready <- a },
-	}
+	opts.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	opts.Ready = func(a string) { ready <- a }
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)

@@ -135,7 +135,13 @@ type nodeOpts struct {
 	window    int
 	wrapPub   func(relay.Publisher) relay.Publisher
 	wrapStore func(relay.Store) relay.Store
-	logger    *slog.Logger
+	// wrapOwn wraps the leaser as the relay sees it (a view that does not
+	// notice a lost lease, say).
+	wrapOwn func(relay.Ownership) relay.Ownership
+	// leaseDBURL is the leaser's own database URL (default: the node's),
+	// so a test can cut the leaser's link alone.
+	leaseDBURL string
+	logger     *slog.Logger
 	// retention enables retention with this age, run every 100 ms.
 	retention      time.Duration
 	retentionChunk int
@@ -180,6 +186,13 @@ func (h *harness) startNode(o nodeOpts) *node {
 		all[i] = i
 	}
 	connCfg := pool.Config().ConnConfig
+	if o.leaseDBURL != "" {
+		cfg, err := pgx.ParseConfig(o.leaseDBURL)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		connCfg = cfg
+	}
 	leaser, err := partition.NewLeaser(partition.LeaserConfig{
 		Node: o.name, TTL: 2 * time.Second, Want: func() []int { return all }, Logger: o.logger,
 		Connect: func(ctx context.Context) (*pgx.Conn, error) {
@@ -222,7 +235,11 @@ func (h *harness) startNode(o nodeOpts) *node {
 	if o.retentionChunk > 0 {
 		cfg.RetentionChunk = o.retentionChunk
 	}
-	rl, err := relay.New(cfg, store, pub, leaser)
+	var own relay.Ownership = leaser
+	if o.wrapOwn != nil {
+		own = o.wrapOwn(leaser)
+	}
+	rl, err := relay.New(cfg, store, pub, own)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -249,8 +266,9 @@ func (n *node) stop() {
 	})
 }
 
-// crash stops the node as a crash would: the relay stops, but leases are
-// not released (they expire) and the broker connection just closes.
+// crash stops the node as stop does: the relay settles what it can and the
+// leaser releases the leases, so the next owner claims them at once. A
+// crash that leaves them to expire is crashNode in crash_test.go.
 func (n *node) crash() { n.stop() }
 
 func testLogger(t *testing.T) *slog.Logger {
@@ -308,7 +326,15 @@ func (f *faultyPublisher) Publish(ctx context.Context, m *relay.Message, settle 
 	case fault:
 		bad := *m
 		bad.RoutingKey = "unroutable." + m.RoutingKey
-		return f.inner.Publish(ctx, &bad, settle)
+		err := f.inner.Publish(ctx, &bad, settle)
+		if err != nil {
+			// Not sent, so nothing returned: the next attempt is a first.
+			f.mu.Lock()
+			f.returned--
+			delete(f.seen, m.ID)
+			f.mu.Unlock()
+		}
+		return err
 	}
 	return f.inner.Publish(ctx, m, settle)
 }

@@ -116,7 +116,7 @@ func partialFault(t *testing.T, fl fault) {
 	load.halt()
 	rep := f.checker.WaitFor(t, 60*time.Second, func(r testkit.Report) bool { return r.Lost == 0 })
 	t.Logf("%s, %d messages: %s", fl.name, load.n, rep)
-	if rep.Lost != 0 || rep.Reorders != 0 {
+	if !rep.OK() {
 		t.Fatalf("checker: %s", rep.Detail())
 	}
 }
@@ -188,7 +188,7 @@ func TestClusterBrokerOutageForAll(t *testing.T) {
 	load.halt()
 	rep = f.checker.WaitFor(t, 60*time.Second, func(r testkit.Report) bool { return r.Lost == 0 })
 	t.Logf("broker outage for all, %d messages: %s", load.n, rep)
-	if rep.Lost != 0 || rep.Reorders != 0 {
+	if !rep.OK() {
 		t.Fatalf("checker: %s", rep.Detail())
 	}
 	ctx := ctx30(t)
