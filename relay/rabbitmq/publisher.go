@@ -153,11 +153,16 @@ func (p *Publisher) Run(ctx context.Context) error {
 	urls := strings.Split(p.cfg.URL, ",")
 	for next := 0; ctx.Err() == nil; next++ {
 		url := strings.TrimSpace(urls[next%len(urls)])
-		var raw net.Conn // the TCP connection, for the publish watchdog
+		var raw net.Conn                        // the TCP connection, for the publish watchdog
+		props := amqp.NewConnectionProperties() // a fresh table: the library writes into it
+		if p.cfg.ConnectionName != "" {
+			props.SetClientConnectionName(p.cfg.ConnectionName)
+		}
 		conn, err := amqp.DialConfig(url, amqp.Config{
-			Heartbeat: p.cfg.Heartbeat,
-			Locale:    "en_US",
-			Dial:      keepConn(&raw, amqp.DefaultDial(5*time.Second)),
+			Heartbeat:  p.cfg.Heartbeat,
+			Locale:     "en_US",
+			Dial:       keepConn(&raw, amqp.DefaultDial(5*time.Second)),
+			Properties: props,
 		})
 		if err != nil {
 			if _, perr := amqp.ParseURI(url); perr != nil {
