@@ -96,8 +96,8 @@ type options struct {
 	Charts      string        // charts: the directory the PNGs go to
 	ScalePeriod time.Duration // scaleout: CFS period
 
-	Seed    int64  // nemesis: the schedule's seed (0: drawn and printed)
-	Profile string // nemesis: short (about 2 minutes) or long (10 minutes or more)
+	Seed    int64         // nemesis: the schedule's seed (0: drawn and printed)
+	Profile string        // nemesis: short (about 2 minutes) or long (10 minutes or more)
 	Kinds   []nemesisKind // nemesis: the kinds of fault to run (the others' steps are left out of the plan)
 }
 

@@ -26,7 +26,7 @@ import (
 // unknown sender is refused. FilterTransport does this in-process; these
 // are separate processes. Its methods are safe for concurrent use.
 type gossipNet struct {
-	binds   []string          // each slot's own gossip address
+	binds   []string           // each slot's own gossip address
 	pid     func(slot int) int // the slot's current process, 0 when none
 	proxies []*gossipProxy
 
@@ -191,4 +191,3 @@ func ownsSocket(pid int, inode string) bool {
 	}
 	return false
 }
-
