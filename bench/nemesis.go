@@ -10,6 +10,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/outbox"
 )
 
@@ -142,14 +143,14 @@ func (n *nemesis) setup(ctx context.Context) error {
 	exchange := r.name + "_events"
 	n.voidExchange, n.missingExchange = r.name+"_void", r.name+"_missing"
 	for _, ex := range []string{exchange, n.voidExchange} {
-		err := withChannel(ctx, n.o.AMQPURL, func(ch *amqp.Channel) error {
+		err := testkit.Channel(ctx, n.o.AMQPURL, func(ch *amqp.Channel) error {
 			return ch.ExchangeDeclare(ex, "topic", true, false, false, false, nil)
 		})
 		if err != nil {
 			return fmt.Errorf("declare exchange %s: %w", ex, err)
 		}
 		r.onClose("delete exchange "+ex, func(ctx context.Context) error {
-			return withChannel(ctx, n.o.AMQPURL, func(ch *amqp.Channel) error { return ch.ExchangeDelete(ex, false, false) })
+			return testkit.Channel(ctx, n.o.AMQPURL, func(ch *amqp.Channel) error { return ch.ExchangeDelete(ex, false, false) })
 		})
 	}
 	n.hist = newHistorian(n.o.AMQPURL, exchange, r.name+"_checker")

@@ -8,9 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -143,7 +141,7 @@ func (f *fleet) kill(i int) {
 
 // signal sends sig to slot i's node and keeps track of SIGSTOP/SIGCONT.
 func (f *fleet) signal(i int, sig syscall.Signal) error {
-	if err := f.cl.nodes[i].cmd.Process.Signal(sig); err != nil {
+	if err := f.cl.nodes[i].proc.Signal(sig); err != nil {
 		return fmt.Errorf("signal %v to %s: %w", sig, f.cl.names[i], err)
 	}
 	f.paused[i] = sig == syscall.SIGSTOP
@@ -188,7 +186,7 @@ func (f *fleet) stopNodes() error {
 // startAPI builds and starts the order API on the rig's database, the
 // events addressed to the fleet's exchange, and waits until it answers.
 func (f *fleet) startAPI(ctx context.Context) (addr string, err error) {
-	if f.apiBin, err = buildOrderAPI(ctx, f.r); err != nil {
+	if f.apiBin, _, err = testkit.Build(ctx, "github.com/ordo-relay/ordo/cmd/orderapi"); err != nil {
 		return "", err
 	}
 	o := f.r.o
@@ -212,28 +210,6 @@ func (f *fleet) startAPI(ctx context.Context) (addr string, err error) {
 		return resp.StatusCode == http.StatusOK, nil
 	})
 	return n.httpAddr, err
-}
-
-// buildOrderAPI builds ./cmd/orderapi into a directory removed with the rig.
-func buildOrderAPI(ctx context.Context, r *rig) (string, error) {
-	root, err := moduleRoot(ctx)
-	if err != nil {
-		return "", err
-	}
-	dir, err := os.MkdirTemp("", "ordo-bench-orderapi-")
-	if err != nil {
-		return "", fmt.Errorf("build the order API: %w", err)
-	}
-	r.onClose("remove the order API binary", func(context.Context) error { return os.RemoveAll(dir) })
-	bin := filepath.Join(dir, "orderapi")
-	bctx, cancel := context.WithTimeout(ctx, buildTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(bctx, "go", "build", "-o", bin, "./cmd/orderapi")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/orderapi: %w\n%s", err, out)
-	}
-	return bin, nil
 }
 
 // admin runs the operator CLI (node SUBCOMMAND -http ADDR ...) against the

@@ -153,8 +153,9 @@ func (p *Publisher) Run(ctx context.Context) error {
 	urls := strings.Split(p.cfg.URL, ",")
 	for next := 0; ctx.Err() == nil; next++ {
 		url := strings.TrimSpace(urls[next%len(urls)])
-		var raw net.Conn                        // the TCP connection, for the publish watchdog
-		props := amqp.NewConnectionProperties() // a fresh table: the library writes into it
+		var raw net.Conn // the TCP connection, for the publish watchdog
+		// A fresh table for every dial: the library writes into it.
+		props := amqp.NewConnectionProperties()
 		if p.cfg.ConnectionName != "" {
 			props.SetClientConnectionName(p.cfg.ConnectionName)
 		}
