@@ -15,7 +15,8 @@ const (
 	profileLong  = "long"  // rounds of every kind, with longer holds, until 10 minutes are planned
 )
 
-// longMinimum is the least planned time of the long profile's steps.
+// longMinimum is the least time the long profile's steps take: the sum
+// of their holds and rests.
 const longMinimum = 10 * time.Minute
 
 // nemesisTTL is the nodes' lease TTL (ORDO_LEASE_TTL): the holds of the
@@ -99,11 +100,15 @@ func overhead(k nemesisKind) time.Duration {
 // estimate is the plan's rough wall time for s.
 func (s plannedStep) estimate() time.Duration { return s.Hold + overhead(s.Kind) + s.Quiet }
 
+// floor is the least wall time s can take: its hold and its rest.
+func (s plannedStep) floor() time.Duration { return s.Hold + s.Quiet }
+
 // planSchedule draws the schedule for seed and profile over nodes node
 // slots. The same seed, profile and node count always give the same plan
 // (math/rand/v2's PCG, seeded from seed alone). short runs every kind once
 // in a shuffled order; long runs shuffled rounds of every kind until the
-// plan's estimate reaches longMinimum.
+// steps' holds and rests alone add up to longMinimum, so that the run
+// lasts at least that long however quickly each fault heals.
 func planSchedule(seed int64, profile string, nodes int) ([]plannedStep, error) {
 	if profile != profileShort && profile != profileLong {
 		return nil, fmt.Errorf("profile %q: want %s or %s", profile, profileShort, profileLong)
@@ -114,15 +119,18 @@ func planSchedule(seed int64, profile string, nodes int) ([]plannedStep, error) 
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x6e656d65736973)) // "nemesis"
 	hr := holds(profile)
 	var plan []plannedStep
-	var total time.Duration
-	for round := 0; round == 0 || (profile == profileLong && total < longMinimum); round++ {
+	var floor time.Duration
+	for round := 0; round == 0 || (profile == profileLong && floor < longMinimum); round++ {
 		kinds := append([]nemesisKind(nil), allKinds...)
 		rng.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
 		for _, k := range kinds {
+			if profile == profileLong && floor >= longMinimum {
+				break
+			}
 			s := drawStep(rng, k, hr[k], profile, nodes)
 			s.N = len(plan) + 1
 			plan = append(plan, s)
-			total += s.estimate()
+			floor += s.floor()
 		}
 	}
 	return plan, nil
