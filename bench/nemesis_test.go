@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"io"
 	"net"
 	"os"
@@ -447,4 +448,14 @@ func listenUDP(t *testing.T) *net.UDPConn {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// TestNewRigFailsCleanly: a rig whose database cannot be created returns
+// the error (it once panicked in its own cleanup).
+func TestNewRigFailsCleanly(t *testing.T) {
+	o := options{PostgresURL: "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable&connect_timeout=2"}
+	r, err := newRig(context.Background(), o, "unreachable", 1)
+	if err == nil || r != nil {
+		t.Fatalf("newRig = %v, %v; want an error", r, err)
+	}
 }
