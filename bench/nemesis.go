@@ -125,6 +125,9 @@ func runNemesis(ctx context.Context, o options, _ func(*Result)) (err error) {
 	v, endErr := n.finish(ctx)
 	stopHist()
 	<-histDone
+	if ctx.Err() != nil {
+		n.logf("INTERRUPTED: the drain was cut short, so lost counts what had not arrived yet")
+	}
 	ok := n.report(v)
 	switch {
 	case runErr != nil || endErr != nil:
