@@ -66,29 +66,31 @@ type stepReport struct {
 }
 
 // runNemesis runs the nemesis: see docs/reliability.md.
-func runNemesis(ctx context.Context, o options, _ func(*Result)) (err error) {
+func runNemesis(ctx context.Context, o options, _ func(*Result)) error {
 	seed := o.Seed
 	if seed == 0 {
 		seed = rand.Int64N(1<<31) + 1
 	}
-	fmt.Printf("nemesis: seed %d (rerun it with: go run ./bench -seed %d -profile %s nemesis)\n", seed, seed, o.Profile)
 	plan, err := planSchedule(seed, o.Profile, nemesisNodes)
 	if err != nil {
 		return err
 	}
+	rerun := fmt.Sprintf("go run ./bench -seed %d -profile %s", seed, o.Profile)
 	if len(o.Kinds) < len(allKinds) {
 		plan = onlyKinds(plan, o.Kinds)
-		fmt.Printf("nemesis: only %v (-kinds)\n", o.Kinds)
+		rerun += " -kinds " + joinKinds(o.Kinds)
 	}
+	fmt.Printf("nemesis: seed %d (rerun it with: %s nemesis)\n", seed, rerun)
 	r, err := newRig(ctx, o, "nemesis", 4)
 	if err != nil {
 		return err
 	}
 	defer r.close()
 	n := &nemesis{o: o, r: r, seed: seed, plan: plan, srv: probeServers(ctx, o), start: time.Now()}
-	// Deferred last-in first-out: heal the fault in progress, then bring
-	// the servers back (their state, not the fault's heal, is what
-	// counts), then resume paused nodes, then the rig closes.
+	// Deferred, so run last-in first-out, whatever happens: the load and
+	// the consumer stop, paused nodes continue, the fault in progress
+	// heals, the servers are checked and brought back, and the rig closes
+	// (nodes, order API, proxies, queue, exchanges, database).
 	defer func() {
 		if err := n.srv.restore(); err != nil {
 			fmt.Fprintf(os.Stderr, "bench: nemesis: restore the servers: %v\n", err)

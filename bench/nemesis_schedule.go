@@ -178,12 +178,15 @@ func parseKinds(s string) ([]nemesisKind, error) {
 	return out, nil
 }
 
-func kindList() string {
-	names := make([]string, len(allKinds))
-	for i, k := range allKinds {
+func kindList() string { return strings.ReplaceAll(joinKinds(allKinds), ",", ", ") }
+
+// joinKinds writes kinds as -kinds takes them.
+func joinKinds(kinds []nemesisKind) string {
+	names := make([]string, len(kinds))
+	for i, k := range kinds {
 		names[i] = string(k)
 	}
-	return strings.Join(names, ", ")
+	return strings.Join(names, ",")
 }
 
 // onlyKinds keeps the steps of plan whose kind is in kinds, numbered as
