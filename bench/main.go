@@ -17,6 +17,7 @@
 //	race             OrderPlaced then OrderCancelled: how many arrive reversed, classic vs Ordo
 //	failover         kill -9 of one of 3 nodes under load: seconds until its partitions publish again
 //	join             a 3rd node joins 2 under load: seconds until it publishes on all its partitions
+//	nemesis          3 nodes and the order API under a seeded schedule of faults, checked from the deliveries (never in all or compare: it restarts the servers)
 //
 // Every flag also reads ORDO_BENCH_<FLAG> (e.g. ORDO_BENCH_ROWS) when not
 // given. Each scenario prints a table, one "RESULT key=value ..." line and
@@ -94,6 +95,10 @@ type options struct {
 	ScaleHot    int           // scaleout: rows of the hot-key (10 keys) backlog
 	Charts      string        // charts: the directory the PNGs go to
 	ScalePeriod time.Duration // scaleout: CFS period
+
+	Seed    int64         // nemesis: the schedule's seed (0: drawn and printed)
+	Profile string        // nemesis: short (about 2 minutes) or long (10 minutes or more)
+	Kinds   []nemesisKind // nemesis: the kinds of fault to run (the others' steps are left out of the plan)
 }
 
 // scenario is one benchmark. run owns everything it creates and removes it
@@ -170,9 +175,12 @@ func parseOptions(args []string, lookup func(string) (string, bool), out io.Writ
 	fs.IntVar(&o.ScaleRows, "scale-rows", 40000, "scaleout: rows of the many-keys backlog (over rows/10 keys)")
 	fs.IntVar(&o.ScaleHot, "scale-hot-rows", 5000, "scaleout: rows of the hot-key backlog (over 10 keys)")
 	fs.StringVar(&o.Charts, "charts", "docs", "charts: directory for the PNGs")
+	fs.Int64Var(&o.Seed, "seed", 0, "nemesis: seed of the fault schedule (0: draw one and print it)")
+	fs.StringVar(&o.Profile, "profile", "short", "nemesis: short (about 2 minutes) or long (10 minutes or more)")
+	kinds := fs.String("kinds", "all", "nemesis: comma-separated kinds of fault to run, or all")
 
 	var names []string
-	for _, s := range append([]scenario{compareScenario}, scenarios...) {
+	for _, s := range append([]scenario{compareScenario, nemesisScenario}, scenarios...) {
 		names = append(names, fmt.Sprintf("  %-16s %s", s.name, s.summary))
 	}
 	fs.Usage = envflag.Usage(fs, "ORDO_BENCH", "usage: go run ./bench [flags] [scenario... | all | compare]\n\nWithout a scenario, compare runs.\n\nScenarios:\n"+strings.Join(names, "\n"))
@@ -193,6 +201,9 @@ func parseOptions(args []string, lookup func(string) (string, bool), out io.Writ
 		return o, nil, err
 	}
 	if o.ScaleShape, err = parseScaleShapes(*scaleShapes); err != nil {
+		return o, nil, err
+	}
+	if o.Kinds, err = parseKinds(*kinds); err != nil {
 		return o, nil, err
 	}
 	if o.Quick {
@@ -280,6 +291,8 @@ func (o options) validate() error {
 		return errors.New("scale-cap must be in (0, 2] cores and scale-period in [1ms, 1s]")
 	case o.ScaleRows < 10 || o.ScaleHot < 10:
 		return errors.New("scale-rows and scale-hot-rows must be at least 10")
+	case o.Profile != profileShort && o.Profile != profileLong:
+		return fmt.Errorf("profile %q: want %s or %s", o.Profile, profileShort, profileLong)
 	}
 	return partition.ValidateCount(o.Partitions)
 }
@@ -303,6 +316,9 @@ func (o options) rateOr(def int) int {
 func findScenario(name string) *scenario {
 	if name == compareScenario.name {
 		return &compareScenario
+	}
+	if name == nemesisScenario.name {
+		return &nemesisScenario
 	}
 	for i := range scenarios {
 		if scenarios[i].name == name {

@@ -11,7 +11,7 @@ import (
 
 // PostgreSQL connections are told apart by application_name: the bench's
 // own (loads, producers, waits), the samplers', and everything else, which
-// is the relay under test (the node sets none; the classic relay sets
+// is the relay under test (the node sets "ordo node <name>"; the classic relay sets
 // appClassic).
 const (
 	appBench   = "ordo_bench"

@@ -50,12 +50,12 @@ type cleanup struct {
 
 // newRig creates the database (migrated, with a pool of poolConns
 // connections) and the exchange. On error, whatever was created is removed.
-func newRig(ctx context.Context, o options, scenario string, poolConns int32) (r *rig, err error) {
-	r = &rig{o: o, name: "ordo_bench_" + scenario + "_" + randomHex(4)}
+func newRig(ctx context.Context, o options, scenario string, poolConns int32) (*rig, error) {
+	r := &rig{o: o, name: "ordo_bench_" + scenario + "_" + randomHex(4)}
+	done := false
 	defer func() {
-		if err != nil {
+		if !done { // not the named result: a "return nil, err" has set that to nil
 			r.close()
-			r = nil
 		}
 	}()
 	if err := r.createDatabase(ctx, poolConns); err != nil {
@@ -64,6 +64,7 @@ func newRig(ctx context.Context, o options, scenario string, poolConns int32) (r
 	if err := r.declareExchange(ctx); err != nil {
 		return nil, err
 	}
+	done = true
 	return r, nil
 }
 

@@ -157,6 +157,9 @@ func (c Config) relay(logger *slog.Logger) relay.Config {
 func (c Config) amqp(logger *slog.Logger) rabbitmq.Config {
 	ac := c.AMQP
 	ac.Window, ac.StallTimeout, ac.Logger = c.Relay.Window, c.LeaseTTL, logger
+	if ac.ConnectionName == "" {
+		ac.ConnectionName = "ordo node " + c.NodeName // as the PostgreSQL sessions' application_name
+	}
 	return ac
 }
 

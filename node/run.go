@@ -42,6 +42,11 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 		return fmt.Errorf("postgres-url: %w", err)
 	}
 	pcfg.MaxConns = int32(cfg.DBMaxConns)
+	// Every session of the node carries its name (pg_stat_activity), unless
+	// the URL names them itself; the broker connection does too.
+	if pcfg.ConnConfig.RuntimeParams["application_name"] == "" {
+		pcfg.ConnConfig.RuntimeParams["application_name"] = "ordo node " + cfg.NodeName
+	}
 	// The leaser's connection commits every claim and renewal durably.
 	leaseConn := pcfg.ConnConfig.Copy()
 	leaseConn.RuntimeParams["synchronous_commit"] = "on"

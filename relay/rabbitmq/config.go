@@ -75,6 +75,11 @@ type Config struct {
 	// Logger receives connection and outage messages; nil means
 	// slog.Default().
 	Logger *slog.Logger
+
+	// ConnectionName, when set, is sent as the connection_name client
+	// property: rabbitmqctl list_connections client_properties and the
+	// management UI show it, so an operator can find this connection.
+	ConnectionName string
 }
 
 // DefaultConfig returns the defaults: every field but URL (required) and

@@ -154,10 +154,16 @@ func (p *Publisher) Run(ctx context.Context) error {
 	for next := 0; ctx.Err() == nil; next++ {
 		url := strings.TrimSpace(urls[next%len(urls)])
 		var raw net.Conn // the TCP connection, for the publish watchdog
+		// A fresh table for every dial: the library writes into it.
+		props := amqp.NewConnectionProperties()
+		if p.cfg.ConnectionName != "" {
+			props.SetClientConnectionName(p.cfg.ConnectionName)
+		}
 		conn, err := amqp.DialConfig(url, amqp.Config{
-			Heartbeat: p.cfg.Heartbeat,
-			Locale:    "en_US",
-			Dial:      keepConn(&raw, amqp.DefaultDial(5*time.Second)),
+			Heartbeat:  p.cfg.Heartbeat,
+			Locale:     "en_US",
+			Dial:       keepConn(&raw, amqp.DefaultDial(5*time.Second)),
+			Properties: props,
 		})
 		if err != nil {
 			if _, perr := amqp.ParseURI(url); perr != nil {
