@@ -1,0 +1,105 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultTTL is the lease lifetime of DefaultConfig.
+const DefaultTTL = 2 * time.Second
+
+// Config configures a Leaser. Start from DefaultConfig or ConfigWithTTL,
+// set Node, Want and Connect, and change what else you need; New refuses
+// a Config that Validate rejects.
+type Config struct {
+	// Node is this node's name, stored as the owner of every lease it
+	// claims. It must be unique among live nodes: a second process with
+	// the same name would take the first one's leases at once.
+	Node string
+
+	// TTL is how long a claim or a renewal holds a lease in the database.
+	// A node that stops renewing (crashed, paused, cut off) loses its
+	// partitions to other nodes at most TTL after its last renewal, so
+	// TTL bounds failover; every renewal is a write, so a shorter TTL
+	// costs more database work.
+	TTL time.Duration
+
+	// Margin is taken off the local lease deadline: the node stops
+	// publishing under a lease at the time it sent its last successful
+	// claim or renewal, plus TTL, minus Margin. It covers clock rate
+	// differences and the time between the deadline check and a publish.
+	// Must be below TTL.
+	Margin time.Duration
+
+	// RenewEvery is the renewal period. It must leave room for a failed
+	// renewal to be retried before the local deadline: below TTL − Margin.
+	RenewEvery time.Duration
+
+	// HandoffTimeout bounds a handoff: a partition no longer wanted is
+	// released when the relay acknowledges its Revoked (nothing of it in
+	// flight any more), or HandoffTimeout after the revoke began,
+	// whichever comes first. Past it, unconfirmed rows stay pending for
+	// the next owner, which may publish them again (at least once).
+	HandoffTimeout time.Duration
+
+	// Want returns the partitions this node should hold now, ascending.
+	// A node alone wants them all; a cluster member computes them from
+	// the membership (partition.Assignment.Owned). It is called on every
+	// tick and must not block.
+	Want func() []int
+
+	// Wake, when signalled, makes the leaser act on Want at once instead
+	// of at its next renewal, e.g. on a membership change
+	// (membership.Membership.Changed). Nil: renewals only.
+	Wake <-chan struct{}
+
+	// Connect opens the leaser's dedicated connection. The leaser commits
+	// every claim and renewal on it, so it should commit synchronously.
+	Connect func(ctx context.Context) (*pgx.Conn, error)
+
+	// Logger receives claims, losses, handoffs and outages. Nil:
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns the defaults for a lease TTL of DefaultTTL.
+func DefaultConfig() Config { return ConfigWithTTL(DefaultTTL) }
+
+// ConfigWithTTL returns the defaults for a lease TTL of ttl: a margin of
+// TTL/4, a renewal every TTL/3 and a handoff timeout of TTL/2.
+func ConfigWithTTL(ttl time.Duration) Config {
+	return Config{TTL: ttl, Margin: ttl / 4, RenewEvery: ttl / 3, HandoffTimeout: ttl / 2}
+}
+
+// Validate reports every unusable setting at once (errors.Join), or nil.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("lease: "+format, args...)) }
+	if c.Node == "" {
+		bad("node name is required")
+	}
+	if c.TTL <= 0 {
+		bad("TTL %v must be positive", c.TTL)
+	}
+	if c.Margin <= 0 || c.Margin >= c.TTL {
+		bad("margin %v must be positive and below the TTL %v", c.Margin, c.TTL)
+	}
+	if c.RenewEvery <= 0 || c.RenewEvery >= c.TTL-c.Margin {
+		bad("renewal period %v must be positive and below TTL − margin (%v)", c.RenewEvery, c.TTL-c.Margin)
+	}
+	if c.HandoffTimeout <= 0 {
+		bad("handoff timeout %v must be positive", c.HandoffTimeout)
+	}
+	if c.Want == nil {
+		bad("Want is required")
+	}
+	if c.Connect == nil {
+		bad("Connect is required")
+	}
+	return errors.Join(errs...)
+}
