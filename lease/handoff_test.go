@@ -119,7 +119,7 @@ func (h *handoffRig) revoke(t *testing.T) time.Time {
 	begun := time.Now()
 	h.want.set(without(all(), h.p)...)
 	h.l.poke()
-	waitFor(t, "the relay revoking", func() bool { return h.r.Stats().Revoking == 1 })
+	waitFor(t, "the relay has the revoke", func() bool { return h.r.Stats().Revoked == 1 })
 	return begun
 }
 

@@ -413,7 +413,7 @@ func TestCoreHandoffAcksFailuresAndUnsent(t *testing.T) {
 	idle := c.own.Revoke(0)
 	waitClosed(t, "revoke of an idle partition acknowledged", idle)
 	one, two := c.own.Revoke(1), c.own.Revoke(2)
-	waitFor(t, "revokes applied", func() bool { return c.r.Stats().Revoking == 2 })
+	waitFor(t, "revokes applied", func() bool { return c.r.Stats().Revoked == 3 })
 	for _, m := range c.pub.HeldMessages() {
 		res := relay.Result{Outcome: relay.Unsent}
 		if m.ID == nacked[0] {
