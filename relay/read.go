@@ -199,13 +199,13 @@ func (r *Relay) readOnce(ctx context.Context) (bool, error) {
 	var cursors []Cursor
 	states := map[int]*partState{}
 	for p, ps := range r.parts {
+		if !ps.reading && (!ps.dirty || now.Sub(ps.lastPass) < minPassGap) {
+			continue // nothing to read
+		}
 		if l, ok := r.own.Lease(p); !ok || l.Epoch != ps.epoch || !l.Valid(now) {
 			continue
 		}
 		if !ps.reading {
-			if !ps.dirty || now.Sub(ps.lastPass) < minPassGap {
-				continue
-			}
 			ps.pass++
 			ps.cursor, ps.reading, ps.dirty, ps.lastPass = 0, true, false, now
 			r.stats.Passes++
