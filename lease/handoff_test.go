@@ -29,7 +29,8 @@ import (
 func startRelay(t *testing.T, pool *pgxpool.Pool, own relay.Ownership, pub relay.Publisher) *relay.Relay {
 	t.Helper()
 	logger := testLogger(t).With("node", "n1")
-	cfg := relay.DefaultConfig("n1")
+	cfg := relay.DefaultConfig()
+	cfg.Node = "n1"
 	cfg.PollInterval, cfg.SettleTimeout, cfg.RetentionAge, cfg.Logger = 50*time.Millisecond, 200*time.Millisecond, 0, logger
 	r, err := relay.New(cfg, pgstore.New(pool, logger), pub, own)
 	if err != nil {

@@ -27,7 +27,11 @@ const parts = 8
 func newDB(t *testing.T) *pgxpool.Pool {
 	t.Helper()
 	_, pool := testkit.NewTestDB(t, 4)
-	if err := outbox.Migrate(testkit.Context(t, 30*time.Second), pool, parts); err != nil {
+	ctx := testkit.Context(t, 30*time.Second)
+	if err := outbox.Migrate(ctx, pool, parts); err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Migrate(ctx, pool, parts); err != nil {
 		t.Fatal(err)
 	}
 	return pool
