@@ -12,6 +12,10 @@
 // local deadline: the time it sent its last successful claim or renewal,
 // plus the TTL, minus a margin, which comes before the database's expiry.
 //
+// The package owns the lease tables, ordo_leases and ordo_lease_audit:
+// Migrate creates them (see its doc for the move from the outbox's
+// migrations).
+//
 // The Leaser implements relay.Ownership, the relay's driver-free view of
 // it: it sends an Assigned for every lease claimed and a Revoked for every
 // lease to give up, and releases a revoked lease once the relay calls the
