@@ -2,20 +2,22 @@ package lease
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/ordo-relay/ordo/internal/confcheck"
 )
 
 // DefaultTTL is the lease lifetime of DefaultConfig.
 const DefaultTTL = 2 * time.Second
 
 // Config configures a Leaser. Start from DefaultConfig or ConfigWithTTL,
-// set Node, Want and Connect, and change what else you need; New refuses
-// a Config that Validate rejects.
+// set Node, Want and Connect, and change what else you need. New gives a
+// zero TTL its default and zero Margin, RenewEvery and HandoffTimeout
+// their ConfigWithTTL values, and refuses a Config that Validate then
+// refuses.
 type Config struct {
 	// Node is this node's name, stored as the owner of every lease it
 	// claims. It must be unique among live nodes: a second process with
@@ -76,30 +78,41 @@ func ConfigWithTTL(ttl time.Duration) Config {
 	return Config{TTL: ttl, Margin: ttl / 4, RenewEvery: ttl / 3, HandoffTimeout: ttl / 2}
 }
 
-// Validate reports every unusable setting at once (errors.Join), or nil.
+// withDefaults returns c with a zero TTL set to DefaultTTL, and a zero
+// Margin, RenewEvery or HandoffTimeout set to its ConfigWithTTL value for
+// that TTL.
+func (c Config) withDefaults() Config {
+	if c.TTL == 0 {
+		c.TTL = DefaultTTL
+	}
+	d := ConfigWithTTL(c.TTL)
+	if c.Margin == 0 {
+		c.Margin = d.Margin
+	}
+	if c.RenewEvery == 0 {
+		c.RenewEvery = d.RenewEvery
+	}
+	if c.HandoffTimeout == 0 {
+		c.HandoffTimeout = d.HandoffTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate reports every unusable setting of c as it stands (before New
+// fills zero fields), joined; each is a *confcheck.Problem naming its
+// field.
 func (c Config) Validate() error {
-	var errs []error
-	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("lease: "+format, args...)) }
-	if c.Node == "" {
-		bad("node name is required")
-	}
-	if c.TTL <= 0 {
-		bad("TTL %v must be positive", c.TTL)
-	}
-	if c.Margin <= 0 || c.Margin >= c.TTL {
-		bad("margin %v must be positive and below the TTL %v", c.Margin, c.TTL)
-	}
-	if c.RenewEvery <= 0 || c.RenewEvery >= c.TTL-c.Margin {
-		bad("renewal period %v must be positive and below TTL − margin (%v)", c.RenewEvery, c.TTL-c.Margin)
-	}
-	if c.HandoffTimeout <= 0 {
-		bad("handoff timeout %v must be positive", c.HandoffTimeout)
-	}
-	if c.Want == nil {
-		bad("Want is required")
-	}
-	if c.Connect == nil {
-		bad("Connect is required")
-	}
-	return errors.Join(errs...)
+	ck := confcheck.New("lease")
+	ck.Require(c.Node != "", "Node", "is empty; the node's name is required")
+	ck.Require(c.TTL > 0, "TTL", "%v is not positive", c.TTL)
+	ck.Require(c.Margin > 0 && c.Margin < c.TTL, "Margin", "%v is not between 0 and the TTL (%v)", c.Margin, c.TTL)
+	ck.Require(c.RenewEvery > 0 && c.RenewEvery < c.TTL-c.Margin, "RenewEvery",
+		"%v is not between 0 and TTL − Margin (%v): a failed renewal could not be retried before the deadline", c.RenewEvery, c.TTL-c.Margin)
+	ck.Require(c.HandoffTimeout > 0, "HandoffTimeout", "%v is not positive", c.HandoffTimeout)
+	ck.Require(c.Want != nil, "Want", "is nil; the leaser must be told what to claim")
+	ck.Require(c.Connect != nil, "Connect", "is nil; the leaser needs a connection")
+	return ck.Err()
 }

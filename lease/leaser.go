@@ -3,7 +3,6 @@ package lease
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -48,13 +47,12 @@ type Stats struct {
 
 var _ relay.Ownership = (*Leaser)(nil)
 
-// New returns a Leaser for cfg, or cfg's problems; call Run to start it.
+// New returns a Leaser for cfg (its zero fields filled, see Config), or
+// cfg's problems; call Run to start it.
 func New(cfg Config) (*Leaser, error) {
+	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
 	}
 	return &Leaser{cfg: cfg, events: newMailbox(), acked: make(chan struct{}, 1),
 		leases: map[int]relay.Lease{}, revoking: map[int]*revocation{}}, nil
