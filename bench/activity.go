@@ -36,7 +36,7 @@ type activitySampler struct {
 }
 
 // statementKinds classify the relay's statements by a fragment of their
-// text (see relay/queries.go, partition/lease.go and classic.go); the
+// text (see relay/pgstore/queries.go, lease/queries.go and classic.go); the
 // first match wins.
 var statementKinds = []struct{ kind, fragment string }{
 	{"mark", "SET processed_at"},

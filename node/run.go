@@ -7,14 +7,12 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/ordo-relay/ordo/lease"
 	"github.com/ordo-relay/ordo/membership"
@@ -25,10 +23,19 @@ import (
 	"github.com/ordo-relay/ordo/relay/rabbitmq"
 )
 
-// Run starts the node and blocks until ctx ends, then shuts down in order:
-// the relay stops reading and settles its confirms, the leases are
-// released, the node leaves the gossip cluster, and the broker connection
-// and HTTP server close.
+// Run builds the node, starts it, and blocks until ctx ends or one of its
+// components fails. It starts in stages, and stops them in reverse order:
+//
+//	services  the broker connection, the HTTP server, backlog and health
+//	gossip    membership (when clustered)
+//	leases    the Leaser
+//	relay     the Relay
+//
+// so that on the way down the relay stops reading and settles its
+// confirms, then the leases are released, then the node leaves the gossip
+// cluster, and last the broker connection and the HTTP server close. Run
+// returns the error of every component that failed (errors.Join); ctx's
+// end is not an error.
 func Run(ctx context.Context, cfg Config, opts Options) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -37,9 +44,41 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 	if logger == nil {
 		logger = slog.Default()
 	}
+	pool, leaseConn, err := openPool(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := migrate(ctx, pool, cfg.Partitions, logger); err != nil {
+		return err
+	}
+	n, err := build(cfg, opts, logger, pool, leaseConn)
+	if err != nil {
+		return err
+	}
+	return n.run(ctx, opts.Ready)
+}
+
+// built is a node's components, built and not yet started.
+type built struct {
+	cfg     Config
+	logger  *slog.Logger
+	members *membership.Membership // nil when the node runs alone
+	leaser  *lease.Leaser
+	pub     *rabbitmq.Publisher
+	health  *healthMonitor
+	backlog *Backlog
+	relay   *relay.Relay
+	ln      net.Listener
+	srv     *http.Server
+}
+
+// openPool opens the relay's pool, and returns the configuration of the
+// connections the leaser and the health monitor open for themselves.
+func openPool(ctx context.Context, cfg Config) (*pgxpool.Pool, *pgx.ConnConfig, error) {
 	pcfg, err := pgxpool.ParseConfig(cfg.PostgresURL)
 	if err != nil {
-		return fmt.Errorf("postgres-url: %w", err)
+		return nil, nil, fmt.Errorf("postgres-url: %w", err)
 	}
 	pcfg.MaxConns = int32(cfg.DBMaxConns)
 	// Every session of the node carries its name (pg_stat_activity), unless
@@ -63,158 +102,140 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return fmt.Errorf("open PostgreSQL pool: %w", err)
+		return nil, nil, fmt.Errorf("open PostgreSQL pool: %w", err)
 	}
-	defer pool.Close()
-	if err := migrate(ctx, pool, cfg.Partitions, logger); err != nil {
-		return err
-	}
+	return pool, leaseConn, nil
+}
 
-	// Who should own what: everything when alone, the assignment over the
-	// live members when clustered.
-	var members *membership.Membership
-	wake := make(chan struct{}, 1)
-	want := func() []int {
-		all := make([]int, cfg.Partitions)
-		for i := range all {
-			all[i] = i
-		}
-		return all
+// build makes every component. What can fail (a configuration refused, a
+// port taken) is checked before gossip starts listening: a Membership is
+// only shut down by its Run, so a failure after it costs a leave.
+func build(cfg Config, opts Options, logger *slog.Logger, pool *pgxpool.Pool, leaseConn *pgx.ConnConfig) (*built, error) {
+	b := &built{cfg: cfg, logger: logger}
+	connect := func(ctx context.Context) (*pgx.Conn, error) {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		return pgx.ConnectConfig(cctx, leaseConn.Copy())
+	}
+	lcfg := lease.ConfigWithTTL(cfg.LeaseTTL)
+	lcfg.Node, lcfg.Want, lcfg.Connect, lcfg.Logger = cfg.NodeName, b.want, connect, logger
+	if err := lcfg.Validate(); err != nil {
+		return nil, err
+	}
+	var err error
+	if b.ln, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
+		return nil, fmt.Errorf("http-addr: %w", err)
 	}
 	if cfg.Gossip.BindAddr != "" {
-		members, err = membership.New(cfg.membership(logger, opts.GossipTransport))
-		if err != nil {
-			return err
+		if b.members, err = membership.New(cfg.membership(logger, opts.GossipTransport)); err != nil {
+			return nil, b.abandon(err)
 		}
-		want = func() []int {
-			if !members.Joined() {
-				return nil // not yet part of the cluster: want nothing
-			}
-			// Live members, less those stepped aside for a healthier
-			// peer (this one included).
-			a, err := partition.Assign(members.Eligible(), cfg.Partitions)
-			if err != nil {
-				return nil
-			}
-			return a.Owned(cfg.NodeName)
-		}
+		lcfg.Wake = b.members.Changed()
 	}
-
-	var rl *relay.Relay
-	var rlMu sync.Mutex // rl is set after the leaser is built
-	leaser, err := partition.NewLeaser(partition.LeaserConfig{
-		Node:   cfg.NodeName,
-		TTL:    cfg.LeaseTTL,
-		Want:   want,
-		Wake:   wake,
-		Logger: logger,
-		Drained: func(p int) bool {
-			rlMu.Lock()
-			defer rlMu.Unlock()
-			return rl == nil || rl.Drained(p)
-		},
-		Connect: func(ctx context.Context) (*pgx.Conn, error) {
-			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			defer cancel()
-			return pgx.ConnectConfig(cctx, leaseConn.Copy())
-		},
-	})
-	if err != nil {
-		return err
+	if b.leaser, err = lease.New(lcfg); err != nil {
+		return nil, b.abandon(err)
 	}
-	amqpPub := rabbitmq.New(cfg.amqp(logger))
-	health := newHealthMonitor(cfg, amqpPub, func(ctx context.Context) (*pgx.Conn, error) {
+	b.pub = rabbitmq.New(cfg.amqp(logger))
+	b.health = newHealthMonitor(cfg, b.pub, func(ctx context.Context) (*pgx.Conn, error) {
 		return pgx.ConnectConfig(ctx, leaseConn.Copy())
-	}, members, logger)
-	var pub relay.Publisher = amqpPub
+	}, b.members, logger)
+	var pub relay.Publisher = b.pub
 	if opts.WrapPublisher != nil {
 		pub = opts.WrapPublisher(pub)
 	}
 	pm := newPublishMetrics()
 	pub = observedPublisher{Publisher: pub, m: pm}
-	store := pgstore.New(pool, logger)
-	r, err := relay.New(opts.relayConfig(cfg.relay(logger)), store, pub, leaser)
+	if b.relay, err = relay.New(opts.relayConfig(cfg.relay(logger)), pgstore.New(pool, logger), pub, b.leaser); err != nil {
+		return nil, b.abandon(err) // Config.Validate checked it: not expected
+	}
+	b.backlog = NewBacklog(pool, cfg.BacklogInterval, logger)
+	v := &view{cfg: cfg, pool: pool, pub: b.pub, leaser: b.leaser, members: b.members, health: b.health,
+		relay: b.relay, backlog: b.backlog, logger: logger}
+	b.srv = newHTTPServer(newHTTP(v, pm), cfg.PProf, logger)
+	return b, nil
+}
+
+// abandon closes what build opened before err, and returns err.
+func (b *built) abandon(err error) error {
+	if b.ln != nil {
+		b.ln.Close()
+	}
+	if b.members != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		_ = b.members.Run(ctx) // with ctx over: leave and shut down; its error is about joining
+	}
+	return err
+}
+
+// want is the leaser's Want: every partition when the node runs alone;
+// in a cluster, this node's share of the assignment over the eligible
+// members (live, less those stepped aside for a healthier peer, this one
+// included), and nothing before it has joined.
+func (b *built) want() []int {
+	if b.members == nil {
+		all := make([]int, b.cfg.Partitions)
+		for i := range all {
+			all[i] = i
+		}
+		return all
+	}
+	if !b.members.Joined() {
+		return nil
+	}
+	a, err := partition.Assign(b.members.Eligible(), b.cfg.Partitions)
 	if err != nil {
+		return nil
+	}
+	return a.Owned(b.cfg.NodeName)
+}
+
+// run starts the stages, waits for ctx's end or a component's failure, and
+// stops the stages in reverse order.
+func (b *built) run(ctx context.Context, ready func(httpAddr string)) error {
+	running, fail := context.WithCancelCause(ctx)
+	defer fail(nil)
+	st := &stages{fail: fail, logger: b.logger}
+	st.start("services",
+		component{"broker", b.pub.Run},
+		component{"http", serveHTTP(b.srv, b.ln)},
+		component{"backlog", b.backlog.Run},
+		component{"health", b.health.Run})
+	if b.members != nil {
+		st.start("gossip", component{"gossip", b.members.Run})
+	}
+	st.start("leases", component{"leases", b.leaser.Run})
+	st.start("relay", component{"relay", b.relay.Run}).after = func() {
+		b.logger.Info("relay stopped; releasing leases", "stats", fmt.Sprintf("%+v", b.relay.Stats()))
+	}
+	b.logger.Info("node started", "http", b.ln.Addr().String(), "gossip", b.cfg.Gossip.BindAddr,
+		"partitions", b.cfg.Partitions, "confirm_window", b.cfg.Relay.Window)
+	if ready != nil {
+		ready(b.ln.Addr().String())
+	}
+	<-running.Done()
+	return st.stop()
+}
+
+// serveHTTP is the HTTP server as a component: it serves on ln until ctx
+// ends, then shuts down, giving requests under way 5 s.
+func serveHTTP(srv *http.Server, ln net.Listener) func(context.Context) error {
+	return func(ctx context.Context) error {
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(ln) }()
+		select {
+		case err := <-served:
+			return err // never ErrServerClosed: only Shutdown below closes it
+		case <-ctx.Done():
+		}
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		err := srv.Shutdown(sctx)
+		if serr := <-served; !errors.Is(serr, http.ErrServerClosed) {
+			err = errors.Join(err, serr)
+		}
 		return err
 	}
-	rlMu.Lock()
-	rl = r
-	rlMu.Unlock()
-
-	ln, err := net.Listen("tcp", cfg.HTTPAddr)
-	if err != nil {
-		return fmt.Errorf("http-addr: %w", err)
-	}
-	backlog := NewBacklog(pool, cfg.BacklogInterval, logger)
-	v := &view{cfg: cfg, pool: pool, pub: amqpPub, leaser: leaser, members: members, health: health, relay: r, backlog: backlog, logger: logger}
-	srv := newHTTPServer(newHTTP(v, pm), cfg.PProf, logger)
-
-	// Background services outlive the relay: they stop only after it has
-	// settled, so nothing is published under a released lease.
-	bgCtx, stopBG := context.WithCancel(context.Background())
-	defer stopBG()
-	leaseCtx, stopLeases := context.WithCancel(context.Background())
-	defer stopLeases()
-	gossipCtx, stopGossip := context.WithCancel(context.Background())
-	defer stopGossip()
-	var bg errgroup.Group
-	bg.Go(func() error { return amqpPub.Run(bgCtx) })
-	bg.Go(func() error { return backlog.Run(bgCtx) })
-	bg.Go(func() error { return health.Run(bgCtx) })
-	bg.Go(func() error {
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("http: %w", err)
-		}
-		return nil
-	})
-	// A gossip failure (no seed reachable) stops the node.
-	runCtx, stopRun := context.WithCancel(ctx)
-	defer stopRun()
-	gossipDone := make(chan error, 1)
-	if members != nil {
-		go func() {
-			err := members.Run(gossipCtx)
-			if err != nil {
-				stopRun()
-			}
-			gossipDone <- err
-		}()
-		// Forward membership changes to the leaser as plain signals.
-		bg.Go(func() error {
-			for {
-				select {
-				case <-bgCtx.Done():
-					return nil
-				case <-members.Changed():
-					select {
-					case wake <- struct{}{}:
-					default:
-					}
-				}
-			}
-		})
-	} else {
-		gossipDone <- nil
-	}
-	leaseDone := make(chan error, 1)
-	go func() { leaseDone <- leaser.Run(leaseCtx) }()
-	logger.Info("node started", "http", ln.Addr().String(), "gossip", cfg.Gossip.BindAddr,
-		"partitions", cfg.Partitions, "confirm_window", cfg.Relay.Window)
-	if opts.Ready != nil {
-		opts.Ready(ln.Addr().String())
-	}
-
-	relayErr := r.Run(runCtx)
-	logger.Info("relay stopped; releasing leases", "stats", fmt.Sprintf("%+v", r.Stats()))
-	stopLeases()
-	leaseErr := <-leaseDone
-	stopGossip()
-	gossipErr := <-gossipDone
-	stopBG()
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	httpErr := srv.Shutdown(sctx)
-	return errors.Join(relayErr, leaseErr, gossipErr, bg.Wait(), httpErr)
 }
 
 // migrate applies the outbox migrations, then the lease migrations,

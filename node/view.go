@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ordo-relay/ordo/lease"
 	"github.com/ordo-relay/ordo/membership"
 	"github.com/ordo-relay/ordo/partition"
 	"github.com/ordo-relay/ordo/relay"
@@ -20,7 +21,7 @@ type view struct {
 	cfg     Config
 	pool    *pgxpool.Pool
 	pub     *rabbitmq.Publisher
-	leaser  *partition.Leaser
+	leaser  *lease.Leaser
 	members *membership.Membership // nil without gossip
 	health  *healthMonitor
 	relay   *relay.Relay

@@ -24,7 +24,7 @@ var ErrEmptyMember = errors.New("empty member name")
 type Assignment []string
 
 // Owned returns the partitions assigned to member, in ascending order, or
-// nil if it owns none. It is the shape LeaserConfig.Want expects.
+// nil if it owns none. It is the shape lease.Config.Want expects.
 func (a Assignment) Owned(member string) []int {
 	var ps []int
 	for p, m := range a {

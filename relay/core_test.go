@@ -165,10 +165,9 @@ func TestCoreDeliversEveryKeyInOrder(t *testing.T) {
 			c.insert(40, 6)
 			c.start()
 			c.waitDrained()
+			// The store has the marks a moment before the stats do.
+			waitFor(t, "240 marked", func() bool { return c.r.Stats().Marked == 240 })
 			st := c.r.Stats()
-			if st.Marked != 240 {
-				t.Fatalf("marked %d, want 240", st.Marked)
-			}
 			if outcome == relay.Unsent && st.Failed != 0 {
 				t.Fatalf("unsent publishes counted %d failed attempts, want 0", st.Failed)
 			}
@@ -365,23 +364,78 @@ func TestCoreMarkRefusedAtStaleEpoch(t *testing.T) {
 	}
 }
 
+// TestCoreHandoffWaitsForFlights: a revoked partition publishes nothing
+// more, and its Revoked is acknowledged only once the messages it had in
+// flight are confirmed and marked.
 func TestCoreHandoffWaitsForFlights(t *testing.T) {
 	c := newCore(t, 0, nil)
 	c.pub.Hold(true)
-	c.store.Insert(3, "a", "b")
+	ids := c.store.Insert(3, "a", "b")
 	c.start()
 	waitFor(t, "2 held", func() bool { now, _ := c.pub.Held(); return now == 2 })
-	if c.r.Drained(3) {
-		t.Fatal("Drained with two publishes unconfirmed")
-	}
-	c.own.Revoke(3)
+	acked := c.own.Revoke(3)
+	waitFor(t, "revoke applied", func() bool { return c.r.Stats().Revoked == 1 })
 	c.store.Insert(3, "a", "c")
 	c.probe(0, true)
 	if len(c.pub.Sent()) != 3 {
 		t.Fatalf("%d publishes of partition 3 after it was revoked", len(c.pub.Sent())-3)
 	}
+	select {
+	case <-acked:
+		t.Fatal("revoke acknowledged with two publishes of the partition unconfirmed")
+	default:
+	}
+	if st := c.r.Stats(); st.Revoking != 1 {
+		t.Fatalf("Revoking = %d with the flights unsettled, want 1", st.Revoking)
+	}
 	c.pub.Release(-1, relay.Result{Outcome: relay.Confirmed})
-	waitFor(t, "drained", func() bool { return c.r.Drained(3) })
+	waitClosed(t, "revoke acknowledged", acked)
+	for _, id := range ids {
+		if r, _ := c.store.Get(id); !r.Processed {
+			t.Fatalf("revoke acknowledged before row %s was marked", id)
+		}
+	}
+	if st := c.r.Stats(); st.Revoking != 0 {
+		t.Fatalf("Revoking = %d after the acknowledgement", st.Revoking)
+	}
+}
+
+// TestCoreHandoffAcksFailuresAndUnsent: flights that end without a mark
+// (a nack recorded as a failure, a publish found unsent) end the wait too,
+// and a partition with nothing in flight is acknowledged at once.
+func TestCoreHandoffAcksFailuresAndUnsent(t *testing.T) {
+	c := newCore(t, 0, nil)
+	c.pub.Hold(true)
+	nacked := c.store.Insert(1, "n")
+	c.store.Insert(2, "u")
+	c.start()
+	waitFor(t, "2 held", func() bool { now, _ := c.pub.Held(); return now == 2 })
+	idle := c.own.Revoke(0)
+	waitClosed(t, "revoke of an idle partition acknowledged", idle)
+	one, two := c.own.Revoke(1), c.own.Revoke(2)
+	waitFor(t, "revokes applied", func() bool { return c.r.Stats().Revoked == 3 })
+	for _, m := range c.pub.HeldMessages() {
+		res := relay.Result{Outcome: relay.Unsent}
+		if m.ID == nacked[0] {
+			res = relay.Result{Outcome: relay.Nacked, Err: errors.New("injected nack")}
+		}
+		c.pub.ReleaseID(m.ID, res)
+	}
+	waitClosed(t, "revoke of the nacked partition acknowledged", one)
+	waitClosed(t, "revoke of the unsent partition acknowledged", two)
+	if r, _ := c.store.Get(nacked[0]); r.Attempts != 1 {
+		t.Fatalf("acknowledged with the nack not recorded (attempts %d)", r.Attempts)
+	}
+}
+
+// waitClosed waits until ch is closed, failing the test after 10 s.
+func waitClosed(t *testing.T, what string, ch <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+	}
 }
 
 func TestCorePrevKeySeqStepsOverDeadRows(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/lease"
 	"github.com/ordo-relay/ordo/partition"
 	"github.com/ordo-relay/ordo/relay"
 )
@@ -140,19 +141,56 @@ func (g *gate) close() {
 
 // frozenView is a node's view of its leases that stops changing once
 // frozen: it keeps offering the leases it had then, valid for an hour,
-// whatever the database says since, as a node that has not yet noticed
+// whatever the database says since, and passes on no more of the
+// leaser's events (the lease losses), as a node that has not yet noticed
 // that another process took them over.
 type frozenView struct {
 	relay.Ownership
+	t      *testing.T
+	events chan relay.Event
 	mu     sync.Mutex
 	frozen map[int]relay.Lease
 }
 
-func (v *frozenView) wrap(o relay.Ownership) relay.Ownership { v.Ownership = o; return v }
+// wrap makes v the relay's view of o. Until frozen it passes o's events
+// on, by a goroutine that stops when the test ends (after the node, whose
+// cleanup is registered later).
+func (v *frozenView) wrap(o relay.Ownership) relay.Ownership {
+	v.Ownership, v.events = o, make(chan relay.Event)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			var ev relay.Event
+			select {
+			case <-ctx.Done():
+				return
+			case ev = <-o.Events():
+			}
+			v.mu.Lock()
+			frozen := v.frozen != nil
+			v.mu.Unlock()
+			if frozen {
+				continue
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case v.events <- ev:
+			}
+		}
+	}()
+	v.t.Cleanup(func() { cancel(); wg.Wait() })
+	return v
+}
+
+func (v *frozenView) Events() <-chan relay.Event { return v.events }
 
 // freeze fixes the view and returns the leases it keeps.
 func (v *frozenView) freeze() map[int]relay.Lease {
-	m := v.Ownership.Leases()
+	m := v.Ownership.(*lease.Leaser).Leases()
 	for p, l := range m {
 		l.Deadline = time.Now().Add(time.Hour)
 		m[p] = l
@@ -160,19 +198,6 @@ func (v *frozenView) freeze() map[int]relay.Lease {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.frozen = m
-	return m
-}
-
-func (v *frozenView) Leases() map[int]relay.Lease {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.frozen == nil {
-		return v.Ownership.Leases()
-	}
-	m := make(map[int]relay.Lease, len(v.frozen))
-	for p, l := range v.frozen {
-		m[p] = l
-	}
 	return m
 }
 
@@ -244,7 +269,7 @@ func TestEpochFenceAloneRefusesSameName(t *testing.T) {
 	h.expect(failIDs)
 
 	oldPub, newPub := &gate{}, &gate{}
-	view := &frozenView{}
+	view := &frozenView{t: t}
 	oldStore := &countingStore{}
 	old := h.startNode(nodeOpts{name: "twin", wrapPub: oldPub.wrap, wrapOwn: view.wrap, retention: 30 * time.Minute,
 		wrapStore: func(s relay.Store) relay.Store { oldStore.Store = s; return oldStore }})

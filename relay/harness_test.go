@@ -14,11 +14,11 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/lease"
 	"github.com/ordo-relay/ordo/outbox"
-	"github.com/ordo-relay/ordo/partition"
 	"github.com/ordo-relay/ordo/relay"
 	"github.com/ordo-relay/ordo/relay/pgstore"
 	"github.com/ordo-relay/ordo/relay/rabbitmq"
@@ -156,14 +156,15 @@ type nodeOpts struct {
 
 // node is a relay, its leaser and its publisher, run in-process.
 type node struct {
-	cancel    context.CancelFunc
-	relayDone chan struct{}
-	stopBG    context.CancelFunc
-	bg        sync.WaitGroup
-	relay     *relay.Relay
-	pub       *rabbitmq.Publisher
-	leaser    *partition.Leaser
-	stopOnce  sync.Once
+	t        *testing.T
+	cancel   context.CancelFunc
+	running  errgroup.Group // the relay
+	stopBG   context.CancelFunc
+	bg       errgroup.Group // its leaser and publisher
+	relay    *relay.Relay
+	pub      *rabbitmq.Publisher
+	leaser   *lease.Leaser
+	stopOnce sync.Once
 }
 
 func (h *harness) startNode(o nodeOpts) *node {
@@ -193,14 +194,14 @@ func (h *harness) startNode(o nodeOpts) *node {
 		}
 		connCfg = cfg
 	}
-	leaser, err := partition.NewLeaser(partition.LeaserConfig{
-		Node: o.name, TTL: 2 * time.Second, Want: func() []int { return all }, Logger: o.logger,
-		Connect: func(ctx context.Context) (*pgx.Conn, error) {
-			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			defer cancel()
-			return pgx.ConnectConfig(cctx, connCfg.Copy())
-		},
-	})
+	lcfg := lease.ConfigWithTTL(2 * time.Second)
+	lcfg.Node, lcfg.Want, lcfg.Logger = o.name, func() []int { return all }, o.logger
+	lcfg.Connect = func(ctx context.Context) (*pgx.Conn, error) {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		return pgx.ConnectConfig(cctx, connCfg.Copy())
+	}
+	leaser, err := lease.New(lcfg)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -243,15 +244,14 @@ func (h *harness) startNode(o nodeOpts) *node {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	n := &node{relay: rl, pub: amqpPub, leaser: leaser, relayDone: make(chan struct{})}
+	n := &node{t: h.t, relay: rl, pub: amqpPub, leaser: leaser}
 	bgCtx, stopBG := context.WithCancel(context.Background())
 	n.stopBG = stopBG
-	n.bg.Add(2)
-	go func() { defer n.bg.Done(); _ = amqpPub.Run(bgCtx) }()
-	go func() { defer n.bg.Done(); _ = leaser.Run(bgCtx) }()
+	n.bg.Go(func() error { return amqpPub.Run(bgCtx) })
+	n.bg.Go(func() error { return leaser.Run(bgCtx) })
 	ctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
-	go func() { defer close(n.relayDone); _ = rl.Run(ctx) }()
+	n.running.Go(func() error { return rl.Run(ctx) })
 	h.t.Cleanup(n.stop)
 	return n
 }
@@ -260,9 +260,13 @@ func (h *harness) startNode(o nodeOpts) *node {
 func (n *node) stop() {
 	n.stopOnce.Do(func() {
 		n.cancel()
-		<-n.relayDone
+		if err := n.running.Wait(); err != nil {
+			n.t.Errorf("relay: %v", err)
+		}
 		n.stopBG()
-		n.bg.Wait()
+		if err := n.bg.Wait(); err != nil {
+			n.t.Errorf("leaser or publisher: %v", err)
+		}
 	})
 }
 

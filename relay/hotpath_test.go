@@ -33,18 +33,16 @@ func BenchmarkBatchBuilding(b *testing.B) {
 	for i := range rows {
 		rows[i].Seq = int64(i + 1)
 	}
-	leases := map[int]Lease{}
-	for p := range 64 {
-		leases[p] = Lease{Partition: p, Epoch: 1, Deadline: time.Now().Add(time.Hour)}
-	}
 	r, err := New(Config{Node: "bench"}, nil, nil, allLeases{})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	for b.Loop() {
+		for p := range 64 {
+			r.apply(Assigned{Lease: Lease{Partition: p, Epoch: 1, Deadline: time.Now().Add(time.Hour)}})
+		}
 		r.mu.Lock()
-		r.syncLeasesLocked(leases)
 		for _, ps := range r.parts {
 			r.ingestLocked(ps, rows[ps.id*8:ps.id*8+8])
 		}
@@ -68,8 +66,7 @@ func BenchmarkBatchBuilding(b *testing.B) {
 // allLeases holds every partition at epoch 1, forever.
 type allLeases struct{}
 
-func (allLeases) Leases() map[int]Lease { return nil }
 func (allLeases) Lease(p int) (Lease, bool) {
 	return Lease{Partition: p, Epoch: 1, Deadline: time.Now().Add(time.Hour)}, true
 }
-func (allLeases) Changed() <-chan struct{} { return nil }
+func (allLeases) Events() <-chan Event { return nil }

@@ -15,6 +15,7 @@ import (
 // the row back at its key's head, backing off, until the failure is
 // recorded. Unsent puts it back as it was.
 func (r *Relay) settle(f *flight, res Result) {
+	var done func()
 	r.mu.Lock()
 	r.unconfirmed--
 	k := f.key
@@ -26,9 +27,7 @@ func (r *Relay) settle(f *flight, res Result) {
 		r.queue = append(r.queue, settlement{f, res})
 	case Unsent:
 		r.stats.Unsent++
-		k.flights--
-		delete(r.flights, f.msg.ID)
-		r.bytes -= f.size
+		done = r.endFlightLocked(f)
 		r.requeueLocked(f, time.Time{})
 	default:
 		k.writing++
@@ -36,6 +35,9 @@ func (r *Relay) settle(f *flight, res Result) {
 	}
 	r.pushReadyLocked(k)
 	r.mu.Unlock()
+	if done != nil {
+		done()
+	}
 	if res.Outcome != Unsent {
 		signal(r.wakeMark)
 	}
@@ -45,14 +47,15 @@ func (r *Relay) settle(f *flight, res Result) {
 // unsend takes back a flight that was never sent.
 func (r *Relay) unsend(f *flight) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.unconfirmed--
 	f.key.inFlight--
-	f.key.flights--
 	r.stats.Published--
-	delete(r.flights, f.msg.ID)
-	r.bytes -= f.size
+	done := r.endFlightLocked(f)
 	r.requeueLocked(f, time.Time{})
+	r.mu.Unlock()
+	if done != nil {
+		done()
+	}
 }
 
 // requeueLocked puts f's row back at the head of its key's queue (if its
@@ -188,16 +191,17 @@ func (r *Relay) markConfirmed(ctx context.Context, confirmed []settlement) error
 		ok[id] = true
 	}
 	refused := 0
+	var handedOff []func()
 	r.mu.Lock()
 	for _, s := range confirmed {
 		if !ok[s.f.msg.ID] {
 			refused++
 		}
-		delete(r.flights, s.f.msg.ID)
 		r.marked[s.f.msg.ID] = true
 		r.markedKeys[s.f.msg.CorrelationID] = max(r.markedKeys[s.f.msg.CorrelationID], s.f.msg.KeySeq)
-		r.bytes -= s.f.size
-		s.f.key.flights--
+		if done := r.endFlightLocked(s.f); done != nil {
+			handedOff = append(handedOff, done)
+		}
 		r.forgetIfIdleLocked(s.f.key)
 	}
 	r.stats.Marks++
@@ -206,6 +210,9 @@ func (r *Relay) markConfirmed(ctx context.Context, confirmed []settlement) error
 	r.stats.Marked += int64(len(marked))
 	r.stats.Refused += int64(refused)
 	r.mu.Unlock()
+	for _, done := range handedOff {
+		done()
+	}
 	signal(r.wakeRead) // the window has room
 	if refused > 0 {
 		r.cfg.Logger.Warn("marks refused: lease no longer held at the published epoch, or row already processed",
@@ -236,14 +243,15 @@ func (r *Relay) recordFailures(ctx context.Context, failed []settlement) error {
 		isParked[id] = true
 	}
 	now := time.Now()
+	var handedOff []func()
 	r.mu.Lock()
 	r.writes++
 	for i, s := range failed {
 		f := s.f
 		f.key.lastWrite = r.writes
-		f.key.flights--
-		delete(r.flights, f.msg.ID)
-		r.bytes -= f.size
+		if done := r.endFlightLocked(f); done != nil {
+			handedOff = append(handedOff, done)
+		}
 		f.key.writing--
 		f.e.row.Attempts = f.attempts + 1
 		f.e.row.Parked = isParked[f.msg.ID]
@@ -255,6 +263,9 @@ func (r *Relay) recordFailures(ctx context.Context, failed []settlement) error {
 	r.stats.Failed += int64(len(failed))
 	r.stats.Parked += int64(len(parked))
 	r.mu.Unlock()
+	for _, done := range handedOff {
+		done()
+	}
 	signal(r.wakeRead)
 	for _, s := range failed {
 		r.cfg.Logger.Debug("publish failed; key backs off", "id", s.f.msg.ID, "key", s.f.msg.CorrelationID,

@@ -21,6 +21,9 @@ type partState struct {
 	reading  bool      // a pass is under way: the next read continues at cursor
 	dirty    bool      // a notification or poll asks for a new pass
 	lastPass time.Time // when the current pass began
+
+	flights int    // published under this state and not yet ended (see endFlightLocked)
+	revoked func() // the Revoked's Done, called when flights reaches 0
 }
 
 // keyState is one key's queue and its place in the per-key rule.
@@ -70,23 +73,6 @@ func (ps *partState) key(name string) *keyState {
 		ps.keys[name] = k
 	}
 	return k
-}
-
-// syncLeasesLocked brings the partitions in memory in line with the leases
-// held: a partition lost or claimed again at another epoch forgets what it
-// read (its rows are read again, and its keys' confirmations no longer
-// count); a new one is read from its start.
-func (r *Relay) syncLeasesLocked(leases map[int]Lease) {
-	for p, ps := range r.parts {
-		if l, ok := leases[p]; !ok || l.Epoch != ps.epoch {
-			r.dropPartLocked(ps)
-		}
-	}
-	for p, l := range leases {
-		if r.parts[p] == nil {
-			r.parts[p] = newPartState(p, l.Epoch)
-		}
-	}
 }
 
 func (r *Relay) dropPartLocked(ps *partState) {

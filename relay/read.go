@@ -139,8 +139,6 @@ func (r *Relay) wait(ctx context.Context, poll <-chan time.Time, retry *time.Tim
 	case <-ctx.Done():
 		return false
 	case <-r.wakeRead:
-	case <-r.own.Changed():
-		r.retryLeaseWait()
 	case <-retry.C:
 	case <-poll:
 		r.mu.Lock()
@@ -192,30 +190,28 @@ func (r *Relay) checkStall() {
 // readOnce reads one page of every held partition that wants one, while
 // the read-ahead budget has room, and reports whether it read.
 func (r *Relay) readOnce(ctx context.Context) (bool, error) {
-	leases := r.own.Leases()
 	now := time.Now()
 	r.mu.Lock()
-	r.syncLeasesLocked(leases)
 	if r.bytes >= r.cfg.ReadAheadBytes && (len(r.ready) > 0 || len(r.flights) > 0) {
 		r.mu.Unlock()
 		return false, nil // memory is full: publishing and marks free it
 	}
 	var cursors []Cursor
-	epochs := map[int]int64{}
+	states := map[int]*partState{}
 	for p, ps := range r.parts {
-		if !leases[p].Valid(now) {
+		if !ps.reading && (!ps.dirty || now.Sub(ps.lastPass) < minPassGap) {
+			continue // nothing to read
+		}
+		if l, ok := r.own.Lease(p); !ok || l.Epoch != ps.epoch || !l.Valid(now) {
 			continue
 		}
 		if !ps.reading {
-			if !ps.dirty || now.Sub(ps.lastPass) < minPassGap {
-				continue
-			}
 			ps.pass++
 			ps.cursor, ps.reading, ps.dirty, ps.lastPass = 0, true, false, now
 			r.stats.Passes++
 		}
 		cursors = append(cursors, Cursor{Partition: p, After: ps.cursor})
-		epochs[p] = ps.epoch
+		states[p] = ps
 	}
 	clear(r.marked)
 	clear(r.markedKeys)
@@ -237,6 +233,14 @@ func (r *Relay) readOnce(ctx context.Context) (bool, error) {
 		}
 		return false, err
 	}
+	r.progress.leaseSkipped(r.ingestRead(states, rows, took, limit))
+	return true, nil
+}
+
+// ingestRead stores what one read returned for the partitions in states
+// and returns how many rows it left out because their partition was
+// revoked or assigned again during the read.
+func (r *Relay) ingestRead(states map[int]*partState, rows []Row, took time.Duration, limit int) (skipped int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.stats.Reads++
@@ -246,19 +250,21 @@ func (r *Relay) readOnce(ctx context.Context) (bool, error) {
 	for _, row := range rows {
 		byPart[row.Partition] = append(byPart[row.Partition], row)
 	}
-	for _, c := range cursors {
-		ps := r.parts[c.Partition]
-		if ps == nil || ps.epoch != epochs[c.Partition] {
-			continue // the lease moved during the read: read again under the new one
+	for p, ps := range states {
+		got := byPart[p]
+		if r.parts[p] != ps {
+			// The lease moved during the read: read again under the new one.
+			skipped += len(got)
+			continue
 		}
-		got := byPart[c.Partition]
 		r.ingestLocked(ps, got)
 		if len(got) < limit {
 			ps.reading = false
 			r.sweepLocked(ps)
 		}
 	}
-	return true, nil
+	r.stats.LeaseSkipped += int64(skipped)
+	return skipped
 }
 
 // dispatch publishes every queued row the per-key rule and the window let
@@ -290,9 +296,10 @@ func (r *Relay) dispatch(ctx context.Context) (int, error) {
 
 // nextFlight takes the next publishable head off the ready list and
 // registers it as a flight, after checking its partition's live lease: the
-// last check before the publish (DESIGN.md invariant 3). Drained takes
-// r.mu too, so a handoff either sees this flight and waits for it, or has
-// already taken the lease away and this check refuses.
+// last check before the publish (DESIGN.md invariant 3). A Revoked is
+// applied under r.mu too, so a handoff either finds this flight and waits
+// for it, or the Ownership has already taken the lease away (before
+// sending the Revoked) and this check refuses.
 func (r *Relay) nextFlight() (f *flight, leaseLost bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -330,6 +337,7 @@ func (r *Relay) nextFlight() (f *flight, leaseLost bool) {
 		r.flights[e.row.ID] = f
 		k.inFlight++
 		k.flights++
+		k.part.flights++
 		k.published = max(k.published, e.row.KeySeq)
 		r.unconfirmed++
 		r.stats.Published++

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
+	"golang.org/x/sync/errgroup"
 )
 
 // Relay moves pending outbox rows of the partitions its node holds to the
@@ -41,6 +43,7 @@ type Relay struct {
 	queue          []settlement          // confirmed or failed, not yet written
 	marked         map[uuid.UUID]bool    // marked since the current read began
 	markedKeys     map[string]int64      // highest key_seq marked per key since the current read began
+	revoking       int                   // revoked partitions whose flights have not all ended
 	writes         uint64                // failure records written so far
 	readFrom       uint64                // writes when the current read began
 	lastPublish    time.Time
@@ -68,6 +71,11 @@ type Stats struct {
 	// while reads fail or rows it could publish wait; 0 while it makes
 	// progress or has nothing to do.
 	StalledSeconds float64
+	// Revoked counts partitions the Ownership revoked (handoffs begun);
+	// Revoking is how many of them still wait for messages in flight
+	// before the relay acknowledges.
+	Revoked  int64
+	Revoking int
 	// InFlight counts messages published and not yet marked (at most W);
 	// Unconfirmed those of them not yet confirmed. ReadAhead and
 	// ReadAheadBytes are the rows held in memory, not yet published.
@@ -106,7 +114,7 @@ func (r *Relay) Stats() Stats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := r.stats
-	s.InFlight, s.Unconfirmed = len(r.flights), r.unconfirmed
+	s.InFlight, s.Unconfirmed, s.Revoking = len(r.flights), r.unconfirmed, r.revoking
 	for _, ps := range r.parts {
 		s.ReadAhead += len(ps.queued)
 	}
@@ -126,36 +134,39 @@ func signal(c chan struct{}) {
 // SettleTimeout for outstanding confirms, marks what was confirmed, and
 // returns nil. Rows left unconfirmed stay pending and are published again
 // by whoever holds their partition next. Keep the Publisher running until
-// Run has returned.
+// Run has returned. It returns early, with its error, if the Store's
+// Listen fails for good (after settling the same way).
 func (r *Relay) Run(ctx context.Context) error {
-	var wg sync.WaitGroup
+	var marks errgroup.Group
 	markCtx, stopMark := context.WithCancel(context.Background())
 	defer stopMark()
-	markDone := make(chan struct{})
-	go func() {
-		defer close(markDone)
+	marks.Go(func() error {
 		r.markLoop(markCtx)
-	}()
-	wg.Add(3)
-	go func() {
-		defer wg.Done()
-		if err := r.store.Listen(ctx, r.notified); err != nil && ctx.Err() == nil {
-			r.cfg.Logger.Error("outbox notifications stopped; polling only", "err", err)
+		return nil
+	})
+	work, wctx := errgroup.WithContext(ctx)
+	work.Go(func() error {
+		if err := r.store.Listen(wctx, r.notified); err != nil && wctx.Err() == nil {
+			return fmt.Errorf("outbox notifications: %w", err)
 		}
-	}()
-	go func() {
-		defer wg.Done()
-		r.retentionLoop(ctx)
-	}()
-	go func() {
-		defer wg.Done()
-		r.readLoop(ctx)
-	}()
-	wg.Wait()
+		return nil
+	})
+	work.Go(func() error {
+		r.handoffLoop(wctx)
+		return nil
+	})
+	work.Go(func() error {
+		r.retentionLoop(wctx)
+		return nil
+	})
+	work.Go(func() error {
+		r.readLoop(wctx)
+		return nil
+	})
+	err := work.Wait()
 	r.settleBeforeStop()
 	stopMark()
-	<-markDone
-	return nil
+	return errors.Join(err, marks.Wait())
 }
 
 // settleBeforeStop waits up to SettleTimeout for outstanding confirms.
@@ -174,19 +185,6 @@ func (r *Relay) settleBeforeStop() {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-}
-
-// Drained reports whether no message of partition is published and not
-// yet settled and written. Safe for concurrent use.
-func (r *Relay) Drained(partition int) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, f := range r.flights {
-		if f.msg.Partition == partition {
-			return false
-		}
-	}
-	return true
 }
 
 // decodeHeaders turns the row's JSON headers into AMQP table values:

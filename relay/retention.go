@@ -38,7 +38,17 @@ func (r *Relay) retentionLoop(ctx context.Context) {
 // retentionOnce runs one retention pass over every held partition.
 func (r *Relay) retentionOnce(ctx context.Context) error {
 	var total int64
-	for p, lease := range r.own.Leases() {
+	r.mu.Lock()
+	epochs := make(map[int]int64, len(r.parts))
+	for p, ps := range r.parts {
+		epochs[p] = ps.epoch
+	}
+	r.mu.Unlock()
+	for p, epoch := range epochs {
+		lease, held := r.own.Lease(p)
+		if !held || lease.Epoch != epoch {
+			continue
+		}
 		for ctx.Err() == nil && lease.Valid(time.Now()) {
 			n, err := r.store.DeleteProcessed(ctx, r.cfg.Node, p, lease.Epoch, r.cfg.RetentionAge, r.cfg.RetentionChunk)
 			if err != nil {

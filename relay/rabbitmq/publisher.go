@@ -146,11 +146,20 @@ func (p *Publisher) ChannelsOpened() int64 {
 }
 
 // Run keeps a connection and a confirm-mode channel open until ctx ends,
-// then closes them, settling anything unconfirmed as relay.Unsent. It returns nil.
+// then closes them, settling anything unconfirmed as relay.Unsent, and
+// returns nil. Broker outages are retried, not returned; Run returns an
+// error at once only for a URL that does not parse, which no retry can
+// fix.
 func (p *Publisher) Run(ctx context.Context) error {
 	defer p.calls.Wait()
 	bo := backoff.New(p.cfg.ReconnectMin, p.cfg.ReconnectMax)
 	urls := strings.Split(p.cfg.URL, ",")
+	for _, url := range urls {
+		if _, err := amqp.ParseURI(strings.TrimSpace(url)); err != nil {
+			// The parse error quotes the whole URL, password included.
+			return fmt.Errorf("the AMQP URL %s does not parse", redact.URL(url))
+		}
+	}
 	for next := 0; ctx.Err() == nil; next++ {
 		url := strings.TrimSpace(urls[next%len(urls)])
 		var raw net.Conn // the TCP connection, for the publish watchdog
@@ -166,10 +175,6 @@ func (p *Publisher) Run(ctx context.Context) error {
 			Properties: props,
 		})
 		if err != nil {
-			if _, perr := amqp.ParseURI(url); perr != nil {
-				// The parse error quotes the whole URL, password included.
-				err = fmt.Errorf("the AMQP URL %s does not parse", redact.URL(url))
-			}
 			p.down.Fail(fmt.Errorf("dial: %w", err))
 			backoff.Sleep(ctx, bo.Next())
 			continue

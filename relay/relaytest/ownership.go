@@ -42,32 +42,28 @@ func (t *LeaseTable) Epoch(partition int) int64 {
 func (t *LeaseTable) Ownership(node string, ttl time.Duration) *Ownership {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	o := &Ownership{table: t, node: node, ttl: ttl, held: map[int]relay.Lease{}, changed: make(chan struct{}, 1)}
+	o := &Ownership{table: t, node: node, ttl: ttl, held: map[int]relay.Lease{}, revoking: map[int]bool{},
+		events: make(chan relay.Event, eventBuffer)}
 	t.owners[node] = o
 	return o
 }
 
 // Grant gives partitions to node at a new epoch each, as a claim does,
 // taking them from whoever held them (that holder's view loses them at
-// once, as if its renewal had failed).
+// once, as if its renewal had failed: its relay gets a Revoked with no
+// Done).
 func (t *LeaseTable) Grant(node string, partitions ...int) {
 	t.mu.Lock()
-	var touched []*Ownership
+	defer t.mu.Unlock()
 	for _, p := range partitions {
 		if prev := t.owners[t.owner[p]]; prev != nil && t.owner[p] != node {
-			prev.drop(p)
-			touched = append(touched, prev)
+			prev.drop(p, t.epoch[p])
 		}
 		t.epoch[p]++
 		t.owner[p] = node
 		if o := t.owners[node]; o != nil {
 			o.add(p, t.epoch[p])
-			touched = append(touched, o)
 		}
-	}
-	t.mu.Unlock()
-	for _, o := range touched {
-		o.signal()
 	}
 }
 
@@ -83,13 +79,18 @@ func (t *LeaseTable) Steal(node string, partitions ...int) {
 	}
 }
 
+// eventBuffer is how many events an Ownership queues for a relay that does
+// not receive them; a test that needs more is doing something else.
+const eventBuffer = 4096
+
 // Ownership is one node's view of a LeaseTable; it implements the
-// Ownership contract the relay consumes.
+// Ownership contract the relay consumes, and sends its relay an Assigned
+// for every grant and a Revoked for every loss and Revoke.
 type Ownership struct {
-	table   *LeaseTable
-	node    string
-	ttl     time.Duration
-	changed chan struct{}
+	table  *LeaseTable
+	node   string
+	ttl    time.Duration
+	events chan relay.Event
 
 	mu       sync.Mutex
 	held     map[int]relay.Lease
@@ -105,23 +106,31 @@ func (o *Ownership) deadline() time.Time {
 	return time.Now().Add(o.ttl)
 }
 
+// send queues ev for the relay; it panics rather than block when the relay
+// has not received eventBuffer events.
+func (o *Ownership) send(ev relay.Event) {
+	select {
+	case o.events <- ev:
+	default:
+		panic("relaytest: Ownership event buffer full: is a relay receiving?")
+	}
+}
+
 func (o *Ownership) add(p int, epoch int64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.held[p] = relay.Lease{Partition: p, Epoch: epoch, Deadline: o.deadline()}
+	l := relay.Lease{Partition: p, Epoch: epoch, Deadline: o.deadline()}
+	o.held[p] = l
+	delete(o.revoking, p)
+	o.send(relay.Assigned{Lease: l})
 }
 
-func (o *Ownership) drop(p int) {
+func (o *Ownership) drop(p int, epoch int64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	delete(o.held, p)
-}
-
-func (o *Ownership) signal() {
-	select {
-	case o.changed <- struct{}{}:
-	default:
-	}
+	delete(o.revoking, p)
+	o.send(relay.Revoked{Partition: p, Epoch: epoch})
 }
 
 // Renew extends every held lease by the TTL from now, as a successful
@@ -139,27 +148,34 @@ func (o *Ownership) Renew() {
 // that could not renew in time sees it.
 func (o *Ownership) Expire() {
 	o.mu.Lock()
+	defer o.mu.Unlock()
 	for p, l := range o.held {
 		l.Deadline = time.Now().Add(-time.Millisecond)
 		o.held[p] = l
 	}
-	o.mu.Unlock()
-	o.signal()
 }
 
-// Revoke starts handing partition p off: it is no longer offered to the
-// relay, though still held in the table.
-func (o *Ownership) Revoke(p int) {
+// Revoke starts handing partition p off, as a Leaser does when p is no
+// longer wanted: p is no longer offered to the relay, though still held in
+// the table, and the relay gets a Revoked. The returned channel is closed
+// when the relay calls its Done. Revoke of a partition not held returns
+// nil.
+func (o *Ownership) Revoke(p int) <-chan struct{} {
 	o.mu.Lock()
-	if o.revoking == nil {
-		o.revoking = map[int]bool{}
+	defer o.mu.Unlock()
+	l, ok := o.held[p]
+	if !ok {
+		return nil
 	}
 	o.revoking[p] = true
-	o.mu.Unlock()
-	o.signal()
+	acked := make(chan struct{})
+	var once sync.Once
+	o.send(relay.Revoked{Partition: p, Epoch: l.Epoch, Done: func() { once.Do(func() { close(acked) }) }})
+	return acked
 }
 
-// Leases implements the Ownership contract.
+// Leases returns a copy of the leases held now, by partition, leaving out
+// partitions being handed off.
 func (o *Ownership) Leases() map[int]relay.Lease {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -183,5 +199,5 @@ func (o *Ownership) Lease(p int) (relay.Lease, bool) {
 	return l, true
 }
 
-// Changed implements the Ownership contract.
-func (o *Ownership) Changed() <-chan struct{} { return o.changed }
+// Events implements the Ownership contract.
+func (o *Ownership) Events() <-chan relay.Event { return o.events }

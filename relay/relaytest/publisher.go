@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/ordo-relay/ordo/relay"
 )
 
@@ -197,6 +199,22 @@ func (p *Publisher) HeldMessages() []relay.Message {
 // Release settles up to n held messages, oldest first, with res.
 func (p *Publisher) Release(n int, res relay.Result) int {
 	return p.release(n, res, false)
+}
+
+// ReleaseID settles the held message id with res, and reports whether it
+// was held.
+func (p *Publisher) ReleaseID(id uuid.UUID, res relay.Result) bool {
+	p.mu.Lock()
+	i := slices.IndexFunc(p.pending, func(h held) bool { return h.m.ID == id })
+	if i < 0 {
+		p.mu.Unlock()
+		return false
+	}
+	h := p.pending[i]
+	p.pending = slices.Delete(p.pending, i, i+1)
+	p.mu.Unlock()
+	h.settle(res)
+	return true
 }
 
 // ReleaseReversed settles every held message with res, newest first, as a

@@ -1,4 +1,4 @@
-package partition
+package lease
 
 // The Leaser's SQL, on the ordo_leases and ordo_lease_audit tables.
 const (
