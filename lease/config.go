@@ -82,19 +82,11 @@ func ConfigWithTTL(ttl time.Duration) Config {
 // Margin, RenewEvery or HandoffTimeout set to its ConfigWithTTL value for
 // that TTL.
 func (c Config) withDefaults() Config {
-	if c.TTL == 0 {
-		c.TTL = DefaultTTL
-	}
+	confcheck.Fill(&c.TTL, DefaultTTL)
 	d := ConfigWithTTL(c.TTL)
-	if c.Margin == 0 {
-		c.Margin = d.Margin
-	}
-	if c.RenewEvery == 0 {
-		c.RenewEvery = d.RenewEvery
-	}
-	if c.HandoffTimeout == 0 {
-		c.HandoffTimeout = d.HandoffTimeout
-	}
+	confcheck.Fill(&c.Margin, d.Margin)
+	confcheck.Fill(&c.RenewEvery, d.RenewEvery)
+	confcheck.Fill(&c.HandoffTimeout, d.HandoffTimeout)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

@@ -95,17 +95,11 @@ func DefaultConfig() Config {
 // value.
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
-	for _, f := range []struct{ p, d *time.Duration }{
-		{&c.RejoinInterval, &d.RejoinInterval}, {&c.JoinTimeout, &d.JoinTimeout},
-		{&c.ProbeInterval, &d.ProbeInterval}, {&c.HealthHold, &d.HealthHold},
-	} {
-		if *f.p == 0 {
-			*f.p = *f.d
-		}
-	}
-	if c.SuspicionMult == 0 {
-		c.SuspicionMult = d.SuspicionMult
-	}
+	confcheck.Fill(&c.RejoinInterval, d.RejoinInterval)
+	confcheck.Fill(&c.JoinTimeout, d.JoinTimeout)
+	confcheck.Fill(&c.ProbeInterval, d.ProbeInterval)
+	confcheck.Fill(&c.HealthHold, d.HealthHold)
+	confcheck.Fill(&c.SuspicionMult, d.SuspicionMult)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

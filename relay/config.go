@@ -110,30 +110,22 @@ func DefaultConfig() Config {
 // its DefaultConfig value.
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
-	fill(&c.Window, d.Window)
-	fill(&c.PerKeyLimit, d.PerKeyLimit)
-	fill(&c.BatchSize, d.BatchSize)
-	fill(&c.ReadAheadBytes, d.ReadAheadBytes)
-	fill(&c.PollInterval, d.PollInterval)
-	fill(&c.ReadTimeout, d.ReadTimeout)
-	fill(&c.RetryMin, d.RetryMin)
-	fill(&c.RetryMax, d.RetryMax)
-	fill(&c.SettleTimeout, d.SettleTimeout)
-	fill(&c.MaxAttempts, d.MaxAttempts)
-	fill(&c.RetentionInterval, d.RetentionInterval)
-	fill(&c.RetentionChunk, d.RetentionChunk)
+	confcheck.Fill(&c.Window, d.Window)
+	confcheck.Fill(&c.PerKeyLimit, d.PerKeyLimit)
+	confcheck.Fill(&c.BatchSize, d.BatchSize)
+	confcheck.Fill(&c.ReadAheadBytes, d.ReadAheadBytes)
+	confcheck.Fill(&c.PollInterval, d.PollInterval)
+	confcheck.Fill(&c.ReadTimeout, d.ReadTimeout)
+	confcheck.Fill(&c.RetryMin, d.RetryMin)
+	confcheck.Fill(&c.RetryMax, d.RetryMax)
+	confcheck.Fill(&c.SettleTimeout, d.SettleTimeout)
+	confcheck.Fill(&c.MaxAttempts, d.MaxAttempts)
+	confcheck.Fill(&c.RetentionInterval, d.RetentionInterval)
+	confcheck.Fill(&c.RetentionChunk, d.RetentionChunk)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	return c
-}
-
-// fill sets *p to d when *p is zero.
-func fill[T comparable](p *T, d T) {
-	var zero T
-	if *p == zero {
-		*p = d
-	}
 }
 
 // Validate reports every unusable setting of c as it stands (it does not

@@ -110,3 +110,12 @@ func flatten(err error) []error {
 	}
 	return all
 }
+
+// Fill sets *p to d when *p is the zero value: how a constructor fills the
+// fields its caller left unset from the package's DefaultConfig.
+func Fill[T comparable](p *T, d T) {
+	var zero T
+	if *p == zero {
+		*p = d
+	}
+}
