@@ -16,7 +16,7 @@ import (
 	"github.com/ordo-relay/ordo/wire"
 )
 
-// The classic relay is the article's design (DESIGN.md, "The problem"),
+// The classic relay is the article's design (docs/bench.md, "classic"),
 // rebuilt as the baseline Ordo is compared with. Each instance is what one
 // API instance runs: a loop with its own database connection and AMQP
 // channel that, every second and immediately again while batches come back

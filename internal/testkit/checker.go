@@ -98,7 +98,7 @@ func (r Report) Detail() string {
 func (r Report) OK() bool { return r.Lost == 0 && r.Reorders == 0 && r.Gaps == 0 }
 
 // Checker records deliveries and checks them for loss and per-key order, by
-// the rules of DESIGN.md, "Ordering, precisely". Per correlation id, over
+// the rules of docs/design.md, "Ordering, precisely". Per correlation id, over
 // first deliveries only (a delivery whose message id was seen before is a
 // duplicate and nothing else), with last the highest key_seq delivered so
 // far for the key (0 initially):

@@ -154,8 +154,8 @@ func (p *Publisher) checkExchange(s *session, exchange string, until time.Time) 
 	}
 }
 
-// publishing builds the AMQP message for m (DESIGN.md, "The AMQP message"),
-// with attempt as its wire.HeaderAttempt.
+// publishing builds the AMQP message for m (docs/design.md, "The AMQP
+// message"), with attempt as its wire.HeaderAttempt.
 func publishing(m *relay.Message, attempt int64) amqp.Publishing {
 	h := make(amqp.Table, len(m.Headers)+5)
 	for k, v := range m.Headers {
