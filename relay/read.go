@@ -334,10 +334,8 @@ func (r *Relay) nextFlight() (f *flight, leaseLost bool) {
 			Exchange: e.row.Exchange, RoutingKey: e.row.RoutingKey, Type: e.row.Type,
 			Payload: e.row.Payload, OccurredAt: e.row.OccurredAt, Deadline: l.Deadline,
 		}}
-		r.flights[e.row.ID] = f
+		r.startFlightLocked(f)
 		k.inFlight++
-		k.flights++
-		k.part.flights++
 		k.published = max(k.published, e.row.KeySeq)
 		r.unconfirmed++
 		r.stats.Published++
