@@ -39,9 +39,10 @@ type keyState struct {
 
 // entry is one row held in memory.
 type entry struct {
-	row  Row
-	seen uint64 // the pass of its partition that last read it
-	size int64
+	row    Row
+	seen   uint64 // the pass of its partition that last read it
+	size   int64
+	unsent int // publishes in a row settled Unsent (see Relay.unsentDelay)
 }
 
 // flight is one published message, until it is marked or its failure is
