@@ -100,7 +100,14 @@ type produceRun struct {
 	pgServer  time.Duration // CPU of every postgres process (other databases' too)
 	walServer int64         // pg_current_wal_insert_lsn delta: the whole server
 	walDB     int64         // this database's WAL records (pg_walinspect); -1 if not measured
-	note      string
+	// walByRel is walDB by relation (table or index; "commit" for the
+	// transactions' commit records), when inspected.
+	walByRel map[string]int64
+	// keysUpdates and keysHOT are outbox_keys' updates and HOT updates
+	// over the whole run (warm-up included); 0 where there is no such
+	// table or it was never updated.
+	keysUpdates, keysHOT int64
+	note                 string
 }
 
 func (r produceRun) msgs() int { return r.commits * r.rows }
@@ -187,12 +194,12 @@ func produceOnce(ctx context.Context, o options, v *produceVariant, rows, produc
 	if err != nil {
 		return run, err
 	}
-	if o.Produce.WALInspect {
-		if _, err := probe.Exec(sctx, `CREATE EXTENSION IF NOT EXISTS pg_walinspect`); err != nil {
-			return run, fmt.Errorf("create extension pg_walinspect (or run with -produce-wal-inspect=false): %w", err)
-		}
+	wal, err := watchWAL(sctx, dbURL, o.Produce.WALInspect)
+	if err != nil {
+		return run, err
 	}
-	return measureProduce(ctx, o, v, w, pool, probe, name, run)
+	defer wal.close()
+	return measureProduce(ctx, o, v, w, pool, probe, wal, name, run)
 }
 
 func producePools(ctx context.Context, dbURL string, producers int) (pool, probe *pgxpool.Pool, err error) {
@@ -265,7 +272,7 @@ func (pw *produceWindow) record(commit, tx time.Duration, err error) {
 // measureProduce runs the producers through the warm-up and the window and
 // takes the samples at the window's edges.
 func measureProduce(ctx context.Context, o options, v *produceVariant, w *produceWriter, pool, probe *pgxpool.Pool,
-	dbName string, run produceRun) (produceRun, error) {
+	wal *walWatch, dbName string, run produceRun) (produceRun, error) {
 	var pw produceWindow
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -281,7 +288,7 @@ func measureProduce(ctx context.Context, o options, v *produceVariant, w *produc
 	if err := sleep(ctx, o.Produce.Warmup); err != nil {
 		return run, err
 	}
-	lsn0, err := currentLSN(ctx, probe)
+	lsn0, err := wal.lsn(ctx)
 	if err != nil {
 		return run, err
 	}
@@ -297,9 +304,10 @@ func measureProduce(ctx context.Context, o options, v *produceVariant, w *produc
 	run.window = time.Since(start)
 	cpu1 := sampleCPU()
 	totals, berr := backends.stop(ctx)
-	lsn1, lerr := currentLSN(ctx, probe)
+	lsn1, lerr := wal.lsn(ctx)
 	stop()
 	wg.Wait()
+	pool.Close() // the backends flush their statistics as they exit
 	if err := errors.Join(werr, berr, lerr); err != nil {
 		return run, err
 	}
@@ -312,12 +320,42 @@ func measureProduce(ctx context.Context, o options, v *produceVariant, w *produc
 		run.pgServer += t - cpu0.byComm["postgres"][pid]
 	}
 	run.walServer = lsn1 - lsn0
-	if o.Produce.WALInspect {
-		if run.walDB, err = databaseWAL(ctx, probe, lsn0, lsn1); err != nil {
+	if wal.inspect {
+		if run.walByRel, err = wal.byRelation(ctx, lsn0, lsn1); err != nil {
 			return run, err
 		}
+		run.walDB = 0
+		for _, n := range run.walByRel {
+			run.walDB += n
+		}
 	}
-	return run, nil
+	run.keysUpdates, run.keysHOT, err = keysHOT(ctx, probe)
+	return run, err
+}
+
+// keysHOT returns outbox_keys' updates and HOT updates, once the
+// statistics of every insert have arrived (each row inserted or updated
+// one counter row); 0, 0 where the database has no outbox_keys or no
+// counter was written.
+func keysHOT(ctx context.Context, q *pgxpool.Pool) (upd, hot int64, err error) {
+	var has bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass('outbox_keys') IS NOT NULL`).Scan(&has); err != nil || !has {
+		return 0, 0, err
+	}
+	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_keys)`).Scan(&has); err != nil || !has {
+		return 0, 0, err // no counter was written (bare)
+	}
+	var rows int64
+	if err := q.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&rows); err != nil {
+		return 0, 0, fmt.Errorf("count outbox rows: %w", err)
+	}
+	err = waitUntil(ctx, 10*time.Second, 20*time.Millisecond, "outbox_keys statistics", func() (bool, error) {
+		var ins int64
+		err := q.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd, n_tup_ins FROM pg_stat_user_tables WHERE relname = 'outbox_keys'`).
+			Scan(&upd, &hot, &ins)
+		return upd+ins >= rows, err
+	})
+	return upd, hot, err
 }
 
 // produceWork commits transactions of rows messages back to back until ctx
@@ -354,48 +392,4 @@ func produceTx(ctx context.Context, v *produceVariant, w *produceWriter, pool *p
 		return 0, fmt.Errorf("%s: commit: %w", v.name, err)
 	}
 	return time.Since(sent), nil
-}
-
-// currentLSN returns the server's WAL insert position in bytes.
-func currentLSN(ctx context.Context, q *pgxpool.Pool) (int64, error) {
-	var n int64
-	if err := q.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn`).Scan(&n); err != nil {
-		return 0, fmt.Errorf("read WAL position: %w", err)
-	}
-	return n, nil
-}
-
-// sqlDatabaseWAL sums the WAL records between two positions that belong to
-// the current database: records with a block of one of its relations,
-// and the commit (or abort) records of the transactions that wrote them.
-// Other databases' work and the server's own records are left out.
-const sqlDatabaseWAL = `
-WITH r AS (
-    SELECT xid, resource_manager, record_length, block_ref
-    FROM pg_get_wal_records_info(('0/0'::pg_lsn + $1::numeric), ('0/0'::pg_lsn + $2::numeric))
-), mine AS (
-    SELECT * FROM r
-    WHERE block_ref LIKE '% rel %/' || (SELECT oid FROM pg_database WHERE datname = current_database()) || '/%'
-), xids AS (
-    SELECT DISTINCT xid FROM mine WHERE xid <> 0
-)
-SELECT coalesce((SELECT sum(record_length) FROM mine), 0)
-     + coalesce((SELECT sum(record_length) FROM r WHERE resource_manager = 'Transaction' AND xid IN (SELECT xid FROM xids)), 0)`
-
-// databaseWAL returns the bytes of WAL that the current database's work
-// wrote between from and to, waiting (briefly) until to is flushed.
-func databaseWAL(ctx context.Context, q *pgxpool.Pool, from, to int64) (int64, error) {
-	err := waitUntil(ctx, 10*time.Second, 10*time.Millisecond, "WAL flushed", func() (bool, error) {
-		var flushed int64
-		err := q.QueryRow(ctx, `SELECT pg_current_wal_flush_lsn() - '0/0'::pg_lsn`).Scan(&flushed)
-		return flushed >= to, err
-	})
-	if err != nil {
-		return 0, err
-	}
-	var n int64
-	if err := q.QueryRow(ctx, sqlDatabaseWAL, from, to).Scan(&n); err != nil {
-		return 0, fmt.Errorf("inspect WAL: %w", err)
-	}
-	return n, nil
 }

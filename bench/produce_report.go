@@ -14,14 +14,16 @@ type produceSummary struct {
 	runs       int
 	tps        float64 // transactions per second
 	msgsPerSec float64
-	commitP50  float64 // ms
-	commitP99  float64 // ms
-	txP99      float64 // ms, BEGIN to COMMIT returned
-	pgUs       float64 // producers' backends, µs of CPU per message
-	pgServerUs float64 // every postgres process, µs per message (an upper bound: other databases too)
-	walBytes   float64 // this database's WAL per message (the server's when not inspected)
-	walServer  float64 // the server's WAL per message (an upper bound)
-	errors     int     // summed over the runs
+	commitP50  float64            // ms
+	commitP99  float64            // ms
+	txP99      float64            // ms, BEGIN to COMMIT returned
+	pgUs       float64            // producers' backends, µs of CPU per message
+	pgServerUs float64            // every postgres process, µs per message (an upper bound: other databases too)
+	walBytes   float64            // this database's WAL per message (the server's when not inspected)
+	walServer  float64            // the server's WAL per message (an upper bound)
+	hotShare   float64            // outbox_keys' HOT updates ÷ its updates; NaN without updates
+	walByRel   map[string]float64 // this database's WAL per message, by relation
+	errors     int                // summed over the runs
 	notes      []string
 }
 
@@ -64,6 +66,18 @@ func summarizeProduce(runs []produceRun) map[string]produceSummary {
 			pgServerUs: col(func(r produceRun) float64 { return r.perMsg(float64(r.pgServer.Microseconds())) }),
 			walBytes:   col(func(r produceRun) float64 { return r.perMsg(float64(walOf(r))) }),
 			walServer:  col(func(r produceRun) float64 { return r.perMsg(float64(r.walServer)) }),
+		}
+		s.hotShare = col(func(r produceRun) float64 {
+			if r.keysUpdates == 0 {
+				return math.NaN()
+			}
+			return float64(r.keysHOT) / float64(r.keysUpdates)
+		})
+		s.walByRel = map[string]float64{}
+		for _, r := range rs {
+			for rel := range r.walByRel {
+				s.walByRel[rel] = col(func(r produceRun) float64 { return r.perMsg(float64(r.walByRel[rel])) })
+			}
 		}
 		for _, r := range rs {
 			s.errors += r.errors
@@ -115,6 +129,17 @@ func produceCellResult(o options, rows, producers int, runs []produceRun) *Resul
 		res.Figure(p+"pg_server_us_per_msg", s.pgServerUs, "µs")
 		res.Figure(p+"wal_bytes_per_msg", s.walBytes, "B")
 		res.Figure(p+"wal_server_bytes_per_msg", s.walServer, "B")
+		if !math.IsNaN(s.hotShare) {
+			res.Figure(p+"keys_hot_share", s.hotShare, "")
+		}
+		rels := make([]string, 0, len(s.walByRel))
+		for rel := range s.walByRel {
+			rels = append(rels, rel)
+		}
+		slices.Sort(rels)
+		for _, rel := range rels {
+			res.Figure(p+"wal_"+rel+"_bytes_per_msg", s.walByRel[rel], "B")
+		}
 		res.Figure(p+"errors", float64(s.errors), "")
 		if v != variantClassic {
 			res.Figure(p+"over_classic_tps", fratio(s.tps, base.tps), "×")
