@@ -21,6 +21,7 @@ type produceSummary struct {
 	pgServerUs float64            // every postgres process, µs per message (an upper bound: other databases too)
 	walBytes   float64            // this database's WAL per message (the server's when not inspected)
 	walServer  float64            // the server's WAL per message (an upper bound)
+	walFPI     float64            // of walBytes, full-page images; NaN when not inspected
 	hotShare   float64            // outbox_keys' HOT updates ÷ its updates; NaN without updates
 	walByRel   map[string]float64 // this database's WAL per message, by relation
 	errors     int                // summed over the runs
@@ -66,6 +67,12 @@ func summarizeProduce(runs []produceRun) map[string]produceSummary {
 			pgServerUs: col(func(r produceRun) float64 { return r.perMsg(float64(r.pgServer.Microseconds())) }),
 			walBytes:   col(func(r produceRun) float64 { return r.perMsg(float64(walOf(r))) }),
 			walServer:  col(func(r produceRun) float64 { return r.perMsg(float64(r.walServer)) }),
+			walFPI: col(func(r produceRun) float64 {
+				if r.walDB < 0 {
+					return math.NaN()
+				}
+				return r.perMsg(float64(r.walFPI))
+			}),
 		}
 		s.hotShare = col(func(r produceRun) float64 {
 			if r.keysUpdates == 0 {
@@ -129,6 +136,9 @@ func produceCellResult(o options, rows, producers int, runs []produceRun) *Resul
 		res.Figure(p+"pg_server_us_per_msg", s.pgServerUs, "µs")
 		res.Figure(p+"wal_bytes_per_msg", s.walBytes, "B")
 		res.Figure(p+"wal_server_bytes_per_msg", s.walServer, "B")
+		if !math.IsNaN(s.walFPI) {
+			res.Figure(p+"wal_fpi_bytes_per_msg", s.walFPI, "B")
+		}
 		if !math.IsNaN(s.hotShare) {
 			res.Figure(p+"keys_hot_share", s.hotShare, "")
 		}
@@ -159,7 +169,7 @@ func produceCellResult(o options, rows, producers int, runs []produceRun) *Resul
 // printProduceTable prints every cell as the markdown table that
 // docs/performance.md keeps.
 func printProduceTable(w io.Writer, cells []*Result, variants []string) {
-	fmt.Fprintln(w, "\n| rows/tx | producers | variant | tps | ÷ classic | commit p50 / p99 ms | p99 ÷ classic | PG µs/msg (backends / server) | WAL B/msg |")
+	fmt.Fprintln(w, "\n| rows/tx | producers | variant | tps | ÷ classic | commit p50 / p99 ms | p99 ÷ classic | PG µs/msg (backends / server) | WAL B/msg (of which page images) |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|")
 	for _, c := range cells {
 		var rows, producers any
@@ -187,9 +197,9 @@ func printProduceTable(w io.Writer, cells []*Result, variants []string) {
 			if v != variantClassic {
 				tpsRatio, p99Ratio = fmt.Sprintf("%.2f×", f("over_classic_tps")), fmt.Sprintf("%.2f×", f("over_classic_commit_p99"))
 			}
-			fmt.Fprintf(w, "| %v | %v | %s | %.0f | %s | %.2f / %.2f | %s | %.0f / %.0f | %.0f |\n",
+			fmt.Fprintf(w, "| %v | %v | %s | %.0f | %s | %.2f / %.2f | %s | %.0f / %.0f | %.0f (%.0f) |\n",
 				rows, producers, v, f("tps"), tpsRatio, f("commit_p50"), f("commit_p99"), p99Ratio,
-				f("pg_us_per_msg"), f("pg_server_us_per_msg"), f("wal_bytes_per_msg"))
+				f("pg_us_per_msg"), f("pg_server_us_per_msg"), f("wal_bytes_per_msg"), f("wal_fpi_bytes_per_msg"))
 		}
 	}
 }
