@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -112,13 +111,7 @@ func startNode(ctx context.Context, o options, name, dbURL, amqpURL string, env 
 }
 
 // freeAddr returns 127.0.0.1:<a port free for TCP and UDP just now>.
-func freeAddr() (string, error) {
-	port, err := testkit.PickPort()
-	if err != nil {
-		return "", err
-	}
-	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), nil
-}
+func freeAddr() (string, error) { return testkit.PickAddr() }
 
 // pid returns the node's process id.
 func (n *node) pid() int { return n.proc.Pid() }
