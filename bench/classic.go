@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/ordo-relay/ordo/bench/internal/harness"
+	"github.com/ordo-relay/ordo/bench/internal/result"
 	"github.com/ordo-relay/ordo/wire"
 )
 
@@ -82,7 +84,7 @@ func (c *classicRelay) Run(ctx context.Context) error {
 		if shown {
 			fmt.Fprintf(os.Stderr, "bench: classic %s: %v; retrying\n", c.cfg.Name, err)
 		}
-		if sleep(ctx, classicRetry) != nil {
+		if harness.Sleep(ctx, classicRetry) != nil {
 			return nil
 		}
 	}
@@ -140,7 +142,7 @@ func (c *classicRelay) session(ctx context.Context) error {
 		if n == c.cfg.Batch {
 			continue // full: there is probably more
 		}
-		if err := sleep(ctx, c.cfg.Interval); err != nil {
+		if err := harness.Sleep(ctx, c.cfg.Interval); err != nil {
 			return err
 		}
 	}
@@ -278,7 +280,7 @@ func startClassic(r *rig, n int) *classicSystem {
 	s := &classicSystem{cancel: cancel}
 	for i := range n {
 		c := &classicRelay{cfg: classicConfig{
-			Name: fmt.Sprintf("c%d", i+1), DBURL: r.dbURL, AMQPURL: r.o.AMQPURL,
+			Name: fmt.Sprintf("c%d", i+1), DBURL: r.DBURL, AMQPURL: r.o.AMQPURL,
 			Batch: r.o.ClassicBatch, Interval: r.o.ClassicEvery,
 		}}
 		s.relays = append(s.relays, c)
@@ -288,7 +290,7 @@ func startClassic(r *rig, n int) *classicSystem {
 			_ = c.Run(ctx) // returns nil once ctx ends; errors are retried
 		}()
 	}
-	r.onClose("stop classic relays", func(context.Context) error { return s.stop() })
+	r.OnClose("stop classic relays", func(context.Context) error { return s.stop() })
 	return s
 }
 
@@ -308,7 +310,7 @@ func (s *classicSystem) stop() error {
 }
 
 // addTo adds the instances' totals to res.
-func (s *classicSystem) addTo(res *Result) {
+func (s *classicSystem) addTo(res *result.Result) {
 	var pub, batches, errs int
 	for _, c := range s.relays {
 		p, b, e := c.stats()

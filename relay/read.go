@@ -269,10 +269,15 @@ func (r *Relay) ingestRead(states map[int]*partState, rows []Row, took time.Dura
 
 // dispatch publishes every queued row the per-key rule and the window let
 // go now, and returns how many it published. A Publish error (the broker
-// went away) ends it; the row stays queued.
+// went away) ends it; the row stays queued. So does ctx's end: a
+// Publisher that settles or refuses every message inside Publish never
+// fills the window, and Run must still stop.
 func (r *Relay) dispatch(ctx context.Context) (int, error) {
 	n := 0
 	for {
+		if ctx.Err() != nil {
+			return n, nil // Run is stopping; readLoop sees it
+		}
 		f, leaseLost := r.nextFlight()
 		if leaseLost {
 			r.progress.leaseSkipped(1)
@@ -334,10 +339,8 @@ func (r *Relay) nextFlight() (f *flight, leaseLost bool) {
 			Exchange: e.row.Exchange, RoutingKey: e.row.RoutingKey, Type: e.row.Type,
 			Payload: e.row.Payload, OccurredAt: e.row.OccurredAt, Deadline: l.Deadline,
 		}}
-		r.flights[e.row.ID] = f
+		r.startFlightLocked(f)
 		k.inFlight++
-		k.flights++
-		k.part.flights++
 		k.published = max(k.published, e.row.KeySeq)
 		r.unconfirmed++
 		r.stats.Published++
