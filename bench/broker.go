@@ -12,8 +12,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ordo-relay/ordo/bench/internal/result"
-	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/partition"
+	"github.com/ordo-relay/ordo/wire"
 )
 
 // runBroker measures the broker's ceiling for this machine: a bare
@@ -170,10 +170,10 @@ func publishBare(ctx context.Context, o options, exchange string, n, keys int) (
 		p.ids = append(p.ids, id.String())
 		err = ch.PublishWithContext(ctx, exchange, "bench.event", true, false, amqp.Publishing{
 			Headers: amqp.Table{
-				testkit.HeaderKeySeq:     keySeq,
-				testkit.HeaderPrevKeySeq: keySeq - 1,
-				testkit.HeaderPartition:  int32(partition.Of(key, o.Partitions)),
-				testkit.HeaderEpoch:      int64(0),
+				wire.HeaderKeySeq:     keySeq,
+				wire.HeaderPrevKeySeq: keySeq - 1,
+				wire.HeaderPartition:  int32(partition.Of(key, o.Partitions)),
+				wire.HeaderEpoch:      int64(0),
 			},
 			ContentType:   "application/json",
 			DeliveryMode:  amqp.Persistent,

@@ -15,10 +15,10 @@ import (
 
 	"github.com/ordo-relay/ordo/bench/internal/harness"
 	"github.com/ordo-relay/ordo/bench/internal/result"
-	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/wire"
 )
 
-// The classic relay is the article's design (DESIGN.md, "The problem"),
+// The classic relay is the article's design (docs/bench.md, "classic"),
 // rebuilt as the baseline Ordo is compared with. Each instance is what one
 // API instance runs: a loop with its own database connection and AMQP
 // channel that, every second and immediately again while batches come back
@@ -221,10 +221,10 @@ func publishAndWait(ctx context.Context, s *classicSession, x *classicRow) error
 	for k, v := range x.headers {
 		h[k] = v
 	}
-	h[testkit.HeaderKeySeq] = x.keySeq
-	h[testkit.HeaderPrevKeySeq] = x.keySeq - 1
-	h[testkit.HeaderPartition] = x.partition
-	h[testkit.HeaderEpoch] = int64(0)
+	h[wire.HeaderKeySeq] = x.keySeq
+	h[wire.HeaderPrevKeySeq] = x.keySeq - 1
+	h[wire.HeaderPartition] = x.partition
+	h[wire.HeaderEpoch] = int64(0)
 	err := s.ch.PublishWithContext(ctx, x.exchange, x.routingKey, true, false, amqp.Publishing{
 		Headers:       h,
 		ContentType:   "application/json",

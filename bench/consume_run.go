@@ -17,6 +17,7 @@ import (
 	"github.com/ordo-relay/ordo/bench/internal/result"
 	"github.com/ordo-relay/ordo/inbox"
 	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/wire"
 )
 
 // consumeBase is the 1-instance rate the speedups are computed against.
@@ -335,7 +336,7 @@ func startCompeting(ctx context.Context, r *consumeRig, queue string, co consume
 			wg.Go(func() {
 				for d := range ds {
 					_ = harness.Sleep(ctx, co.Delay)
-					seq, _ := headerInt64(d.Headers, inbox.HeaderKeySeq)
+					seq, _ := wire.Int(d.Headers, wire.HeaderKeySeq)
 					_, _ = r.Pool.Exec(ctx, `INSERT INTO bench_handled (key, seq, message_id) VALUES ($1, $2, $3)`, d.CorrelationId, seq, d.MessageId)
 					_ = d.Ack(false)
 				}
@@ -343,14 +344,4 @@ func startCompeting(ctx context.Context, r *consumeRig, queue string, co consume
 		}
 	}
 	return stop, nil
-}
-
-func headerInt64(h amqp.Table, name string) (int64, bool) {
-	switch v := h[name].(type) {
-	case int64:
-		return v, true
-	case int32:
-		return int64(v), true
-	}
-	return 0, false
 }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/ordo-relay/ordo/wire"
 )
 
 // broker holds the instance's one AMQP connection (redialled on demand)
@@ -109,7 +111,7 @@ func (b *broker) DeadLetter(ctx context.Context, m *Message, reason string, atte
 	if err := h.Validate(); err != nil {
 		// Headers read back from JSON may hold types AMQP cannot carry.
 		h = amqp.Table{HeaderDeadReason: truncate(reason, 1000), HeaderDeadAttempts: int32(attempts), HeaderDeadConsumer: b.cfg.Name,
-			HeaderKeySeq: m.KeySeq, HeaderPrevKeySeq: m.PrevKeySeq, HeaderPartition: int32(m.Partition)}
+			wire.HeaderKeySeq: m.KeySeq, wire.HeaderPrevKeySeq: m.PrevKeySeq, wire.HeaderPartition: int32(m.Partition)}
 	}
 	return b.publishDead(ctx, amqp.Publishing{
 		Headers: h, ContentType: "application/json", DeliveryMode: amqp.Persistent,

@@ -150,7 +150,7 @@ func (s *Store) handle(ctx context.Context, f Fence, m *Message, h Handler) (Out
 		return 0, fmt.Errorf("begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	d, err := s.decide(ctx, tx, m)
+	d, last, err := s.decide(ctx, tx, m)
 	if err != nil {
 		return 0, err
 	}
@@ -163,14 +163,14 @@ func (s *Store) handle(ctx context.Context, f Fence, m *Message, h Handler) (Out
 		// An earlier delivery may have crashed its handler: count that
 		// attempt in a commit of its own, then run from the stored copy.
 		due := 0.0
-		if err := s.storeAndCommit(ctx, tx, f, withAttempts(m, 1, "redelivered by the broker"), &due); err != nil {
+		if err := s.storeAndCommit(ctx, tx, f, withAttempts(m, s.redeliveryAttempts(), "redelivered by the broker"), &due); err != nil {
 			return 0, err
 		}
 		return Retrying, nil
 	}
 	if herr := runHandler(ctx, tx, m, h); herr != nil {
 		_ = tx.Rollback(ctx)
-		return s.failed(ctx, f, m, herr)
+		return s.failed(ctx, f, m, last, herr)
 	}
 	if err := s.advance(ctx, tx, f, m); err != nil {
 		return 0, err
@@ -181,18 +181,30 @@ func (s *Store) handle(ctx context.Context, f Fence, m *Message, h Handler) (Out
 	return Handled, nil
 }
 
+// redeliveryAttempts is the attempts a redelivery is stored with: one, as
+// the broker cannot say whether an earlier delivery's handler ran (and
+// crashed its process), but never the last one, so every message gets at
+// least one handler run in the inbox before it is dead-lettered: with
+// MaxAttempts 1 a redelivery (a clean handoff requeues the prefetched
+// deliveries flagged redelivered, none of them run) still runs once.
+func (s *Store) redeliveryAttempts() int { return min(1, s.cfg.MaxAttempts-1) }
+
 // decide locks m's key row (creating it for a new key) and classifies m.
-func (s *Store) decide(ctx context.Context, tx pgx.Tx, m *Message) (decision, error) {
+// It also returns the key's last handled key_seq, which is the last_seq
+// of the key row it created if it was new: a failure stored after tx
+// rolls back must create the same row.
+func (s *Store) decide(ctx context.Context, tx pgx.Tx, m *Message) (decision, int64, error) {
 	var (
 		last     *int64
 		lastID   string
 		stored   bool
+		behind   bool
 		lowWater *time.Time
 		ignore   string
 	)
 	if err := tx.QueryRow(ctx, sqlDecide, s.cfg.Name, m.CorrelationID, m.KeySeq, s.idle).
-		Scan(&ignore, &last, &lastID, &stored, &lowWater); err != nil {
-		return 0, fmt.Errorf("decide %s/%d: %w", m.CorrelationID, m.KeySeq, err)
+		Scan(&ignore, &last, &lastID, &stored, &behind, &lowWater); err != nil {
+		return 0, 0, fmt.Errorf("decide %s/%d: %w", m.CorrelationID, m.KeySeq, err)
 	}
 	if last != nil && m.KeySeq == *last && lastID != "" && m.ID != "" && m.ID != lastID {
 		s.rewound(m, lastID)
@@ -200,23 +212,33 @@ func (s *Store) decide(ctx context.Context, tx pgx.Tx, m *Message) (decision, er
 	newKey := last == nil
 	if newKey {
 		if lowWater != nil && !m.Timestamp.IsZero() && m.Timestamp.Before(*lowWater) {
-			return decDuplicate, nil // a key retention deleted: see Retain
+			return decDuplicate, 0, nil // a key retention deleted: see Retain
 		}
-		l, err := s.createKey(ctx, tx, m.CorrelationID)
+		// Bootstrap joins a key at its first message seen: the key starts
+		// just before it, so that message is next, also when it is
+		// retried from the table.
+		base := int64(0)
+		if s.cfg.Mode == Bootstrap {
+			base = m.PrevKeySeq
+		}
+		l, err := s.createKey(ctx, tx, m.CorrelationID, base)
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		last = &l
 	}
 	switch {
 	case m.KeySeq <= *last || stored:
-		return decDuplicate, nil
+		return decDuplicate, *last, nil
+	case behind:
+		// An earlier message of the key is stored (retrying, dead or a
+		// gap): m waits behind it in every mode, or it would be handled
+		// first and its advance would delete the earlier one.
+		return decGap, *last, nil
 	case s.cfg.Mode == Partial || m.PrevKeySeq <= *last:
-		return decNext, nil
-	case newKey && *last == 0 && s.cfg.Mode == Bootstrap:
-		return decNext, nil
+		return decNext, *last, nil
 	}
-	return decGap, nil
+	return decGap, *last, nil
 }
 
 // rewound reports a message whose key_seq was already handled under
@@ -231,9 +253,9 @@ func (s *Store) rewound(m *Message, lastID string) {
 		"key", m.CorrelationID, "key_seq", m.KeySeq, "message_id", m.ID, "handled_message_id", lastID)
 }
 
-func (s *Store) createKey(ctx context.Context, tx pgx.Tx, key string) (int64, error) {
+func (s *Store) createKey(ctx context.Context, tx pgx.Tx, key string, base int64) (int64, error) {
 	var last int64
-	err := tx.QueryRow(ctx, sqlNewKey, s.cfg.Name, key).Scan(&last)
+	err := tx.QueryRow(ctx, sqlNewKey, s.cfg.Name, key, base).Scan(&last)
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = tx.QueryRow(ctx, sqlLockKey, s.cfg.Name, key).Scan(&last)
 	}
@@ -267,9 +289,13 @@ func runHandler(ctx context.Context, tx pgx.Tx, m *Message, h Handler) (err erro
 }
 
 // failed stores m after its first attempt failed with herr, to be retried
-// after a backoff, or dead-letters it when one attempt is all it gets.
-func (s *Store) failed(ctx context.Context, f Fence, m *Message, herr error) (Outcome, error) {
+// after a backoff, or dead-letters it when one attempt is all it gets. The
+// handler's transaction has rolled back, and with it the key row decide
+// created for a new key: the store creates it again at last, in the same
+// statement.
+func (s *Store) failed(ctx context.Context, f Fence, m *Message, last int64, herr error) (Outcome, error) {
 	sm := withAttempts(m, 1, herr.Error())
+	sm.keyBase = last
 	due := s.cfg.backoff(1, rand.Float64()).Seconds()
 	if err := s.store(ctx, s.db, f, sm, &due); err != nil {
 		return 0, err
