@@ -27,9 +27,6 @@ type partState struct {
 	hot        bool      // a tail read is wanted (a notification, a poll, or a full page)
 	notified   bool      // a notification came since the last tail read began
 	armed      bool      // the Store notifies this partition's commits (see wake.go)
-
-	flights int    // published under this state and not yet ended (see endFlightLocked)
-	revoked func() // the Revoked's Done, called when flights reaches 0
 }
 
 // keyState is one key's queue and its place in the per-key rule.
@@ -48,9 +45,10 @@ type keyState struct {
 
 // entry is one row held in memory.
 type entry struct {
-	row  Row
-	seen uint64 // the pass of its partition that last read it
-	size int64
+	row    Row
+	seen   uint64 // the pass of its partition that last read it
+	size   int64
+	unsent int // publishes in a row settled Unsent (see Relay.unsentDelay)
 }
 
 // flight is one published message, until it is marked or its failure is

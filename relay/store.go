@@ -53,7 +53,7 @@ type Settled struct {
 
 // Store is the relay's view of the outbox. Every write checks, in its own
 // transaction, that node still holds each row's partition at the epoch the
-// row was published under (DESIGN.md invariant 3). Implementations are safe
+// row was published under (docs/design.md, invariant 3). Implementations are safe
 // for concurrent use.
 type Store interface {
 	// ReadPending returns, for each cursor, up to limit pending rows of its
@@ -87,7 +87,7 @@ type Store interface {
 	// Arm asks that the next commits to each of partitions be notified
 	// through Listen, and returns those now armed (already armed ones
 	// included). Producers notify only armed partitions: NOTIFY serialises
-	// their commits database-wide (DESIGN.md). A partition is not armed
+	// their commits database-wide (docs/design.md, "Wake-ups"). A partition is not armed
 	// while a producer's transaction that wrote to it without notifying is
 	// open; once Arm returns it armed, every commit to it that did not
 	// notify is visible to a read begun after Arm returned. Arming lasts
