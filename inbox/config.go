@@ -19,14 +19,17 @@ const (
 	// a gap otherwise, until the missing messages arrive.
 	Ordered Mode = iota
 	// Bootstrap is Ordered except for keys the inbox has never seen: their
-	// first message is handled whatever its x-ordo-prev-key-seq, so a new
-	// consumer can join an existing stream mid-history. Turn it on for the
+	// first message is handled whatever its x-ordo-prev-key-seq (the key
+	// starts at that prev, so the message stays next if it is retried), so
+	// a new consumer can join an existing stream mid-history. Turn it on for the
 	// first run over an existing stream and off afterwards: while it is
 	// on, a key whose first messages were lost starts after them silently.
 	Bootstrap
 	// Partial is for a queue bound to only some of a key's messages (gaps
 	// by design): a key_seq not above the last handled one is dropped, any
-	// other is handled at once. There are no gaps and no stuck keys.
+	// other is handled at once, unless an earlier message of its key is
+	// stored for a retry or dead-lettered: it then waits behind that one,
+	// as in every mode. There are no gaps and no stuck keys.
 	Partial
 )
 
@@ -67,7 +70,9 @@ type Config struct {
 	// MaxAttempts (M) is how many handler attempts a message gets before it
 	// is dead-lettered and its key held. A crash counts: an attempt is
 	// recorded before the handler runs whenever the inbox cannot rule out
-	// an earlier one (a redelivery, a stored retry).
+	// an earlier one (a redelivery, a stored retry). Every message is run
+	// at least once: a redelivery's uncertain attempt is never its last,
+	// so with 1 a message is run once and dead-lettered if that fails.
 	MaxAttempts int
 	// RetryMin and RetryMax bound the backoff between attempts of a failing
 	// message (exponential from RetryMin, jittered, capped at RetryMax).

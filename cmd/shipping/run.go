@@ -41,7 +41,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 			}
 		}
 	}
-	c, err := inbox.New(cfg.inbox, pool, projector(cfg.inbox.Instance, cfg.handlerDelay))
+	c, err := inbox.New(cfg.inbox, pool, cfg.faults.wrap(projector(cfg.inbox.Instance, cfg.handlerDelay)))
 	if err != nil {
 		return err
 	}
