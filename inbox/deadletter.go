@@ -7,6 +7,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/ordo-relay/ordo/wire"
 )
 
 // deadTimeout bounds one dead-letter publish, every wait in it included:
@@ -54,7 +56,7 @@ func (d *deadLetters) DeadLetter(ctx context.Context, m *Message, reason string,
 	if err := h.Validate(); err != nil {
 		// Headers read back from JSON may hold types AMQP cannot carry.
 		h = amqp.Table{HeaderDeadReason: truncate(reason, 1000), HeaderDeadAttempts: int32(attempts), HeaderDeadConsumer: d.cfg.Name,
-			HeaderKeySeq: m.KeySeq, HeaderPrevKeySeq: m.PrevKeySeq, HeaderPartition: int32(m.Partition)}
+			wire.HeaderKeySeq: m.KeySeq, wire.HeaderPrevKeySeq: m.PrevKeySeq, wire.HeaderPartition: int32(m.Partition)}
 	}
 	return d.publish(ctx, amqp.Publishing{
 		Headers: h, ContentType: "application/json", DeliveryMode: amqp.Persistent,

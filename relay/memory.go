@@ -21,9 +21,6 @@ type partState struct {
 	reading  bool      // a pass is under way: the next read continues at cursor
 	dirty    bool      // a notification or poll asks for a new pass
 	lastPass time.Time // when the current pass began
-
-	flights int    // published under this state and not yet ended (see endFlightLocked)
-	revoked func() // the Revoked's Done, called when flights reaches 0
 }
 
 // keyState is one key's queue and its place in the per-key rule.
@@ -42,9 +39,10 @@ type keyState struct {
 
 // entry is one row held in memory.
 type entry struct {
-	row  Row
-	seen uint64 // the pass of its partition that last read it
-	size int64
+	row    Row
+	seen   uint64 // the pass of its partition that last read it
+	size   int64
+	unsent int // publishes in a row settled Unsent (see Relay.unsentDelay)
 }
 
 // flight is one published message, until it is marked or its failure is

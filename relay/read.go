@@ -16,7 +16,7 @@ import (
 // pending rows in seq order, a page at a time, each page continuing above
 // the highest seq the last one returned, until a page comes back short.
 // A cursor alone would miss a row whose transaction commits after a later
-// row was read (DESIGN.md: never read seq > cursor and trust it), so the
+// row was read (docs/design.md, "The relay": rows committed late), so the
 // cursor is only where the current pass stands: order never depends on it
 // (each row says whether the row below it in its key was pending, and a
 // key goes on only once that row is confirmed here or was processed), and
@@ -269,10 +269,15 @@ func (r *Relay) ingestRead(states map[int]*partState, rows []Row, took time.Dura
 
 // dispatch publishes every queued row the per-key rule and the window let
 // go now, and returns how many it published. A Publish error (the broker
-// went away) ends it; the row stays queued.
+// went away) ends it; the row stays queued. So does ctx's end: a
+// Publisher that settles or refuses every message inside Publish never
+// fills the window, and Run must still stop.
 func (r *Relay) dispatch(ctx context.Context) (int, error) {
 	n := 0
 	for {
+		if ctx.Err() != nil {
+			return n, nil // Run is stopping; readLoop sees it
+		}
 		f, leaseLost := r.nextFlight()
 		if leaseLost {
 			r.progress.leaseSkipped(1)
@@ -296,7 +301,7 @@ func (r *Relay) dispatch(ctx context.Context) (int, error) {
 
 // nextFlight takes the next publishable head off the ready list and
 // registers it as a flight, after checking its partition's live lease: the
-// last check before the publish (DESIGN.md invariant 3). A Revoked is
+// last check before the publish (docs/design.md, invariant 3). A Revoked is
 // applied under r.mu too, so a handoff either finds this flight and waits
 // for it, or the Ownership has already taken the lease away (before
 // sending the Revoked) and this check refuses.
@@ -334,10 +339,8 @@ func (r *Relay) nextFlight() (f *flight, leaseLost bool) {
 			Exchange: e.row.Exchange, RoutingKey: e.row.RoutingKey, Type: e.row.Type,
 			Payload: e.row.Payload, OccurredAt: e.row.OccurredAt, Deadline: l.Deadline,
 		}}
-		r.flights[e.row.ID] = f
+		r.startFlightLocked(f)
 		k.inFlight++
-		k.flights++
-		k.part.flights++
 		k.published = max(k.published, e.row.KeySeq)
 		r.unconfirmed++
 		r.stats.Published++

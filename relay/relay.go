@@ -43,7 +43,8 @@ type Relay struct {
 	queue          []settlement          // confirmed or failed, not yet written
 	marked         map[uuid.UUID]bool    // marked since the current read began
 	markedKeys     map[string]int64      // highest key_seq marked per key since the current read began
-	revoking       int                   // revoked partitions whose flights have not all ended
+	flightsOf      map[int]int           // flights per partition, whichever partState published them (handoff.go)
+	revoked        map[int][]func()      // Revoked.Done calls waiting for their partition's flights to end
 	writes         uint64                // failure records written so far
 	readFrom       uint64                // writes when the current read began
 	lastPublish    time.Time
@@ -105,6 +106,8 @@ func New(cfg Config, store Store, pub Publisher, own Ownership) (*Relay, error) 
 		leaseWait:  map[*keyState]bool{},
 		marked:     map[uuid.UUID]bool{},
 		markedKeys: map[string]int64{},
+		flightsOf:  map[int]int{},
+		revoked:    map[int][]func(){},
 		progress:   newProgress(cfg.Logger),
 	}, nil
 }
@@ -114,7 +117,7 @@ func (r *Relay) Stats() Stats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := r.stats
-	s.InFlight, s.Unconfirmed, s.Revoking = len(r.flights), r.unconfirmed, r.revoking
+	s.InFlight, s.Unconfirmed, s.Revoking = len(r.flights), r.unconfirmed, len(r.revoked)
 	for _, ps := range r.parts {
 		s.ReadAhead += len(ps.queued)
 	}

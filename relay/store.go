@@ -53,7 +53,7 @@ type Settled struct {
 
 // Store is the relay's view of the outbox. Every write checks, in its own
 // transaction, that node still holds each row's partition at the epoch the
-// row was published under (DESIGN.md invariant 3). Implementations are safe
+// row was published under (docs/design.md, invariant 3). Implementations are safe
 // for concurrent use.
 type Store interface {
 	// ReadPending returns, for each cursor, up to limit pending rows of its

@@ -30,7 +30,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 		return fmt.Errorf("migrate projection: %w", err)
 	}
 	var db inbox.DB = pool
-	h := projector(cfg.inbox.Instance, cfg.handlerDelay)
+	h := cfg.faults.wrap(projector(cfg.inbox.Instance, cfg.handlerDelay))
 	if cfg.killAfter > 0 {
 		k := &killAfter{DB: pool, n: int64(cfg.killAfter), logger: logger}
 		db, h = k, k.handler(h)

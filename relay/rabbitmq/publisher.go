@@ -35,7 +35,7 @@ type Publisher struct {
 
 	pubMu   sync.Mutex     // serialises delivery-tag assignment with the publish
 	calls   sync.WaitGroup // bounded broker calls still running; Run waits for them
-	attempt atomic.Int64   // the last HeaderAttempt value used
+	attempt atomic.Int64   // the last wire.HeaderAttempt value used
 
 	mu        sync.Mutex
 	dialed    string   // the URL of the current or last connection

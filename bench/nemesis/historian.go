@@ -1,4 +1,4 @@
-package main
+package nemesis
 
 import (
 	"context"
@@ -9,8 +9,19 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/ordo-relay/ordo/bench/internal/harness"
 	"github.com/ordo-relay/ordo/internal/backoff"
 	"github.com/ordo-relay/ordo/internal/testkit"
+)
+
+const (
+	// checkerPrefetch bounds the unacknowledged deliveries the broker
+	// pushes to the checker's consumer.
+	checkerPrefetch = 1000
+	// ackEvery acknowledges (multiple) after this many deliveries...
+	ackEvery = checkerPrefetch / 4
+	// ackIdle ...or after this long without a delivery.
+	ackIdle = 20 * time.Millisecond
 )
 
 // historian is the nemesis's checker consumer: it reads a durable queue
@@ -94,7 +105,7 @@ func (h *historian) consumeOnce(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
-	if err := ch.Qos(consumerPrefetch, 0, false); err != nil {
+	if err := ch.Qos(checkerPrefetch, 0, false); err != nil {
 		return fmt.Errorf("set prefetch: %w", err)
 	}
 	msgs, err := ch.Consume(h.queue, "", false, false, false, false, nil)
@@ -176,7 +187,7 @@ func (h *historian) arrivalLocked(p promise) (time.Time, bool) {
 func (h *historian) waitArrived(ctx context.Context, ps []promise, timeout time.Duration, abort func() error) (time.Time, error) {
 	missing := append([]promise(nil), ps...)
 	var latest time.Time
-	err := waitUntil(ctx, timeout, 20*time.Millisecond, fmt.Sprintf("%d promised messages", len(ps)), func() (bool, error) {
+	err := harness.WaitUntil(ctx, timeout, 20*time.Millisecond, fmt.Sprintf("%d promised messages", len(ps)), func() (bool, error) {
 		if err := abort(); err != nil {
 			return false, err
 		}
@@ -184,7 +195,9 @@ func (h *historian) waitArrived(ctx context.Context, ps []promise, timeout time.
 		kept := missing[:0]
 		for _, p := range missing {
 			if t, ok := h.arrivalLocked(p); ok {
-				latest = maxTime(latest, t)
+				if t.After(latest) {
+					latest = t
+				}
 			} else {
 				kept = append(kept, p)
 			}

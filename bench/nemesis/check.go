@@ -1,4 +1,4 @@
-package main
+package nemesis
 
 import (
 	"fmt"
@@ -6,6 +6,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/ordo-relay/ordo/bench/internal/result"
 	"github.com/ordo-relay/ordo/internal/testkit"
 )
 
@@ -36,7 +37,7 @@ type skipKey struct {
 // any fault.
 type stepWindow struct {
 	Label string
-	Kind  nemesisKind
+	Kind  Kind
 	Start time.Time
 	End   time.Time // the next step's Start, or the end of the run
 	// Quiet is when the step's fault window ends (its recovery plus
@@ -247,7 +248,7 @@ func windowOf(steps []stepWindow, t time.Time) int {
 
 // recoveryStat is the recovery of one kind's steps.
 type recoveryStat struct {
-	Kind     nemesisKind
+	Kind     Kind
 	N        int // steps that recovered
 	Failed   int // steps that did not recover in time
 	P50, Max time.Duration
@@ -255,16 +256,17 @@ type recoveryStat struct {
 
 // stepResult is one step as it ran.
 type stepResult struct {
-	Kind      nemesisKind
+	Kind      Kind
 	Recovered bool
 	Recovery  time.Duration // from the heal to the recovery (see docs/reliability.md)
 }
 
-// recoveryStats groups results by kind (in allKinds order, kinds that did
+// recoveryStats groups results by kind (in the order of allKinds, then
+// the consumer scenario's own kinds; kinds that did
 // not run left out) and returns them with the p50 and max over every step.
 func recoveryStats(results []stepResult) (byKind []recoveryStat, p50, worst time.Duration) {
-	per := map[nemesisKind][]time.Duration{}
-	failed := map[nemesisKind]int{}
+	per := map[Kind][]time.Duration{}
+	failed := map[Kind]int{}
 	var all []time.Duration
 	for _, r := range results {
 		if !r.Recovered {
@@ -274,7 +276,7 @@ func recoveryStats(results []stepResult) (byKind []recoveryStat, p50, worst time
 		per[r.Kind] = append(per[r.Kind], r.Recovery)
 		all = append(all, r.Recovery)
 	}
-	for _, k := range allKinds {
+	for _, k := range append(slices.Clone(allKinds), kindRebalance, kindPoisonOrder) {
 		ds := per[k]
 		if len(ds) == 0 && failed[k] == 0 {
 			continue
@@ -282,13 +284,13 @@ func recoveryStats(results []stepResult) (byKind []recoveryStat, p50, worst time
 		slices.Sort(ds)
 		st := recoveryStat{Kind: k, N: len(ds), Failed: failed[k]}
 		if len(ds) > 0 {
-			st.P50, st.Max = percentile(ds, 0.5), ds[len(ds)-1]
+			st.P50, st.Max = result.Percentile(ds, 0.5), ds[len(ds)-1]
 		}
 		byKind = append(byKind, st)
 	}
 	slices.Sort(all)
 	if len(all) > 0 {
-		p50, worst = percentile(all, 0.5), all[len(all)-1]
+		p50, worst = result.Percentile(all, 0.5), all[len(all)-1]
 	}
 	return byKind, p50, worst
 }

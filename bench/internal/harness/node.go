@@ -1,10 +1,9 @@
-package main
+package harness
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,21 +16,21 @@ import (
 )
 
 const (
-	// nodeStopTimeout bounds a node's graceful stop: its settle timeout
+	// NodeStopTimeout bounds a node's graceful stop: its settle timeout
 	// (5 s) plus lease release and slack. After it the node is killed.
-	nodeStopTimeout = 20 * time.Second
+	NodeStopTimeout = 20 * time.Second
 	// nodeLogLines is how many of a node's output lines are kept.
 	nodeLogLines = 2000
-	// clockTicks is USER_HZ, the unit of /proc/<pid>/stat CPU times; 100
+	// ClockTicks is USER_HZ, the unit of /proc/<pid>/stat CPU times; 100
 	// on every Linux the bench runs on.
-	clockTicks = 100
+	ClockTicks = 100
 	// nodePkg is the node's main package, built by the test kit.
 	nodePkg = "github.com/ordo-relay/ordo/cmd/node"
 )
 
-// nodeBinary returns the node binary: -node-bin, or ./cmd/node built once
+// NodeBinary returns the node binary: -node-bin, or ./cmd/node built once
 // per bench process by the test kit (see testkit.RemoveBinaries).
-func nodeBinary(ctx context.Context, o options) (string, error) {
+func NodeBinary(ctx context.Context, o Config) (string, error) {
 	if o.NodeBin != "" {
 		return o.NodeBin, nil
 	}
@@ -61,13 +60,13 @@ func inModule(ctx context.Context) error {
 	return nil
 }
 
-// node is a running node binary: a test-kit process with the node's HTTP
+// Node is a running Node binary: a test-kit process with the Node's HTTP
 // address. Its methods are safe for concurrent use.
-type node struct {
-	name     string
-	httpAddr string
-	started  time.Time
-	proc     *testkit.Process
+type Node struct {
+	Name     string
+	HTTPAddr string
+	Started  time.Time
+	Proc     *testkit.Process
 	stopping sync.Once
 	stopErr  error
 	took     time.Duration
@@ -76,23 +75,23 @@ type node struct {
 	ended bool // stop or kill was called: exiting is not a failure
 }
 
-// startNode starts the node binary as a child in its own process group (so
+// StartProcess starts the node binary as a child in its own process group (so
 // a Ctrl-C reaches only the bench, which then stops the node in order) with
 // Pdeathsig SIGKILL (so it dies with the bench). Its output is printed with
 // a "[name]" prefix and its last nodeLogLines lines kept. env adds or
 // overrides ORDO_* variables (gossip settings, say).
-func startNode(ctx context.Context, o options, name, dbURL, amqpURL string, env ...string) (*node, error) {
-	bin, err := nodeBinary(ctx, o)
+func StartProcess(ctx context.Context, o Config, name, dbURL, amqpURL string, env ...string) (*Node, error) {
+	bin, err := NodeBinary(ctx, o)
 	if err != nil {
 		return nil, err
 	}
-	addr, err := freeAddr()
+	addr, err := FreeAddr()
 	if err != nil {
 		return nil, err
 	}
-	n := &node{name: name, httpAddr: addr, started: time.Now()}
+	n := &Node{Name: name, HTTPAddr: addr, Started: time.Now()}
 	prefix := "[" + name + "] "
-	n.proc, err = testkit.Start(name, bin, nil, testkit.ProcessOptions{
+	n.Proc, err = testkit.Start(name, bin, nil, testkit.ProcessOptions{
 		Env: append([]string{
 			"ORDO_POSTGRES_URL=" + dbURL,
 			"ORDO_AMQP_URL=" + amqpURL,
@@ -111,38 +110,32 @@ func startNode(ctx context.Context, o options, name, dbURL, amqpURL string, env 
 	return n, nil
 }
 
-// freeAddr returns 127.0.0.1:<a port free for TCP and UDP just now>.
-func freeAddr() (string, error) {
-	port, err := testkit.PickPort()
-	if err != nil {
-		return "", err
-	}
-	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), nil
-}
+// FreeAddr returns 127.0.0.1:<a port free for TCP and UDP just now>.
+func FreeAddr() (string, error) { return testkit.PickAddr() }
 
-// pid returns the node's process id.
-func (n *node) pid() int { return n.proc.Pid() }
+// Pid returns the node's process id.
+func (n *Node) Pid() int { return n.Proc.Pid() }
 
-// exited reports whether the process has exited.
-func (n *node) exited() bool { return n.proc.Exited() }
+// Exited reports whether the process has Exited.
+func (n *Node) Exited() bool { return n.Proc.Exited() }
 
-// failed returns an error when the node has exited without being stopped
+// Failed returns an error when the node has exited without being stopped
 // or killed; nil while it runs.
-func (n *node) failed() error {
-	if !n.exited() || n.endedOnPurpose() {
+func (n *Node) Failed() error {
+	if !n.Exited() || n.endedOnPurpose() {
 		return nil
 	}
-	code, err := n.proc.Wait(0)
-	return fmt.Errorf("node %s exited early (code %d, %v); last output:\n%s", n.name, code, err, n.proc.Tail(20))
+	code, err := n.Proc.Wait(0)
+	return fmt.Errorf("node %s exited early (code %d, %v); last output:\n%s", n.Name, code, err, n.Proc.Tail(20))
 }
 
-// waitReady polls /readyz until it answers 200: the node is connected to
+// WaitReady polls /readyz until it answers 200: the node is connected to
 // both servers and holds at least one lease.
-func (n *node) waitReady(ctx context.Context, timeout time.Duration) error {
+func (n *Node) WaitReady(ctx context.Context, timeout time.Duration) error {
 	client := &http.Client{Timeout: time.Second}
-	url := "http://" + n.httpAddr + "/readyz"
-	return waitUntil(ctx, timeout, 50*time.Millisecond, "node "+n.name+" ready", func() (bool, error) {
-		if err := n.failed(); err != nil {
+	url := "http://" + n.HTTPAddr + "/readyz"
+	return WaitUntil(ctx, timeout, 50*time.Millisecond, "node "+n.Name+" ready", func() (bool, error) {
+		if err := n.Failed(); err != nil {
 			return false, err
 		}
 		resp, err := client.Get(url)
@@ -154,44 +147,44 @@ func (n *node) waitReady(ctx context.Context, timeout time.Duration) error {
 	})
 }
 
-// kill sends SIGKILL to the node's process (only it, not its group) and
+// Kill sends SIGKILL to the node's process (only it, not its group) and
 // waits until it has exited. A killed node is not a failure: failed and
 // stop return nil for it.
-func (n *node) kill() {
+func (n *Node) Kill() {
 	n.markEnded()
-	n.proc.Kill()
-	<-n.proc.Done()
+	n.Proc.Kill()
+	<-n.Proc.Done()
 }
 
-func (n *node) markEnded() {
+func (n *Node) markEnded() {
 	n.endMu.Lock()
 	n.ended = true
 	n.endMu.Unlock()
 }
 
-func (n *node) endedOnPurpose() bool {
+func (n *Node) endedOnPurpose() bool {
 	n.endMu.Lock()
 	defer n.endMu.Unlock()
 	return n.ended
 }
 
-// stop sends SIGTERM and waits up to timeout for a graceful exit, then
-// kills the node. It returns how long the graceful stop took. Calling it
+// Stop sends SIGTERM and waits up to timeout for a graceful exit, then
+// kills the node. It returns how long the graceful Stop took. Calling it
 // again returns the first call's error.
-func (n *node) stop(timeout time.Duration) (time.Duration, error) {
+func (n *Node) Stop(timeout time.Duration) (time.Duration, error) {
 	n.stopping.Do(func() {
-		if n.exited() {
-			n.stopErr = n.failed()
+		if n.Exited() {
+			n.stopErr = n.Failed()
 			return
 		}
 		n.markEnded()
 		start := time.Now()
-		code, err := n.proc.Stop(timeout)
+		code, err := n.Proc.Stop(timeout)
 		switch {
 		case err != nil:
-			n.stopErr = fmt.Errorf("node %s: %w; last output:\n%s", n.name, err, n.proc.Tail(20))
+			n.stopErr = fmt.Errorf("node %s: %w; last output:\n%s", n.Name, err, n.Proc.Tail(20))
 		case code != 0:
-			n.stopErr = fmt.Errorf("node %s exited with code %d; last output:\n%s", n.name, code, n.proc.Tail(20))
+			n.stopErr = fmt.Errorf("node %s exited with code %d; last output:\n%s", n.Name, code, n.Proc.Tail(20))
 		default:
 			n.took = time.Since(start)
 		}
@@ -200,8 +193,8 @@ func (n *node) stop(timeout time.Duration) (time.Duration, error) {
 }
 
 // procStatus returns a field of /proc/<pid>/status in kB (VmHWM, VmRSS).
-func (n *node) procStatus(field string) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", n.pid()))
+func (n *Node) procStatus(field string) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", n.Pid()))
 	if err != nil {
 		return 0, fmt.Errorf("node status: %w", err)
 	}
@@ -217,21 +210,21 @@ func (n *node) procStatus(field string) (int64, error) {
 	return 0, fmt.Errorf("node status: no %s", field)
 }
 
-// peakRSSMiB returns the node's peak resident set size (VmHWM) in MiB.
+// PeakRSSMiB returns the node's peak resident set size (VmHWM) in MiB.
 // Call it before stop.
-func (n *node) peakRSSMiB() (float64, error) {
+func (n *Node) PeakRSSMiB() (float64, error) {
 	kb, err := n.procStatus("VmHWM")
 	return float64(kb) / 1024, err
 }
 
-// cpu returns the CPU time (user + system) the node has used so far.
+// CPU returns the CPU time (user + system) the node has used so far.
 // Call it before stop.
-func (n *node) cpu() (time.Duration, error) {
-	return procCPU(n.pid())
+func (n *Node) CPU() (time.Duration, error) {
+	return ProcCPU(n.Pid())
 }
 
-// procCPU returns the user + system CPU time of process pid.
-func procCPU(pid int) (time.Duration, error) {
+// ProcCPU returns the user + system CPU time of process pid.
+func ProcCPU(pid int) (time.Duration, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, fmt.Errorf("process %d stat: %w", pid, err)
@@ -252,11 +245,11 @@ func procCPU(pid int) (time.Duration, error) {
 	if err := errors.Join(err1, err2); err != nil {
 		return 0, fmt.Errorf("process %d stat: %w", pid, err)
 	}
-	return time.Duration(utime+stime) * time.Second / clockTicks, nil
+	return time.Duration(utime+stime) * time.Second / ClockTicks, nil
 }
 
-// lineAfter returns the time of the first output line at or after t that
+// LineAfter returns the time of the first output line at or after t that
 // contains substr.
-func (n *node) lineAfter(substr string, t time.Time) (time.Time, bool) {
-	return n.proc.LineAfter(substr, t)
+func (n *Node) LineAfter(substr string, t time.Time) (time.Time, bool) {
+	return n.Proc.LineAfter(substr, t)
 }

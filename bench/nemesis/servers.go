@@ -1,4 +1,4 @@
-package main
+package nemesis
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/ordo-relay/ordo/bench/internal/harness"
 )
 
 const (
@@ -39,15 +41,15 @@ type servers struct {
 	adminURL  string
 	pgVersion string // the local cluster's version, for pg_ctlcluster
 	// whyNot says, per kind, why it cannot run here; a kind missing runs.
-	whyNot map[nemesisKind]string
+	whyNot map[Kind]string
 
 	mu        sync.Mutex
 	watermark string // the broker's watermark before the alarm; empty when not raised
 }
 
 // probeServers finds out which server faults this machine allows.
-func probeServers(ctx context.Context, o options) *servers {
-	s := &servers{adminURL: o.PostgresURL, whyNot: map[nemesisKind]string{}}
+func probeServers(ctx context.Context, o Config) *servers {
+	s := &servers{adminURL: o.PostgresURL, whyNot: map[Kind]string{}}
 	broker := func() string {
 		if !isLocal(o.AMQPURL) {
 			return "the broker is not on 127.0.0.1"
@@ -62,7 +64,7 @@ func probeServers(ctx context.Context, o options) *servers {
 		return ""
 	}()
 	if broker != "" {
-		for _, k := range []nemesisKind{kindBrokerRestart, kindBrokerClose, kindMemoryAlarm} {
+		for _, k := range []Kind{kindBrokerRestart, kindBrokerClose, kindMemoryAlarm} {
 			s.whyNot[k] = broker
 		}
 	}
@@ -77,7 +79,7 @@ func probeServers(ctx context.Context, o options) *servers {
 }
 
 // probePostgres returns why PostgreSQL cannot be restarted here, or "".
-func (s *servers) probePostgres(o options) string {
+func (s *servers) probePostgres(o Config) string {
 	if !isLocal(o.PostgresURL) {
 		return "PostgreSQL is not on 127.0.0.1"
 	}
@@ -105,7 +107,7 @@ func isLocal(rawURL string) bool {
 }
 
 // can returns why kind cannot run here, or "".
-func (s *servers) can(kind nemesisKind) string { return s.whyNot[kind] }
+func (s *servers) can(kind Kind) string { return s.whyNot[kind] }
 
 func (s *servers) rabbitmqctl(ctx context.Context, args ...string) (string, error) {
 	return command(ctx, "rabbitmqctl", append([]string{"-q"}, args...)...)
@@ -214,7 +216,7 @@ func (s *servers) clearAlarm(ctx context.Context) error {
 // terminateSessions ends, with pg_terminate_backend, the sessions on
 // database db whose application_name is one of apps, and returns how many.
 func (s *servers) terminateSessions(ctx context.Context, db string, apps []string) (int, error) {
-	cctx, cancel := context.WithTimeout(ctx, setupTimeout)
+	cctx, cancel := context.WithTimeout(ctx, harness.SetupTimeout)
 	defer cancel()
 	c, err := pgx.Connect(cctx, s.adminURL)
 	if err != nil {
@@ -248,7 +250,7 @@ func (s *servers) startPostgres(ctx context.Context) error {
 }
 
 func (s *servers) waitPostgres(ctx context.Context) error {
-	return waitUntil(ctx, serverBackTimeout, 100*time.Millisecond, "PostgreSQL to take connections", func() (bool, error) {
+	return harness.WaitUntil(ctx, serverBackTimeout, 100*time.Millisecond, "PostgreSQL to take connections", func() (bool, error) {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
 		c, err := pgx.Connect(cctx, s.adminURL)

@@ -1,4 +1,7 @@
-package main
+// Package result is what every bench scenario and the nemesis report: a
+// Result with parameters, figures and the checker's counts, printed for a
+// person, as a RESULT line for a script, and as JSON for the record.
+package result
 
 import (
 	"encoding/json"
@@ -65,8 +68,8 @@ type Check struct {
 	LostIDs    []string `json:"lostIds,omitempty"`
 }
 
-// checkFrom copies a testkit report.
-func checkFrom(r testkit.Report) Check {
+// CheckFrom copies a testkit report.
+func CheckFrom(r testkit.Report) Check {
 	return Check{
 		Total: r.Total, Distinct: r.Distinct, Duplicates: r.Duplicates, Lost: r.Lost,
 		Reorders: r.Reorders, Gaps: r.Gaps, Keys: r.Keys, Problems: r.Problems, LostIDs: r.LostIDs,
@@ -85,12 +88,13 @@ func (r *Result) Passed() bool {
 	return r.Check.OK()
 }
 
-func newResult(scenario string) *Result {
+// New returns an empty result of scenario, started now.
+func New(scenario string) *Result {
 	return &Result{Scenario: scenario, Started: time.Now()}
 }
 
-// figure returns the named figure's value, and whether it was recorded.
-func (r *Result) figure(name string) (float64, bool) {
+// Lookup returns the named Lookup's value, and whether it was recorded.
+func (r *Result) Lookup(name string) (float64, bool) {
 	for _, f := range r.Figures {
 		if f.Name == name {
 			return f.Value, true
@@ -139,7 +143,8 @@ func round6(v float64) float64 {
 	return f
 }
 
-func formatValue(v any) string {
+// FormatValue writes a parameter or figure value as Print and Line show it.
+func FormatValue(v any) string {
 	switch v := v.(type) {
 	case float64:
 		return strconv.FormatFloat(v, 'f', -1, 64)
@@ -160,11 +165,11 @@ func (r *Result) Print(w io.Writer) {
 	}
 	fmt.Fprintf(tw, "\n%s\tparameter\t\n", title)
 	for _, p := range r.Params {
-		fmt.Fprintf(tw, "  %s\t%s\t\n", p.Name, formatValue(p.Value))
+		fmt.Fprintf(tw, "  %s\t%s\t\n", p.Name, FormatValue(p.Value))
 	}
 	fmt.Fprintf(tw, "\t\t\n%s\tfigure\tunit\n", title)
 	for _, f := range r.Figures {
-		fmt.Fprintf(tw, "  %s\t%s\t%s\n", f.Name, formatValue(f.Value), f.Unit)
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", f.Name, FormatValue(f.Value), f.Unit)
 	}
 	_ = tw.Flush()
 	for _, n := range r.Notes {
@@ -202,10 +207,10 @@ func (r *Result) Line() string {
 		fmt.Fprintf(&b, " label=%s", r.Label)
 	}
 	for _, p := range r.Params {
-		fmt.Fprintf(&b, " %s=%s", p.Name, strings.ReplaceAll(formatValue(p.Value), " ", "_"))
+		fmt.Fprintf(&b, " %s=%s", p.Name, strings.ReplaceAll(FormatValue(p.Value), " ", "_"))
 	}
 	for _, f := range r.Figures {
-		fmt.Fprintf(&b, " %s=%s", f.Name, formatValue(f.Value))
+		fmt.Fprintf(&b, " %s=%s", f.Name, FormatValue(f.Value))
 	}
 	c := r.Check
 	fmt.Fprintf(&b, " total=%d distinct=%d duplicates=%d lost=%d reorders=%d gaps=%d",
@@ -213,8 +218,8 @@ func (r *Result) Line() string {
 	return b.String()
 }
 
-// jsonResult is the file format of WriteJSON.
-type jsonResult struct {
+// JSON is the file format of WriteJSON.
+type JSON struct {
 	Scenario string               `json:"scenario"`
 	Label    string               `json:"label,omitempty"`
 	Baseline bool                 `json:"baseline,omitempty"`
@@ -237,10 +242,22 @@ type machine struct {
 	Arch      string `json:"arch"`
 }
 
+// ParamText returns a parameter as text ("" when absent).
+func (d JSON) ParamText(name string) string {
+	v, ok := d.Params[name]
+	if !ok {
+		return ""
+	}
+	if f, ok := v.(float64); ok {
+		return fmt.Sprint(f)
+	}
+	return fmt.Sprint(v)
+}
+
 // WriteJSON writes the result to dir/<scenario>-<start time>.json, creating
 // dir, and returns the file's path.
 func (r *Result) WriteJSON(dir string) (string, error) {
-	doc := jsonResult{
+	doc := JSON{
 		Scenario: r.Scenario, Label: r.Label, Baseline: r.Baseline, Started: r.Started, Finished: r.Finished,
 		Machine: machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH},
 		Params:  map[string]any{}, Figures: map[string]float64{}, Units: map[string]string{},
@@ -277,4 +294,14 @@ func (r *Result) WriteJSON(dir string) (string, error) {
 		return "", fmt.Errorf("write result: %w", err)
 	}
 	return path, nil
+}
+
+// Percentile returns the q-quantile (0 <= q <= 1) of sorted by the
+// nearest-rank method; 0 for an empty slice.
+func Percentile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	rank := int(q*float64(len(sorted)) + 0.999999999)
+	return sorted[min(max(rank, 1), len(sorted))-1]
 }

@@ -1,4 +1,4 @@
-package main
+package nemesis
 
 import (
 	"fmt"
@@ -11,8 +11,8 @@ import (
 
 // The nemesis profiles.
 const (
-	profileShort = "short" // every kind once: about 2 minutes in all
-	profileLong  = "long"  // rounds of every kind, with longer holds, until 10 minutes are planned
+	ProfileShort = "short" // every kind once: about 2 minutes in all
+	ProfileLong  = "long"  // rounds of every kind, with longer holds, until 10 minutes are planned
 )
 
 // longMinimum is the least time the long profile's steps take: the sum
@@ -23,28 +23,38 @@ const longMinimum = 10 * time.Minute
 // pause are drawn as multiples of it.
 const nemesisTTL = 2 * time.Second
 
-// nemesisKind is one kind of fault.
-type nemesisKind string
+// Kind is one kind of fault.
+type Kind string
 
 // The kinds of fault, in the order the plan shuffles them from.
 const (
-	kindKill          nemesisKind = "kill"           // kill -9 one node, restart it after the hold
-	kindPause         nemesisKind = "pause"          // SIGSTOP one node for longer than its lease, then SIGCONT
-	kindBrokerRestart nemesisKind = "broker-restart" // rabbitmqctl stop_app, hold, start_app
-	kindBrokerClose   nemesisKind = "broker-close"   // rabbitmqctl close_connection of one node's or every node's connection
-	kindPGTerminate   nemesisKind = "pg-terminate"   // pg_terminate_backend of one node's or every node's sessions
-	kindPGRestart     nemesisKind = "pg-restart"     // pg_ctlcluster stop, hold, start
-	kindGossipSplit   nemesisKind = "gossip-split"   // one node cut off from the others' gossip (UDP and TCP), then healed
-	kindAMQPLink      nemesisKind = "amqp-link"      // one node's broker link cut or stalled (its proxy), then restored
-	kindPGLink        nemesisKind = "pg-link"        // one node's database link cut or stalled (its proxy), then restored
-	kindMemoryAlarm   nemesisKind = "memory-alarm"   // the broker's memory watermark set tiny, then restored
-	kindHostileRow    nemesisKind = "hostile-row"    // a row whose headers exceed frame_max, on a live key; skipped once parked
-	kindPoison        nemesisKind = "poison"         // rows the broker returns or whose exchange is missing, on live keys; skipped once parked
+	kindKill          Kind = "kill"           // kill -9 one node, restart it after the hold
+	kindPause         Kind = "pause"          // SIGSTOP one node for longer than its lease, then SIGCONT
+	kindBrokerRestart Kind = "broker-restart" // rabbitmqctl stop_app, hold, start_app
+	kindBrokerClose   Kind = "broker-close"   // rabbitmqctl close_connection of one node's or every node's connection
+	kindPGTerminate   Kind = "pg-terminate"   // pg_terminate_backend of one node's or every node's sessions
+	kindPGRestart     Kind = "pg-restart"     // pg_ctlcluster stop, hold, start
+	kindGossipSplit   Kind = "gossip-split"   // one node cut off from the others' gossip (UDP and TCP), then healed
+	kindAMQPLink      Kind = "amqp-link"      // one node's broker link cut or stalled (its proxy), then restored
+	kindPGLink        Kind = "pg-link"        // one node's database link cut or stalled (its proxy), then restored
+	kindMemoryAlarm   Kind = "memory-alarm"   // the broker's memory watermark set tiny, then restored
+	kindHostileRow    Kind = "hostile-row"    // a row whose headers exceed frame_max, on a live key; skipped once parked
+	kindPoison        Kind = "poison"         // rows the broker returns or whose exchange is missing, on live keys; skipped once parked
+
+	// The consumer scenario's own kinds (it also runs kill, pause,
+	// broker-restart, broker-close, pg-restart and pg-link, aimed at the
+	// shipping instances and their database).
+	kindRebalance   Kind = "rebalance"    // one instance stopped (it leaves: its shards move), started again after the hold (it joins)
+	kindPoisonOrder Kind = "poison-order" // an order whose handler fails on every attempt: dead-lettered, its key held
 )
 
 // allKinds lists every kind once.
-var allKinds = []nemesisKind{kindKill, kindPause, kindBrokerRestart, kindBrokerClose, kindPGTerminate, kindPGRestart,
+var allKinds = []Kind{kindKill, kindPause, kindBrokerRestart, kindBrokerClose, kindPGTerminate, kindPGRestart,
 	kindGossipSplit, kindAMQPLink, kindPGLink, kindMemoryAlarm, kindHostileRow, kindPoison}
+
+// consumerKinds lists every kind of the consumer scenario once.
+var consumerKinds = []Kind{kindKill, kindPause, kindBrokerRestart, kindBrokerClose, kindPGRestart, kindPGLink,
+	kindRebalance, kindPoisonOrder}
 
 // Variants of a step.
 const (
@@ -57,7 +67,7 @@ const (
 // plannedStep is one fault of the schedule.
 type plannedStep struct {
 	N       int // 1-based position
-	Kind    nemesisKind
+	Kind    Kind
 	Target  int           // node slot (0-based), or -1 when the step acts on every node or none
 	Hold    time.Duration // how long the fault lasts before its heal (0: healed at once, or when its condition holds)
 	Variant string        // see the variant constants; empty when the kind has none
@@ -68,25 +78,27 @@ type plannedStep struct {
 type holdRange struct{ min, max time.Duration }
 
 // holds returns each kind's hold range under a profile.
-func holds(profile string) map[nemesisKind]holdRange {
+func holds(profile string) map[Kind]holdRange {
 	s := time.Second
-	if profile == profileLong {
-		return map[nemesisKind]holdRange{
+	if profile == ProfileLong {
+		return map[Kind]holdRange{
 			kindKill: {s / 2, 10 * s}, kindPause: {5 * nemesisTTL / 2, 6 * nemesisTTL},
 			kindBrokerRestart: {0, 10 * s}, kindPGRestart: {0, 8 * s}, kindGossipSplit: {3 * s, 20 * s},
 			kindAMQPLink: {s, 15 * s}, kindPGLink: {s, 15 * s}, kindMemoryAlarm: {2 * s, 15 * s},
+			kindRebalance: {s, 15 * s},
 		}
 	}
-	return map[nemesisKind]holdRange{
+	return map[Kind]holdRange{
 		kindKill: {s / 2, 3 * s}, kindPause: {5 * nemesisTTL / 2, 7 * nemesisTTL / 2},
 		kindBrokerRestart: {0, 2 * s}, kindPGRestart: {0, 2 * s}, kindGossipSplit: {3 * s, 6 * s},
 		kindAMQPLink: {2 * s, 5 * s}, kindPGLink: {2 * s, 5 * s}, kindMemoryAlarm: {2 * s, 4 * s},
+		kindRebalance: {s, 4 * s},
 	}
 }
 
 // overhead is a rough cost of a kind beyond its hold (the commands, the
 // recovery, the wait for convergence), for the plan's time estimate only.
-func overhead(k nemesisKind) time.Duration {
+func overhead(k Kind) time.Duration {
 	switch k {
 	case kindBrokerRestart:
 		return 8 * time.Second
@@ -110,8 +122,13 @@ func (s plannedStep) floor() time.Duration { return s.Hold + s.Quiet }
 // steps' holds and rests alone add up to longMinimum, so that the run
 // lasts at least that long however quickly each fault heals.
 func planSchedule(seed int64, profile string, nodes int) ([]plannedStep, error) {
-	if profile != profileShort && profile != profileLong {
-		return nil, fmt.Errorf("profile %q: want %s or %s", profile, profileShort, profileLong)
+	return planKinds(seed, profile, nodes, allKinds)
+}
+
+// planKinds is planSchedule over the given kinds (a scenario's list).
+func planKinds(seed int64, profile string, nodes int, all []Kind) ([]plannedStep, error) {
+	if profile != ProfileShort && profile != ProfileLong {
+		return nil, fmt.Errorf("profile %q: want %s or %s", profile, ProfileShort, ProfileLong)
 	}
 	if nodes < 2 {
 		return nil, fmt.Errorf("a schedule needs at least 2 nodes, not %d", nodes)
@@ -120,11 +137,11 @@ func planSchedule(seed int64, profile string, nodes int) ([]plannedStep, error) 
 	hr := holds(profile)
 	var plan []plannedStep
 	var floor time.Duration
-	for round := 0; round == 0 || (profile == profileLong && floor < longMinimum); round++ {
-		kinds := append([]nemesisKind(nil), allKinds...)
+	for round := 0; round == 0 || (profile == ProfileLong && floor < longMinimum); round++ {
+		kinds := append([]Kind(nil), all...)
 		rng.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
 		for _, k := range kinds {
-			if profile == profileLong && floor >= longMinimum {
+			if profile == ProfileLong && floor >= longMinimum {
 				break
 			}
 			s := drawStep(rng, k, hr[k], profile, nodes)
@@ -137,7 +154,7 @@ func planSchedule(seed int64, profile string, nodes int) ([]plannedStep, error) 
 }
 
 // drawStep draws one step of kind k.
-func drawStep(rng *rand.Rand, k nemesisKind, hold holdRange, profile string, nodes int) plannedStep {
+func drawStep(rng *rand.Rand, k Kind, hold holdRange, profile string, nodes int) plannedStep {
 	s := plannedStep{Kind: k, Target: rng.IntN(nodes), Quiet: time.Second}
 	if hold.max > hold.min {
 		s.Hold = hold.min + time.Duration(rng.Int64N(int64(hold.max-hold.min)))
@@ -145,7 +162,7 @@ func drawStep(rng *rand.Rand, k nemesisKind, hold holdRange, profile string, nod
 		s.Hold = hold.min
 	}
 	s.Hold = s.Hold.Round(100 * time.Millisecond)
-	if profile == profileLong {
+	if profile == ProfileLong {
 		s.Quiet = time.Second + time.Duration(rng.IntN(30))*100*time.Millisecond
 	}
 	switch k {
@@ -156,21 +173,22 @@ func drawStep(rng *rand.Rand, k nemesisKind, hold holdRange, profile string, nod
 		if s.Variant == variantAll {
 			s.Target = -1
 		}
-	case kindBrokerRestart, kindPGRestart, kindMemoryAlarm, kindHostileRow, kindPoison:
+	case kindBrokerRestart, kindPGRestart, kindMemoryAlarm, kindHostileRow, kindPoison, kindPoisonOrder:
 		s.Target = -1
 	}
 	return s
 }
 
-// parseKinds parses -kinds: "all" or comma-separated kinds.
-func parseKinds(s string) ([]nemesisKind, error) {
+// ParseKinds parses -kinds: "all" (nil: every kind of the scenario) or
+// comma-separated kinds.
+func ParseKinds(s string) ([]Kind, error) {
 	if s == "all" {
-		return allKinds, nil
+		return nil, nil // every kind of the scenario
 	}
-	var out []nemesisKind
+	var out []Kind
 	for _, f := range strings.Split(s, ",") {
-		k := nemesisKind(strings.TrimSpace(f))
-		if !slices.Contains(allKinds, k) {
+		k := Kind(strings.TrimSpace(f))
+		if !slices.Contains(allKinds, k) && !slices.Contains(consumerKinds, k) {
 			return nil, fmt.Errorf("-kinds: unknown kind %q (kinds: %s)", k, kindList())
 		}
 		out = append(out, k)
@@ -178,10 +196,12 @@ func parseKinds(s string) ([]nemesisKind, error) {
 	return out, nil
 }
 
-func kindList() string { return strings.ReplaceAll(joinKinds(allKinds), ",", ", ") }
+func kindList() string {
+	return strings.ReplaceAll(joinKinds(allKinds)+","+joinKinds([]Kind{kindRebalance, kindPoisonOrder}), ",", ", ")
+}
 
 // joinKinds writes kinds as -kinds takes them.
-func joinKinds(kinds []nemesisKind) string {
+func joinKinds(kinds []Kind) string {
 	names := make([]string, len(kinds))
 	for i, k := range kinds {
 		names[i] = string(k)
@@ -191,7 +211,7 @@ func joinKinds(kinds []nemesisKind) string {
 
 // onlyKinds keeps the steps of plan whose kind is in kinds, numbered as
 // planned.
-func onlyKinds(plan []plannedStep, kinds []nemesisKind) []plannedStep {
+func onlyKinds(plan []plannedStep, kinds []Kind) []plannedStep {
 	var out []plannedStep
 	for _, s := range plan {
 		if slices.Contains(kinds, s.Kind) {

@@ -1,4 +1,4 @@
-package main
+package nemesis
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/ordo-relay/ordo/bench/internal/harness"
 	"github.com/ordo-relay/ordo/orderapi"
 )
 
@@ -70,7 +71,7 @@ func (l *orderLoad) run(ctx context.Context) {
 				case <-tokens:
 				}
 				if !l.once(ctx) {
-					_ = sleep(ctx, loadFailPause)
+					_ = harness.Sleep(ctx, loadFailPause)
 				}
 			}
 		}()

@@ -1,4 +1,4 @@
-package main
+package nemesis
 
 import (
 	"context"
@@ -10,15 +10,10 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/ordo-relay/ordo/bench/internal/harness"
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/outbox"
 )
-
-// nemesisScenario is run only by name: it restarts the shared servers, so
-// neither all nor compare runs it.
-var nemesisScenario = scenario{"nemesis",
-	"3 nodes and the order API under a seeded schedule of faults, checked from the deliveries: lost, reorders, gaps, stale publishes, recovery",
-	runNemesis}
 
 const (
 	nemesisNodes    = 3
@@ -34,8 +29,8 @@ const (
 // nemesis is one run: the rig, the servers, the fleet, the load, the
 // checker's consumer, and what the steps did.
 type nemesis struct {
-	o         options
-	r         *rig
+	o         Config
+	r         *harness.Rig
 	seed      int64
 	plan      []plannedStep
 	srv       *servers
@@ -65,8 +60,14 @@ type stepReport struct {
 	recovery  time.Duration
 }
 
-// runNemesis runs the nemesis: see docs/reliability.md.
-func runNemesis(ctx context.Context, o options, _ func(*Result)) error {
+// Run runs the nemesis: see docs/reliability.md.
+func Run(ctx context.Context, o Config) error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	if o.Scenario == ScenarioConsumers {
+		return runConsumers(ctx, o)
+	}
 	seed := o.Seed
 	if seed == 0 {
 		seed = rand.Int64N(1<<31) + 1
@@ -75,17 +76,17 @@ func runNemesis(ctx context.Context, o options, _ func(*Result)) error {
 	if err != nil {
 		return err
 	}
-	rerun := fmt.Sprintf("go run ./bench -seed %d -profile %s", seed, o.Profile)
-	if len(o.Kinds) < len(allKinds) {
+	rerun := fmt.Sprintf("go run ./bench/cmd/nemesis -seed %d -profile %s", seed, o.Profile)
+	if len(o.Kinds) > 0 {
 		plan = onlyKinds(plan, o.Kinds)
 		rerun += " -kinds " + joinKinds(o.Kinds)
 	}
-	fmt.Printf("nemesis: seed %d (rerun it with: %s nemesis)\n", seed, rerun)
-	r, err := newRig(ctx, o, "nemesis", 4)
+	fmt.Printf("nemesis: seed %d (rerun it with: %s)\n", seed, rerun)
+	r, err := harness.New(ctx, o.harness(), "nemesis", 4)
 	if err != nil {
 		return err
 	}
-	defer r.close()
+	defer r.Close()
 	n := &nemesis{o: o, r: r, seed: seed, plan: plan, srv: probeServers(ctx, o), start: time.Now()}
 	// Deferred, so run last-in first-out, whatever happens: the load and
 	// the consumer stop, paused nodes continue, the fault in progress
@@ -145,8 +146,8 @@ func runNemesis(ctx context.Context, o options, _ func(*Result)) error {
 // and the order API, and prepares the load.
 func (n *nemesis) setup(ctx context.Context) error {
 	r := n.r
-	exchange := r.name + "_events"
-	n.voidExchange, n.missingExchange = r.name+"_void", r.name+"_missing"
+	exchange := r.Name + "_events"
+	n.voidExchange, n.missingExchange = r.Name+"_void", r.Name+"_missing"
 	for _, ex := range []string{exchange, n.voidExchange} {
 		err := testkit.Channel(ctx, n.o.AMQPURL, func(ch *amqp.Channel) error {
 			return ch.ExchangeDeclare(ex, "topic", true, false, false, false, nil)
@@ -154,15 +155,15 @@ func (n *nemesis) setup(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("declare exchange %s: %w", ex, err)
 		}
-		r.onClose("delete exchange "+ex, func(ctx context.Context) error {
+		r.OnClose("delete exchange "+ex, func(ctx context.Context) error {
 			return testkit.Channel(ctx, n.o.AMQPURL, func(ch *amqp.Channel) error { return ch.ExchangeDelete(ex, false, false) })
 		})
 	}
-	n.hist = newHistorian(n.o.AMQPURL, exchange, r.name+"_checker")
+	n.hist = newHistorian(n.o.AMQPURL, exchange, r.Name+"_checker")
 	if err := n.hist.declare(ctx); err != nil {
 		return err
 	}
-	r.onClose("delete the checker's queue", n.hist.remove)
+	r.OnClose("delete the checker's queue", n.hist.remove)
 	var err error
 	if n.producer, err = outbox.NewProducer(n.o.Partitions); err != nil {
 		return err
@@ -214,7 +215,7 @@ func (n *nemesis) healNow() error {
 func (n *nemesis) runSchedule(ctx context.Context) error {
 	n.windows = []stepWindow{{Label: "warm-up", Start: time.Now(), Bound: n.o.ConfirmWindow * nemesisNodes}}
 	n.logf("load: %d order API requests a second (new orders, and cancels of recent ones); warm-up %v", n.o.rateOr(nemesisRate), nemesisWarmup)
-	if err := sleep(ctx, nemesisWarmup); err != nil {
+	if err := harness.Sleep(ctx, nemesisWarmup); err != nil {
 		return err
 	}
 	for i, s := range n.plan {
@@ -247,7 +248,7 @@ func (n *nemesis) runStep(ctx context.Context, s plannedStep, desc string) error
 	if err != nil {
 		return err
 	}
-	if err := sleep(ctx, s.Hold); err != nil {
+	if err := harness.Sleep(ctx, s.Hold); err != nil {
 		return err
 	}
 	if err := n.healNow(); err != nil {
@@ -270,7 +271,7 @@ func (n *nemesis) runStep(ctx context.Context, s plannedStep, desc string) error
 	}
 	n.results = append(n.results, res)
 	n.steps = append(n.steps, rep)
-	return sleep(ctx, s.Quiet)
+	return harness.Sleep(ctx, s.Quiet)
 }
 
 // recovery measures how long after healAt the system had delivered every
@@ -299,23 +300,23 @@ func (n *nemesis) finish(ctx context.Context) (historyVerdict, error) {
 	if _, err := n.hist.waitArrived(ctx, n.load.all(), drainTimeout, n.f.failed); err != nil {
 		errs = append(errs, fmt.Errorf("drain: %w", err))
 	}
-	err := waitUntil(ctx, drainTimeout, 50*time.Millisecond, "an empty outbox", func() (bool, error) {
+	err := harness.WaitUntil(ctx, drainTimeout, 50*time.Millisecond, "an empty outbox", func() (bool, error) {
 		if err := n.f.failed(); err != nil {
 			return false, err
 		}
-		p, err := n.r.pending(ctx)
+		p, err := n.r.Pending(ctx)
 		return p == 0, err
 	})
 	if err != nil {
 		out, _ := n.f.admin(ctx, "parked")
 		errs = append(errs, fmt.Errorf("drain: %w; node parked says:\n%s", err, out))
 	}
-	_ = sleep(ctx, settleAfter)
+	_ = harness.Sleep(ctx, settleAfter)
 	if err := n.f.stopNodes(); err != nil {
 		errs = append(errs, err)
 	}
 	last, still := n.hist.count(), time.Now()
-	_ = waitUntil(ctx, 10*time.Second, 100*time.Millisecond, "the queue to go quiet", func() (bool, error) {
+	_ = harness.WaitUntil(ctx, 10*time.Second, 100*time.Millisecond, "the queue to go quiet", func() (bool, error) {
 		if c := n.hist.count(); c != last {
 			last, still = c, time.Now()
 		}

@@ -1,7 +1,8 @@
-package main
+package pagetest
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,19 +11,32 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/outbox"
 )
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testkit.RemoveBinaries()
+	os.Exit(code)
+}
+
+// testGossipKey is a 16-byte gossip key for tests ("0123456789abcdef").
+const testGossipKey = "MDEyMzQ1Njc4OWFiY2RlZg=="
 
 // browser starts headless Chromium (Debian's chromium package) for the
 // test and returns a chromedp context; it is closed when the test ends.
-// Without chromium the test fails in CI and is skipped elsewhere.
+// Without chromium the test fails in CI and under scripts/test (which sets
+// ORDO_TEST_REQUIRE_CHROMIUM), and is skipped elsewhere.
 func browser(t *testing.T) context.Context {
 	t.Helper()
 	path, err := exec.LookPath("chromium")
 	if err != nil {
-		if testkit.InCI() {
+		if testkit.InCI() || os.Getenv("ORDO_TEST_REQUIRE_CHROMIUM") != "" {
 			t.Fatal("chromium is not installed (apt-get install -y --no-install-recommends chromium)")
 		}
 		t.Skip("chromium is not installed; apt-get install -y --no-install-recommends chromium")
@@ -63,25 +77,112 @@ func waitJS(t *testing.T, ctx context.Context, what, cond string) {
 	t.Logf("%s after %v", what, time.Since(start).Round(time.Millisecond))
 }
 
+// startCluster starts n gossiping node processes on dbURL with the extra
+// ORDO_* variables and returns their names and HTTP addresses. A node whose
+// port another test took meanwhile is started again on new ports.
+func startCluster(t *testing.T, dbURL string, n int, extra ...string) (names, httpAddrs []string) {
+	t.Helper()
+	bin := testkit.BuildBinary(t, "github.com/ordo-relay/ordo/cmd/node")
+	gossip := make([]string, n)
+	for i := range n {
+		names = append(names, fmt.Sprintf("n%d", i+1))
+		gossip[i] = testkit.FreeAddr(t)
+		httpAddrs = append(httpAddrs, testkit.FreeAddr(t))
+	}
+	for i := range n {
+		for attempt := 1; ; attempt++ {
+			env := append([]string{
+				"ORDO_POSTGRES_URL=" + dbURL,
+				"ORDO_AMQP_URL=" + testkit.AMQPURL(),
+				"ORDO_NODE_NAME=" + names[i],
+				"ORDO_HTTP_ADDR=" + httpAddrs[i],
+				"ORDO_GOSSIP_ADDR=" + gossip[i],
+				"ORDO_JOIN=" + strings.Join(gossip, ","),
+				"ORDO_GOSSIP_KEY=" + testGossipKey,
+				"ORDO_REJOIN_INTERVAL=1s",
+				"ORDO_POLL_INTERVAL=200ms",
+				"ORDO_DB_MAX_CONNS=3",
+			}, extra...)
+			p := testkit.StartProcess(t, names[i], bin, nil, env)
+			err := p.AwaitOutput("node started", 30*time.Second)
+			if err == nil {
+				break
+			}
+			if attempt == 3 || !strings.Contains(p.Output(), "address already in use") {
+				t.Fatal(err)
+			}
+			gossip[i], httpAddrs[i] = testkit.FreeAddr(t), testkit.FreeAddr(t)
+		}
+	}
+	return names, httpAddrs
+}
+
+// enqueueOne writes one message to exchange and returns its id.
+func enqueueOne(t *testing.T, pool *pgxpool.Pool, exchange string) string {
+	t.Helper()
+	prod, err := outbox.NewProducer(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testkit.Context(t, 30*time.Second)
+	var id string
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		ids, err := prod.Enqueue(ctx, tx, outbox.Message{CorrelationID: "page-key", Exchange: exchange,
+			RoutingKey: "page.rk", Type: "t", Payload: json.RawMessage(`{}`)})
+		if err == nil {
+			id = ids[0].String()
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// waitParked waits until n messages are parked.
+func waitParked(t *testing.T, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var got int
+		if err := pool.QueryRow(testkit.Context(t, 30*time.Second), `SELECT count(*) FROM outbox WHERE parked_at IS NOT NULL AND processed_at IS NULL`).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d parked after 30 s, want %d", got, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // TestClusterPage opens the cluster page of a running three-node cluster
 // in headless Chromium: it lists every member and every partition; with
 // the admin token typed in, a parked message appears, and after its retry
 // button is clicked (its exchange now routes it) it disappears.
 func TestClusterPage(t *testing.T) {
-	f := newFixture(t)
-	lonely := testkit.NewExchange(t) // nothing bound yet: the message is returned, then parked
-	id := f.enqueueTo(t, lonely, "page-key", "page.rk", 1)[0].String()
-	c := newCluster(t, f, 3, "ORDO_ADMIN_TOKEN=page-token", "ORDO_MAX_ATTEMPTS=1",
-		"ORDO_RETRY_MIN=10ms", "ORDO_RETRY_MAX=50ms", "ORDO_BACKLOG_INTERVAL=250ms")
-	c.waitConverged(t, []int{0, 1, 2}, 30*time.Second)
-	waitParked(t, f, 1)
-
-	ctx := browser(t)
-	if err := chromedp.Do(ctx, chromedp.Navigate("http://"+c.http[0]+"/")); err != nil {
+	testkit.RequireRabbitMQ(t)
+	dbURL, pool := testkit.NewTestDB(t, 4)
+	if err := outbox.Migrate(testkit.Context(t, 30*time.Second), pool, 64); err != nil {
 		t.Fatal(err)
 	}
+	lonely := testkit.NewExchange(t) // nothing bound yet: the message is returned, then parked
+	id := enqueueOne(t, pool, lonely)
+	names, httpAddrs := startCluster(t, dbURL, 3, "ORDO_ADMIN_TOKEN=page-token", "ORDO_MAX_ATTEMPTS=1",
+		"ORDO_RETRY_MIN=10ms", "ORDO_RETRY_MAX=50ms", "ORDO_BACKLOG_INTERVAL=250ms")
+	waitParked(t, pool, 1)
+
+	ctx := browser(t)
+	if err := chromedp.Do(ctx, chromedp.Navigate("http://"+httpAddrs[0]+"/")); err != nil {
+		t.Fatal(err)
+	}
+	// The page's own views are the convergence check: every member alive,
+	// every partition leased.
 	waitJS(t, ctx, "three live members listed", `document.querySelectorAll('#members li.alive').length === 3`)
-	for _, name := range c.names {
+	for _, name := range names {
 		waitJS(t, ctx, "member "+name+" listed", fmt.Sprintf(`document.querySelector('#members li[data-member=%q]') !== null`, name))
 	}
 	waitJS(t, ctx, "all 64 partitions in the grid, each leased", `document.querySelectorAll('#grid .cell').length === 64 && document.querySelectorAll('#grid .cell.free').length === 0`)
@@ -125,7 +226,7 @@ func TestClusterPage(t *testing.T) {
 	}
 	waitJS(t, ctx, "the retried message gone from the list", fmt.Sprintf(`document.querySelector('%s') === null && document.querySelector('#action-result').textContent.startsWith('retry')`, row))
 	var processed bool
-	if err := f.pool.QueryRow(ctx30(t), `SELECT processed_at IS NOT NULL FROM outbox WHERE id = $1`, id).Scan(&processed); err != nil {
+	if err := pool.QueryRow(testkit.Context(t, 30*time.Second), `SELECT processed_at IS NOT NULL FROM outbox WHERE id = $1`, id).Scan(&processed); err != nil {
 		t.Fatal(err)
 	}
 	waitJS(t, ctx, "no partition marked parked", `document.querySelectorAll('#grid .cell.parked').length === 0`)

@@ -1,7 +1,6 @@
-package main
+package nemesis
 
 import (
-	"context"
 	"io"
 	"net"
 	"os"
@@ -18,7 +17,7 @@ import (
 )
 
 func TestPlanScheduleIsDeterministic(t *testing.T) {
-	for _, profile := range []string{profileShort, profileLong} {
+	for _, profile := range []string{ProfileShort, ProfileLong} {
 		a, err := planSchedule(42, profile, 3)
 		if err != nil {
 			t.Fatal(err)
@@ -35,23 +34,23 @@ func TestPlanScheduleIsDeterministic(t *testing.T) {
 	if _, err := planSchedule(1, "medium", 3); err == nil {
 		t.Fatal("an unknown profile was accepted")
 	}
-	if _, err := planSchedule(1, profileShort, 1); err == nil {
+	if _, err := planSchedule(1, ProfileShort, 1); err == nil {
 		t.Fatal("a plan for one node was accepted")
 	}
 }
 
 func TestPlanScheduleShortRunsEveryKindOnce(t *testing.T) {
 	for seed := int64(1); seed <= 50; seed++ {
-		plan, err := planSchedule(seed, profileShort, 3)
+		plan, err := planSchedule(seed, ProfileShort, 3)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var kinds []nemesisKind
+		var kinds []Kind
 		var total time.Duration
 		for i, s := range plan {
 			kinds = append(kinds, s.Kind)
 			total += s.estimate()
-			checkStep(t, seed, i, s, holds(profileShort))
+			checkStep(t, seed, i, s, holds(ProfileShort))
 		}
 		slices.Sort(kinds)
 		want := slices.Clone(allKinds)
@@ -67,16 +66,16 @@ func TestPlanScheduleShortRunsEveryKindOnce(t *testing.T) {
 
 func TestPlanScheduleLongLastsTenMinutes(t *testing.T) {
 	for seed := int64(1); seed <= 20; seed++ {
-		plan, err := planSchedule(seed, profileLong, 3)
+		plan, err := planSchedule(seed, ProfileLong, 3)
 		if err != nil {
 			t.Fatal(err)
 		}
 		var floor time.Duration
-		count := map[nemesisKind]int{}
+		count := map[Kind]int{}
 		for i, s := range plan {
 			floor += s.Hold + s.Quiet
 			count[s.Kind]++
-			checkStep(t, seed, i, s, holds(profileLong))
+			checkStep(t, seed, i, s, holds(ProfileLong))
 		}
 		if floor < longMinimum || floor > longMinimum+time.Minute {
 			t.Fatalf("seed %d: the long plan's holds and rests take %v, want at least %v (and not a minute more)", seed, floor, longMinimum)
@@ -90,7 +89,7 @@ func TestPlanScheduleLongLastsTenMinutes(t *testing.T) {
 }
 
 // checkStep checks one planned step's fields.
-func checkStep(t *testing.T, seed int64, i int, s plannedStep, hr map[nemesisKind]holdRange) {
+func checkStep(t *testing.T, seed int64, i int, s plannedStep, hr map[Kind]holdRange) {
 	t.Helper()
 	if s.N != i+1 {
 		t.Fatalf("seed %d: step %d is numbered %d", seed, i+1, s.N)
@@ -101,7 +100,7 @@ func checkStep(t *testing.T, seed int64, i int, s plannedStep, hr map[nemesisKin
 	if s.Kind == kindPause && s.Hold <= nemesisTTL {
 		t.Fatalf("seed %d: pause of %v is not longer than the lease (%v)", seed, s.Hold, nemesisTTL)
 	}
-	single := map[nemesisKind]bool{kindKill: true, kindPause: true, kindGossipSplit: true, kindAMQPLink: true, kindPGLink: true}
+	single := map[Kind]bool{kindKill: true, kindPause: true, kindGossipSplit: true, kindAMQPLink: true, kindPGLink: true}
 	if single[s.Kind] && (s.Target < 0 || s.Target > 2) {
 		t.Fatalf("seed %d: %s targets slot %d", seed, s.Kind, s.Target)
 	}
@@ -111,18 +110,18 @@ func checkStep(t *testing.T, seed int64, i int, s plannedStep, hr map[nemesisKin
 }
 
 func TestParseKinds(t *testing.T) {
-	got, err := parseKinds("kill, poison")
-	if err != nil || !slices.Equal(got, []nemesisKind{kindKill, kindPoison}) {
-		t.Fatalf("parseKinds = %v, %v", got, err)
+	got, err := ParseKinds("kill, poison")
+	if err != nil || !slices.Equal(got, []Kind{kindKill, kindPoison}) {
+		t.Fatalf("ParseKinds = %v, %v", got, err)
 	}
-	if all, _ := parseKinds("all"); !slices.Equal(all, allKinds) {
+	if all, err := ParseKinds("all"); all != nil || err != nil {
 		t.Fatalf("all = %v", all)
 	}
-	if _, err := parseKinds("kill,flood"); err == nil || !strings.Contains(err.Error(), "flood") {
+	if _, err := ParseKinds("kill,flood"); err == nil || !strings.Contains(err.Error(), "flood") {
 		t.Fatalf("unknown kind: %v", err)
 	}
-	plan, _ := planSchedule(7, profileShort, 3)
-	only := onlyKinds(plan, []nemesisKind{kindPause, kindKill})
+	plan, _ := planSchedule(7, ProfileShort, 3)
+	only := onlyKinds(plan, []Kind{kindPause, kindKill})
 	if len(only) != 2 {
 		t.Fatalf("onlyKinds kept %d steps, want 2", len(only))
 	}
@@ -308,7 +307,7 @@ func TestRecoveryStats(t *testing.T) {
 
 func TestNemesisLine(t *testing.T) {
 	v := historyVerdict{Lost: 1, Reorders: 2, Gaps: 3, OverBound: 4, Stale: 5, Duplicates: 6}
-	got := nemesisLine(profileShort, 9, v, 1500*time.Millisecond, 4*time.Second)
+	got := nemesisLine(ProfileShort, 9, v, 1500*time.Millisecond, 4*time.Second)
 	want := "RESULT scenario=nemesis profile=short seed=9 lost=1 reorders=2 gaps=3 stale_over_bound=4 stale_publishes=5 duplicates=6 recovery_p50_s=1.50 recovery_max_s=4.00"
 	if got != want {
 		t.Fatalf("got  %s\nwant %s", got, want)
@@ -450,12 +449,27 @@ func listenUDP(t *testing.T) *net.UDPConn {
 	return c
 }
 
-// TestNewRigFailsCleanly: a rig whose database cannot be created returns
-// the error (it once panicked in its own cleanup).
-func TestNewRigFailsCleanly(t *testing.T) {
-	o := options{PostgresURL: "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable&connect_timeout=2"}
-	r, err := newRig(context.Background(), o, "unreachable", 1)
-	if err == nil || r != nil {
-		t.Fatalf("newRig = %v, %v; want an error", r, err)
+func TestPlanConsumersShortRunsEveryKindOnce(t *testing.T) {
+	for seed := int64(1); seed <= 20; seed++ {
+		plan, err := planKinds(seed, ProfileShort, shippingInstances, consumerKinds)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var kinds []Kind
+		var total time.Duration
+		for i, s := range plan {
+			kinds = append(kinds, s.Kind)
+			total += s.estimate()
+			checkStep(t, seed, i, s, holds(ProfileShort))
+		}
+		slices.Sort(kinds)
+		want := slices.Clone(consumerKinds)
+		slices.Sort(want)
+		if !slices.Equal(kinds, want) {
+			t.Fatalf("seed %d: kinds %v, want every consumer kind once", seed, kinds)
+		}
+		if total > 90*time.Second {
+			t.Fatalf("seed %d: the short consumer plan is estimated at %v, want at most 90 s of faults", seed, total)
+		}
 	}
 }

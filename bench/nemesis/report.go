@@ -1,4 +1,4 @@
-package main
+package nemesis
 
 import (
 	"fmt"
@@ -7,6 +7,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/ordo-relay/ordo/bench/internal/result"
 )
 
 // report prints the steps, the recovery by kind and the checker's
@@ -80,8 +82,8 @@ func ratio(a, b int) float64 {
 }
 
 // result is the run as a Result, for the JSON file.
-func (n *nemesis) result(v historyVerdict, byKind []recoveryStat, p50, worst time.Duration) *Result {
-	res := &Result{Scenario: "nemesis", Started: n.start, Finished: time.Now()}
+func (n *nemesis) result(v historyVerdict, byKind []recoveryStat, p50, worst time.Duration) *result.Result {
+	res := &result.Result{Scenario: "nemesis", Started: n.start, Finished: time.Now()}
 	res.Param("profile", n.o.Profile)
 	res.Param("seed", n.seed)
 	res.Param("nodes", nemesisNodes)
@@ -108,7 +110,7 @@ func (n *nemesis) result(v historyVerdict, byKind []recoveryStat, p50, worst tim
 		res.Seconds("recovery_"+string(k.Kind)+"_max", k.Max)
 		res.Figure("not_recovered_"+string(k.Kind), float64(k.Failed), "")
 	}
-	res.Check = Check{Total: v.Deliveries, Distinct: v.Distinct, Duplicates: v.Duplicates, Lost: v.Lost,
+	res.Check = result.Check{Total: v.Deliveries, Distinct: v.Distinct, Duplicates: v.Duplicates, Lost: v.Lost,
 		Reorders: v.Reorders, Gaps: v.Gaps, Keys: v.Keys, Problems: v.Problems}
 	for i, s := range n.steps {
 		res.Note("step %d: %s: recovered=%v in %.2fs, stale %d, duplicates %d", s.N, s.desc, s.recovered,

@@ -1,4 +1,4 @@
-package main
+package nemesis
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ordo-relay/ordo/bench/internal/harness"
 	"github.com/ordo-relay/ordo/outbox"
 	"github.com/ordo-relay/ordo/partition"
 )
@@ -63,7 +64,7 @@ func (n *nemesis) inject(ctx context.Context, s plannedStep) (healFunc, error) {
 		n.logf("  closed %d broker connections", k)
 		return noHeal, err
 	case kindPGTerminate:
-		k, err := srv.terminateSessions(ctx, n.r.name, f.apps(n.slots(s)...))
+		k, err := srv.terminateSessions(ctx, n.r.Name, f.apps(n.slots(s)...))
 		if err == nil && k == 0 {
 			err = fmt.Errorf("no PostgreSQL session named %v", f.apps(n.slots(s)...))
 		}
@@ -150,7 +151,7 @@ func (n *nemesis) plantAndPark(ctx context.Context, s plannedStep) (healFunc, er
 		return nil
 	})
 	start, shown := time.Now(), time.Now()
-	err := waitUntil(ctx, parkTimeout, 250*time.Millisecond, "the planted rows to be parked", func() (bool, error) {
+	err := harness.WaitUntil(ctx, parkTimeout, 250*time.Millisecond, "the planted rows to be parked", func() (bool, error) {
 		if err := n.f.failed(); err != nil {
 			return false, err
 		}
@@ -182,7 +183,7 @@ func (n *nemesis) showPlanted(ctx context.Context, rows []planted) {
 		var attempts int
 		var lastErr *string
 		var next *time.Time
-		err := n.r.pool.QueryRow(ctx, `SELECT attempts, last_error, next_attempt_at FROM outbox WHERE id = $1`, row.id).Scan(&attempts, &lastErr, &next)
+		err := n.r.Pool.QueryRow(ctx, `SELECT attempts, last_error, next_attempt_at FROM outbox WHERE id = $1`, row.id).Scan(&attempts, &lastErr, &next)
 		if err != nil {
 			n.logf("  planted %s row: %v", row.why, err)
 			continue
@@ -203,7 +204,7 @@ func deref(s *string) string {
 func (n *nemesis) plant(ctx context.Context, key, why string, step int) (planted, error) {
 	row := planted{key: key, why: why}
 	var follower uuid.UUID
-	err := pgx.BeginFunc(ctx, n.r.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, n.r.Pool, func(tx pgx.Tx) error {
 		id, keySeq, err := n.insertBad(ctx, tx, key, why)
 		if err != nil {
 			return err
@@ -262,8 +263,8 @@ func (n *nemesis) probe(ctx context.Context, step int) ([]promise, error) {
 			Payload: json.RawMessage(fmt.Sprintf(`{"step":%d}`, step))}
 	}
 	var ids []uuid.UUID
-	err := waitUntil(ctx, 30*time.Second, 100*time.Millisecond, "the probes to commit", func() (bool, error) {
-		err := pgx.BeginFunc(ctx, n.r.pool, func(tx pgx.Tx) error {
+	err := harness.WaitUntil(ctx, 30*time.Second, 100*time.Millisecond, "the probes to commit", func() (bool, error) {
+		err := pgx.BeginFunc(ctx, n.r.Pool, func(tx pgx.Tx) error {
 			var err error
 			ids, err = n.producer.Enqueue(ctx, tx, msgs...)
 			return err
