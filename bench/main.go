@@ -17,6 +17,7 @@
 //	race             OrderPlaced then OrderCancelled: how many arrive reversed, classic vs Ordo
 //	failover         kill -9 of one of 3 nodes under load: seconds until its partitions publish again
 //	join             a 3rd node joins 2 under load: seconds until it publishes on all its partitions
+//	produce          the producers' side: Ordo's outbox INSERT against a classic outbox table, tps, commit latency, PG CPU, WAL
 //	nemesis          3 nodes and the order API under a seeded schedule of faults, checked from the deliveries (never in all or compare: it restarts the servers)
 //
 // Every flag also reads ORDO_BENCH_<FLAG> (e.g. ORDO_BENCH_ROWS) when not
@@ -101,6 +102,8 @@ type options struct {
 	Seed    int64          // nemesis: the schedule's seed (0: drawn and printed)
 	Profile string         // nemesis: short (about 2 minutes) or long (10 minutes or more)
 	Kinds   []nemesis.Kind // nemesis: the kinds of fault to run (the others' steps are left out of the plan)
+
+	Produce produceOptions // produce: its flags (produce.go)
 }
 
 // scenario is one benchmark. run owns everything it creates and removes it
@@ -128,6 +131,7 @@ var scenarios = []scenario{
 	{"shapes", "classic vs Ordo in every backlog shape, with and without ANALYZE: msgs/s, ratios, whole cost per message", runShapes},
 	{"scaleout", "1..4 Ordo nodes, each capped to -scale-cap of a core in a CPU cgroup: msgs/s, efficiency, server busy", runScaleout},
 	{"consume", "inbox consumers, 1..3 instances: ordered handling msgs/s and commit-to-handled latency, vs competing consumers", runConsume},
+	{"produce", "producers' cost: Ordo's outbox INSERT (plain SQL, Enqueue) vs a classic outbox table and a trigger-less one: tps, commit p50/p99, PG CPU and WAL per message", runProduce},
 	{"charts", "draw the PNG charts (scale-out, shapes, latency) from the newest results under -out into -charts", runCharts},
 }
 
@@ -144,7 +148,7 @@ var nemesisScenario = scenario{"nemesis",
 func (o options) nemesis() nemesis.Config {
 	return nemesis.Config{PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Out: o.Out, Partitions: o.Partitions,
 		ConfirmWindow: o.ConfirmWindow, NodeBin: o.NodeBin, Timeout: o.Timeout, Rate: o.Rate,
-		Seed: o.Seed, Profile: o.Profile, Kinds: o.Kinds}
+		Seed: o.Seed, Scenario: nemesis.ScenarioRelay, Profile: o.Profile, Kinds: o.Kinds}
 }
 
 // compareScenario is the default: see runCompare.
@@ -196,6 +200,7 @@ func parseOptions(args []string, lookup func(string) (string, bool), out io.Writ
 	fs.Int64Var(&o.Seed, "seed", 0, "nemesis: seed of the fault schedule (0: draw one and print it)")
 	fs.StringVar(&o.Profile, "profile", "short", "nemesis: short (about 2 minutes) or long (10 minutes or more)")
 	kinds := fs.String("kinds", "all", "nemesis: comma-separated kinds of fault to run, or all")
+	produceLists := addProduceFlags(fs, &o.Produce)
 
 	var names []string
 	for _, s := range append([]scenario{compareScenario, nemesisScenario}, scenarios...) {
@@ -222,6 +227,9 @@ func parseOptions(args []string, lookup func(string) (string, bool), out io.Writ
 		return o, nil, err
 	}
 	if o.Kinds, err = nemesis.ParseKinds(*kinds); err != nil {
+		return o, nil, err
+	}
+	if err := produceLists(); err != nil {
 		return o, nil, err
 	}
 	if o.Quick {
@@ -311,6 +319,9 @@ func (o options) validate() error {
 		return errors.New("scale-rows and scale-hot-rows must be at least 10")
 	case o.Profile != nemesis.ProfileShort && o.Profile != nemesis.ProfileLong:
 		return fmt.Errorf("profile %q: want %s or %s", o.Profile, nemesis.ProfileShort, nemesis.ProfileLong)
+	}
+	if err := o.Produce.validate(); err != nil {
+		return err
 	}
 	return partition.ValidateCount(o.Partitions)
 }

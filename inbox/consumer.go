@@ -26,6 +26,7 @@ type Consumer struct {
 	topo  Topology
 	store *Store
 	amqp  *broker
+	dead  *deadLetters
 
 	ready    chan struct{} // closed once the topology is declared
 	dbDown   *outage.Log   // handler database errors, rate-limited
@@ -61,7 +62,8 @@ func New(cfg Config, db DB, h Handler) (*Consumer, error) {
 	c := &Consumer{cfg: cfg, db: db, h: h, topo: TopologyOf(cfg), workers: map[int]*worker{}, ready: make(chan struct{}),
 		dbDown: outage.New(cfg.Logger, "inbox database")}
 	c.amqp = newBroker(cfg, c.topo)
-	s, err := NewStore(cfg, db, c.amqp)
+	c.dead = newDeadLetters(cfg, c.topo)
+	s, err := NewStore(cfg, db, c.dead)
 	if err != nil {
 		return nil, err
 	}
@@ -114,6 +116,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return err
 	}
 	defer c.amqp.close()
+	defer c.dead.close()
 	if err := c.connect(ctx); err != nil {
 		return nil // cancelled before the broker was reachable
 	}

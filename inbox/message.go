@@ -46,7 +46,9 @@ type Message struct {
 }
 
 // FromDelivery parses d. It returns an error wrapping ErrInvalidMessage when
-// a field the inbox needs is missing or malformed.
+// a field the inbox needs is missing or malformed. A CloudEvent in the
+// AMQP binding's binary mode is accepted too: its cloudEvents:id, type
+// and subject stand in for an empty message-id, type and correlation-id.
 func FromDelivery(d *amqp.Delivery) (*Message, error) {
 	m := &Message{
 		ID:            d.MessageId,
@@ -59,6 +61,7 @@ func FromDelivery(d *amqp.Delivery) (*Message, error) {
 		Body:          d.Body,
 		Redelivered:   d.Redelivered,
 	}
+	fillFromCloudEvents(m, d.Headers)
 	if m.CorrelationID == "" {
 		return nil, fmt.Errorf("message %q: no correlation id: %w", d.MessageId, ErrInvalidMessage)
 	}

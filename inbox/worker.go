@@ -118,7 +118,7 @@ func (c *Consumer) deliver(ctx context.Context, f Fence, d *amqp.Delivery) error
 	defer cancel()
 	m, err := FromDelivery(d)
 	if err != nil {
-		if err := c.amqp.deadLetterRaw(hctx, d, err.Error()); err != nil {
+		if err := c.dead.raw(hctx, d, err.Error()); err != nil {
 			return err
 		}
 		c.invalid.Add(1)

@@ -82,6 +82,8 @@ var nodeFlags = []nodeFlag{
 	{name: "retention-chunk", field: "Relay.RetentionChunk", help: "most rows one retention DELETE removes"},
 
 	{name: "confirm-timeout", field: "AMQP.ConfirmTimeout", help: "a publish unconfirmed this long on an open channel counts as a failed attempt"},
+	{name: "cloudevents", field: "AMQP.CloudEvents", help: "publish every message as a CloudEvent too (AMQP binding, binary content mode: cloudEvents:* headers)"},
+	{name: "cloudevents-source", field: "AMQP.CloudEventsSource", help: "the CloudEvents source attribute, a URI-reference such as /bookstore/orders; required with -cloudevents"},
 
 	{name: "gossip-addr", field: "Gossip.BindAddr", help: "host:port for gossip (TCP and UDP); empty runs the node alone, owning every partition"},
 	{name: "gossip-advertise", field: "Gossip.AdvertiseAddr", help: "host:port peers reach this node at (default: -gossip-addr)"},

@@ -80,6 +80,20 @@ type Config struct {
 	// property: rabbitmqctl list_connections client_properties and the
 	// management UI show it, so an operator can find this connection.
 	ConnectionName string
+
+	// CloudEvents publishes every message as a CloudEvent in the AMQP
+	// binding's binary content mode (cloudevents.go): the message as it
+	// is, plus the headers cloudEvents:specversion, id (the message id),
+	// source (CloudEventsSource), type, time (occurred_at) and subject
+	// (the correlation id). Consumers that ignore them see the same Ordo
+	// message. Off by default. A row with an empty type cannot be a
+	// CloudEvent: it fails, and is parked like any unsendable row.
+	CloudEvents bool
+
+	// CloudEventsSource is the CloudEvents source attribute (a
+	// URI-reference naming the producer, e.g. /bookstore/orders); required
+	// with CloudEvents, and only used then.
+	CloudEventsSource string
 }
 
 // DefaultConfig returns the defaults: every field but URL (required) and
@@ -146,6 +160,10 @@ func (c Config) Validate() error {
 		ck.Require(d.v > 0, d.field, "%v is not positive", d.v)
 	}
 	ck.Require(c.ReconnectMax >= c.ReconnectMin, "ReconnectMax", "%v is below ReconnectMin (%v)", c.ReconnectMax, c.ReconnectMin)
+	if c.CloudEvents {
+		msg := checkCloudEventsSource(c.CloudEventsSource)
+		ck.Require(msg == "", "CloudEventsSource", "%s", msg)
+	}
 	ck.Require(c.StallTimeout >= 0, "StallTimeout", "%v is negative (0 turns it off)", c.StallTimeout)
 	return ck.Err()
 }

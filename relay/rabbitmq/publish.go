@@ -24,6 +24,10 @@ func (p *Publisher) Publish(ctx context.Context, m *relay.Message, settle func(r
 		settle(relay.Result{Outcome: relay.Failed, Err: fmt.Errorf("%w: %w", ErrUnsendable, err)})
 		return nil
 	}
+	if p.cfg.CloudEvents && m.Type == "" {
+		settle(relay.Result{Outcome: relay.Failed, Err: fmt.Errorf("%w: %w", ErrUnsendable, errCloudEventType)})
+		return nil
+	}
 	p.pubMu.Lock()
 	defer p.pubMu.Unlock()
 	if m.Expired(time.Now()) {
@@ -35,6 +39,9 @@ func (p *Publisher) Publish(ctx context.Context, m *relay.Message, settle func(r
 	}
 	attempt := p.attempt.Add(1)
 	pub := publishing(m, attempt)
+	if p.cfg.CloudEvents {
+		addCloudEvents(pub.Headers, m, p.cfg.CloudEventsSource)
+	}
 	if err := checkFrame(&pub, s.frameMax); err != nil && !p.noFrameCheck {
 		settle(relay.Result{Outcome: relay.Failed, Err: fmt.Errorf("%w: %w", ErrUnsendable, err)})
 		return nil
