@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/ordo-relay/ordo/internal/relayhook"
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/lease"
 	"github.com/ordo-relay/ordo/outbox"
@@ -131,7 +132,7 @@ type nodeOpts struct {
 	name      string
 	amqpURL   string // default testkit.AMQPURL()
 	dbURL     string // default the harness database
-	perKey    int
+	perKey    int    // the per-key limit, when above 1 (internal/relayhook)
 	window    int
 	wrapPub   func(relay.Publisher) relay.Publisher
 	wrapStore func(relay.Store) relay.Store
@@ -218,7 +219,6 @@ func (h *harness) startNode(o nodeOpts) *node {
 	}
 	cfg := relay.DefaultConfig()
 	cfg.Node = o.name
-	cfg.PerKeyLimit = max(o.perKey, 1)
 	if o.window > 0 {
 		cfg.Window = o.window
 	}
@@ -249,7 +249,7 @@ func (h *harness) startNode(o nodeOpts) *node {
 	n.stopBG = stopBG
 	n.bg.Go(func() error { return amqpPub.Run(bgCtx) })
 	n.bg.Go(func() error { return leaser.Run(bgCtx) })
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(relayhook.WithPerKeyLimit(context.Background(), o.perKey))
 	n.cancel = cancel
 	n.running.Go(func() error { return rl.Run(ctx) })
 	h.t.Cleanup(n.stop)
