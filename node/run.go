@@ -140,7 +140,9 @@ func build(cfg Config, opts Options, logger *slog.Logger, pool *pgxpool.Pool, le
 	if b.leaser, err = lease.New(lcfg); err != nil {
 		return nil, b.abandon(err)
 	}
-	b.pub = rabbitmq.New(cfg.amqpConfig(logger))
+	if b.pub, err = rabbitmq.New(cfg.amqpConfig(logger)); err != nil {
+		return nil, b.abandon(err) // Config.Validate checked it: not expected
+	}
 	b.health = newHealthMonitor(cfg, b.pub, func(ctx context.Context) (*pgx.Conn, error) {
 		return pgx.ConnectConfig(ctx, leaseConn.Copy())
 	}, b.members, logger)

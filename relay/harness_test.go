@@ -206,9 +206,12 @@ func (h *harness) startNode(o nodeOpts) *node {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	amqpPub := rabbitmq.New(rabbitmq.Config{URL: o.amqpURL, Window: max(o.window, 64), Logger: o.logger,
+	amqpPub, err := rabbitmq.New(rabbitmq.Config{URL: o.amqpURL, Window: max(o.window, 64), Logger: o.logger,
 		ReconnectMax: 500 * time.Millisecond, ConfirmTimeout: o.confirmTimeout,
 		CallTimeout: o.callTimeout, Heartbeat: o.heartbeat})
+	if err != nil {
+		h.t.Fatal(err)
+	}
 	var pub relay.Publisher = amqpPub
 	if o.wrapPub != nil {
 		pub = o.wrapPub(pub)
