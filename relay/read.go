@@ -345,7 +345,7 @@ func (r *Relay) nextFlight() (f *flight, leaseLost bool) {
 		r.unconfirmed++
 		r.stats.Published++
 		r.lastPublish = now
-		if r.cfg.PerKeyLimit > 1 && !k.inReady && len(k.queue) > 0 {
+		if r.perKeyLimit > 1 && !k.inReady && len(k.queue) > 0 {
 			// Its next row goes right behind this one (tests only: the
 			// rule is 1).
 			k.inReady = true
