@@ -41,7 +41,7 @@ func TestHTTPMetricsAndReadiness(t *testing.T) {
 		}
 	}
 	e.pub.Publish("poison-1", 1, "test.v1", []byte(`{}`))
-	waitFor(t, 30*time.Second, "/readyz degraded", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "/readyz degraded", func() bool {
 		code, body := get(t, base+"/readyz")
 		return code == http.StatusOK && json.Unmarshal([]byte(body), &rd) == nil && rd.Ready && rd.Degraded && rd.DeadKeys == 1
 	})
