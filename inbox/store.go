@@ -101,7 +101,9 @@ type Store struct {
 
 // NewStore returns a Store for cfg.Name over db. dead may be nil: dead
 // messages are then only marked in the inbox table. Call Migrate first.
+// Like New, it fills the fields of cfg left zero, then validates.
 func NewStore(cfg Config, db DB, dead DeadLetterer) (*Store, error) {
+	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

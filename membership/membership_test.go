@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/ordo-relay/ordo/internal/gossipfilter"
 	"github.com/ordo-relay/ordo/internal/testkit"
 )
 
@@ -98,7 +99,7 @@ func TestSplitAndHeal(t *testing.T) {
 	var nodes []*running
 	for i, name := range []string{"a", "b", "c"} {
 		self := addrs[i]
-		tr, err := NewFilterTransport(self, func(to string) bool { return !split.Load() || group[to] == group[self] })
+		tr, err := gossipfilter.New(self, func(to string) bool { return !split.Load() || group[to] == group[self] })
 		if err != nil {
 			t.Fatal(err)
 		}

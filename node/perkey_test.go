@@ -103,7 +103,7 @@ func perKeyRun(t *testing.T, perKeyLimit int) (testkit.Report, *headFails, *pgxp
 	f := &headFails{}
 	t.Cleanup(f.nacks.Wait) // after the node has stopped
 	startNodeWith(t, dbURL, partitions, func(c *node.Config) { c.Relay.RetryMin, c.Relay.RetryMax = 10*time.Millisecond, 50*time.Millisecond },
-		node.Options{WrapPublisher: f.wrap, PerKeyLimit: perKeyLimit})
+		node.WithHooks(node.Options{}, node.Hooks{WrapPublisher: f.wrap, PerKeyLimit: perKeyLimit}))
 	start := time.Now()
 	rep := checker.WaitFor(t, 30*time.Second, func(r testkit.Report) bool { return r.Lost == 0 })
 	nacked, returned := f.faults()

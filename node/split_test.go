@@ -17,8 +17,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 
+	"github.com/ordo-relay/ordo/internal/gossipfilter"
 	"github.com/ordo-relay/ordo/internal/testkit"
-	"github.com/ordo-relay/ordo/membership"
 	"github.com/ordo-relay/ordo/node"
 	"github.com/ordo-relay/ordo/outbox"
 	"github.com/ordo-relay/ordo/relay"
@@ -77,7 +77,7 @@ func TestSplitBrain(t *testing.T) {
 	defer func() { stop(); wg.Wait() }()
 	for i, name := range names {
 		self := gossip[i]
-		tr, err := membership.NewFilterTransport(self, func(to string) bool { return !split.Load() || group[to] == group[self] })
+		tr, err := gossipfilter.New(self, func(to string) bool { return !split.Load() || group[to] == group[self] })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -85,14 +85,16 @@ func TestSplitBrain(t *testing.T) {
 		cfg.PostgresURL, cfg.AMQP.URL, cfg.NodeName = dbURL, testkit.AMQPURL(), name
 		cfg.HTTPAddr, cfg.Partitions, cfg.DBMaxConns = "127.0.0.1:0", partitions, 3
 		cfg.Gossip.BindAddr, cfg.Gossip.Join, cfg.Gossip.RejoinInterval = self, gossip, time.Second
+		cfg.Gossip.Keys = [][]byte{[]byte("0123456789abcdef")}
 		cfg.Relay.PollInterval = 200 * time.Millisecond
 		ready := make(chan string, 1)
-		opts := node.Options{
-			Logger:          testkit.Logger(t, slog.LevelWarn).With("node", name),
+		opts := node.WithHooks(node.Options{
+			Logger: testkit.Logger(t, slog.LevelWarn).With("node", name),
+			Ready:  func(a string) { ready <- a },
+		}, node.Hooks{
 			GossipTransport: tr,
 			WrapPublisher:   func(p relay.Publisher) relay.Publisher { return &recordingPublisher{p, name, plog} },
-			Ready:           func(a string) { ready <- a },
-		}
+		})
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -1,7 +1,6 @@
 package outbox_test
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"strconv"
@@ -333,58 +332,6 @@ func TestPlainInsertContract(t *testing.T) {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.ConstraintName != "outbox_exchange_length" {
 		t.Fatalf("long exchange: %v", err)
-	}
-}
-
-// TestNotifyPerPartition: one notification per partition per transaction.
-func TestNotifyPerPartition(t *testing.T) {
-	t.Parallel()
-	pool, p := setup(t, 3)
-	ctx := testkit.Context(t, 30*time.Second)
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{outbox.NotifyChannel}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
-	// 20 messages of one key plus one of another, over two statements.
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		batch := make([]outbox.Message, 20)
-		for i := range batch {
-			batch[i] = msg("same")
-		}
-		if _, err := p.Enqueue(ctx, tx, batch...); err != nil {
-			return err
-		}
-		_, err := p.Enqueue(ctx, tx, msg("same"), msg("order-42"))
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]int{}
-	for {
-		wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-		n, err := conn.Conn().WaitForNotification(wctx)
-		cancel()
-		if err != nil {
-			break
-		}
-		got[n.Payload]++
-	}
-	want := map[string]int{}
-	for _, k := range []string{"same", "order-42"} {
-		want[itoa(partition.Of(k, 64))] = 1
-	}
-	if len(got) != len(want) {
-		t.Fatalf("notifications %v, want %v", got, want)
-	}
-	for k, v := range want {
-		if got[k] != v {
-			t.Fatalf("notifications %v, want %v", got, want)
-		}
 	}
 }
 

@@ -384,8 +384,8 @@ func TestParseConfigGossipSecurity(t *testing.T) {
 				t.Fatalf("refused: %v", err)
 			case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
 				t.Fatalf("err %v, want one naming %s", err, c.err)
-			case c.err == "" && o.GossipInsecure != c.insecure:
-				t.Fatalf("GossipInsecure = %v, want %v", o.GossipInsecure, c.insecure)
+			case c.err == "" && o.Gossip.Insecure != c.insecure:
+				t.Fatalf("Gossip.Insecure = %v, want %v", o.Gossip.Insecure, c.insecure)
 			}
 		})
 	}

@@ -87,8 +87,11 @@ func TestDisruptiveMemoryAlarm(t *testing.T) {
 	ex := testkit.NewExchange(t)
 	checker := testkit.NewChecker(t, testkit.AMQPURL(), ex)
 	const confirmTimeout = 200 * time.Millisecond
-	pub := New(Config{URL: testkit.AMQPURL(), Window: 64, ConfirmTimeout: confirmTimeout, StallTimeout: confirmTimeout,
+	pub, err := New(Config{URL: testkit.AMQPURL(), Window: 64, ConfirmTimeout: confirmTimeout, StallTimeout: confirmTimeout,
 		CallTimeout: time.Second, ReconnectMax: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
 	leases := relaytest.NewLeaseTable()
 	own := leases.Ownership("n1", 0)
 	leases.Grant("n1", 0)

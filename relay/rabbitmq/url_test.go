@@ -15,10 +15,14 @@ import (
 // password out (the library's parse error quotes the whole URL).
 func TestDialErrorHidesPassword(t *testing.T) {
 	var log testkit.Buffer
-	p := New(Config{
+	cfg := Config{
 		URL:    "amqp://guest:guest@127.0.0.1:1/, amqp://guest:50%off-Secret-2c9e@127.0.0.1:1/",
 		Logger: slog.New(slog.NewTextHandler(&log, nil)),
-	})
+	}
+	if _, err := New(cfg); err == nil || strings.Contains(err.Error(), "Secret-2c9e") {
+		t.Fatalf("New = %v, want a refusal without the password", err)
+	}
+	p := newPublisher(cfg.withDefaults()) // past New's check, as a URL could only be if Validate missed it
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err := p.Run(ctx)
