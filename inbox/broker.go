@@ -62,11 +62,7 @@ func (b *broker) reachable(d time.Duration) bool {
 
 // dial connects and declares the topology.
 func (b *broker) dial() (*amqp.Connection, error) {
-	conn, err := amqp.DialConfig(b.cfg.AMQPURL, amqp.Config{
-		Heartbeat:  b.cfg.Heartbeat,
-		Dial:       amqp.DefaultDial(5 * time.Second),
-		Properties: amqp.Table{"connection_name": "ordo inbox " + b.cfg.Name + " " + b.cfg.Instance},
-	})
+	conn, err := amqp.DialConfig(b.cfg.AMQPURL, b.cfg.amqpConfig("ordo inbox "+b.cfg.Name+" "+b.cfg.Instance, amqpDialTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("connect to RabbitMQ: %w", err)
 	}

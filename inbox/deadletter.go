@@ -107,11 +107,8 @@ func (d *deadLetters) publish(ctx context.Context, p amqp.Publishing) error {
 // dial connects for the dead letters, within ctx's deadline.
 func (d *deadLetters) dial(ctx context.Context) (*amqp.Connection, error) {
 	dl, _ := ctx.Deadline()
-	conn, err := amqp.DialConfig(d.url, amqp.Config{
-		Heartbeat:  d.cfg.Heartbeat,
-		Dial:       amqp.DefaultDial(time.Until(dl)), // bounds the TCP connect and the AMQP handshake
-		Properties: amqp.Table{"connection_name": "ordo inbox " + d.cfg.Name + " " + d.cfg.Instance + " dead letters"},
-	})
+	name := "ordo inbox " + d.cfg.Name + " " + d.cfg.Instance + " dead letters"
+	conn, err := amqp.DialConfig(d.url, d.cfg.amqpConfig(name, min(time.Until(dl), amqpDialTimeout)))
 	if err != nil {
 		return nil, fmt.Errorf("publish dead letter: connect to RabbitMQ: %w", err)
 	}

@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"context"
 	"errors"
+	"net"
 	"net/url"
 	"sync/atomic"
 	"testing"
@@ -99,4 +100,33 @@ func runConsumer(tb testing.TB, c *inbox.Consumer) *running {
 	}
 	tb.Cleanup(func() { r.stop(tb) })
 	return r
+}
+
+// TestAMQPConfigUsedByEveryConnection: Config.AMQPConfig (here a Dial of
+// the test's own; TLSClientConfig and the rest travel the same way) is
+// used for the shard consumers' connection and the dead letters'.
+func TestAMQPConfigUsedByEveryConnection(t *testing.T) {
+	_, pool := newDB(t)
+	cfg := consumerConfig(t, 2)
+	cfg.MaxAttempts = 1
+	var dials atomic.Int32
+	cfg.AMQPConfig.Dial = func(network, addr string) (net.Conn, error) {
+		dials.Add(1)
+		return net.DialTimeout(network, addr, 5*time.Second)
+	}
+	h := func(ctx context.Context, tx pgx.Tx, m *inbox.Message) error {
+		if m.CorrelationID == "poison" {
+			return errors.New("poison")
+		}
+		return recordHandler("a")(ctx, tx, m)
+	}
+	r := startConsumer(t, cfg, "a", pool, h)
+	pub := newPublisher(t, cfg.Exchange)
+	pub.publish("poison", 1)
+	pub.publish("k", 1)
+	waitHandled(t, pool, map[string]int64{"k": 1})
+	waitFor(t, 30*time.Second, "dead letter", func() bool { return queueDepth(t, r.c.Topology().DeadQueue()) == 1 })
+	if n := dials.Load(); n != 2 {
+		t.Fatalf("%d dials through AMQPConfig.Dial, want 2 (consumers, dead letters)", n)
+	}
 }

@@ -125,12 +125,8 @@ func (c *Consumer) deliver(ctx context.Context, f Fence, d *amqp.Delivery) error
 		c.cfg.Logger.Warn("inbox: invalid message dead-lettered", "shard", f.Shard, "err", err)
 		return ack(d)
 	}
-	out, err := c.handleInPlace(ctx, f, m)
-	if err != nil {
+	if _, err := c.handleInPlace(ctx, f, m); err != nil {
 		return err
-	}
-	if c.cfg.AfterCommit != nil {
-		c.cfg.AfterCommit(m, out)
 	}
 	return ack(d)
 }

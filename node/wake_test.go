@@ -63,7 +63,7 @@ func TestSteadyRateWaitsNoInterval(t *testing.T) {
 	}
 	var h *dto.Histogram
 	var fams map[string]*dto.MetricFamily
-	waitFor(t, 30*time.Second, "every confirm in the histogram", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "every confirm in the histogram", func() bool {
 		fams = scrape(t, addr)
 		h = histogram(fams, "ordo_commit_to_confirm_seconds")
 		return h != nil && h.GetSampleCount() >= n

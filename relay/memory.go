@@ -205,13 +205,13 @@ func (r *Relay) forgetIfIdleLocked(k *keyState) {
 }
 
 // headLocked returns k's next row if the per-key rule lets it go now:
-// not parked or backing off, fewer than PerKeyLimit of the key unsettled,
-// and the row below it confirmed by this relay in this epoch or already
-// processed when the row was read (at PerKeyLimit > 1, merely published:
+// not parked or backing off, nothing of the key unsettled (fewer than
+// perKeyLimit, which only a test raises), and the row below it confirmed by this relay in this epoch or already
+// processed when the row was read (at perKeyLimit > 1, merely published:
 // what tests use to show the rule matters). A head that backs off is
 // remembered, and the retry timer wakes the relay for it.
 func (r *Relay) headLocked(k *keyState, now time.Time) (*entry, bool) {
-	if len(k.queue) == 0 || k.writing > 0 || k.inFlight >= r.cfg.PerKeyLimit {
+	if len(k.queue) == 0 || k.writing > 0 || k.inFlight >= r.perKeyLimit {
 		return nil, false
 	}
 	e := k.queue[0]
@@ -225,7 +225,7 @@ func (r *Relay) headLocked(k *keyState, now time.Time) (*entry, bool) {
 	prev := e.row.KeySeq - 1
 	switch {
 	case k.inFlight == 0 && (!e.row.PrevPending || prev <= k.confirmed):
-	case r.cfg.PerKeyLimit > 1 && (!e.row.PrevPending || prev <= k.published):
+	case r.perKeyLimit > 1 && (!e.row.PrevPending || prev <= k.published):
 	default:
 		return nil, false
 	}

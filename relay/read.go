@@ -59,13 +59,9 @@ func (r *Relay) readLoop(ctx context.Context) {
 		if read {
 			down.OK()
 			bo.Reset()
-			continue
 		}
-		if published > 0 {
-			continue
-		}
-		if r.syncArms(ctx) {
-			continue // read the partitions just armed once more
+		if r.syncArms(ctx, !read && published == 0) || read || published > 0 {
+			continue // more to do, or read the partitions just armed once more
 		}
 		r.checkStall()
 		if !r.wait(ctx, poll.C, retry) {
@@ -363,7 +359,7 @@ func (r *Relay) nextFlight() (f *flight, leaseLost bool) {
 		r.unconfirmed++
 		r.stats.Published++
 		r.lastPublish = now
-		if r.cfg.PerKeyLimit > 1 && !k.inReady && len(k.queue) > 0 {
+		if r.perKeyLimit > 1 && !k.inReady && len(k.queue) > 0 {
 			// Its next row goes right behind this one (tests only: the
 			// rule is 1).
 			k.inReady = true

@@ -11,6 +11,8 @@ import (
 
 	"github.com/google/uuid"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/ordo-relay/ordo/internal/relayhook"
 )
 
 // Relay moves pending outbox rows of the partitions its node holds to the
@@ -28,6 +30,12 @@ type Relay struct {
 	store Store
 	pub   Publisher
 	own   Ownership
+
+	// perKeyLimit is the most messages of one key unsettled at once: 1,
+	// which keeps per-key order (a nacked message could be overtaken by
+	// its successor otherwise). Only a test raises it, to show what
+	// breaks: Run takes it from its context (internal/relayhook).
+	perKeyLimit int
 
 	wakeRead chan struct{} // coalesced: something may be readable or publishable
 	wakeMark chan struct{} // coalesced: settlements are queued
@@ -106,7 +114,7 @@ func New(cfg Config, store Store, pub Publisher, own Ownership) (*Relay, error) 
 		return nil, err
 	}
 	return &Relay{
-		cfg: cfg, store: store, pub: pub, own: own,
+		cfg: cfg, store: store, pub: pub, own: own, perKeyLimit: 1,
 		wakeRead:   make(chan struct{}, 1),
 		wakeMark:   make(chan struct{}, 1),
 		parts:      map[int]*partState{},
@@ -149,6 +157,7 @@ func signal(c chan struct{}) {
 // Run has returned. It returns early, with its error, if the Store's
 // Listen fails for good (after settling the same way).
 func (r *Relay) Run(ctx context.Context) error {
+	r.perKeyLimit = relayhook.PerKeyLimit(ctx) // 1 but in tests; set before any goroutine reads it
 	var marks errgroup.Group
 	markCtx, stopMark := context.WithCancel(context.Background())
 	defer stopMark()

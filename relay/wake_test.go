@@ -38,6 +38,12 @@ func TestCoreBusyRelayIsNotNotified(t *testing.T) {
 	const n = 3000
 	for i := range n {
 		c.store.Insert(i%coreParts, fmt.Sprintf("key-%d", i%100))
+		if i%10 == 9 {
+			// Paced like fast producers (at most ~10,000 commits a
+			// second), not a loop of map inserts: the relay needs a read
+			// and a disarm to notice the rate.
+			time.Sleep(time.Millisecond)
+		}
 	}
 	c.waitDrained()
 	notified := c.store.Notifications() - before

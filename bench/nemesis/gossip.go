@@ -23,7 +23,7 @@ import (
 // address (memberlist sends from its bound socket); a TCP sender (an
 // ephemeral port) by the process that owns the connecting socket
 // (/proc/net/tcp and /proc/<pid>/fd); during a split a stream from an
-// unknown sender is refused. FilterTransport does this in-process; these
+// unknown sender is refused. internal/gossipfilter does this in-process; these
 // are separate processes. Its methods are safe for concurrent use.
 type gossipNet struct {
 	binds   []string           // each slot's own gossip address

@@ -228,3 +228,33 @@ func TestPickPort(t *testing.T) {
 		t.Fatalf("PickPort = %d, %v", port, err)
 	}
 }
+
+func TestBufferConcurrent(t *testing.T) {
+	var b Buffer
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 100 {
+				b.Write([]byte("x"))
+				_ = b.String()
+			}
+		})
+	}
+	wg.Wait()
+	if n := len(b.String()); n != 400 {
+		t.Fatalf("%d bytes written, want 400", n)
+	}
+}
+
+func TestHostPort(t *testing.T) {
+	if got := HostPort(t, "postgres://u:p@127.0.0.1:5432/db?sslmode=disable"); got != "127.0.0.1:5432" {
+		t.Errorf("HostPort = %q", got)
+	}
+	f := &fatalTB{TB: t}
+	done := make(chan struct{})
+	go func() { defer close(done); HostPort(f, "postgres:///db") }()
+	<-done
+	if !strings.Contains(f.msg, "no host:port") {
+		t.Errorf("a URL without a port: %q, want a failure", f.msg)
+	}
+}

@@ -1,4 +1,7 @@
-package membership
+// Package gossipfilter is a gossip network that tests can split: it
+// moved here from package membership, whose public API it served only
+// for tests.
+package gossipfilter
 
 import (
 	"fmt"
@@ -9,20 +12,20 @@ import (
 	"github.com/hashicorp/memberlist"
 )
 
-// FilterTransport is memberlist's UDP+TCP transport with an outgoing
+// Transport is memberlist's UDP+TCP transport with an outgoing
 // filter: packets and connections to an address Allow rejects are dropped
 // as a broken network would drop them. Tests use it to split a cluster
 // while every node still reaches PostgreSQL. If every node filters the
 // other group, no gossip crosses in either direction.
-type FilterTransport struct {
+type Transport struct {
 	*memberlist.NetTransport
 	// Allow reports whether this node may reach addr (host:port). It is
 	// called concurrently.
 	Allow func(addr string) bool
 }
 
-// NewFilterTransport listens on bind (host:port).
-func NewFilterTransport(bind string, allow func(addr string) bool) (*FilterTransport, error) {
+// New listens on bind (host:port).
+func New(bind string, allow func(addr string) bool) (*Transport, error) {
 	host, portStr, err := net.SplitHostPort(bind)
 	if err != nil {
 		return nil, err
@@ -35,11 +38,11 @@ func NewFilterTransport(bind string, allow func(addr string) bool) (*FilterTrans
 	if err != nil {
 		return nil, fmt.Errorf("gossip transport on %s: %w", bind, err)
 	}
-	return &FilterTransport{NetTransport: nt, Allow: allow}, nil
+	return &Transport{NetTransport: nt, Allow: allow}, nil
 }
 
 // WriteTo drops packets to filtered addresses.
-func (t *FilterTransport) WriteTo(b []byte, addr string) (time.Time, error) {
+func (t *Transport) WriteTo(b []byte, addr string) (time.Time, error) {
 	if !t.Allow(addr) {
 		return time.Now(), nil
 	}
@@ -47,7 +50,7 @@ func (t *FilterTransport) WriteTo(b []byte, addr string) (time.Time, error) {
 }
 
 // DialTimeout fails for filtered addresses.
-func (t *FilterTransport) DialTimeout(addr string, timeout time.Duration) (net.Conn, error) {
+func (t *Transport) DialTimeout(addr string, timeout time.Duration) (net.Conn, error) {
 	if !t.Allow(addr) {
 		return nil, fmt.Errorf("dial %s: network split (filtered)", addr)
 	}
@@ -56,7 +59,7 @@ func (t *FilterTransport) DialTimeout(addr string, timeout time.Duration) (net.C
 
 // WriteToAddress drops packets to filtered addresses (memberlist prefers
 // this node-aware form when the transport has it).
-func (t *FilterTransport) WriteToAddress(b []byte, a memberlist.Address) (time.Time, error) {
+func (t *Transport) WriteToAddress(b []byte, a memberlist.Address) (time.Time, error) {
 	if !t.Allow(a.Addr) {
 		return time.Now(), nil
 	}
@@ -64,11 +67,11 @@ func (t *FilterTransport) WriteToAddress(b []byte, a memberlist.Address) (time.T
 }
 
 // DialAddressTimeout fails for filtered addresses.
-func (t *FilterTransport) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
+func (t *Transport) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
 	if !t.Allow(a.Addr) {
 		return nil, fmt.Errorf("dial %s: network split (filtered)", a.Addr)
 	}
 	return t.NetTransport.DialAddressTimeout(a, timeout)
 }
 
-var _ memberlist.NodeAwareTransport = (*FilterTransport)(nil)
+var _ memberlist.NodeAwareTransport = (*Transport)(nil)
