@@ -38,7 +38,7 @@ import "time"
 const (
 	minPassGap      = 100 * time.Millisecond
 	smallPassGap    = 10 * time.Millisecond
-	followUps       = 2
+	followUps       = 1
 	passEvery       = 5 * time.Second
 	stallCheckEvery = 100 * time.Millisecond
 )

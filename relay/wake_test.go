@@ -93,8 +93,8 @@ func TestCoreLateCommitBelowCursor(t *testing.T) {
 			later := c.store.Insert(0, "later")[0]
 			waitFor(t, "the later row delivered", func() bool { return c.delivered(later) })
 			if armed {
-				// Past the follow-up passes after the later row (10, 80
-				// and 640 ms), and armed again: only the notification
+				// Past the follow-up passes after the later row (10 and 80
+				// ms), and armed again: only the notification
 				// can lead to the late row now.
 				time.Sleep(time.Second)
 				waitFor(t, "partition 0 armed again", func() bool { return c.store.Armed(0) })
