@@ -154,6 +154,7 @@ type readState struct {
 	ps       *partState
 	pass     bool  // a page of a pass, not a tail read
 	before   int64 // the partition's cursor when the read began
+	first    bool  // the first page of a pass
 	notified bool  // a tail read for a notification
 }
 
@@ -190,7 +191,7 @@ func (r *Relay) readOnce(ctx context.Context) (bool, error) {
 			// A pass reads the tail too, up to its last page.
 			ps.pass++
 			ps.passCursor, ps.reading, ps.dirty, ps.lastPass, ps.passAt = 0, true, false, now, time.Time{}
-			st.notified, ps.hot, ps.notified = ps.notified, false, false
+			st.notified, st.first, ps.hot, ps.notified, ps.polledNew = ps.notified, true, false, false, false
 			r.stats.Passes++
 			fallthrough
 		default:
@@ -260,11 +261,11 @@ func (r *Relay) ingestRead(states map[int]readState, rows []Row, took time.Durat
 			if fresh && st.notified {
 				r.rateLocked(now, countAbove(got, st.before)) // commits, not a backlog
 			}
-			if fresh && !ps.armed && r.passGapLocked(ps) == smallPassGap {
-				// New rows found by a cheap pass (a relay that has just
-				// started, say) may be overtaken as well; a backlog's
-				// pass is not repeated for it (tail reads soon find
-				// what commits next, and schedule the follow-ups).
+			if fresh && !ps.armed && st.first && short {
+				// New rows found by a pass of one short page (a relay
+				// that has just started, say) may be overtaken as well; a
+				// backlog's pass is not repeated for it (tail reads soon
+				// find what commits next, and schedule the follow-ups).
 				r.scheduleFollowUpsLocked(ps, now)
 			}
 			if short {
@@ -286,6 +287,7 @@ func (r *Relay) ingestRead(states map[int]readState, rows []Row, took time.Durat
 				// Producers of an armed partition notify, and arming
 				// waited for those that did not: follow-ups only while
 				// it is polled.
+				ps.polledNew = true
 				r.scheduleFollowUpsLocked(ps, now)
 			}
 		}

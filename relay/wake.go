@@ -182,9 +182,12 @@ func (r *Relay) syncArms(ctx context.Context, idle bool) bool {
 			r.strays = append(r.strays, p) // revoked meanwhile
 			continue
 		}
-		// Read once more, by a pass: a producer that did not notify has
-		// committed by now, and its row may lie below the cursor.
-		ps.armed, ps.hot, ps.dirty = true, true, true
+		// Read once more: a commit may have come between the last read
+		// and the arm. If polls found new rows since the last pass, by a
+		// pass: a producer that did not notify has committed by now, and
+		// its row may lie below the cursor.
+		ps.armed, ps.hot = true, true
+		ps.dirty = ps.dirty || ps.polledNew
 		n++
 	}
 	return n > 0
