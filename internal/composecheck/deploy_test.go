@@ -101,3 +101,38 @@ func TestDeployMetricsExist(t *testing.T) {
 		}
 	}
 }
+
+// TestPrometheusScrapesCompose checks that every target of
+// deploy/prometheus/prometheus.yml is a compose service serving HTTP on
+// that port (its ORDO_HTTP_ADDR), and that every service with an
+// ORDO_HTTP_ADDR is scraped: an instance added to compose without a
+// scrape target would be invisible to the alerts.
+func TestPrometheusScrapesCompose(t *testing.T) {
+	svcs, err := scanCompose(strings.NewReader(repoFile(t, "docker-compose.yml")))
+	if err != nil {
+		t.Fatalf("docker-compose.yml: %v", err)
+	}
+	httpAddr := regexp.MustCompile(`(?m)^ORDO_HTTP_ADDR:\s*"?[^"\s]*:(\d+)"?$`)
+	serving := map[string]string{} // service -> port
+	for _, s := range svcs {
+		if m := httpAddr.FindStringSubmatch(s.Props["environment"]); m != nil {
+			serving[s.Name] = m[1]
+		}
+	}
+	target := regexp.MustCompile(`"([a-z0-9-]+):(\d+)"`)
+	scraped := map[string]bool{}
+	for _, m := range target.FindAllStringSubmatch(repoFile(t, "deploy/prometheus/prometheus.yml"), -1) {
+		scraped[m[1]] = true
+		if port, ok := serving[m[1]]; !ok || port != m[2] {
+			t.Errorf("prometheus.yml scrapes %s:%s, but compose's %s serves HTTP on port %q", m[1], m[2], m[1], port)
+		}
+	}
+	for name := range serving {
+		if !scraped[name] {
+			t.Errorf("compose's %s serves HTTP (ORDO_HTTP_ADDR) but prometheus.yml does not scrape it", name)
+		}
+	}
+	if len(scraped) < 7 {
+		t.Errorf("found %d scrape targets; the pattern is probably broken", len(scraped))
+	}
+}
