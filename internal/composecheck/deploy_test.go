@@ -136,3 +136,48 @@ func TestPrometheusScrapesCompose(t *testing.T) {
 		t.Errorf("found %d scrape targets; the pattern is probably broken", len(scraped))
 	}
 }
+
+// TestDashboardConsumerRow checks that the dashboard has a consumer row
+// querying every inbox family an operator watches (issue 25), and that
+// no two panels overlap (a panel added at a taken position hides another).
+func TestDashboardConsumerRow(t *testing.T) {
+	type grid struct{ X, Y, W, H int }
+	var dash struct {
+		Panels []struct {
+			Type, Title string
+			GridPos     grid
+			Targets     []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal([]byte(repoFile(t, "deploy/grafana/ordo.json")), &dash); err != nil {
+		t.Fatalf("deploy/grafana/ordo.json: %v", err)
+	}
+	var row bool
+	var exprs strings.Builder
+	for i, p := range dash.Panels {
+		if p.Type == "row" && strings.HasPrefix(p.Title, "Consumer") {
+			row = true
+		}
+		for _, tg := range p.Targets {
+			exprs.WriteString(tg.Expr + "\n")
+		}
+		for _, q := range dash.Panels[:i] {
+			a, b := p.GridPos, q.GridPos
+			if a.X < b.X+b.W && b.X < a.X+a.W && a.Y < b.Y+b.H && b.Y < a.Y+a.H {
+				t.Errorf("panels %q %+v and %q %+v overlap", p.Title, a, q.Title, b)
+			}
+		}
+	}
+	if !row {
+		t.Error("the dashboard has no row titled Consumer…")
+	}
+	for _, m := range []string{
+		"ordo_inbox_handled_total", "ordo_inbox_duplicates_total", "ordo_inbox_retries_total", "ordo_inbox_dead_lettered_total",
+		"ordo_inbox_stuck_keys", "ordo_inbox_dead_keys", "ordo_inbox_shards_owned",
+		"ordo_inbox_lag_seconds_bucket", "ordo_inbox_handler_duration_seconds_bucket",
+	} {
+		if !strings.Contains(exprs.String(), m) {
+			t.Errorf("no dashboard panel queries %s", m)
+		}
+	}
+}
