@@ -174,13 +174,25 @@ func TestAdminHTTPActions(t *testing.T) {
 		t.Fatalf("shipping retry poison-2: %v\n%s", err, out)
 	}
 
+	last := auditTrail(t, baseB, []string{"alice resolve gap-1 done", "alice resolve gap-1 error", "bob skip poison-2 done",
+		"carol retry poison-1 done", "dave retry poison-2 done"})
+	if last.RemoteAddr != "cli" {
+		t.Fatalf("the CLI's action is recorded from %q, want cli", last.RemoteAddr)
+	}
+}
+
+// auditTrail checks the audit, oldest first, as "operator action key
+// done|error" lines against want, and that each entry has an address; it
+// returns the newest entry.
+func auditTrail(tb testing.TB, base string, want []string) inbox.AuditEntry {
+	tb.Helper()
 	var audit []inbox.AuditEntry
-	adminList(t, baseB+"/admin/audit", &audit)
+	adminList(tb, base+"/admin/audit", &audit)
 	var got []string
 	for i := len(audit) - 1; i >= 0; i-- {
 		x := audit[i]
 		if x.RemoteAddr == "" {
-			t.Errorf("audit entry %+v has no address", x)
+			tb.Errorf("audit entry %+v has no address", x)
 		}
 		res := x.Result
 		if strings.HasPrefix(res, "error: ") {
@@ -188,12 +200,8 @@ func TestAdminHTTPActions(t *testing.T) {
 		}
 		got = append(got, fmt.Sprintf("%s %s %s %s", x.Operator, x.Action, x.Key, res))
 	}
-	want := []string{"alice resolve gap-1 done", "alice resolve gap-1 error", "bob skip poison-2 done",
-		"carol retry poison-1 done", "dave retry poison-2 done"}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Fatalf("audit, oldest first:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+		tb.Fatalf("audit, oldest first:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	if audit[0].RemoteAddr != "cli" {
-		t.Fatalf("the CLI's action is recorded from %q, want cli", audit[0].RemoteAddr)
-	}
+	return audit[0]
 }
