@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -174,6 +175,11 @@ func TestAdminHTTPActions(t *testing.T) {
 		t.Fatalf("shipping retry poison-2: %v\n%s", err, out)
 	}
 
+	cli = exec.Command(e.bin, "-postgres-url", e.dbURL, "-name", e.name, "-shards", strconv.Itoa(testShards),
+		"-partitions", strconv.Itoa(testPartitions), "audit")
+	if out, err := cli.CombinedOutput(); err != nil || !regexp.MustCompile(`(?m)^\S+\s+dave\s+cli\s+retry\s+poison-2\s+done$`).Match(out) {
+		t.Fatalf("shipping audit: %v\n%s", err, out)
+	}
 	last := auditTrail(t, baseB, []string{"alice resolve gap-1 done", "alice resolve gap-1 error", "bob skip poison-2 done",
 		"carol retry poison-1 done", "dave retry poison-2 done"})
 	if last.RemoteAddr != "cli" {
