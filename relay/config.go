@@ -36,10 +36,12 @@ type Config struct {
 	// is 16 MiB. Raise it for large payloads with a large Window.
 	ReadAheadBytes int64
 
-	// PollInterval is how often the relay reads without a notification
-	// (LISTEN/NOTIFY wakes it at once on a commit; polling is the safety
-	// net). The default is 1 s. Shorter polls cost reads on an idle
-	// database.
+	// PollInterval is how often the relay reads every partition without a
+	// notification: the safety net, and the slowest poll of a partition a
+	// producer's open transaction keeps from being armed (an idle relay is
+	// notified of a commit at once; a busy one polls every few
+	// milliseconds: wake.go). The default is 1 s. Shorter polls cost reads
+	// on an idle database.
 	PollInterval time.Duration
 
 	// ReadTimeout bounds one read. A read slower than this fails, and is

@@ -27,7 +27,6 @@ type partState struct {
 	hot        bool      // a tail read is wanted (a notification, a poll, or a full page)
 	notified   bool      // a notification came since the last tail read began
 	armed      bool      // the Store notifies this partition's commits (see wake.go)
-
 }
 
 // keyState is one key's queue and its place in the per-key rule.
