@@ -18,6 +18,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ordo-relay/ordo/bench/internal/harness"
+	"github.com/ordo-relay/ordo/bench/internal/result"
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/outbox"
 	"github.com/ordo-relay/ordo/partition"
@@ -133,9 +135,9 @@ func (r produceRun) perMsg(v float64) float64 {
 	return v / float64(r.msgs())
 }
 
-func runProduce(ctx context.Context, o options, emit func(*Result)) error {
+func runProduce(ctx context.Context, o options, emit func(*result.Result)) error {
 	p := o.Produce
-	var cells []*Result
+	var cells []*result.Result
 	failedRuns := 0
 	for _, rows := range p.Rows {
 		for _, producers := range p.Producers {
@@ -195,15 +197,15 @@ func produceOnce(ctx context.Context, o options, v *produceVariant, rows, produc
 	// instead of hanging the scenario.
 	ctx, stopRun := context.WithTimeout(ctx, o.Produce.Warmup+o.Produce.Duration+produceRunSlack)
 	defer stopRun()
-	name := "ordo_bench_produce_" + strings.ReplaceAll(v.name, "-", "_") + "_" + randomHex(4)
-	sctx, cancel := context.WithTimeout(ctx, setupTimeout)
+	name := "ordo_bench_produce_" + strings.ReplaceAll(v.name, "-", "_") + "_" + harness.RandomHex(4)
+	sctx, cancel := context.WithTimeout(ctx, harness.SetupTimeout)
 	defer cancel()
 	dbURL, drop, err := testkit.CreateDatabase(sctx, o.PostgresURL, name)
 	if err != nil {
 		return run, err
 	}
 	defer func() {
-		dctx, dcancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		dctx, dcancel := context.WithTimeout(context.Background(), harness.SetupTimeout)
 		defer dcancel()
 		if err := drop(dctx); err != nil {
 			fmt.Fprintf(os.Stderr, "bench: drop database %s: %v\n", name, err)
@@ -240,13 +242,13 @@ func producePools(ctx context.Context, dbURL string, producers int) (pool, probe
 	}
 	cfg.MaxConns = int32(producers)
 	cfg.MinConns = int32(producers)
-	cfg.ConnConfig.RuntimeParams["application_name"] = appBench
+	cfg.ConnConfig.RuntimeParams["application_name"] = harness.AppBench
 	if pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return nil, nil, fmt.Errorf("open pool: %w", err)
 	}
 	pcfg := cfg.Copy()
 	pcfg.MaxConns, pcfg.MinConns = 2, 0
-	pcfg.ConnConfig.RuntimeParams["application_name"] = appProbe
+	pcfg.ConnConfig.RuntimeParams["application_name"] = harness.AppProbe
 	if probe, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
 		pool.Close()
 		return nil, nil, fmt.Errorf("open probe pool: %w", err)
@@ -339,7 +341,7 @@ func measureProduce(ctx context.Context, o options, v *produceVariant, w *produc
 		}()
 	}
 	defer wg.Wait()
-	if err := sleep(ctx, o.Produce.Warmup); err != nil {
+	if err := harness.Sleep(ctx, o.Produce.Warmup); err != nil {
 		return run, err
 	}
 	lsn0, err := wal.lsn(ctx)
@@ -353,7 +355,7 @@ func measureProduce(ctx context.Context, o options, v *produceVariant, w *produc
 	}
 	start := time.Now()
 	pw.measuring.Store(true)
-	werr := sleep(ctx, o.Produce.Duration)
+	werr := harness.Sleep(ctx, o.Produce.Duration)
 	pw.measuring.Store(false)
 	run.window = time.Since(start)
 	cpu1 := sampleCPU()
@@ -403,7 +405,7 @@ func keysHOT(ctx context.Context, q *pgxpool.Pool) (upd, hot int64, err error) {
 	if err := q.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&rows); err != nil {
 		return 0, 0, fmt.Errorf("count outbox rows: %w", err)
 	}
-	err = waitUntil(ctx, 10*time.Second, 20*time.Millisecond, "outbox_keys statistics", func() (bool, error) {
+	err = harness.WaitUntil(ctx, 10*time.Second, 20*time.Millisecond, "outbox_keys statistics", func() (bool, error) {
 		var ins int64
 		err := q.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd, n_tup_ins FROM pg_stat_user_tables WHERE relname = 'outbox_keys'`).
 			Scan(&upd, &hot, &ins)

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/ordo-relay/ordo/bench/internal/result"
 )
 
 // produceSummary is one variant's medians over a cell's repetitions.
@@ -110,8 +112,8 @@ func figureName(variant string) string { return strings.ReplaceAll(variant, "-",
 
 // produceCellResult turns one cell's runs into a Result: every variant's
 // medians, and its tps and commit p99 as ratios to classic's.
-func produceCellResult(o options, rows, producers int, runs []produceRun) *Result {
-	res := newResult("produce")
+func produceCellResult(o options, rows, producers int, runs []produceRun) *result.Result {
+	res := result.New("produce")
 	res.Label = fmt.Sprintf("%drows-%dproducers", rows, producers)
 	res.Param("rows_per_tx", rows)
 	res.Param("producers", producers)
@@ -168,7 +170,7 @@ func produceCellResult(o options, rows, producers int, runs []produceRun) *Resul
 
 // printProduceTable prints every cell as the markdown table that
 // docs/performance.md keeps.
-func printProduceTable(w io.Writer, cells []*Result, variants []string) {
+func printProduceTable(w io.Writer, cells []*result.Result, variants []string) {
 	fmt.Fprintln(w, "\n| rows/tx | producers | variant | tps | ÷ classic | commit p50 / p99 ms | p99 ÷ classic | PG µs/msg (backends / server) | WAL B/msg (of which page images) |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|")
 	for _, c := range cells {
@@ -184,7 +186,7 @@ func printProduceTable(w io.Writer, cells []*Result, variants []string) {
 		for _, v := range variants {
 			p := figureName(v) + "_"
 			f := func(name string) float64 {
-				x, ok := c.figure(p + name)
+				x, ok := c.Lookup(p + name)
 				if !ok {
 					return math.NaN()
 				}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ordo-relay/ordo/bench/internal/result"
 	"github.com/ordo-relay/ordo/internal/testkit"
 )
 
@@ -70,12 +71,12 @@ func TestProduceSummary(t *testing.T) {
 		"ordo_sql_over_classic_commit_p99": 0.6,
 	}
 	for name, w := range want {
-		got, ok := res.figure(name)
+		got, ok := res.Lookup(name)
 		if !ok || math.Abs(got-w) > 1e-3*math.Abs(w) {
 			t.Errorf("%s = %v (%v), want %v", name, got, ok, w)
 		}
 	}
-	if _, ok := res.figure("classic_over_classic_tps"); ok {
+	if _, ok := res.Lookup("classic_over_classic_tps"); ok {
 		t.Error("classic compared with itself")
 	}
 	if m := median([]float64{math.NaN(), 1, 3}); m != 2 {
@@ -85,7 +86,7 @@ func TestProduceSummary(t *testing.T) {
 		t.Error("a ratio to 0 or a median of nothing is not NaN")
 	}
 	var b strings.Builder
-	printProduceTable(&b, []*Result{res}, o.Produce.Variants)
+	printProduceTable(&b, []*result.Result{res}, o.Produce.Variants)
 	if !strings.Contains(b.String(), "| 2 | 4 | ordo-sql | 600 | 0.30× | 6.00 / 12.00 | 0.60× |") {
 		t.Errorf("table:\n%s", b.String())
 	}
@@ -108,34 +109,34 @@ func TestProduceEndToEnd(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	var cells []*Result
-	if err := runProduce(ctx, o, func(r *Result) { cells = append(cells, r) }); err != nil {
+	var cells []*result.Result
+	if err := runProduce(ctx, o, func(r *result.Result) { cells = append(cells, r) }); err != nil {
 		t.Fatal(err)
 	}
 	if len(cells) != 2 {
 		t.Fatalf("%d cells, want 2 (1 and 3 rows)", len(cells))
 	}
 	for _, c := range cells {
-		classic, _ := c.figure("classic_tps")
+		classic, _ := c.Lookup("classic_tps")
 		for _, v := range o.Produce.Variants {
 			p := figureName(v) + "_"
-			tps, _ := c.figure(p + "tps")
+			tps, _ := c.Lookup(p + "tps")
 			if tps <= 0 {
 				t.Errorf("%s: %s tps = %v", c.Label, v, tps)
 			}
-			if errs, _ := c.figure(p + "errors"); errs != 0 {
+			if errs, _ := c.Lookup(p + "errors"); errs != 0 {
 				t.Errorf("%s: %s had %v failed transactions", c.Label, v, errs)
 			}
-			if wal, _ := c.figure(p + "wal_bytes_per_msg"); !(wal > 100) {
+			if wal, _ := c.Lookup(p + "wal_bytes_per_msg"); !(wal > 100) {
 				t.Errorf("%s: %s wrote %v bytes of WAL per ~300-byte message", c.Label, v, wal)
 			}
-			if p99, _ := c.figure(p + "commit_p99"); !(p99 > 0) {
+			if p99, _ := c.Lookup(p + "commit_p99"); !(p99 > 0) {
 				t.Errorf("%s: %s commit p99 %v", c.Label, v, p99)
 			}
 			if v == variantClassic {
 				continue
 			}
-			if r, _ := c.figure(p + "over_classic_tps"); math.Abs(r-tps/classic) > 1e-3*r {
+			if r, _ := c.Lookup(p + "over_classic_tps"); math.Abs(r-tps/classic) > 1e-3*r {
 				t.Errorf("%s: %s over classic %v, want %v / %v", c.Label, v, r, tps, classic)
 			}
 		}

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/ordo-relay/ordo/bench/internal/harness"
 )
 
 // walWatch reads WAL positions, and with inspect counts the WAL of one
@@ -25,7 +27,7 @@ func watchWAL(ctx context.Context, dbURL string, inspect bool) (*walWatch, error
 	if err != nil {
 		return nil, fmt.Errorf("postgres-url: %w", err)
 	}
-	cfg.RuntimeParams["application_name"] = appProbe
+	cfg.RuntimeParams["application_name"] = harness.AppProbe
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect for WAL positions: %w", err)
@@ -39,7 +41,7 @@ func watchWAL(ctx context.Context, dbURL string, inspect bool) (*walWatch, error
 		return nil, fmt.Errorf("create extension pg_walinspect (or run with -produce-wal-inspect=false): %w", err)
 	}
 	// Temporary: dropped when the connection ends, also if the bench dies.
-	if _, err := conn.Exec(ctx, `SELECT pg_create_physical_replication_slot($1, true, true)`, "ordo_bench_wal_"+randomHex(6)); err != nil {
+	if _, err := conn.Exec(ctx, `SELECT pg_create_physical_replication_slot($1, true, true)`, "ordo_bench_wal_"+harness.RandomHex(6)); err != nil {
 		w.close()
 		return nil, fmt.Errorf("create a temporary replication slot to keep the run's WAL (or run with -produce-wal-inspect=false): %w", err)
 	}
@@ -47,7 +49,7 @@ func watchWAL(ctx context.Context, dbURL string, inspect bool) (*walWatch, error
 }
 
 func (w *walWatch) close() {
-	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), harness.SetupTimeout)
 	defer cancel()
 	_ = w.conn.Close(ctx)
 }
@@ -86,7 +88,7 @@ WHERE resource_manager = 'Transaction' AND xid IN (SELECT xid FROM xids)`
 // database's work wrote between from and to, and how many of them were
 // full-page images, waiting (briefly) until to is flushed.
 func (w *walWatch) byRelation(ctx context.Context, from, to int64) (map[string]int64, int64, error) {
-	err := waitUntil(ctx, 10*time.Second, 10*time.Millisecond, "WAL flushed", func() (bool, error) {
+	err := harness.WaitUntil(ctx, 10*time.Second, 10*time.Millisecond, "WAL flushed", func() (bool, error) {
 		var flushed int64
 		err := w.conn.QueryRow(ctx, `SELECT pg_current_wal_flush_lsn() - '0/0'::pg_lsn`).Scan(&flushed)
 		return flushed >= to, err
