@@ -46,6 +46,22 @@ ORDER BY seq
 LIMIT $1
 FOR UPDATE SKIP LOCKED`
 
+// sqlClassicIndex is the classic relay's own index for its read: the
+// oldest pending rows in seq order. Ordo's outbox has none (its relay
+// reads pending rows by partition), so the classic relay brings the
+// index every classic outbox has: its pending rows by age.
+const sqlClassicIndex = `CREATE INDEX IF NOT EXISTS bench_classic_pending ON outbox (seq) WHERE processed_at IS NULL`
+
+// classicIndex creates the classic relay's index on the rig's outbox.
+func classicIndex(ctx context.Context, r *rig) error {
+	sctx, cancel := context.WithTimeout(ctx, harness.SetupTimeout)
+	defer cancel()
+	if _, err := r.Pool.Exec(sctx, sqlClassicIndex); err != nil {
+		return fmt.Errorf("create the classic relay's index: %w", err)
+	}
+	return nil
+}
+
 // sqlClassicMark marks a batch processed.
 const sqlClassicMark = `UPDATE outbox SET processed_at = clock_timestamp() WHERE id = ANY($1::uuid[])`
 

@@ -148,7 +148,7 @@ var nemesisScenario = scenario{"nemesis",
 func (o options) nemesis() nemesis.Config {
 	return nemesis.Config{PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Out: o.Out, Partitions: o.Partitions,
 		ConfirmWindow: o.ConfirmWindow, NodeBin: o.NodeBin, Timeout: o.Timeout, Rate: o.Rate,
-		Seed: o.Seed, Profile: o.Profile, Kinds: o.Kinds}
+		Seed: o.Seed, Scenario: nemesis.ScenarioRelay, Profile: o.Profile, Kinds: o.Kinds}
 }
 
 // compareScenario is the default: see runCompare.

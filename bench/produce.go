@@ -105,6 +105,7 @@ type produceRun struct {
 	// walByRel is walDB by relation (table or index; "commit" for the
 	// transactions' commit records), when inspected.
 	walByRel map[string]int64
+	walFPI   int64 // of walDB, the full-page images (after a checkpoint, a page's first change logs all of it)
 	// keysUpdates and keysHOT are outbox_keys' updates and HOT updates
 	// over the whole run (warm-up included); 0 where there is no such
 	// table or it was never updated.
@@ -323,7 +324,7 @@ func measureProduce(ctx context.Context, o options, v *produceVariant, w *produc
 	}
 	run.walServer = lsn1 - lsn0
 	if wal.inspect {
-		if run.walByRel, err = wal.byRelation(ctx, lsn0, lsn1); err != nil {
+		if run.walByRel, run.walFPI, err = wal.byRelation(ctx, lsn0, lsn1); err != nil {
 			return run, err
 		}
 		run.walDB = 0

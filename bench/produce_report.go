@@ -23,6 +23,7 @@ type produceSummary struct {
 	pgServerUs float64            // every postgres process, µs per message (an upper bound: other databases too)
 	walBytes   float64            // this database's WAL per message (the server's when not inspected)
 	walServer  float64            // the server's WAL per message (an upper bound)
+	walFPI     float64            // of walBytes, full-page images; NaN when not inspected
 	hotShare   float64            // outbox_keys' HOT updates ÷ its updates; NaN without updates
 	walByRel   map[string]float64 // this database's WAL per message, by relation
 	errors     int                // summed over the runs
@@ -68,6 +69,12 @@ func summarizeProduce(runs []produceRun) map[string]produceSummary {
 			pgServerUs: col(func(r produceRun) float64 { return r.perMsg(float64(r.pgServer.Microseconds())) }),
 			walBytes:   col(func(r produceRun) float64 { return r.perMsg(float64(walOf(r))) }),
 			walServer:  col(func(r produceRun) float64 { return r.perMsg(float64(r.walServer)) }),
+			walFPI: col(func(r produceRun) float64 {
+				if r.walDB < 0 {
+					return math.NaN()
+				}
+				return r.perMsg(float64(r.walFPI))
+			}),
 		}
 		s.hotShare = col(func(r produceRun) float64 {
 			if r.keysUpdates == 0 {
@@ -103,7 +110,7 @@ func fratio(a, b float64) float64 {
 // figureName turns a variant name into a figure prefix: ordo_sql_nonotify.
 func figureName(variant string) string { return strings.ReplaceAll(variant, "-", "_") }
 
-// produceCellResult turns one cell's runs into a result.Result: every variant's
+// produceCellResult turns one cell's runs into a Result: every variant's
 // medians, and its tps and commit p99 as ratios to classic's.
 func produceCellResult(o options, rows, producers int, runs []produceRun) *result.Result {
 	res := result.New("produce")
@@ -131,6 +138,9 @@ func produceCellResult(o options, rows, producers int, runs []produceRun) *resul
 		res.Figure(p+"pg_server_us_per_msg", s.pgServerUs, "µs")
 		res.Figure(p+"wal_bytes_per_msg", s.walBytes, "B")
 		res.Figure(p+"wal_server_bytes_per_msg", s.walServer, "B")
+		if !math.IsNaN(s.walFPI) {
+			res.Figure(p+"wal_fpi_bytes_per_msg", s.walFPI, "B")
+		}
 		if !math.IsNaN(s.hotShare) {
 			res.Figure(p+"keys_hot_share", s.hotShare, "")
 		}
@@ -161,7 +171,7 @@ func produceCellResult(o options, rows, producers int, runs []produceRun) *resul
 // printProduceTable prints every cell as the markdown table that
 // docs/performance.md keeps.
 func printProduceTable(w io.Writer, cells []*result.Result, variants []string) {
-	fmt.Fprintln(w, "\n| rows/tx | producers | variant | tps | ÷ classic | commit p50 / p99 ms | p99 ÷ classic | PG µs/msg (backends / server) | WAL B/msg |")
+	fmt.Fprintln(w, "\n| rows/tx | producers | variant | tps | ÷ classic | commit p50 / p99 ms | p99 ÷ classic | PG µs/msg (backends / server) | WAL B/msg (of which page images) |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|")
 	for _, c := range cells {
 		var rows, producers any
@@ -189,9 +199,9 @@ func printProduceTable(w io.Writer, cells []*result.Result, variants []string) {
 			if v != variantClassic {
 				tpsRatio, p99Ratio = fmt.Sprintf("%.2f×", f("over_classic_tps")), fmt.Sprintf("%.2f×", f("over_classic_commit_p99"))
 			}
-			fmt.Fprintf(w, "| %v | %v | %s | %.0f | %s | %.2f / %.2f | %s | %.0f / %.0f | %.0f |\n",
+			fmt.Fprintf(w, "| %v | %v | %s | %.0f | %s | %.2f / %.2f | %s | %.0f / %.0f | %.0f (%.0f) |\n",
 				rows, producers, v, f("tps"), tpsRatio, f("commit_p50"), f("commit_p99"), p99Ratio,
-				f("pg_us_per_msg"), f("pg_server_us_per_msg"), f("wal_bytes_per_msg"))
+				f("pg_us_per_msg"), f("pg_server_us_per_msg"), f("wal_bytes_per_msg"), f("wal_fpi_bytes_per_msg"))
 		}
 	}
 }

@@ -71,48 +71,50 @@ func (w *walWatch) lsn(ctx context.Context) (int64, error) {
 // are left out.
 const sqlDatabaseWAL = `
 WITH r AS (
-    SELECT xid, resource_manager, record_length,
+    SELECT xid, resource_manager, record_length, fpi_length,
            substring(block_ref FROM ' rel \d+/' || (SELECT oid FROM pg_database WHERE datname = current_database()) || '/(\d+) ')::oid AS file
     FROM pg_get_wal_records_info(('0/0'::pg_lsn + $1::numeric), ('0/0'::pg_lsn + $2::numeric))
 ), xids AS (
     SELECT DISTINCT xid FROM r WHERE file IS NOT NULL AND xid <> 0
 )
-SELECT coalesce(c.relname, 'file ' || r.file), sum(r.record_length)::bigint FROM r
+SELECT coalesce(c.relname, 'other'), sum(r.record_length)::bigint, sum(r.fpi_length)::bigint FROM r
 LEFT JOIN pg_class AS c ON c.relfilenode = r.file
 WHERE r.file IS NOT NULL GROUP BY 1
 UNION ALL
-SELECT 'commit', coalesce(sum(record_length), 0)::bigint FROM r
+SELECT 'commit', coalesce(sum(record_length), 0)::bigint, 0 FROM r
 WHERE resource_manager = 'Transaction' AND xid IN (SELECT xid FROM xids)`
 
 // byRelation returns the bytes of WAL, by relation, that the current
-// database's work wrote between from and to, waiting (briefly) until to
-// is flushed.
-func (w *walWatch) byRelation(ctx context.Context, from, to int64) (map[string]int64, error) {
+// database's work wrote between from and to, and how many of them were
+// full-page images, waiting (briefly) until to is flushed.
+func (w *walWatch) byRelation(ctx context.Context, from, to int64) (map[string]int64, int64, error) {
 	err := harness.WaitUntil(ctx, 10*time.Second, 10*time.Millisecond, "WAL flushed", func() (bool, error) {
 		var flushed int64
 		err := w.conn.QueryRow(ctx, `SELECT pg_current_wal_flush_lsn() - '0/0'::pg_lsn`).Scan(&flushed)
 		return flushed >= to, err
 	})
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	rows, err := w.conn.Query(ctx, sqlDatabaseWAL, from, to)
 	if err != nil {
-		return nil, fmt.Errorf("inspect WAL: %w", err)
+		return nil, 0, fmt.Errorf("inspect WAL: %w", err)
 	}
 	out := map[string]int64{}
+	var fpi int64
 	for rows.Next() {
 		var rel string
-		var n int64
-		if err := rows.Scan(&rel, &n); err != nil {
+		var n, f int64
+		if err := rows.Scan(&rel, &n, &f); err != nil {
 			rows.Close()
-			return nil, fmt.Errorf("inspect WAL: %w", err)
+			return nil, 0, fmt.Errorf("inspect WAL: %w", err)
 		}
 		out[rel] += n
+		fpi += f
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("inspect WAL: %w", err)
+		return nil, 0, fmt.Errorf("inspect WAL: %w", err)
 	}
-	return out, nil
+	return out, fpi, nil
 }

@@ -67,6 +67,9 @@ func (s systemSpec) addParams(res *result.Result) {
 // started (they connect on their own).
 func (s systemSpec) start(ctx context.Context, r *rig) (system, error) {
 	if s.classic {
+		if err := classicIndex(ctx, r); err != nil {
+			return nil, err
+		}
 		return startClassic(r, s.n), nil
 	}
 	return startOrdoWith(ctx, r, s.n, s.env, s.onStart)

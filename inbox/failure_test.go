@@ -247,3 +247,57 @@ func TestMaxAttemptsOne(t *testing.T) {
 		})
 	}
 }
+
+// TestBelowLowWaterHeldNotDropped is issue 22's defect 3: a message of a
+// key the inbox does not know, older than the retention low-water mark,
+// is either a redelivery of a key retention deleted or a first delivery
+// that came late (a key's first row parked at the relay and retried after
+// RetentionAge). The inbox cannot tell them apart, so it must not drop it
+// silently: it is dead-lettered and its key held, listed by Dead, for the
+// operator to retry (a late first delivery: handled, in order) or skip (a
+// redelivery: dropped).
+func TestBelowLowWaterHeldNotDropped(t *testing.T) {
+	_, pool := newDB(t)
+	ctx := testkit.Context(t, 30*time.Second)
+	dead := &fakeDead{}
+	s := newStore(t, inbox.LocalConfig("t"), pool, dead)
+	ok := recordHandler("")
+	at := func(m *inbox.Message, age time.Duration) *inbox.Message {
+		m.Timestamp = time.Now().Add(-age).Truncate(time.Second)
+		return m
+	}
+	handle(t, s, inbox.Fence{}, at(msg("old", 1, 0), 2*time.Hour), ok)
+	handle(t, s, inbox.Fence{}, at(msg("old", 2, 0), 2*time.Hour), ok)
+	if _, err := pool.Exec(ctx, `UPDATE ordo_inbox_keys SET handled_at = now() - interval '2 hours'`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := inbox.Retain(ctx, pool, "t", time.Hour); err != nil || n != 1 {
+		t.Fatalf("retain: %d, %v", n, err)
+	}
+	for _, m := range []*inbox.Message{
+		at(msg("late", 1, 0), 3*time.Hour), // a first delivery, late
+		at(msg("late", 2, 0), 3*time.Hour),
+		at(msg("old", 2, 0), 2*time.Hour), // a redelivery of the deleted key
+	} {
+		if out := handle(t, s, inbox.Fence{}, m, ok); out != inbox.DeadLettered {
+			t.Fatalf("%s/%d below the low-water mark: %v, want dead-lettered (held for the operator)", m.CorrelationID, m.KeySeq, out)
+		}
+	}
+	dl, err := inbox.Dead(ctx, pool, "t")
+	if err != nil || len(dl) != 3 || len(dead.list()) != 3 {
+		t.Fatalf("dead %+v %v, dead-letter queue %v: want the three held", dl, err, dead.list())
+	}
+	if err := inbox.Retry(ctx, pool, "t", "late"); err != nil {
+		t.Fatal(err)
+	}
+	if err := inbox.Skip(ctx, pool, "t", "old"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.RetryDue(ctx, inbox.Fence{}, 0, 10, ok); err != nil {
+		t.Fatal(err)
+	}
+	checkOnceInOrder(t, handledSeqs(t, pool), map[string]int64{"old": 2, "late": 2})
+	if dl, err := inbox.Dead(ctx, pool, "t"); err != nil || len(dl) != 0 {
+		t.Fatalf("dead after retry and skip: %+v %v", dl, err)
+	}
+}

@@ -12,8 +12,9 @@ const (
 	// sqlDecide locks the key's row (if any) and returns its last handled
 	// key_seq and message id, whether the message is already stored,
 	// whether a stored message of the key precedes it (a retry, a dead
-	// message or a gap: the message must wait behind it), and the retention
-	// low-water mark. It also bounds how long this transaction may sit
+	// message or a gap: the message must wait behind it), whether the key
+	// has never handled a message (no row, or one only held or moved by an
+	// operator), and the retention low-water mark. It also bounds how long this transaction may sit
 	// idle, so a paused process cannot hold the key's lock past its lease.
 	// $2 key, $3 key_seq, $4 idle timeout (ms, text).
 	sqlDecide = `
@@ -21,6 +22,7 @@ SELECT set_config('idle_in_transaction_session_timeout', $4, true),
        k.last_seq, coalesce(k.last_message_id, ''),
        EXISTS (SELECT 1 FROM ordo_inbox_messages WHERE consumer = $1 AND correlation_id = $2 AND key_seq = $3),
        EXISTS (SELECT 1 FROM ordo_inbox_messages WHERE consumer = $1 AND correlation_id = $2 AND key_seq < $3),
+       k.last_message_id IS NULL,
        (SELECT low_water FROM ordo_inbox_retention WHERE consumer = $1)
 FROM (SELECT 1) AS one
 LEFT JOIN LATERAL (
@@ -63,7 +65,8 @@ SELECT count(*) FROM upd`
 	// without a key row, or every query that joins the key would miss it.
 	// $2.. the message, $16 seconds until due (NULL: a gap, due when its
 	// predecessor is handled), $17 shard, $18 owner, $19 epoch (the lease),
-	// $20 a new key's last_seq.
+	// $20 a new key's last_seq, $21 NULL or the reason the message is
+	// stored dead (held for an operator).
 	sqlStore = `
 WITH fence AS (
     SELECT 1 FROM ordo_inbox_leases
@@ -75,9 +78,10 @@ WITH fence AS (
     ON CONFLICT DO NOTHING
 ), ins AS (
     INSERT INTO ordo_inbox_messages (consumer, correlation_id, key_seq, prev_seq, partition, shard,
-        message_id, type, exchange, routing_key, occurred_at, headers, body, attempts, last_error, next_attempt_at)
-    SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
-        CASE WHEN $16::float8 IS NULL THEN 'infinity'::timestamptz ELSE now() + make_interval(secs => $16::float8) END
+        message_id, type, exchange, routing_key, occurred_at, headers, body, attempts, last_error, next_attempt_at, dead_at)
+    SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, coalesce($21::text, $15::text),
+        CASE WHEN $16::float8 IS NULL THEN 'infinity'::timestamptz ELSE now() + make_interval(secs => $16::float8) END,
+        CASE WHEN $21::text IS NULL THEN NULL ELSE now() END
     WHERE $19 = 0 OR EXISTS (SELECT 1 FROM fence)
     ON CONFLICT DO NOTHING
     RETURNING 1

@@ -101,7 +101,9 @@ type Store struct {
 
 // NewStore returns a Store for cfg.Name over db. dead may be nil: dead
 // messages are then only marked in the inbox table. Call Migrate first.
+// Like New, it fills the fields of cfg left zero, then validates.
 func NewStore(cfg Config, db DB, dead DeadLetterer) (*Store, error) {
+	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -142,6 +144,7 @@ const (
 	decNext decision = iota + 1
 	decDuplicate
 	decGap
+	decHold // below the low-water mark, of a key never handled: see hold
 )
 
 func (s *Store) handle(ctx context.Context, f Fence, m *Message, h Handler) (Outcome, error) {
@@ -159,6 +162,8 @@ func (s *Store) handle(ctx context.Context, f Fence, m *Message, h Handler) (Out
 		return Duplicate, nil
 	case d == decGap:
 		return Stored, s.storeAndCommit(ctx, tx, f, withAttempts(m, 0, ""), nil)
+	case d == decHold:
+		return s.hold(ctx, tx, f, m, last)
 	case m.Redelivered:
 		// An earlier delivery may have crashed its handler: count that
 		// attempt in a commit of its own, then run from the stored copy.
@@ -199,28 +204,34 @@ func (s *Store) decide(ctx context.Context, tx pgx.Tx, m *Message) (decision, in
 		lastID   string
 		stored   bool
 		behind   bool
+		never    bool // the key has never handled a message
 		lowWater *time.Time
 		ignore   string
 	)
 	if err := tx.QueryRow(ctx, sqlDecide, s.cfg.Name, m.CorrelationID, m.KeySeq, s.idle).
-		Scan(&ignore, &last, &lastID, &stored, &behind, &lowWater); err != nil {
+		Scan(&ignore, &last, &lastID, &stored, &behind, &never, &lowWater); err != nil {
 		return 0, 0, fmt.Errorf("decide %s/%d: %w", m.CorrelationID, m.KeySeq, err)
 	}
 	if last != nil && m.KeySeq == *last && lastID != "" && m.ID != "" && m.ID != lastID {
 		s.rewound(m, lastID)
 	}
-	newKey := last == nil
-	if newKey {
-		if lowWater != nil && !m.Timestamp.IsZero() && m.Timestamp.Before(*lowWater) {
-			return decDuplicate, 0, nil // a key retention deleted: see Retain
-		}
-		// Bootstrap joins a key at its first message seen: the key starts
-		// just before it, so that message is next, also when it is
-		// retried from the table.
-		base := int64(0)
-		if s.cfg.Mode == Bootstrap {
-			base = m.PrevKeySeq
-		}
+	if last != nil && (m.KeySeq <= *last || stored) {
+		return decDuplicate, *last, nil
+	}
+	// Bootstrap joins a key at its first message seen: the key starts
+	// just before it, so that message is next, also when it is retried
+	// from the table.
+	base := int64(0)
+	if s.cfg.Mode == Bootstrap {
+		base = m.PrevKeySeq
+	}
+	if last != nil {
+		base = *last
+	}
+	if never && lowWater != nil && !m.Timestamp.IsZero() && m.Timestamp.Before(*lowWater) {
+		return decHold, base, nil
+	}
+	if last == nil {
 		l, err := s.createKey(ctx, tx, m.CorrelationID, base)
 		if err != nil {
 			return 0, 0, err
@@ -251,6 +262,35 @@ func (s *Store) rewound(m *Message, lastID string) {
 	s.cfg.Logger.Error("inbox: key_seq reused by a different message: the producer's key_seq went back; "+
 		"newer messages of this key are being dropped as duplicates",
 		"key", m.CorrelationID, "key_seq", m.KeySeq, "message_id", m.ID, "handled_message_id", lastID)
+}
+
+// heldReason is the reason a message below the low-water mark is held.
+const heldReason = "older than the retention low-water mark, of a key the inbox has not handled: " +
+	"a redelivery of a key retention deleted (skip it) or a first delivery later than RetentionAge (retry it)"
+
+// hold stores m dead, for an operator, and sends a copy to the dead-letter
+// queue: m's key is one the inbox has no handled message of, and m is
+// older than the low-water mark. That is a redelivery of a key retention
+// deleted, or a first delivery that came later than RetentionAge (a key's
+// first row parked at the relay and retried later, say); the inbox cannot
+// tell which, and neither handling nor dropping it is safe. Later
+// messages of the key below the mark are held too; others wait behind.
+// last is the key row's last_seq if storing m creates it.
+func (s *Store) hold(ctx context.Context, tx pgx.Tx, f Fence, m *Message, last int64) (Outcome, error) {
+	sm := withAttempts(m, 0, heldReason)
+	sm.keyBase, sm.held = last, heldReason
+	if err := s.storeAndCommit(ctx, tx, f, sm, nil); err != nil {
+		return 0, err
+	}
+	s.cfg.Logger.Warn("inbox: message below the retention low-water mark held for an operator (dead-lettered); its key waits",
+		"key", m.CorrelationID, "key_seq", m.KeySeq, "message_id", m.ID, "timestamp", m.Timestamp)
+	if s.dead != nil {
+		if err := s.dead.DeadLetter(ctx, m, heldReason, 0); err != nil {
+			// The table is the record (Dead lists it); the copy is extra.
+			s.cfg.Logger.Warn("inbox: held message not copied to the dead-letter queue", "key", m.CorrelationID, "key_seq", m.KeySeq, "err", err)
+		}
+	}
+	return DeadLettered, nil
 }
 
 func (s *Store) createKey(ctx context.Context, tx pgx.Tx, key string, base int64) (int64, error) {

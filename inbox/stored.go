@@ -17,12 +17,13 @@ type storedMessage struct {
 	Message
 	attempts  int
 	lastError string
-	keyBase   int64 // the key row's last_seq if storing m creates it
-	waiting   bool  // a gap: due when its predecessor is handled
-	due       bool  // not waiting, and its next attempt is due now
-	dead      bool  // dead-lettered: its key waits for an operator
-	head      bool  // no stored message of its key precedes it
-	keyLast   int64 // the key's last handled key_seq, when read
+	keyBase   int64  // the key row's last_seq if storing m creates it
+	held      string // stored dead, with this reason, for an operator
+	waiting   bool   // a gap: due when its predecessor is handled
+	due       bool   // not waiting, and its next attempt is due now
+	dead      bool   // dead-lettered: its key waits for an operator
+	head      bool   // no stored message of its key precedes it
+	keyLast   int64  // the key's last handled key_seq, when read
 }
 
 func withAttempts(m *Message, attempts int, lastError string) *storedMessage {
@@ -44,14 +45,17 @@ func (s *Store) store(ctx context.Context, q querier, f Fence, m *storedMessage,
 	if m.Headers == nil {
 		headers = []byte(`{}`)
 	}
-	var lastErr *string
+	var lastErr, held *string
 	if m.lastError != "" {
 		lastErr = &m.lastError
+	}
+	if m.held != "" {
+		held = &m.held
 	}
 	var fenceOK, inserted bool
 	if err := q.QueryRow(ctx, sqlStore, s.cfg.Name, m.CorrelationID, m.KeySeq, m.PrevKeySeq, m.Partition,
 		s.shardOf(m.Partition), m.ID, m.Type, m.Exchange, m.RoutingKey, nullTime(m.Timestamp), headers,
-		nonNil(m.Body), m.attempts, lastErr, dueIn, f.Shard, f.Owner, f.Epoch, m.keyBase).Scan(&fenceOK, &inserted); err != nil {
+		nonNil(m.Body), m.attempts, lastErr, dueIn, f.Shard, f.Owner, f.Epoch, m.keyBase, held).Scan(&fenceOK, &inserted); err != nil {
 		return fmt.Errorf("store %s/%d: %w", m.CorrelationID, m.KeySeq, err)
 	}
 	if !fenceOK {
@@ -161,10 +165,10 @@ func (s *Store) handleStored(ctx context.Context, f Fence, m *storedMessage, h H
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	var ignore, lastID string
 	var last *int64
-	var stored, behind bool
+	var stored, behind, neverHandled bool
 	var lowWater *time.Time
 	if err := tx.QueryRow(ctx, sqlDecide, s.cfg.Name, m.CorrelationID, m.KeySeq, s.idle).
-		Scan(&ignore, &last, &lastID, &stored, &behind, &lowWater); err != nil {
+		Scan(&ignore, &last, &lastID, &stored, &behind, &neverHandled, &lowWater); err != nil {
 		return 0, fmt.Errorf("lock key %s: %w", m.CorrelationID, err)
 	}
 	if last == nil || !stored {

@@ -118,19 +118,15 @@ func (c *Consumer) deliver(ctx context.Context, f Fence, d *amqp.Delivery) error
 	defer cancel()
 	m, err := FromDelivery(d)
 	if err != nil {
-		if err := c.amqp.deadLetterRaw(hctx, d, err.Error()); err != nil {
+		if err := c.dead.raw(hctx, d, err.Error()); err != nil {
 			return err
 		}
 		c.invalid.Add(1)
 		c.cfg.Logger.Warn("inbox: invalid message dead-lettered", "shard", f.Shard, "err", err)
 		return ack(d)
 	}
-	out, err := c.handleInPlace(ctx, f, m)
-	if err != nil {
+	if _, err := c.handleInPlace(ctx, f, m); err != nil {
 		return err
-	}
-	if c.cfg.AfterCommit != nil {
-		c.cfg.AfterCommit(m, out)
 	}
 	return ack(d)
 }

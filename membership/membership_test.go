@@ -29,7 +29,7 @@ type running struct {
 func start(t *testing.T, cfg Config) *running {
 	t.Helper()
 	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		cfg.Logger = testkit.Logger(t, slog.LevelWarn)
 	}
 	m, err := New(cfg)
 	if err != nil {
@@ -49,14 +49,6 @@ func (r *running) stop() error {
 		close(r.done)
 	}
 	return err
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(b []byte) (int, error) {
-	defer func() { _ = recover() }()
-	w.t.Log(strings.TrimSpace(string(b)))
-	return len(b), nil
 }
 
 func waitAlive(t *testing.T, r *running, want []string, timeout time.Duration) time.Duration {

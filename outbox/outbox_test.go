@@ -224,7 +224,7 @@ func TestConcurrentProducersOneKey(t *testing.T) {
 		})
 	}()
 	// Wait until B is really blocked on A's lock.
-	waitFor(t, 10*time.Second, func() bool {
+	testkit.WaitFor(t, 10*time.Second, "B waiting for A's lock", func() bool {
 		var waiting int
 		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
@@ -389,18 +389,6 @@ func TestNotifyPerPartition(t *testing.T) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
-
-func waitFor(t *testing.T, d time.Duration, cond func() bool) {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > d {
-			t.Fatalf("condition not met within %v", d)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Logf("condition met after %v", time.Since(start).Round(time.Millisecond))
-}
 
 // TestRetriedInsertLeavesNoGap: an INSERT repeating an existing id (a
 // producer's retry) is skipped and does not consume a key_seq.

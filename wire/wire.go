@@ -45,6 +45,26 @@ const (
 	HeaderAttempt = "x-ordo-attempt"
 )
 
+// CloudEvents (https://cloudevents.io), AMQP protocol binding 1.0, binary
+// content mode: a node run with -cloudevents adds these headers beside the
+// Ordo ones, and the inbox reads id, type and subject when the AMQP
+// properties are empty. In AMQP 0-9-1 the binding's application properties
+// are the message headers.
+const (
+	// CloudEventsPrefix prefixes the header of every CloudEvents attribute.
+	CloudEventsPrefix = "cloudEvents:"
+
+	HeaderCloudEventsSpecVersion = CloudEventsPrefix + "specversion" // CloudEventsSpecVersion
+	HeaderCloudEventsID          = CloudEventsPrefix + "id"          // the message id
+	HeaderCloudEventsSource      = CloudEventsPrefix + "source"      // the node's -cloudevents-source
+	HeaderCloudEventsType        = CloudEventsPrefix + "type"        // the row's type
+	HeaderCloudEventsTime        = CloudEventsPrefix + "time"        // occurred_at, RFC 3339
+	HeaderCloudEventsSubject     = CloudEventsPrefix + "subject"     // the correlation id
+
+	// CloudEventsSpecVersion is the CloudEvents version the headers follow.
+	CloudEventsSpecVersion = "1.0"
+)
+
 // ErrNoHeader is returned (wrapped) when a header is absent.
 var ErrNoHeader = errors.New("header absent")
 

@@ -261,7 +261,8 @@ type stepResult struct {
 	Recovery  time.Duration // from the heal to the recovery (see docs/reliability.md)
 }
 
-// recoveryStats groups results by kind (in allKinds order, kinds that did
+// recoveryStats groups results by kind (in the order of allKinds, then
+// the consumer scenario's own kinds; kinds that did
 // not run left out) and returns them with the p50 and max over every step.
 func recoveryStats(results []stepResult) (byKind []recoveryStat, p50, worst time.Duration) {
 	per := map[Kind][]time.Duration{}
@@ -275,7 +276,7 @@ func recoveryStats(results []stepResult) (byKind []recoveryStat, p50, worst time
 		per[r.Kind] = append(per[r.Kind], r.Recovery)
 		all = append(all, r.Recovery)
 	}
-	for _, k := range allKinds {
+	for _, k := range append(slices.Clone(allKinds), kindRebalance, kindPoisonOrder) {
 		ds := per[k]
 		if len(ds) == 0 && failed[k] == 0 {
 			continue

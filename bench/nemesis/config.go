@@ -3,10 +3,21 @@ package nemesis
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/ordo-relay/ordo/bench/internal/harness"
 	"github.com/ordo-relay/ordo/partition"
+)
+
+// The scenarios: what the faults are aimed at and what the checker judges.
+const (
+	// ScenarioRelay: three nodes and the order API; the checker judges
+	// the relay from the deliveries.
+	ScenarioRelay = "relay"
+	// ScenarioConsumers: three cmd/shipping instances consume what one
+	// node relays; the checker judges them from the shipping database.
+	ScenarioConsumers = "consumers"
 )
 
 // Config is one nemesis run's settings; DefaultConfig fills them the way
@@ -21,8 +32,9 @@ type Config struct {
 	Timeout       time.Duration // bound on the harness's waits
 	Rate          int           // order API requests a second (0: 100)
 	Seed          int64         // the schedule's seed (0: drawn and printed)
+	Scenario      string        // ScenarioRelay or ScenarioConsumers
 	Profile       string        // ProfileShort or ProfileLong
-	Kinds         []Kind        // the kinds of fault to run (the others' steps are left out of the plan)
+	Kinds         []Kind        // the kinds of fault to run (the others' steps are left out of the plan); nil: every kind of the scenario
 }
 
 // DefaultConfig returns the settings of a short run on the local servers.
@@ -34,8 +46,8 @@ func DefaultConfig() Config {
 		Partitions:    partition.DefaultCount,
 		ConfirmWindow: 512,
 		Timeout:       10 * time.Minute,
+		Scenario:      ScenarioRelay,
 		Profile:       ProfileShort,
-		Kinds:         allKinds,
 	}
 }
 
@@ -54,13 +66,28 @@ func (c Config) Validate() error {
 	if c.Profile != ProfileShort && c.Profile != ProfileLong {
 		errs = append(errs, fmt.Errorf("profile %q: want %s or %s", c.Profile, ProfileShort, ProfileLong))
 	}
-	if len(c.Kinds) == 0 {
-		errs = append(errs, errors.New("kinds: want at least one"))
+	switch c.Scenario {
+	case ScenarioRelay, ScenarioConsumers:
+		for _, k := range c.Kinds {
+			if !slices.Contains(c.scenarioKinds(), k) {
+				errs = append(errs, fmt.Errorf("kind %s is not one of scenario %s's (%s)", k, c.Scenario, joinKinds(c.scenarioKinds())))
+			}
+		}
+	default:
+		errs = append(errs, fmt.Errorf("scenario %q: want %s or %s", c.Scenario, ScenarioRelay, ScenarioConsumers))
 	}
 	if err := partition.ValidateCount(c.Partitions); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// scenarioKinds returns every kind of c's scenario.
+func (c Config) scenarioKinds() []Kind {
+	if c.Scenario == ScenarioConsumers {
+		return consumerKinds
+	}
+	return allKinds
 }
 
 // harness returns what the harness needs of c.

@@ -33,7 +33,6 @@ type fleet struct {
 	token    string // the nodes' admin token, for the operator CLI
 	exchange string
 	api      *harness.Node // the order API process
-	apiBin   string
 	pids     []atomic.Int64
 	paused   []bool
 }
@@ -184,20 +183,31 @@ func (f *fleet) stopNodes() error {
 	return f.cl.Stop()
 }
 
-// startAPI builds and starts the order API on the rig's database, the
-// events addressed to the fleet's exchange, and waits until it answers.
+// startAPI starts the order API on the rig's database, the events
+// addressed to the fleet's exchange, and waits until it answers.
 func (f *fleet) startAPI(ctx context.Context) (addr string, err error) {
-	if f.apiBin, _, err = testkit.Build(ctx, "github.com/ordo-relay/ordo/cmd/orderapi"); err != nil {
-		return "", err
-	}
-	o := f.r.Config
-	o.NodeBin = f.apiBin // startNode runs any binary configured by ORDO_* variables
-	n, err := harness.StartProcess(ctx, o, "orderapi", f.r.DBURL, o.AMQPURL, "ORDO_EXCHANGE="+f.exchange, "ORDO_DB_MAX_CONNS=8")
+	f.api, err = startOrderAPI(ctx, f.r, f.exchange)
 	if err != nil {
 		return "", err
 	}
-	f.api = n
-	f.r.OnClose("stop the order API", func(context.Context) error { _, err := n.Stop(harness.NodeStopTimeout); return err })
+	return f.api.HTTPAddr, nil
+}
+
+// startOrderAPI builds and starts the order API on r's database, its
+// events addressed to exchange, stopped at r's Close, and waits until it
+// answers.
+func startOrderAPI(ctx context.Context, r *harness.Rig, exchange string) (*harness.Node, error) {
+	bin, _, err := testkit.Build(ctx, "github.com/ordo-relay/ordo/cmd/orderapi")
+	if err != nil {
+		return nil, err
+	}
+	o := r.Config
+	o.NodeBin = bin // StartProcess runs any binary configured by ORDO_* variables
+	n, err := harness.StartProcess(ctx, o, "orderapi", r.DBURL, o.AMQPURL, "ORDO_EXCHANGE="+exchange, "ORDO_DB_MAX_CONNS=8")
+	if err != nil {
+		return nil, err
+	}
+	r.OnClose("stop the order API", func(context.Context) error { _, err := n.Stop(harness.NodeStopTimeout); return err })
 	client := &http.Client{Timeout: time.Second}
 	err = harness.WaitUntil(ctx, time.Minute, 50*time.Millisecond, "the order API to answer", func() (bool, error) {
 		if err := n.Failed(); err != nil {
@@ -210,7 +220,7 @@ func (f *fleet) startAPI(ctx context.Context) (addr string, err error) {
 		_ = resp.Body.Close()
 		return resp.StatusCode == http.StatusOK, nil
 	})
-	return n.HTTPAddr, err
+	return n, err
 }
 
 // admin runs the operator CLI (node SUBCOMMAND -http ADDR ...) against the

@@ -114,7 +114,7 @@ func TestParseKinds(t *testing.T) {
 	if err != nil || !slices.Equal(got, []Kind{kindKill, kindPoison}) {
 		t.Fatalf("ParseKinds = %v, %v", got, err)
 	}
-	if all, _ := ParseKinds("all"); !slices.Equal(all, allKinds) {
+	if all, err := ParseKinds("all"); all != nil || err != nil {
 		t.Fatalf("all = %v", all)
 	}
 	if _, err := ParseKinds("kill,flood"); err == nil || !strings.Contains(err.Error(), "flood") {
@@ -447,4 +447,29 @@ func listenUDP(t *testing.T) *net.UDPConn {
 		t.Fatal(err)
 	}
 	return c
+}
+
+func TestPlanConsumersShortRunsEveryKindOnce(t *testing.T) {
+	for seed := int64(1); seed <= 20; seed++ {
+		plan, err := planKinds(seed, ProfileShort, shippingInstances, consumerKinds)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var kinds []Kind
+		var total time.Duration
+		for i, s := range plan {
+			kinds = append(kinds, s.Kind)
+			total += s.estimate()
+			checkStep(t, seed, i, s, holds(ProfileShort))
+		}
+		slices.Sort(kinds)
+		want := slices.Clone(consumerKinds)
+		slices.Sort(want)
+		if !slices.Equal(kinds, want) {
+			t.Fatalf("seed %d: kinds %v, want every consumer kind once", seed, kinds)
+		}
+		if total > 90*time.Second {
+			t.Fatalf("seed %d: the short consumer plan is estimated at %v, want at most 90 s of faults", seed, total)
+		}
+	}
 }

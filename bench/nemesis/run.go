@@ -62,6 +62,12 @@ type stepReport struct {
 
 // Run runs the nemesis: see docs/reliability.md.
 func Run(ctx context.Context, o Config) error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	if o.Scenario == ScenarioConsumers {
+		return runConsumers(ctx, o)
+	}
 	seed := o.Seed
 	if seed == 0 {
 		seed = rand.Int64N(1<<31) + 1
@@ -71,7 +77,7 @@ func Run(ctx context.Context, o Config) error {
 		return err
 	}
 	rerun := fmt.Sprintf("go run ./bench/cmd/nemesis -seed %d -profile %s", seed, o.Profile)
-	if len(o.Kinds) < len(allKinds) {
+	if len(o.Kinds) > 0 {
 		plan = onlyKinds(plan, o.Kinds)
 		rerun += " -kinds " + joinKinds(o.Kinds)
 	}

@@ -40,11 +40,21 @@ const (
 	kindMemoryAlarm   Kind = "memory-alarm"   // the broker's memory watermark set tiny, then restored
 	kindHostileRow    Kind = "hostile-row"    // a row whose headers exceed frame_max, on a live key; skipped once parked
 	kindPoison        Kind = "poison"         // rows the broker returns or whose exchange is missing, on live keys; skipped once parked
+
+	// The consumer scenario's own kinds (it also runs kill, pause,
+	// broker-restart, broker-close, pg-restart and pg-link, aimed at the
+	// shipping instances and their database).
+	kindRebalance   Kind = "rebalance"    // one instance stopped (it leaves: its shards move), started again after the hold (it joins)
+	kindPoisonOrder Kind = "poison-order" // an order whose handler fails on every attempt: dead-lettered, its key held
 )
 
 // allKinds lists every kind once.
 var allKinds = []Kind{kindKill, kindPause, kindBrokerRestart, kindBrokerClose, kindPGTerminate, kindPGRestart,
 	kindGossipSplit, kindAMQPLink, kindPGLink, kindMemoryAlarm, kindHostileRow, kindPoison}
+
+// consumerKinds lists every kind of the consumer scenario once.
+var consumerKinds = []Kind{kindKill, kindPause, kindBrokerRestart, kindBrokerClose, kindPGRestart, kindPGLink,
+	kindRebalance, kindPoisonOrder}
 
 // Variants of a step.
 const (
@@ -75,12 +85,14 @@ func holds(profile string) map[Kind]holdRange {
 			kindKill: {s / 2, 10 * s}, kindPause: {5 * nemesisTTL / 2, 6 * nemesisTTL},
 			kindBrokerRestart: {0, 10 * s}, kindPGRestart: {0, 8 * s}, kindGossipSplit: {3 * s, 20 * s},
 			kindAMQPLink: {s, 15 * s}, kindPGLink: {s, 15 * s}, kindMemoryAlarm: {2 * s, 15 * s},
+			kindRebalance: {s, 15 * s},
 		}
 	}
 	return map[Kind]holdRange{
 		kindKill: {s / 2, 3 * s}, kindPause: {5 * nemesisTTL / 2, 7 * nemesisTTL / 2},
 		kindBrokerRestart: {0, 2 * s}, kindPGRestart: {0, 2 * s}, kindGossipSplit: {3 * s, 6 * s},
 		kindAMQPLink: {2 * s, 5 * s}, kindPGLink: {2 * s, 5 * s}, kindMemoryAlarm: {2 * s, 4 * s},
+		kindRebalance: {s, 4 * s},
 	}
 }
 
@@ -110,6 +122,11 @@ func (s plannedStep) floor() time.Duration { return s.Hold + s.Quiet }
 // steps' holds and rests alone add up to longMinimum, so that the run
 // lasts at least that long however quickly each fault heals.
 func planSchedule(seed int64, profile string, nodes int) ([]plannedStep, error) {
+	return planKinds(seed, profile, nodes, allKinds)
+}
+
+// planKinds is planSchedule over the given kinds (a scenario's list).
+func planKinds(seed int64, profile string, nodes int, all []Kind) ([]plannedStep, error) {
 	if profile != ProfileShort && profile != ProfileLong {
 		return nil, fmt.Errorf("profile %q: want %s or %s", profile, ProfileShort, ProfileLong)
 	}
@@ -121,7 +138,7 @@ func planSchedule(seed int64, profile string, nodes int) ([]plannedStep, error) 
 	var plan []plannedStep
 	var floor time.Duration
 	for round := 0; round == 0 || (profile == ProfileLong && floor < longMinimum); round++ {
-		kinds := append([]Kind(nil), allKinds...)
+		kinds := append([]Kind(nil), all...)
 		rng.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
 		for _, k := range kinds {
 			if profile == ProfileLong && floor >= longMinimum {
@@ -156,21 +173,22 @@ func drawStep(rng *rand.Rand, k Kind, hold holdRange, profile string, nodes int)
 		if s.Variant == variantAll {
 			s.Target = -1
 		}
-	case kindBrokerRestart, kindPGRestart, kindMemoryAlarm, kindHostileRow, kindPoison:
+	case kindBrokerRestart, kindPGRestart, kindMemoryAlarm, kindHostileRow, kindPoison, kindPoisonOrder:
 		s.Target = -1
 	}
 	return s
 }
 
-// ParseKinds parses -kinds: "all" or comma-separated kinds.
+// ParseKinds parses -kinds: "all" (nil: every kind of the scenario) or
+// comma-separated kinds.
 func ParseKinds(s string) ([]Kind, error) {
 	if s == "all" {
-		return allKinds, nil
+		return nil, nil // every kind of the scenario
 	}
 	var out []Kind
 	for _, f := range strings.Split(s, ",") {
 		k := Kind(strings.TrimSpace(f))
-		if !slices.Contains(allKinds, k) {
+		if !slices.Contains(allKinds, k) && !slices.Contains(consumerKinds, k) {
 			return nil, fmt.Errorf("-kinds: unknown kind %q (kinds: %s)", k, kindList())
 		}
 		out = append(out, k)
@@ -178,7 +196,9 @@ func ParseKinds(s string) ([]Kind, error) {
 	return out, nil
 }
 
-func kindList() string { return strings.ReplaceAll(joinKinds(allKinds), ",", ", ") }
+func kindList() string {
+	return strings.ReplaceAll(joinKinds(allKinds)+","+joinKinds([]Kind{kindRebalance, kindPoisonOrder}), ",", ", ")
+}
 
 // joinKinds writes kinds as -kinds takes them.
 func joinKinds(kinds []Kind) string {

@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
@@ -117,63 +115,20 @@ func startCluster(t *testing.T, dbURL string, n int, extra ...string) (names, ht
 	return names, httpAddrs
 }
 
-// enqueueOne writes one message to exchange and returns its id.
-func enqueueOne(t *testing.T, pool *pgxpool.Pool, exchange string) string {
-	t.Helper()
-	prod, err := outbox.NewProducer(64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := testkit.Context(t, 30*time.Second)
-	var id string
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		ids, err := prod.Enqueue(ctx, tx, outbox.Message{CorrelationID: "page-key", Exchange: exchange,
-			RoutingKey: "page.rk", Type: "t", Payload: json.RawMessage(`{}`)})
-		if err == nil {
-			id = ids[0].String()
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return id
-}
-
-// waitParked waits until n messages are parked.
-func waitParked(t *testing.T, pool *pgxpool.Pool, n int) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var got int
-		if err := pool.QueryRow(testkit.Context(t, 30*time.Second), `SELECT count(*) FROM outbox WHERE parked_at IS NOT NULL AND processed_at IS NULL`).Scan(&got); err != nil {
-			t.Fatal(err)
-		}
-		if got >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d parked after 30 s, want %d", got, n)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // TestClusterPage opens the cluster page of a running three-node cluster
 // in headless Chromium: it lists every member and every partition; with
 // the admin token typed in, a parked message appears, and after its retry
 // button is clicked (its exchange now routes it) it disappears.
 func TestClusterPage(t *testing.T) {
 	testkit.RequireRabbitMQ(t)
-	dbURL, pool := testkit.NewTestDB(t, 4)
-	if err := outbox.Migrate(testkit.Context(t, 30*time.Second), pool, 64); err != nil {
-		t.Fatal(err)
-	}
+	ob := testkit.NewOutbox(t, 64, 4)
+	dbURL, pool := ob.URL, ob.Pool
 	lonely := testkit.NewExchange(t) // nothing bound yet: the message is returned, then parked
-	id := enqueueOne(t, pool, lonely)
+	id := ob.Enqueue(t, nil, outbox.Message{CorrelationID: "page-key", Exchange: lonely,
+		RoutingKey: "page.rk", Type: "t", Payload: json.RawMessage(`{}`)})[0].String()
 	names, httpAddrs := startCluster(t, dbURL, 3, "ORDO_ADMIN_TOKEN=page-token", "ORDO_MAX_ATTEMPTS=1",
 		"ORDO_RETRY_MIN=10ms", "ORDO_RETRY_MAX=50ms", "ORDO_BACKLOG_INTERVAL=250ms")
-	waitParked(t, pool, 1)
+	ob.WaitParked(t, 1, 30*time.Second)
 
 	ctx := browser(t)
 	if err := chromedp.Do(ctx, chromedp.Navigate("http://"+httpAddrs[0]+"/")); err != nil {

@@ -13,6 +13,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/wire"
 )
 
@@ -60,11 +61,11 @@ func run(ctx context.Context, cfg config, con *console) (err error) {
 	con.Printf("consuming from %s\n", cfg.Queue)
 
 	con.Step("Starting the order API and one node")
-	apiAddr, err := freeAddr()
+	apiAddr, err := testkit.PickAddr()
 	if err != nil {
 		return err
 	}
-	nodeAddr, err := freeAddr()
+	nodeAddr, err := testkit.PickAddr()
 	if err != nil {
 		return err
 	}
@@ -143,12 +144,12 @@ func run(ctx context.Context, cfg config, con *console) (err error) {
 	if err != nil {
 		return err
 	}
-	pending, owned := st.pending()
+	waiting, owned := pending(st)
 	con.Printf("node %s holds %d of %d partitions (the database agrees on %d); broker connected: %v\n",
-		st.Node, st.Held, st.PartitionCount, owned, st.Broker)
+		st.Node, len(st.Held), st.Partitions, owned, st.Broker)
 	con.Printf("relay: %d published, %d confirmed, %d marked processed, %d failed\n",
 		st.Relay.Published, st.Relay.Confirmed, st.Relay.Marked, st.Relay.Failed)
-	con.Printf("outbox: %d pending\n", pending)
+	con.Printf("outbox: %d pending\n", waiting)
 
 	if cfg.Keep {
 		if err := showProjection(ctx, con, shipDB, exp.total(), cfg.Wait); err != nil {
@@ -271,9 +272,9 @@ func receive(ctx context.Context, con *console, deliveries <-chan amqp.Delivery,
 			return fmt.Errorf("%d of %d events did not arrive within %v: %s", len(exp.missing()), exp.total(), wait, strings.Join(exp.missing(), ", "))
 		case <-ctx.Done():
 			return fmt.Errorf("interrupted while waiting for events: %w", ctx.Err())
-		case <-api.done:
+		case <-api.done():
 			return fmt.Errorf("orderapi exited (see its output above): %v", api.exitError())
-		case <-node.done:
+		case <-node.done():
 			return fmt.Errorf("node exited (see its output above): %v", node.exitError())
 		}
 	}
@@ -336,9 +337,9 @@ func keep(ctx context.Context, con *console, deliveries <-chan amqp.Delivery, ex
 		case <-ctx.Done():
 			con.Printf("\n")
 			return nil
-		case <-api.done:
+		case <-api.done():
 			return fmt.Errorf("orderapi exited (see its output above): %v", api.exitError())
-		case <-node.done:
+		case <-node.done():
 			return fmt.Errorf("node exited (see its output above): %v", node.exitError())
 		}
 	}

@@ -1,38 +1,20 @@
 package rabbitmq
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
 )
-
-// lockedBuffer is a bytes.Buffer safe for a logger and a reader.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // TestDialErrorHidesPassword: Run refuses at once, with its error, an AMQP
 // URL that does not parse (no retry can fix it), and the error leaves the
 // password out (the library's parse error quotes the whole URL).
 func TestDialErrorHidesPassword(t *testing.T) {
-	var log lockedBuffer
+	var log testkit.Buffer
 	cfg := Config{
 		URL:    "amqp://guest:guest@127.0.0.1:1/, amqp://guest:50%off-Secret-2c9e@127.0.0.1:1/",
 		Logger: slog.New(slog.NewTextHandler(&log, nil)),

@@ -22,6 +22,8 @@ func TestParseConfig(t *testing.T) {
 		{"-kinds", "kill,nap"},
 		{"-confirm-window", "0"},
 		{"stray"},
+		{"-scenario", "consumers", "-kinds", "hostile-row"},
+		{"-scenario", "producers"},
 	} {
 		if _, err := parseConfig(args, lookup, io.Discard); err == nil {
 			t.Errorf("%q was accepted", args)

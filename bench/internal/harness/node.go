@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -112,13 +111,7 @@ func StartProcess(ctx context.Context, o Config, name, dbURL, amqpURL string, en
 }
 
 // FreeAddr returns 127.0.0.1:<a port free for TCP and UDP just now>.
-func FreeAddr() (string, error) {
-	port, err := testkit.PickPort()
-	if err != nil {
-		return "", err
-	}
-	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), nil
-}
+func FreeAddr() (string, error) { return testkit.PickAddr() }
 
 // Pid returns the node's process id.
 func (n *Node) Pid() int { return n.Proc.Pid() }
