@@ -16,11 +16,18 @@ type partState struct {
 	keys   map[string]*keyState
 	queued map[uuid.UUID]*entry // read ahead, not in flight
 
-	cursor   int64     // highest seq read in the current pass
-	pass     uint64    // the current pass; entries carry the pass that last saw them
-	reading  bool      // a pass is under way: the next read continues at cursor
-	dirty    bool      // a notification or poll asks for a new pass
-	lastPass time.Time // when the current pass began
+	cursor     int64     // highest seq read in this epoch: tail reads continue above it
+	passCursor int64     // highest seq read in the current pass
+	pass       uint64    // the current pass; entries carry the pass that last saw them
+	reading    bool      // a pass is under way: the next read continues at passCursor
+	dirty      bool      // a new pass is wanted as soon as minPassGap allows
+	lastPass   time.Time // when the current pass began
+	passAt     time.Time // when a follow-up pass is due (zero: none)
+	passStep   int       // follow-up passes run since the last new rows
+	hot        bool      // a tail read is wanted (a notification, a poll, or a full page)
+	notified   bool      // a notification came since the last tail read began
+	armed      bool      // the Store notifies this partition's commits (see wake.go)
+
 }
 
 // keyState is one key's queue and its place in the per-key rule.
@@ -61,7 +68,7 @@ func rowSize(r *Row) int64 {
 }
 
 func newPartState(p int, epoch int64) *partState {
-	return &partState{id: p, epoch: epoch, keys: map[string]*keyState{}, queued: map[uuid.UUID]*entry{}, dirty: true}
+	return &partState{id: p, epoch: epoch, keys: map[string]*keyState{}, queued: map[uuid.UUID]*entry{}, dirty: true, passStep: followUps}
 }
 
 func (ps *partState) key(name string) *keyState {
@@ -74,6 +81,9 @@ func (ps *partState) key(name string) *keyState {
 }
 
 func (r *Relay) dropPartLocked(ps *partState) {
+	if ps.armed {
+		r.strays = append(r.strays, ps.id) // disarmed by the next syncArms
+	}
 	for _, e := range ps.queued {
 		r.bytes -= e.size
 	}

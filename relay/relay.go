@@ -57,6 +57,15 @@ type Relay struct {
 	readFrom       uint64                // writes when the current read began
 	lastPublish    time.Time
 	lastStallCheck time.Time
+	lastNew        time.Time // when a read last found new rows or a commit was notified
+	rate           float64   // new rows a second, decaying (wake.go)
+	rateAt         time.Time // when rate was last updated
+	busy           bool      // polling, not armed (wake.go)
+	lastReadTook   time.Duration
+	lastPoll       time.Time // when the unarmed partitions were last polled (wake.go)
+	armDue         bool      // a poll ran: try to arm the unarmed partitions
+	armGen         uint64    // Listen's (re)connects: an Arm begun before one is void
+	strays         []int     // partitions dropped while armed, to disarm
 	stats          Stats
 	progress       *progress
 }
