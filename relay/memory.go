@@ -206,9 +206,10 @@ func (r *Relay) forgetIfIdleLocked(k *keyState) {
 
 // headLocked returns k's next row if the per-key rule lets it go now:
 // not parked or backing off, nothing of the key unsettled (fewer than
-// perKeyLimit, which only a test raises), and the row below it confirmed by this relay in this epoch or already
-// processed when the row was read (at perKeyLimit > 1, merely published:
-// what tests use to show the rule matters). A head that backs off is
+// perKeyLimit, which only a test raises), and the row below it confirmed
+// by this relay in this epoch or already processed when the row was read
+// (at perKeyLimit > 1, merely published: what tests use to show the rule
+// matters). A head that backs off is
 // remembered, and the retry timer wakes the relay for it.
 func (r *Relay) headLocked(k *keyState, now time.Time) (*entry, bool) {
 	if len(k.queue) == 0 || k.writing > 0 || k.inFlight >= r.perKeyLimit {
