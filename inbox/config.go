@@ -7,6 +7,8 @@ import (
 	"os"
 	"regexp"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Mode says how the inbox treats a key_seq it did not expect.
@@ -118,6 +120,12 @@ type Config struct {
 	// committed and before the delivery is acknowledged. It exists for
 	// fault injection (a test kills the process there); leave it nil.
 	AfterCommit func(m *Message, o Outcome)
+
+	// TracerProvider, when set, gives every delivery a CONSUMER span that
+	// continues the trace of its traceparent header (the relay's PRODUCER
+	// span), and every handler run a span of its own inside it
+	// (tracing.go). Nil, the default, turns tracing off.
+	TracerProvider trace.TracerProvider
 }
 
 // DefaultConfig returns the defaults for consumer group name.

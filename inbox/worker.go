@@ -117,7 +117,9 @@ func (c *Consumer) deliver(ctx context.Context, f Fence, d *amqp.Delivery) error
 	hctx, cancel := c.handleContext(ctx)
 	defer cancel()
 	m, err := FromDelivery(d)
+	ctx, span := c.startDelivery(ctx, f, d, m)
 	if err != nil {
+		endDelivery(span, 0, err)
 		if err := c.amqp.deadLetterRaw(hctx, d, err.Error()); err != nil {
 			return err
 		}
@@ -126,6 +128,7 @@ func (c *Consumer) deliver(ctx context.Context, f Fence, d *amqp.Delivery) error
 		return ack(d)
 	}
 	out, err := c.handleInPlace(ctx, f, m)
+	endDelivery(span, out, err)
 	if err != nil {
 		return err
 	}

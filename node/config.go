@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ordo-relay/ordo/internal/confcheck"
 	"github.com/ordo-relay/ordo/membership"
@@ -174,6 +175,10 @@ type Options struct {
 	WrapPublisher func(relay.Publisher) relay.Publisher
 	// Ready, if set, is called once with the HTTP address when serving.
 	Ready func(httpAddr string)
+	// TracerProvider, when set, traces every publish (relay.Config's
+	// TracerProvider); nil turns tracing off. cmd/node builds it from the
+	// OTEL_* environment.
+	TracerProvider trace.TracerProvider
 	// PerKeyLimit, when above 0, replaces the relay's per-key limit of 1.
 	// For tests only: above 1, per-key order is lost under nacks and
 	// returns, and the tests that show it set this.

@@ -15,6 +15,7 @@ import (
 // the row back at its key's head, backing off, until the failure is
 // recorded. Unsent puts it back as it was.
 func (r *Relay) settle(f *flight, res Result) {
+	spanSettled(f, res)
 	var done func()
 	r.mu.Lock()
 	r.unconfirmed--
@@ -255,6 +256,7 @@ func (r *Relay) recordFailures(ctx context.Context, failed []settlement) error {
 		f.key.writing--
 		f.e.row.Attempts = f.attempts + 1
 		f.e.row.Parked = isParked[f.msg.ID]
+		spanRecorded(f, f.e.row.Parked, f.e.row.Attempts, r.cfg.MaxAttempts)
 		r.requeueLocked(f, now.Add(delays[i]))
 		if f.e.row.Parked && r.currentLocked(f.key) {
 			r.dropFollowersLocked(f.key)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -28,6 +29,8 @@ type Relay struct {
 	store Store
 	pub   Publisher
 	own   Ownership
+
+	tracer trace.Tracer // nil: tracing off
 
 	wakeRead chan struct{} // coalesced: something may be readable or publishable
 	wakeMark chan struct{} // coalesced: settlements are queued
@@ -95,8 +98,12 @@ func New(cfg Config, store Store, pub Publisher, own Ownership) (*Relay, error) 
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	var tracer trace.Tracer
+	if cfg.TracerProvider != nil {
+		tracer = cfg.TracerProvider.Tracer(tracerName)
+	}
 	return &Relay{
-		cfg: cfg, store: store, pub: pub, own: own,
+		cfg: cfg, store: store, pub: pub, own: own, tracer: tracer,
 		wakeRead:   make(chan struct{}, 1),
 		wakeMark:   make(chan struct{}, 1),
 		parts:      map[int]*partState{},

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/url"
+	"os"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -19,6 +20,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ordo-relay/ordo/inbox"
+	"github.com/ordo-relay/ordo/internal/tracing"
 )
 
 // run consumes until ctx is cancelled.
@@ -41,6 +43,12 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 			}
 		}
 	}
+	tp, flush, err := tracing.Start(ctx, "ordo-shipping", os.Stdout, os.Getenv, logger)
+	if err != nil {
+		return err
+	}
+	defer flush()
+	cfg.inbox.TracerProvider = tp
 	c, err := inbox.New(cfg.inbox, pool, projector(cfg.inbox.Instance, cfg.handlerDelay))
 	if err != nil {
 		return err
