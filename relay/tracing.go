@@ -46,9 +46,9 @@ func (r *Relay) startSpan(ctx context.Context, f *flight) context.Context {
 	if dest == "" {
 		dest = "amq.default"
 	}
-	ctx, span := r.tracer.Start(tracing.Extract(ctx, m.Headers), "publish "+dest,
-		trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(
+	ctx, span := r.tracer.Start(tracing.Extract(ctx, m.Headers), "publish "+dest, trace.WithSpanKind(trace.SpanKindProducer))
+	if span.IsRecording() { // an unsampled span costs no attributes
+		span.SetAttributes(
 			semconv.MessagingSystemRabbitMQ,
 			semconv.MessagingOperationTypeSend,
 			semconv.MessagingOperationName("publish"),
@@ -64,7 +64,8 @@ func (r *Relay) startSpan(ctx context.Context, f *flight) context.Context {
 			AttrFailedBefore.Int(f.attempts),
 			AttrOutboxWaitMS.Int64(time.Since(m.OccurredAt).Milliseconds()),
 			AttrNode.String(r.cfg.Node),
-		))
+		)
+	}
 	if m.Headers == nil {
 		m.Headers = make(map[string]any, 2)
 	}
@@ -76,7 +77,7 @@ func (r *Relay) startSpan(ctx context.Context, f *flight) context.Context {
 
 // spanNotSent ends f's span for a publish that sent nothing.
 func spanNotSent(f *flight, err error) {
-	if f.span == nil {
+	if f.span == nil || !f.span.IsRecording() {
 		return
 	}
 	f.span.SetAttributes(AttrOutcome.String("not sent"))
@@ -88,8 +89,8 @@ func spanNotSent(f *flight, err error) {
 // failure marks it an error and leaves it open until the failure is
 // recorded (spanRecorded), which says whether the row was parked.
 func spanSettled(f *flight, res Result) {
-	if f.span == nil {
-		return
+	if f.span == nil || !f.span.IsRecording() {
+		return // an unsampled span needs no End
 	}
 	f.span.SetAttributes(AttrOutcome.String(res.Outcome.String()))
 	switch res.Outcome {
@@ -113,7 +114,7 @@ func spanSettled(f *flight, res Result) {
 // spanRecorded ends the span of a failed publish once its attempt is
 // recorded: a parked row's span says so, with the attempts it took.
 func spanRecorded(f *flight, parked bool, attempts, maxAttempts int) {
-	if f.span == nil {
+	if f.span == nil || !f.span.IsRecording() {
 		return
 	}
 	f.span.SetAttributes(AttrParked.Bool(parked))
