@@ -10,6 +10,9 @@ FROM golang:1.26-bookworm AS build
 # go.mod asks for a newer patch release than an old cached image may have;
 # let the go command fetch it rather than fail.
 ENV GOTOOLCHAIN=auto
+# Build from the library module alone, as a user would: the workspace's
+# tools module (bench/, not in the context) is not needed for the image.
+ENV GOWORK=off
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/go/pkg/mod \

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
-	"github.com/ordo-relay/ordo/outbox"
 )
 
 // TestActionsCommitSynchronously: the node hands the admin store a pool
@@ -19,11 +18,8 @@ import (
 // refused one, must still commit durably.
 func TestActionsCommitSynchronously(t *testing.T) {
 	t.Parallel()
-	dbURL, setup := testkit.NewTestDB(t, 2)
+	dbURL := testkit.NewOutbox(t, 16, 1).URL
 	ctx := testkit.Context(t, 30*time.Second)
-	if err := outbox.Migrate(ctx, setup, 16); err != nil {
-		t.Fatal(err)
-	}
 	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		t.Fatal(err)

@@ -42,12 +42,9 @@ func keyRows(t *testing.T, ctx context.Context, pool *pgxpool.Pool, prod *outbox
 // placeholder in one, under the key's lock, and refuses anything else.
 func TestGaps(t *testing.T) {
 	t.Parallel()
-	_, pool := testkit.NewTestDB(t, 3)
+	ob := testkit.NewOutbox(t, 16, 3)
+	pool, prod := ob.Pool, ob.Producer
 	ctx := testkit.Context(t, 30*time.Second)
-	if err := outbox.Migrate(ctx, pool, 16); err != nil {
-		t.Fatal(err)
-	}
-	prod, _ := outbox.NewProducer(16)
 	exec := func(sql string, args ...any) {
 		t.Helper()
 		if _, err := pool.Exec(ctx, sql, args...); err != nil {

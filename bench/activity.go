@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ordo-relay/ordo/bench/internal/result"
 )
 
 // activityEvery is how often an activitySampler looks at pg_stat_activity.
@@ -147,7 +149,7 @@ func (a *activitySampler) stop() activityReport {
 // addTo adds to r the share of samples in which each kind of relay
 // statement was running (db_<kind>_active, in %) and a note with the
 // commonest waits, as the average number of statements in each.
-func (a activityReport) addTo(r *Result) {
+func (a activityReport) addTo(r *result.Result) {
 	if a.err != nil {
 		r.Note("database activity sampling stopped early: %v", a.err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/ordo-relay/ordo/bench/internal/result"
 	"github.com/ordo-relay/ordo/internal/testkit"
 )
 
@@ -36,7 +37,7 @@ func TestPercentile(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := percentile(tc.sorted, tc.q); got != tc.want {
+			if got := result.Percentile(tc.sorted, tc.q); got != tc.want {
 				t.Fatalf("percentile(%v) = %v, want %v", tc.q, got, tc.want)
 			}
 		})
@@ -52,11 +53,11 @@ func seq(n int) []int {
 }
 
 func TestResultLine(t *testing.T) {
-	r := newResult("drain")
+	r := result.New("drain")
 	r.Param("nodes", 1)
 	r.Param("outage", 10*time.Second)
 	r.Figure("msgs_per_sec", 8130.123456789, "msg/s")
-	r.Check = Check{Total: 3, Distinct: 3}
+	r.Check = result.Check{Total: 3, Distinct: 3}
 	want := "RESULT scenario=drain nodes=1 outage=10s msgs_per_sec=8130.12 total=3 distinct=3 duplicates=0 lost=0 reorders=0 gaps=0"
 	if got := r.Line(); got != want {
 		t.Fatalf("Line() =\n%s\nwant\n%s", got, want)
@@ -168,10 +169,10 @@ func TestDefaultScenarioAndQuick(t *testing.T) {
 }
 
 func TestBaselineReordersDoNotFail(t *testing.T) {
-	r := newResult("race")
+	r := result.New("race")
 	r.Label = "classic-2"
 	r.Baseline = true
-	r.Check = Check{Total: 4, Distinct: 4, Reorders: 1, Gaps: 1}
+	r.Check = result.Check{Total: 4, Distinct: 4, Reorders: 1, Gaps: 1}
 	if !r.Passed() {
 		t.Fatal("a baseline's reorders failed the run")
 	}
@@ -230,15 +231,15 @@ func TestPublishLag(t *testing.T) {
 }
 
 func TestComparisonRatios(t *testing.T) {
-	mk := func(scenario, label string, figs map[string]float64) *Result {
-		r := newResult(scenario)
+	mk := func(scenario, label string, figs map[string]float64) *result.Result {
+		r := result.New(scenario)
 		r.Label = label
 		for k, v := range figs {
 			r.Figure(k, v, "")
 		}
 		return r
 	}
-	rs := []*Result{
+	rs := []*result.Result{
 		mk("broker", "", map[string]float64{"msgs_per_sec": 10000}),
 		mk("classic", "classic-1", map[string]float64{"msgs_per_sec": 2000}),
 		mk("drain", "ordo-1", map[string]float64{"msgs_per_sec": 4000}),

@@ -11,8 +11,9 @@ import (
 	"github.com/google/uuid"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/bench/internal/result"
 	"github.com/ordo-relay/ordo/partition"
+	"github.com/ordo-relay/ordo/wire"
 )
 
 // runBroker measures the broker's ceiling for this machine: a bare
@@ -22,7 +23,7 @@ import (
 // the same consumer. -rows messages (default 100000) over -keys keys
 // (default 10000), round-robin, each key's messages in key_seq order (a
 // pipeline without nacks does not reorder, so the checker must find none).
-func runBroker(ctx context.Context, o options, emit func(*Result)) error {
+func runBroker(ctx context.Context, o options, emit func(*result.Result)) error {
 	res, err := brokerOnce(ctx, o)
 	if err != nil {
 		return err
@@ -31,7 +32,7 @@ func runBroker(ctx context.Context, o options, emit func(*Result)) error {
 	return nil
 }
 
-func brokerOnce(ctx context.Context, o options) (*Result, error) {
+func brokerOnce(ctx context.Context, o options) (*result.Result, error) {
 	keys := o.keysOr(10000)
 	// The rig's database is not used; the rig gives the exchange, the
 	// consumer and the cleanups.
@@ -39,8 +40,8 @@ func brokerOnce(ctx context.Context, o options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer r.close()
-	res := newResult("broker")
+	defer r.Close()
+	res := result.New("broker")
 	res.Param("msgs", o.Rows)
 	res.Param("keys", keys)
 	res.Param("window", o.BrokerWindow)
@@ -169,10 +170,10 @@ func publishBare(ctx context.Context, o options, exchange string, n, keys int) (
 		p.ids = append(p.ids, id.String())
 		err = ch.PublishWithContext(ctx, exchange, "bench.event", true, false, amqp.Publishing{
 			Headers: amqp.Table{
-				testkit.HeaderKeySeq:     keySeq,
-				testkit.HeaderPrevKeySeq: keySeq - 1,
-				testkit.HeaderPartition:  int32(partition.Of(key, o.Partitions)),
-				testkit.HeaderEpoch:      int64(0),
+				wire.HeaderKeySeq:     keySeq,
+				wire.HeaderPrevKeySeq: keySeq - 1,
+				wire.HeaderPartition:  int32(partition.Of(key, o.Partitions)),
+				wire.HeaderEpoch:      int64(0),
 			},
 			ContentType:   "application/json",
 			DeliveryMode:  amqp.Persistent,

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ordo-relay/ordo/bench/internal/harness"
 )
 
 // cgroupRoot is where the CPU controller's hierarchy is mounted: cgroup
@@ -39,7 +41,7 @@ type cpuCaps struct {
 // hierarchy is mounted, and cgroup v2 otherwise. Each child made by cap
 // gets cores × period of CPU time per period.
 func newCPUCaps(root string, cores float64, period time.Duration) (*cpuCaps, error) {
-	name := "ordo_bench_" + randomHex(4)
+	name := "ordo_bench_" + harness.RandomHex(4)
 	period = capPeriod(cores, period)
 	v1 := filepath.Join(root, "cpu")
 	if fileExists(filepath.Join(v1, "cpu.cfs_quota_us")) {

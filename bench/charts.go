@@ -16,6 +16,8 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
+
+	"github.com/ordo-relay/ordo/bench/internal/result"
 )
 
 // Chart file names under -charts.
@@ -30,7 +32,7 @@ const (
 // distribution (latency and classic-latency). A chart whose results are
 // missing is skipped with a message; it fails only when none could be
 // drawn.
-func runCharts(_ context.Context, o options, _ func(*Result)) error {
+func runCharts(_ context.Context, o options, _ func(*result.Result)) error {
 	docs, err := readResults(o.Out)
 	if err != nil {
 		return err
@@ -41,7 +43,7 @@ func runCharts(_ context.Context, o options, _ func(*Result)) error {
 	drawn := 0
 	for _, c := range []struct {
 		file string
-		draw func([]jsonResult) (*plot.Plot, error)
+		draw func([]result.JSON) (*plot.Plot, error)
 	}{
 		{chartScaleout, scaleoutChart},
 		{chartShapes, shapesChart},
@@ -66,18 +68,18 @@ func runCharts(_ context.Context, o options, _ func(*Result)) error {
 }
 
 // readResults reads every result file under dir, oldest first.
-func readResults(dir string) ([]jsonResult, error) {
+func readResults(dir string) ([]result.JSON, error) {
 	paths, err := filepath.Glob(filepath.Join(dir, "*.json"))
 	if err != nil {
 		return nil, fmt.Errorf("results: %w", err)
 	}
-	var docs []jsonResult
+	var docs []result.JSON
 	for _, p := range paths {
 		b, err := os.ReadFile(p)
 		if err != nil {
 			return nil, fmt.Errorf("results: %w", err)
 		}
-		var d jsonResult
+		var d result.JSON
 		if err := json.Unmarshal(b, &d); err != nil {
 			return nil, fmt.Errorf("results: %s: %w", p, err)
 		}
@@ -87,23 +89,11 @@ func readResults(dir string) ([]jsonResult, error) {
 	return docs, nil
 }
 
-// param returns a parameter as text ("" when absent).
-func (d jsonResult) param(name string) string {
-	v, ok := d.Params[name]
-	if !ok {
-		return ""
-	}
-	if f, ok := v.(float64); ok {
-		return fmt.Sprint(f)
-	}
-	return fmt.Sprint(v)
-}
-
 // newest returns, of docs of scenario, the newest for each key(doc), in
 // the order the keys first appear.
-func newest(docs []jsonResult, scenario string, key func(jsonResult) string) []jsonResult {
+func newest(docs []result.JSON, scenario string, key func(result.JSON) string) []result.JSON {
 	idx := map[string]int{}
-	var out []jsonResult
+	var out []result.JSON
 	for _, d := range docs { // oldest first: a later one replaces
 		if d.Scenario != scenario {
 			continue
@@ -128,13 +118,13 @@ var chartColors = []color.Color{
 
 // scaleoutChart: speed-up (msgs/s ÷ the one-node msgs/s of the shape)
 // against capped nodes, one line per shape, with the ideal line.
-func scaleoutChart(docs []jsonResult) (*plot.Plot, error) {
-	runs := newest(docs, "scaleout", func(d jsonResult) string { return d.param("shape") + "/" + d.param("nodes") })
+func scaleoutChart(docs []result.JSON) (*plot.Plot, error) {
+	runs := newest(docs, "scaleout", func(d result.JSON) string { return d.ParamText("shape") + "/" + d.ParamText("nodes") })
 	if len(runs) == 0 {
 		return nil, errors.New("no scaleout result")
 	}
 	p := plot.New()
-	p.Title.Text = "Scale-out: Ordo nodes, each capped at " + runs[0].param("cap_cores") + " core (cgroup " + runs[0].param("cgroup") + ")"
+	p.Title.Text = "Scale-out: Ordo nodes, each capped at " + runs[0].ParamText("cap_cores") + " core (cgroup " + runs[0].ParamText("cgroup") + ")"
 	p.X.Label.Text = "nodes"
 	p.Y.Label.Text = "speed-up over one capped node"
 	p.Add(plotter.NewGrid())
@@ -142,7 +132,7 @@ func scaleoutChart(docs []jsonResult) (*plot.Plot, error) {
 	byShape := map[string]plotter.XYs{}
 	var shapes []string
 	for _, d := range runs {
-		s := d.param("shape")
+		s := d.ParamText("shape")
 		if _, ok := byShape[s]; !ok {
 			shapes = append(shapes, s)
 		}
@@ -198,9 +188,9 @@ var shapeBars = []struct{ figure, legend string }{
 
 // shapesChart: grouped bars, msgs/s per shape, classic and Ordo with and
 // without ANALYZE, from the newest shapes run.
-func shapesChart(docs []jsonResult) (*plot.Plot, error) {
-	all := newest(docs, "shapes", func(d jsonResult) string { return d.param("shape") })
-	var rows []jsonResult
+func shapesChart(docs []result.JSON) (*plot.Plot, error) {
+	all := newest(docs, "shapes", func(d result.JSON) string { return d.ParamText("shape") })
+	var rows []result.JSON
 	for _, d := range all {
 		if _, ok := d.Figures["ordo_over_classic"]; ok {
 			rows = append(rows, d)
@@ -218,7 +208,7 @@ func shapesChart(docs []jsonResult) (*plot.Plot, error) {
 	w := vg.Points(9)
 	var names []string
 	for _, d := range rows {
-		names = append(names, d.param("shape"))
+		names = append(names, d.ParamText("shape"))
 	}
 	for i, b := range shapeBars {
 		vals := make(plotter.Values, len(rows))
@@ -245,7 +235,7 @@ func shapesChart(docs []jsonResult) (*plot.Plot, error) {
 
 // latencyChart: the cumulative distribution of commit-to-delivery
 // latency of the newest latency and classic-latency runs.
-func latencyChart(docs []jsonResult) (*plot.Plot, error) {
+func latencyChart(docs []result.JSON) (*plot.Plot, error) {
 	p := plot.New()
 	p.Title.Text = "Commit-to-delivery latency (CDF)"
 	p.X.Label.Text = "latency, ms (log scale)"
@@ -256,8 +246,8 @@ func latencyChart(docs []jsonResult) (*plot.Plot, error) {
 	drawn := 0
 	for i, sc := range []string{"latency", "classic-latency"} {
 		// The latency scenario's own runs, not the shapes' short steady ones.
-		var d jsonResult
-		for _, r := range newest(docs, sc, func(r jsonResult) string { return r.Label }) {
+		var d result.JSON
+		for _, r := range newest(docs, sc, func(r result.JSON) string { return r.Label }) {
 			if r.Label != "shape-steady" && len(r.Series["latency_ms"]) > 0 {
 				d = r
 			}
@@ -276,7 +266,7 @@ func latencyChart(docs []jsonResult) (*plot.Plot, error) {
 		if sc == "classic-latency" {
 			name = "classic relay"
 		}
-		p.Legend.Add(fmt.Sprintf("%s: p50 %.1f ms, p99 %.1f ms (%s commits/s)", name, d.Figures["latency_p50"], d.Figures["latency_p99"], d.param("rate")), l)
+		p.Legend.Add(fmt.Sprintf("%s: p50 %.1f ms, p99 %.1f ms (%s commits/s)", name, d.Figures["latency_p50"], d.Figures["latency_p99"], d.ParamText("rate")), l)
 		drawn++
 	}
 	if drawn == 0 {

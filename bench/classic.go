@@ -13,10 +13,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/bench/internal/harness"
+	"github.com/ordo-relay/ordo/bench/internal/result"
+	"github.com/ordo-relay/ordo/wire"
 )
 
-// The classic relay is the article's design (DESIGN.md, "The problem"),
+// The classic relay is the article's design (docs/bench.md, "classic"),
 // rebuilt as the baseline Ordo is compared with. Each instance is what one
 // API instance runs: a loop with its own database connection and AMQP
 // channel that, every second and immediately again while batches come back
@@ -43,6 +45,22 @@ WHERE processed_at IS NULL
 ORDER BY seq
 LIMIT $1
 FOR UPDATE SKIP LOCKED`
+
+// sqlClassicIndex is the classic relay's own index for its read: the
+// oldest pending rows in seq order. Ordo's outbox has none (its relay
+// reads pending rows by partition), so the classic relay brings the
+// index every classic outbox has: its pending rows by age.
+const sqlClassicIndex = `CREATE INDEX IF NOT EXISTS bench_classic_pending ON outbox (seq) WHERE processed_at IS NULL`
+
+// classicIndex creates the classic relay's index on the rig's outbox.
+func classicIndex(ctx context.Context, r *rig) error {
+	sctx, cancel := context.WithTimeout(ctx, harness.SetupTimeout)
+	defer cancel()
+	if _, err := r.Pool.Exec(sctx, sqlClassicIndex); err != nil {
+		return fmt.Errorf("create the classic relay's index: %w", err)
+	}
+	return nil
+}
 
 // sqlClassicMark marks a batch processed.
 const sqlClassicMark = `UPDATE outbox SET processed_at = clock_timestamp() WHERE id = ANY($1::uuid[])`
@@ -82,7 +100,7 @@ func (c *classicRelay) Run(ctx context.Context) error {
 		if shown {
 			fmt.Fprintf(os.Stderr, "bench: classic %s: %v; retrying\n", c.cfg.Name, err)
 		}
-		if sleep(ctx, classicRetry) != nil {
+		if harness.Sleep(ctx, classicRetry) != nil {
 			return nil
 		}
 	}
@@ -140,7 +158,7 @@ func (c *classicRelay) session(ctx context.Context) error {
 		if n == c.cfg.Batch {
 			continue // full: there is probably more
 		}
-		if err := sleep(ctx, c.cfg.Interval); err != nil {
+		if err := harness.Sleep(ctx, c.cfg.Interval); err != nil {
 			return err
 		}
 	}
@@ -219,10 +237,10 @@ func publishAndWait(ctx context.Context, s *classicSession, x *classicRow) error
 	for k, v := range x.headers {
 		h[k] = v
 	}
-	h[testkit.HeaderKeySeq] = x.keySeq
-	h[testkit.HeaderPrevKeySeq] = x.keySeq - 1
-	h[testkit.HeaderPartition] = x.partition
-	h[testkit.HeaderEpoch] = int64(0)
+	h[wire.HeaderKeySeq] = x.keySeq
+	h[wire.HeaderPrevKeySeq] = x.keySeq - 1
+	h[wire.HeaderPartition] = x.partition
+	h[wire.HeaderEpoch] = int64(0)
 	err := s.ch.PublishWithContext(ctx, x.exchange, x.routingKey, true, false, amqp.Publishing{
 		Headers:       h,
 		ContentType:   "application/json",
@@ -278,7 +296,7 @@ func startClassic(r *rig, n int) *classicSystem {
 	s := &classicSystem{cancel: cancel}
 	for i := range n {
 		c := &classicRelay{cfg: classicConfig{
-			Name: fmt.Sprintf("c%d", i+1), DBURL: r.dbURL, AMQPURL: r.o.AMQPURL,
+			Name: fmt.Sprintf("c%d", i+1), DBURL: r.DBURL, AMQPURL: r.o.AMQPURL,
 			Batch: r.o.ClassicBatch, Interval: r.o.ClassicEvery,
 		}}
 		s.relays = append(s.relays, c)
@@ -288,7 +306,7 @@ func startClassic(r *rig, n int) *classicSystem {
 			_ = c.Run(ctx) // returns nil once ctx ends; errors are retried
 		}()
 	}
-	r.onClose("stop classic relays", func(context.Context) error { return s.stop() })
+	r.OnClose("stop classic relays", func(context.Context) error { return s.stop() })
 	return s
 }
 
@@ -308,7 +326,7 @@ func (s *classicSystem) stop() error {
 }
 
 // addTo adds the instances' totals to res.
-func (s *classicSystem) addTo(res *Result) {
+func (s *classicSystem) addTo(res *result.Result) {
 	var pub, batches, errs int
 	for _, c := range s.relays {
 		p, b, e := c.stats()

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/ordo-relay/ordo/bench/internal/result"
 )
 
 // runCompare runs, in one go: broker; classic with 1 and 2 instances;
@@ -19,18 +21,18 @@ import (
 // end a table compares them (ratios, targets, RSS), which is also emitted
 // as the "compare" result. A scenario that fails is reported and the rest
 // still run.
-func runCompare(ctx context.Context, o options, emit func(*Result)) error {
+func runCompare(ctx context.Context, o options, emit func(*result.Result)) error {
 	co := o
 	co.Nodes = []int{1, 2, 3}
 	co.Instances = []int{1, 2}
-	var got []*Result
-	collect := func(res *Result) {
+	var got []*result.Result
+	collect := func(res *result.Result) {
 		got = append(got, res)
 		emit(res)
 	}
 	steps := []struct {
 		name string
-		run  func(context.Context, options, func(*Result)) error
+		run  func(context.Context, options, func(*result.Result)) error
 	}{
 		{"broker", runBroker},
 		{"classic", runClassic},
@@ -55,7 +57,7 @@ func runCompare(ctx context.Context, o options, emit func(*Result)) error {
 		}
 	}
 	cmp := buildComparison(got, o)
-	res := newResult("compare")
+	res := result.New("compare")
 	res.Param("scenarios", len(got))
 	res.Seconds("run_seconds", time.Since(start))
 	for _, row := range cmp {
@@ -87,11 +89,11 @@ type comparisonRow struct {
 }
 
 // buildComparison picks the figures out of the results of one compare run.
-func buildComparison(rs []*Result, o options) []comparisonRow {
+func buildComparison(rs []*result.Result, o options) []comparisonRow {
 	fig := func(scenario, label, name string) float64 {
 		for _, r := range rs {
 			if r.Scenario == scenario && (label == "" || r.Label == label) {
-				if v, ok := r.figure(name); ok {
+				if v, ok := r.Lookup(name); ok {
 					return v
 				}
 			}
@@ -166,7 +168,7 @@ func buildComparison(rs []*Result, o options) []comparisonRow {
 }
 
 // countOf returns the checker's reorders of one result, NaN when absent.
-func countOf(rs []*Result, scenario, label string) float64 {
+func countOf(rs []*result.Result, scenario, label string) float64 {
 	for _, r := range rs {
 		if r.Scenario == scenario && r.Label == label {
 			return float64(r.Check.Reorders)

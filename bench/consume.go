@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/ordo-relay/ordo/bench/internal/harness"
+	"github.com/ordo-relay/ordo/bench/internal/result"
 	"github.com/ordo-relay/ordo/inbox"
 	"github.com/ordo-relay/ordo/internal/testkit"
 )
@@ -74,7 +76,7 @@ func consumeOptionsFromEnv(o options) (consumeOptions, error) {
 // at Rate orders a second. Then it runs the same backlog through plain
 // competing consumers on one queue and counts the orders they handled out
 // of order.
-func runConsume(ctx context.Context, o options, emit func(*Result)) error {
+func runConsume(ctx context.Context, o options, emit func(*result.Result)) error {
 	co, err := consumeOptionsFromEnv(o)
 	if err != nil {
 		return err
@@ -106,20 +108,20 @@ func newConsumeRig(ctx context.Context, o options, label string) (*consumeRig, e
 	if err != nil {
 		return nil, err
 	}
-	cr := &consumeRig{rig: r, exchange: r.name + ".orders"}
+	cr := &consumeRig{rig: r, exchange: r.Name + ".orders"}
 	err = testkit.Channel(ctx, o.AMQPURL, func(ch *amqp.Channel) error {
 		return ch.ExchangeDeclare(cr.exchange, "topic", true, false, false, false, nil)
 	})
 	if err == nil {
-		r.onClose("delete exchange "+cr.exchange, func(ctx context.Context) error {
+		r.OnClose("delete exchange "+cr.exchange, func(ctx context.Context) error {
 			return testkit.Channel(ctx, o.AMQPURL, func(ch *amqp.Channel) error { return ch.ExchangeDelete(cr.exchange, false, false) })
 		})
-		_, err = r.pool.Exec(ctx, `CREATE TABLE bench_handled (
+		_, err = r.Pool.Exec(ctx, `CREATE TABLE bench_handled (
 			n bigserial PRIMARY KEY, key text NOT NULL, seq bigint NOT NULL, message_id text NOT NULL,
 			handled_at timestamptz NOT NULL DEFAULT clock_timestamp())`)
 	}
 	if err != nil {
-		r.close()
+		r.Close()
 		return nil, fmt.Errorf("consume rig: %w", err)
 	}
 	return cr, nil
@@ -127,9 +129,9 @@ func newConsumeRig(ctx context.Context, o options, label string) (*consumeRig, e
 
 // load commits orders at full speed (Rate orders/s for latency) through
 // the producer and waits until the node has published every row.
-func (r *consumeRig) load(ctx context.Context, orders, rate int, sys *node) (*producer, error) {
+func (r *consumeRig) load(ctx context.Context, orders, rate int, sys *harness.Node) (*producer, error) {
 	p, err := newProducer(producerConfig{Rate: rate, Workers: r.o.Workers, Payload: 100, Exchange: r.exchange,
-		Orders: true, Max: int64(orders)}, r.pool, r.o.Partitions)
+		Orders: true, Max: int64(orders)}, r.Pool, r.o.Partitions)
 	if err != nil {
 		return nil, err
 	}
@@ -138,7 +140,7 @@ func (r *consumeRig) load(ctx context.Context, orders, rate int, sys *node) (*pr
 	if err := p.run(pctx); err != nil {
 		return nil, err
 	}
-	if _, err := r.waitPending(ctx, sys.failed); err != nil {
+	if _, err := r.waitPending(ctx, sys.Failed); err != nil {
 		return nil, err
 	}
 	return p, nil
@@ -172,7 +174,7 @@ func handledStats(ctx context.Context, pool *pgxpool.Pool) (total, distinct, out
 // returns when the last was handled.
 func waitHandled(ctx context.Context, o options, pool *pgxpool.Pool, n int) (time.Time, error) {
 	var last time.Time
-	err := waitUntil(ctx, o.Timeout, 20*time.Millisecond, fmt.Sprintf("%d messages handled", n), func() (bool, error) {
+	err := harness.WaitUntil(ctx, o.Timeout, 20*time.Millisecond, fmt.Sprintf("%d messages handled", n), func() (bool, error) {
 		var got int
 		var at *time.Time
 		if err := pool.QueryRow(ctx, `SELECT count(DISTINCT message_id), max(handled_at) FROM bench_handled`).Scan(&got, &at); err != nil {
@@ -188,7 +190,7 @@ func waitHandled(ctx context.Context, o options, pool *pgxpool.Pool, n int) (tim
 
 func benchHandler(delay time.Duration) inbox.Handler {
 	return func(ctx context.Context, tx pgx.Tx, m *inbox.Message) error {
-		if err := sleep(ctx, delay); err != nil {
+		if err := harness.Sleep(ctx, delay); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO bench_handled (key, seq, message_id) VALUES ($1, $2, $3)`, m.CorrelationID, m.KeySeq, m.ID)

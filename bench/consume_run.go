@@ -13,24 +13,27 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/ordo-relay/ordo/bench/internal/harness"
+	"github.com/ordo-relay/ordo/bench/internal/result"
 	"github.com/ordo-relay/ordo/inbox"
 	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/wire"
 )
 
 // consumeBase is the 1-instance rate the speedups are computed against.
 var consumeBase float64
 
-func consumeOnce(ctx context.Context, o options, co consumeOptions, n int) (*Result, error) {
+func consumeOnce(ctx context.Context, o options, co consumeOptions, n int) (*result.Result, error) {
 	r, err := newConsumeRig(ctx, o, "inbox")
 	if err != nil {
 		return nil, err
 	}
-	defer r.close()
-	res := newResult("consume")
+	defer r.Close()
+	res := result.New("consume")
 	res.Label = fmt.Sprintf("%d-instances", n)
 	res.Param("instances", n)
 	addConsumeParams(res, o, co)
-	cfg := inbox.DefaultConfig(r.name)
+	cfg := inbox.DefaultConfig(r.Name)
 	cfg.AMQPURL, cfg.Exchange, cfg.Shards, cfg.Partitions = o.AMQPURL, r.exchange, co.Shards, o.Partitions
 	cfg.LeaseTTL, cfg.Logger = 2*time.Second, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if err := r.declareTopology(ctx, inbox.TopologyOf(cfg)); err != nil {
@@ -40,7 +43,7 @@ func consumeOnce(ctx context.Context, o options, co consumeOptions, n int) (*Res
 	if err != nil {
 		return nil, err
 	}
-	if err := node.waitReady(ctx, o.Timeout); err != nil {
+	if err := node.WaitReady(ctx, o.Timeout); err != nil {
 		return nil, err
 	}
 	fmt.Printf("loading %d orders, then draining them with %d inbox instance(s)\n", co.Orders, n)
@@ -53,12 +56,12 @@ func consumeOnce(ctx context.Context, o options, co consumeOptions, n int) (*Res
 		return nil, err
 	}
 	defer group.stop()
-	settled, before, err := group.waitBalanced(ctx, o, r.pool, co.Shards)
+	settled, before, err := group.waitBalanced(ctx, o, r.Pool, co.Shards)
 	if err != nil {
 		return nil, err
 	}
 	res.Seconds("settle", settled.Sub(start))
-	last, err := waitHandled(ctx, o, r.pool, 2*co.Orders)
+	last, err := waitHandled(ctx, o, r.Pool, 2*co.Orders)
 	if err != nil {
 		return nil, err
 	}
@@ -73,9 +76,9 @@ func consumeOnce(ctx context.Context, o options, co consumeOptions, n int) (*Res
 
 // latencyPhase commits at co.Rate orders a second for co.Latency and
 // returns, for each of those messages, producer commit to handler insert.
-func (r *consumeRig) latencyPhase(ctx context.Context, co consumeOptions, node *node, already int) ([]time.Duration, error) {
+func (r *consumeRig) latencyPhase(ctx context.Context, co consumeOptions, node *harness.Node, already int) ([]time.Duration, error) {
 	p, err := newProducer(producerConfig{Rate: co.Rate, Workers: r.o.Workers, Payload: 100, Exchange: r.exchange,
-		Orders: true}, r.pool, r.o.Partitions)
+		Orders: true}, r.Pool, r.o.Partitions)
 	if err != nil {
 		return nil, err
 	}
@@ -86,10 +89,10 @@ func (r *consumeRig) latencyPhase(ctx context.Context, co consumeOptions, node *
 		return nil, err
 	}
 	ids, commits := p.snapshot()
-	if _, err := waitHandled(ctx, r.o, r.pool, already+len(ids)); err != nil {
+	if _, err := waitHandled(ctx, r.o, r.Pool, already+len(ids)); err != nil {
 		return nil, err
 	}
-	_, _, _, at, err := handledStats(ctx, r.pool)
+	_, _, _, at, err := handledStats(ctx, r.Pool)
 	if err != nil {
 		return nil, err
 	}
@@ -102,8 +105,8 @@ func (r *consumeRig) latencyPhase(ctx context.Context, co consumeOptions, node *
 	return lat, nil
 }
 
-func (r *consumeRig) finishConsume(ctx context.Context, res *Result, rate float64, n int, lat []time.Duration, st inbox.Stats) (*Result, error) {
-	total, distinct, ooo, _, err := handledStats(ctx, r.pool)
+func (r *consumeRig) finishConsume(ctx context.Context, res *result.Result, rate float64, n int, lat []time.Duration, st inbox.Stats) (*result.Result, error) {
+	total, distinct, ooo, _, err := handledStats(ctx, r.Pool)
 	if err != nil {
 		return nil, err
 	}
@@ -119,12 +122,12 @@ func (r *consumeRig) finishConsume(ctx context.Context, res *Result, rate float6
 	res.Figure("duplicates_dropped", float64(st.Duplicates), "")
 	res.Figure("gaps_stored", float64(st.GapsStored), "")
 	res.Figure("retries", float64(st.Retries), "")
-	res.Check = Check{Total: total, Distinct: distinct, Duplicates: total - distinct, Reorders: ooo}
+	res.Check = result.Check{Total: total, Distinct: distinct, Duplicates: total - distinct, Reorders: ooo}
 	res.Finished = time.Now()
 	return res, nil
 }
 
-func addConsumeParams(res *Result, o options, co consumeOptions) {
+func addConsumeParams(res *result.Result, o options, co consumeOptions) {
 	res.Param("orders", co.Orders)
 	res.Param("shards", co.Shards)
 	res.Param("partitions", o.Partitions)
@@ -138,7 +141,7 @@ func (r *consumeRig) declareTopology(ctx context.Context, topo inbox.Topology) e
 	if err := testkit.Channel(ctx, r.o.AMQPURL, topo.Declare); err != nil {
 		return fmt.Errorf("declare inbox topology: %w", err)
 	}
-	r.onClose("delete inbox topology", func(ctx context.Context) error {
+	r.OnClose("delete inbox topology", func(ctx context.Context) error {
 		return testkit.Channel(ctx, r.o.AMQPURL, func(ch *amqp.Channel) error {
 			var errs []error
 			for i := range topo.Shards {
@@ -165,7 +168,7 @@ func startInstances(ctx context.Context, r *consumeRig, cfg inbox.Config, co con
 	cctx, cancel := context.WithCancel(ctx)
 	g := &instances{cancel: cancel}
 	for i := range n {
-		pc, err := pgxpool.ParseConfig(r.dbURL)
+		pc, err := pgxpool.ParseConfig(r.DBURL)
 		if err != nil {
 			g.stop()
 			return nil, err
@@ -199,7 +202,7 @@ func startInstances(ctx context.Context, r *consumeRig, cfg inbox.Config, co con
 // is measured from there, leaving out the start-up handoffs.
 func (g *instances) waitBalanced(ctx context.Context, o options, pool *pgxpool.Pool, shards int) (time.Time, int, error) {
 	n := len(g.cs)
-	err := waitUntil(ctx, o.Timeout, 10*time.Millisecond, "shards balanced", func() (bool, error) {
+	err := harness.WaitUntil(ctx, o.Timeout, 10*time.Millisecond, "shards balanced", func() (bool, error) {
 		total := 0
 		for _, c := range g.cs {
 			k := len(c.Owned())
@@ -240,19 +243,19 @@ func (g *instances) stop() {
 
 // competingOnce runs the same backlog through n plain competing consumers
 // on one queue, each with co.Conns workers: the order-blind baseline.
-func competingOnce(ctx context.Context, o options, co consumeOptions, n int) (*Result, error) {
+func competingOnce(ctx context.Context, o options, co consumeOptions, n int) (*result.Result, error) {
 	r, err := newConsumeRig(ctx, o, "competing")
 	if err != nil {
 		return nil, err
 	}
-	defer r.close()
-	res := newResult("consume")
+	defer r.Close()
+	res := result.New("consume")
 	res.Label = fmt.Sprintf("competing-%d", n)
 	res.Baseline = true
 	res.Param("instances", n)
 	res.Param("consumers", "competing")
 	addConsumeParams(res, o, co)
-	queue := r.name + ".competing"
+	queue := r.Name + ".competing"
 	err = testkit.Channel(ctx, o.AMQPURL, func(ch *amqp.Channel) error {
 		if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
 			return err
@@ -262,14 +265,14 @@ func competingOnce(ctx context.Context, o options, co consumeOptions, n int) (*R
 	if err != nil {
 		return nil, fmt.Errorf("declare competing queue: %w", err)
 	}
-	r.onClose("delete "+queue, func(ctx context.Context) error {
+	r.OnClose("delete "+queue, func(ctx context.Context) error {
 		return testkit.Channel(ctx, o.AMQPURL, func(ch *amqp.Channel) error { _, err := ch.QueueDelete(queue, false, false, false); return err })
 	})
 	node, err := r.startNode(ctx, o.AMQPURL)
 	if err != nil {
 		return nil, err
 	}
-	if err := node.waitReady(ctx, o.Timeout); err != nil {
+	if err := node.WaitReady(ctx, o.Timeout); err != nil {
 		return nil, err
 	}
 	fmt.Printf("loading %d orders, then draining them with %d competing consumer(s)\n", co.Orders, n)
@@ -281,12 +284,12 @@ func competingOnce(ctx context.Context, o options, co consumeOptions, n int) (*R
 	if err != nil {
 		return nil, err
 	}
-	last, err := waitHandled(ctx, o, r.pool, 2*co.Orders)
+	last, err := waitHandled(ctx, o, r.Pool, 2*co.Orders)
 	stop()
 	if err != nil {
 		return nil, err
 	}
-	total, distinct, ooo, _, err := handledStats(ctx, r.pool)
+	total, distinct, ooo, _, err := handledStats(ctx, r.Pool)
 	if err != nil {
 		return nil, err
 	}
@@ -294,7 +297,7 @@ func competingOnce(ctx context.Context, o options, co consumeOptions, n int) (*R
 	res.Figure("handled_out_of_order", float64(ooo), "orders")
 	res.Figure("handled_out_of_order_percent", 100*float64(ooo)/float64(co.Orders), "%")
 	res.Figure("duplicates_handled", float64(total-distinct), "")
-	res.Check = Check{Total: total, Distinct: distinct, Duplicates: total - distinct, Reorders: ooo}
+	res.Check = result.Check{Total: total, Distinct: distinct, Duplicates: total - distinct, Reorders: ooo}
 	res.Finished = time.Now()
 	return res, nil
 }
@@ -332,23 +335,13 @@ func startCompeting(ctx context.Context, r *consumeRig, queue string, co consume
 		for range co.Conns {
 			wg.Go(func() {
 				for d := range ds {
-					_ = sleep(ctx, co.Delay)
-					seq, _ := headerInt64(d.Headers, inbox.HeaderKeySeq)
-					_, _ = r.pool.Exec(ctx, `INSERT INTO bench_handled (key, seq, message_id) VALUES ($1, $2, $3)`, d.CorrelationId, seq, d.MessageId)
+					_ = harness.Sleep(ctx, co.Delay)
+					seq, _ := wire.Int(d.Headers, wire.HeaderKeySeq)
+					_, _ = r.Pool.Exec(ctx, `INSERT INTO bench_handled (key, seq, message_id) VALUES ($1, $2, $3)`, d.CorrelationId, seq, d.MessageId)
 					_ = d.Ack(false)
 				}
 			})
 		}
 	}
 	return stop, nil
-}
-
-func headerInt64(h amqp.Table, name string) (int64, bool) {
-	switch v := h[name].(type) {
-	case int64:
-		return v, true
-	case int32:
-		return int64(v), true
-	}
-	return 0, false
 }

@@ -9,6 +9,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/ordo-relay/ordo/bench/internal/harness"
+	"github.com/ordo-relay/ordo/bench/internal/result"
 	"github.com/ordo-relay/ordo/internal/testkit"
 )
 
@@ -225,7 +227,7 @@ func (c *consumer) failed() error {
 // waitDistinct waits until at least n distinct messages have arrived.
 // abort is checked on every poll (a node that died, say).
 func (c *consumer) waitDistinct(ctx context.Context, n int, timeout time.Duration, abort func() error) error {
-	return waitUntil(ctx, timeout, 10*time.Millisecond, fmt.Sprintf("%d distinct deliveries", n), func() (bool, error) {
+	return harness.WaitUntil(ctx, timeout, 10*time.Millisecond, fmt.Sprintf("%d distinct deliveries", n), func() (bool, error) {
 		if err := c.failed(); err != nil {
 			return false, err
 		}
@@ -242,7 +244,7 @@ func (c *consumer) waitDistinct(ctx context.Context, n int, timeout time.Duratio
 // waitAll waits until every id in ids has arrived.
 func (c *consumer) waitAll(ctx context.Context, ids []string, timeout time.Duration, abort func() error) error {
 	missing := append([]string(nil), ids...)
-	return waitUntil(ctx, timeout, 20*time.Millisecond, fmt.Sprintf("%d messages", len(ids)), func() (bool, error) {
+	return harness.WaitUntil(ctx, timeout, 20*time.Millisecond, fmt.Sprintf("%d messages", len(ids)), func() (bool, error) {
 		if err := c.failed(); err != nil {
 			return false, err
 		}
@@ -266,9 +268,9 @@ func (c *consumer) waitAll(ctx context.Context, ids []string, timeout time.Durat
 
 // report returns the checker's counts, with expected the ids that had to
 // arrive.
-func (c *consumer) report(expected []string) Check {
+func (c *consumer) report(expected []string) result.Check {
 	c.rec.Expect(expected...)
-	return checkFrom(c.rec.Report())
+	return result.CheckFrom(c.rec.Report())
 }
 
 // close deletes the queue, closes the connection and waits for the

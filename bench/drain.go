@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/ordo-relay/ordo/bench/internal/result"
 )
 
 // runDrain measures how fast Ordo drains a backlog, once for each count in
 // -nodes (default 1): see drainOnce.
-func runDrain(ctx context.Context, o options, emit func(*Result)) error {
+func runDrain(ctx context.Context, o options, emit func(*result.Result)) error {
 	for _, n := range o.Nodes {
 		res, err := drainOnce(ctx, o, ordo(n))
 		if err != nil {
@@ -21,7 +23,7 @@ func runDrain(ctx context.Context, o options, emit func(*Result)) error {
 
 // runClassic drains the same backlog with the classic relay, once for
 // each count in -instances (default 1,2).
-func runClassic(ctx context.Context, o options, emit func(*Result)) error {
+func runClassic(ctx context.Context, o options, emit func(*result.Result)) error {
 	for _, n := range o.Instances {
 		res, err := drainOnce(ctx, o, classic(n))
 		if err != nil {
@@ -34,7 +36,7 @@ func runClassic(ctx context.Context, o options, emit func(*Result)) error {
 
 // drainOnce measures how fast the relays of spec drain a backlog of -rows
 // rows (default 100000) over -keys keys (default 10000): see drainBacklog.
-func drainOnce(ctx context.Context, o options, spec systemSpec) (*Result, error) {
+func drainOnce(ctx context.Context, o options, spec systemSpec) (*result.Result, error) {
 	scenario := "drain"
 	if spec.classic {
 		scenario = "classic"
@@ -72,7 +74,7 @@ type drainPlan struct {
 	// before, when set, runs right after the rows were committed, and
 	// after once they are drained (before the relays stop); both may add
 	// figures to the result.
-	before, after func(ctx context.Context, r *rig, sys system, res *Result) error
+	before, after func(ctx context.Context, r *rig, sys system, res *result.Result) error
 }
 
 // drainCosts is what a drain measured of PostgreSQL's work, for the shapes
@@ -93,15 +95,15 @@ type drainCosts struct {
 // starts when that COMMIT returns and stops when the consumer has every
 // row not of a poison group; the database must then show none of those
 // pending.
-func drainBacklog(ctx context.Context, o options, spec systemSpec, plan drainPlan) (*Result, drainCosts, error) {
+func drainBacklog(ctx context.Context, o options, spec systemSpec, plan drainPlan) (*result.Result, drainCosts, error) {
 	var costs drainCosts
 	r, err := newRig(ctx, o, plan.scenario, 4)
 	if err != nil {
 		return nil, costs, err
 	}
-	defer r.close()
+	defer r.Close()
 	r.durableQueue = plan.durable
-	res := newResult(plan.scenario)
+	res := result.New(plan.scenario)
 	res.Label = plan.label
 	if res.Label == "" {
 		res.Label = spec.String()
@@ -142,7 +144,7 @@ func drainBacklog(ctx context.Context, o options, spec systemSpec, plan drainPla
 	fmt.Printf("%s ready in %v\n", spec, ready.Round(time.Millisecond))
 
 	if plan.autovacuumOff {
-		if _, err := r.pool.Exec(ctx, `ALTER TABLE outbox SET (autovacuum_enabled = off)`); err != nil {
+		if _, err := r.Pool.Exec(ctx, `ALTER TABLE outbox SET (autovacuum_enabled = off)`); err != nil {
 			return nil, costs, fmt.Errorf("autovacuum off: %w", err)
 		}
 	}
@@ -160,8 +162,8 @@ func drainBacklog(ctx context.Context, o options, spec systemSpec, plan drainPla
 	if err != nil {
 		return nil, costs, err
 	}
-	act := startActivity(r.probe, r.name)
-	backends, err := startBackendCPU(ctx, r.probe, r.name)
+	act := startActivity(r.Probe, r.Name)
+	backends, err := startBackendCPU(ctx, r.Probe, r.Name)
 	if err != nil {
 		act.stop()
 		return nil, costs, err

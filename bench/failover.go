@@ -6,6 +6,9 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/ordo-relay/ordo/bench/internal/harness"
+	"github.com/ordo-relay/ordo/bench/internal/result"
 )
 
 const (
@@ -30,7 +33,7 @@ const (
 // when a survivor logged the membership change. The victim is then started
 // again (same name and gossip address) for the next repetition; victims
 // rotate n1, n2, n3.
-func runFailover(ctx context.Context, o options, emit func(*Result)) error {
+func runFailover(ctx context.Context, o options, emit func(*result.Result)) error {
 	res, err := failoverOnce(ctx, o)
 	if err != nil {
 		return err
@@ -51,37 +54,37 @@ type failoverRep struct {
 	rejoined   time.Duration // victim restarted until converged again
 }
 
-func failoverOnce(ctx context.Context, o options) (*Result, error) {
+func failoverOnce(ctx context.Context, o options) (*result.Result, error) {
 	rate, keys := o.rateOr(500), o.keysOr(1000)
 	r, err := newRig(ctx, o, "failover", int32(o.Workers+2))
 	if err != nil {
 		return nil, err
 	}
-	defer r.close()
-	res := newResult("failover")
+	defer r.Close()
+	res := result.New("failover")
 	res.Param("nodes", clusterSize)
 	res.Param("reps", o.Reps)
 	res.Param("rate", rate)
 	res.Param("keys", keys)
 	res.Param("partitions", o.Partitions)
-	res.Param("rejoin_interval", rejoinInterval)
+	res.Param("rejoin_interval", harness.RejoinInterval)
 
 	c, err := r.startConsumer(ctx)
 	if err != nil {
 		return nil, err
 	}
-	cl, err := newCluster(r, o.AMQPURL, clusterSize, true)
+	cl, err := harness.NewCluster(r.Rig, o.AMQPURL, clusterSize, true)
 	if err != nil {
 		return nil, err
 	}
 	all := make([]int, clusterSize)
 	for i := range all {
 		all[i] = i
-		if _, err := cl.start(ctx, i); err != nil {
+		if _, err := cl.Start(ctx, i); err != nil {
 			return nil, err
 		}
 	}
-	if _, _, err := cl.waitConverged(ctx, all, convergeTimeout); err != nil {
+	if _, _, err := cl.WaitConverged(ctx, all, harness.ConvergeTimeout); err != nil {
 		return nil, err
 	}
 	stopLoad, p, err := startLoad(ctx, r, o, rate, keys)
@@ -106,10 +109,10 @@ func failoverOnce(ctx context.Context, o options) (*Result, error) {
 		return nil, err
 	}
 	ids, _ := p.snapshot()
-	if err := c.waitAll(ctx, ids, o.Timeout, cl.failed); err != nil {
+	if err := c.waitAll(ctx, ids, o.Timeout, cl.Failed); err != nil {
 		return nil, err
 	}
-	if _, err := r.waitPending(ctx, cl.failed); err != nil {
+	if _, err := r.waitPending(ctx, cl.Failed); err != nil {
 		return nil, err
 	}
 	sys := &ordoSystem{c: cl}
@@ -151,17 +154,17 @@ func failoverOnce(ctx context.Context, o options) (*Result, error) {
 }
 
 // failoverRepOnce kills slot victim once and restarts it.
-func failoverRepOnce(ctx context.Context, cl *cluster, c *consumer, prod *producer, all []int, victim int) (failoverRep, error) {
-	fr := failoverRep{victim: cl.names[victim]}
-	if _, _, err := cl.waitConverged(ctx, all, convergeTimeout); err != nil {
+func failoverRepOnce(ctx context.Context, cl *harness.Cluster, c *consumer, prod *producer, all []int, victim int) (failoverRep, error) {
+	fr := failoverRep{victim: cl.Names[victim]}
+	if _, _, err := cl.WaitConverged(ctx, all, harness.ConvergeTimeout); err != nil {
 		return fr, err
 	}
-	if err := sleep(ctx, steadyBefore); err != nil {
+	if err := harness.Sleep(ctx, steadyBefore); err != nil {
 		return fr, err
 	}
 	// The victim's partitions and epochs, from its own /status, in a
 	// converged state (checked again, as a move could have slipped in).
-	sts, why := cl.converged(ctx, all)
+	sts, why := cl.Converged(ctx, all)
 	if why != "" {
 		return fr, fmt.Errorf("cluster no longer converged before the kill: %s", why)
 	}
@@ -179,11 +182,11 @@ func failoverRepOnce(ctx context.Context, cl *cluster, c *consumer, prod *produc
 	survivors := slices.DeleteFunc(slices.Clone(all), func(i int) bool { return i == victim })
 
 	killAt := time.Now()
-	cl.nodes[victim].kill()
+	cl.Nodes[victim].Kill()
 	var pubAt map[int]epochFirst
-	err := waitUntil(ctx, eventTimeout, 10*time.Millisecond, fmt.Sprintf("%s's partitions to publish again", fr.victim), func() (bool, error) {
+	err := harness.WaitUntil(ctx, eventTimeout, 10*time.Millisecond, fmt.Sprintf("%s's partitions to publish again", fr.victim), func() (bool, error) {
 		for _, i := range survivors {
-			if err := cl.nodes[i].failed(); err != nil {
+			if err := cl.Nodes[i].Failed(); err != nil {
 				return false, err
 			}
 		}
@@ -211,9 +214,9 @@ func failoverRepOnce(ctx context.Context, cl *cluster, c *consumer, prod *produc
 		}
 	}
 	var claims map[int]time.Time
-	err = waitUntil(ctx, eventTimeout, 20*time.Millisecond, "claims in ordo_lease_audit", func() (bool, error) {
+	err = harness.WaitUntil(ctx, eventTimeout, 20*time.Millisecond, "claims in ordo_lease_audit", func() (bool, error) {
 		var err error
-		claims, err = cl.claimTimes(ctx, held)
+		claims, err = cl.ClaimTimes(ctx, held)
 		return len(claims) == len(held), err
 	})
 	if err != nil {
@@ -225,7 +228,7 @@ func failoverRepOnce(ctx context.Context, cl *cluster, c *consumer, prod *produc
 	_, commits := prod.snapshot()
 	fr.lag = publishLag(pubAt, claims, commits)
 	for _, i := range survivors {
-		if at, ok := cl.nodes[i].lineAfter("membership changed", killAt); ok {
+		if at, ok := cl.Nodes[i].LineAfter("membership changed", killAt); ok {
 			if d := at.Sub(killAt); fr.detected == 0 || d < fr.detected {
 				fr.detected = d
 			}
@@ -233,10 +236,10 @@ func failoverRepOnce(ctx context.Context, cl *cluster, c *consumer, prod *produc
 	}
 
 	restartAt := time.Now()
-	if _, err := cl.start(ctx, victim); err != nil {
+	if _, err := cl.Start(ctx, victim); err != nil {
 		return fr, err
 	}
-	_, at, err := cl.waitConverged(ctx, all, convergeTimeout)
+	_, at, err := cl.WaitConverged(ctx, all, harness.ConvergeTimeout)
 	if err != nil {
 		return fr, err
 	}
@@ -267,7 +270,7 @@ func publishLag(first map[int]epochFirst, claims map[int]time.Time, commits map[
 // stop ends it and waits for its transactions; it is idempotent and
 // returns the producer's error.
 func startLoad(ctx context.Context, r *rig, o options, rate, keys int) (stop func() error, p *producer, err error) {
-	p, err = newProducer(producerConfig{Rate: rate, Workers: o.Workers, Keys: keys, Payload: o.Payload, Exchange: r.exchange}, r.pool, o.Partitions)
+	p, err = newProducer(producerConfig{Rate: rate, Workers: o.Workers, Keys: keys, Payload: o.Payload, Exchange: r.exchange}, r.Pool, o.Partitions)
 	if err != nil {
 		return nil, nil, err
 	}

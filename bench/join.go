@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/ordo-relay/ordo/bench/internal/harness"
+	"github.com/ordo-relay/ordo/bench/internal/result"
 )
 
 // runJoin measures scale-out: 2 gossiping nodes under a steady load of
@@ -15,7 +18,7 @@ import (
 // held by its owner, and the new node has published (a delivery with a
 // higher x-ordo-epoch) on each of its partitions. The 3rd node then stops
 // with SIGTERM for the next repetition.
-func runJoin(ctx context.Context, o options, emit func(*Result)) error {
+func runJoin(ctx context.Context, o options, emit func(*result.Result)) error {
 	res, err := joinOnce(ctx, o)
 	if err != nil {
 		return err
@@ -36,36 +39,36 @@ type joinRep struct {
 	done        time.Duration // max(converged, published)
 }
 
-func joinOnce(ctx context.Context, o options) (*Result, error) {
+func joinOnce(ctx context.Context, o options) (*result.Result, error) {
 	rate, keys := o.rateOr(500), o.keysOr(1000)
 	r, err := newRig(ctx, o, "join", int32(o.Workers+2))
 	if err != nil {
 		return nil, err
 	}
-	defer r.close()
-	res := newResult("join")
+	defer r.Close()
+	res := result.New("join")
 	res.Param("nodes", clusterSize)
 	res.Param("reps", o.Reps)
 	res.Param("rate", rate)
 	res.Param("keys", keys)
 	res.Param("partitions", o.Partitions)
-	res.Param("rejoin_interval", rejoinInterval)
+	res.Param("rejoin_interval", harness.RejoinInterval)
 
 	c, err := r.startConsumer(ctx)
 	if err != nil {
 		return nil, err
 	}
-	cl, err := newCluster(r, o.AMQPURL, clusterSize, true)
+	cl, err := harness.NewCluster(r.Rig, o.AMQPURL, clusterSize, true)
 	if err != nil {
 		return nil, err
 	}
 	two, all := []int{0, 1}, []int{0, 1, 2}
 	for _, i := range two {
-		if _, err := cl.start(ctx, i); err != nil {
+		if _, err := cl.Start(ctx, i); err != nil {
 			return nil, err
 		}
 	}
-	if _, _, err := cl.waitConverged(ctx, two, convergeTimeout); err != nil {
+	if _, _, err := cl.WaitConverged(ctx, two, harness.ConvergeTimeout); err != nil {
 		return nil, err
 	}
 	stopLoad, p, err := startLoad(ctx, r, o, rate, keys)
@@ -84,7 +87,7 @@ func joinOnce(ctx context.Context, o options) (*Result, error) {
 			rep+1, jr.partitions, jr.startedLine.Round(time.Millisecond), jr.converged.Round(time.Millisecond), jr.published.Round(time.Millisecond))
 		reps = append(reps, jr)
 		if rep < o.Reps-1 {
-			if _, err := cl.nodes[2].stop(nodeStopTimeout); err != nil {
+			if _, err := cl.Nodes[2].Stop(harness.NodeStopTimeout); err != nil {
 				return nil, err
 			}
 		}
@@ -94,10 +97,10 @@ func joinOnce(ctx context.Context, o options) (*Result, error) {
 		return nil, err
 	}
 	ids, _ := p.snapshot()
-	if err := c.waitAll(ctx, ids, o.Timeout, cl.failed); err != nil {
+	if err := c.waitAll(ctx, ids, o.Timeout, cl.Failed); err != nil {
 		return nil, err
 	}
-	if _, err := r.waitPending(ctx, cl.failed); err != nil {
+	if _, err := r.waitPending(ctx, cl.Failed); err != nil {
 		return nil, err
 	}
 	sys := &ordoSystem{c: cl}
@@ -141,44 +144,44 @@ func joinOnce(ctx context.Context, o options) (*Result, error) {
 }
 
 // joinRepOnce starts slot 2 once next to the converged slots two.
-func joinRepOnce(ctx context.Context, cl *cluster, c *consumer, prod *producer, two, all []int) (joinRep, error) {
+func joinRepOnce(ctx context.Context, cl *harness.Cluster, c *consumer, prod *producer, two, all []int) (joinRep, error) {
 	var jr joinRep
-	if _, _, err := cl.waitConverged(ctx, two, convergeTimeout); err != nil {
+	if _, _, err := cl.WaitConverged(ctx, two, harness.ConvergeTimeout); err != nil {
 		return jr, err
 	}
-	if err := sleep(ctx, steadyBefore); err != nil {
+	if err := harness.Sleep(ctx, steadyBefore); err != nil {
 		return jr, err
 	}
-	sts, why := cl.converged(ctx, two)
+	sts, why := cl.Converged(ctx, two)
 	if why != "" {
 		return jr, fmt.Errorf("the two nodes no longer converged before the join: %s", why)
 	}
-	before := sts[0].epochs()
+	before := sts[0].Epochs()
 
-	n3, err := cl.start(ctx, 2)
+	n3, err := cl.Start(ctx, 2)
 	if err != nil {
 		return jr, err
 	}
-	startAt := n3.started
+	startAt := n3.Started
 	var convergedAt time.Time
 	var mine map[int]int64 // n3's partitions -> epoch before the join
 	var pubAt time.Time
 	var firsts map[int]epochFirst
-	err = waitUntil(ctx, eventTimeout, convergePoll, "n3 to converge and publish on its partitions", func() (bool, error) {
-		if err := cl.failed(); err != nil {
+	err = harness.WaitUntil(ctx, eventTimeout, harness.ConvergePoll, "n3 to converge and publish on its partitions", func() (bool, error) {
+		if err := cl.Failed(); err != nil {
 			return false, err
 		}
 		if err := c.failed(); err != nil {
 			return false, err
 		}
 		if convergedAt.IsZero() {
-			sts, why := cl.converged(ctx, all)
+			sts, why := cl.Converged(ctx, all)
 			if why != "" {
 				return false, nil
 			}
 			convergedAt = time.Now()
 			mine = map[int]int64{}
-			for _, p := range sts[0].assigned(cl.names[2]) {
+			for _, p := range sts[0].Assigned(cl.Names[2]) {
 				mine[p] = before[p]
 			}
 		}
@@ -201,10 +204,10 @@ func joinRepOnce(ctx context.Context, cl *cluster, c *consumer, prod *producer, 
 	jr.converged = convergedAt.Sub(startAt)
 	jr.published = pubAt.Sub(startAt)
 	jr.done = max(jr.converged, jr.published)
-	if at, ok := n3.lineAfter("node started", startAt); ok {
+	if at, ok := n3.LineAfter("node started", startAt); ok {
 		jr.startedLine = at.Sub(startAt)
 	}
-	claims, err := cl.claimTimes(ctx, mine)
+	claims, err := cl.ClaimTimes(ctx, mine)
 	if err != nil {
 		return jr, err
 	}

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/ordo-relay/ordo/bench/internal/result"
 )
 
 // runLatency measures Ordo's commit-to-delivery latency with one node:
 // see latencyOnce.
-func runLatency(ctx context.Context, o options, emit func(*Result)) error {
+func runLatency(ctx context.Context, o options, emit func(*result.Result)) error {
 	res, err := latencyOnce(ctx, o, ordo(1))
 	if err != nil {
 		return err
@@ -19,7 +21,7 @@ func runLatency(ctx context.Context, o options, emit func(*Result)) error {
 
 // runClassicLatency measures the classic relay's latency the same way,
 // with the first count of -instances (default 1).
-func runClassicLatency(ctx context.Context, o options, emit func(*Result)) error {
+func runClassicLatency(ctx context.Context, o options, emit func(*result.Result)) error {
 	res, err := latencyOnce(ctx, o, classic(o.Instances[0]))
 	if err != nil {
 		return err
@@ -34,7 +36,7 @@ func runClassicLatency(ctx context.Context, o options, emit func(*Result)) error
 // paced by a ticker. Latency is the consumer's receive time minus the time
 // the producer's COMMIT returned, both on the bench's clock; commits in
 // the first -warmup (2 s) are not measured.
-func latencyOnce(ctx context.Context, o options, spec systemSpec) (*Result, error) {
+func latencyOnce(ctx context.Context, o options, spec systemSpec) (*result.Result, error) {
 	rate, keys := o.rateOr(1000), o.keysOr(10000)
 	scenario := "latency"
 	if spec.classic {
@@ -44,8 +46,8 @@ func latencyOnce(ctx context.Context, o options, spec systemSpec) (*Result, erro
 	if err != nil {
 		return nil, err
 	}
-	defer r.close()
-	res := newResult(scenario)
+	defer r.Close()
+	res := result.New(scenario)
 	res.Label = spec.String()
 	spec.addParams(res)
 	res.Param("rate", rate)
@@ -69,7 +71,7 @@ func latencyOnce(ctx context.Context, o options, spec systemSpec) (*Result, erro
 	if err != nil {
 		return nil, err
 	}
-	p, err := newProducer(producerConfig{Rate: rate, Workers: o.Workers, Keys: keys, Payload: o.Payload, Exchange: r.exchange}, r.pool, o.Partitions)
+	p, err := newProducer(producerConfig{Rate: rate, Workers: o.Workers, Keys: keys, Payload: o.Payload, Exchange: r.exchange}, r.Pool, o.Partitions)
 	if err != nil {
 		return nil, err
 	}
@@ -78,8 +80,8 @@ func latencyOnce(ctx context.Context, o options, spec systemSpec) (*Result, erro
 		return nil, err
 	}
 	cpu0 := sampleCPU()
-	act := startActivity(r.probe, r.name)
-	backends, err := startBackendCPU(ctx, r.probe, r.name)
+	act := startActivity(r.Probe, r.Name)
+	backends, err := startBackendCPU(ctx, r.Probe, r.Name)
 	if err != nil {
 		act.stop()
 		return nil, err

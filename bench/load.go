@@ -38,7 +38,7 @@ func loadGroups(ctx context.Context, r *rig, groups []rowGroup, payload int, ana
 	// Payload: {"key":"key-00042","n":123,"pad":"xxx..."} of about payload bytes.
 	pad := strings.Repeat("x", max(0, payload-len(`{"key":"key-00000","n":100000,"pad":""}`)))
 	headers := json.RawMessage(`{}`)
-	missing := r.name + "_missing" // never declared
+	missing := r.Name + "_missing" // never declared
 	widths := make([]int, len(groups))
 	most := 0
 	for g := range groups {
@@ -78,11 +78,11 @@ func loadGroups(ctx context.Context, r *rig, groups []rowGroup, payload int, ana
 	rows, _, _ := planSize(groups)
 	cctx, cancel := context.WithTimeout(ctx, r.o.Timeout)
 	defer cancel()
-	b0, err := listBackends(cctx, r.probe, r.name)
+	b0, err := listBackends(cctx, r.Probe, r.Name)
 	if err != nil {
 		return nil, err
 	}
-	tx, err := r.pool.Begin(cctx)
+	tx, err := r.Pool.Begin(cctx)
 	if err != nil {
 		return nil, fmt.Errorf("load rows: begin: %w", err)
 	}
@@ -94,7 +94,7 @@ func loadGroups(ctx context.Context, r *rig, groups []rowGroup, payload int, ana
 	if int(n) != rows {
 		return nil, fmt.Errorf("copy into the outbox: %d rows copied, want %d", n, rows)
 	}
-	b1, err := listBackends(cctx, r.probe, r.name)
+	b1, err := listBackends(cctx, r.Probe, r.Name)
 	if err != nil {
 		return nil, err
 	}
@@ -103,7 +103,7 @@ func loadGroups(ctx context.Context, r *rig, groups []rowGroup, payload int, ana
 			return nil, fmt.Errorf("analyze outbox: %w", err)
 		}
 	}
-	b2, err := listBackends(cctx, r.probe, r.name)
+	b2, err := listBackends(cctx, r.Probe, r.Name)
 	if err != nil {
 		return nil, err
 	}
@@ -111,7 +111,7 @@ func loadGroups(ctx context.Context, r *rig, groups []rowGroup, payload int, ana
 		return nil, fmt.Errorf("load rows: commit: %w", err)
 	}
 	out.committed = time.Now()
-	b3, err := listBackends(cctx, r.probe, r.name)
+	b3, err := listBackends(cctx, r.Probe, r.Name)
 	if err != nil {
 		return nil, err
 	}

@@ -17,6 +17,7 @@
 //	race             OrderPlaced then OrderCancelled: how many arrive reversed, classic vs Ordo
 //	failover         kill -9 of one of 3 nodes under load: seconds until its partitions publish again
 //	join             a 3rd node joins 2 under load: seconds until it publishes on all its partitions
+//	produce          the producers' side: Ordo's outbox INSERT against a classic outbox table, tps, commit latency, PG CPU, WAL
 //	nemesis          3 nodes and the order API under a seeded schedule of faults, checked from the deliveries (never in all or compare: it restarts the servers)
 //
 // Every flag also reads ORDO_BENCH_<FLAG> (e.g. ORDO_BENCH_ROWS) when not
@@ -44,6 +45,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ordo-relay/ordo/bench/internal/result"
+	"github.com/ordo-relay/ordo/bench/nemesis"
 	"github.com/ordo-relay/ordo/internal/envflag"
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/partition"
@@ -96,9 +99,11 @@ type options struct {
 	Charts      string        // charts: the directory the PNGs go to
 	ScalePeriod time.Duration // scaleout: CFS period
 
-	Seed    int64         // nemesis: the schedule's seed (0: drawn and printed)
-	Profile string        // nemesis: short (about 2 minutes) or long (10 minutes or more)
-	Kinds   []nemesisKind // nemesis: the kinds of fault to run (the others' steps are left out of the plan)
+	Seed    int64          // nemesis: the schedule's seed (0: drawn and printed)
+	Profile string         // nemesis: short (about 2 minutes) or long (10 minutes or more)
+	Kinds   []nemesis.Kind // nemesis: the kinds of fault to run (the others' steps are left out of the plan)
+
+	Produce produceOptions // produce: its flags (produce.go)
 }
 
 // scenario is one benchmark. run owns everything it creates and removes it
@@ -108,7 +113,7 @@ type options struct {
 type scenario struct {
 	name    string
 	summary string
-	run     func(ctx context.Context, o options, emit func(*Result)) error
+	run     func(ctx context.Context, o options, emit func(*result.Result)) error
 }
 
 // scenarios is every scenario, in the order "all" runs them. compare is
@@ -126,7 +131,24 @@ var scenarios = []scenario{
 	{"shapes", "classic vs Ordo in every backlog shape, with and without ANALYZE: msgs/s, ratios, whole cost per message", runShapes},
 	{"scaleout", "1..4 Ordo nodes, each capped to -scale-cap of a core in a CPU cgroup: msgs/s, efficiency, server busy", runScaleout},
 	{"consume", "inbox consumers, 1..3 instances: ordered handling msgs/s and commit-to-handled latency, vs competing consumers", runConsume},
+	{"produce", "producers' cost: Ordo's outbox INSERT (plain SQL, Enqueue) vs a classic outbox table and a trigger-less one: tps, commit p50/p99, PG CPU and WAL per message", runProduce},
 	{"charts", "draw the PNG charts (scale-out, shapes, latency) from the newest results under -out into -charts", runCharts},
+}
+
+// nemesisScenario is run only by name: it restarts the shared servers, so
+// neither all nor compare runs it. It is the nemesis command
+// (bench/cmd/nemesis) under the bench's flags.
+var nemesisScenario = scenario{"nemesis",
+	"3 nodes and the order API under a seeded schedule of faults, checked from the deliveries (go run ./bench/cmd/nemesis)",
+	func(ctx context.Context, o options, _ func(*result.Result)) error {
+		return nemesis.Run(ctx, o.nemesis())
+	}}
+
+// nemesis returns the nemesis's settings from the bench's flags.
+func (o options) nemesis() nemesis.Config {
+	return nemesis.Config{PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Out: o.Out, Partitions: o.Partitions,
+		ConfirmWindow: o.ConfirmWindow, NodeBin: o.NodeBin, Timeout: o.Timeout, Rate: o.Rate,
+		Seed: o.Seed, Scenario: nemesis.ScenarioRelay, Profile: o.Profile, Kinds: o.Kinds}
 }
 
 // compareScenario is the default: see runCompare.
@@ -178,6 +200,7 @@ func parseOptions(args []string, lookup func(string) (string, bool), out io.Writ
 	fs.Int64Var(&o.Seed, "seed", 0, "nemesis: seed of the fault schedule (0: draw one and print it)")
 	fs.StringVar(&o.Profile, "profile", "short", "nemesis: short (about 2 minutes) or long (10 minutes or more)")
 	kinds := fs.String("kinds", "all", "nemesis: comma-separated kinds of fault to run, or all")
+	produceLists := addProduceFlags(fs, &o.Produce)
 
 	var names []string
 	for _, s := range append([]scenario{compareScenario, nemesisScenario}, scenarios...) {
@@ -203,7 +226,10 @@ func parseOptions(args []string, lookup func(string) (string, bool), out io.Writ
 	if o.ScaleShape, err = parseScaleShapes(*scaleShapes); err != nil {
 		return o, nil, err
 	}
-	if o.Kinds, err = parseKinds(*kinds); err != nil {
+	if o.Kinds, err = nemesis.ParseKinds(*kinds); err != nil {
+		return o, nil, err
+	}
+	if err := produceLists(); err != nil {
 		return o, nil, err
 	}
 	if o.Quick {
@@ -291,8 +317,11 @@ func (o options) validate() error {
 		return errors.New("scale-cap must be in (0, 2] cores and scale-period in [1ms, 1s]")
 	case o.ScaleRows < 10 || o.ScaleHot < 10:
 		return errors.New("scale-rows and scale-hot-rows must be at least 10")
-	case o.Profile != profileShort && o.Profile != profileLong:
-		return fmt.Errorf("profile %q: want %s or %s", o.Profile, profileShort, profileLong)
+	case o.Profile != nemesis.ProfileShort && o.Profile != nemesis.ProfileLong:
+		return fmt.Errorf("profile %q: want %s or %s", o.Profile, nemesis.ProfileShort, nemesis.ProfileLong)
+	}
+	if err := o.Produce.validate(); err != nil {
+		return err
 	}
 	return partition.ValidateCount(o.Partitions)
 }
@@ -347,7 +376,7 @@ func main() {
 // run runs the named scenarios in order and returns the exit status.
 func run(ctx context.Context, o options, names []string) int {
 	code := 0
-	emit := func(res *Result) {
+	emit := func(res *result.Result) {
 		if !report(res, o.Out) {
 			code = 1
 		}
@@ -370,7 +399,7 @@ func run(ctx context.Context, o options, names []string) int {
 // report prints res and writes its JSON under dir. It reports false when
 // the JSON could not be written or the checker found a problem the result
 // does not expect.
-func report(res *Result, dir string) bool {
+func report(res *result.Result, dir string) bool {
 	res.Print(os.Stdout)
 	ok := res.Passed()
 	path, err := res.WriteJSON(dir)

@@ -7,6 +7,9 @@ import (
 	"net/url"
 	"sync"
 	"time"
+
+	"github.com/ordo-relay/ordo/bench/internal/harness"
+	"github.com/ordo-relay/ordo/bench/internal/result"
 )
 
 // outageTail is how long the producer keeps going after the backlog has
@@ -21,7 +24,7 @@ const outageTail = 2 * time.Second
 // the broker throughout. Measured from the restore: the first delivery of
 // a message committed during the outage, and the moment every message
 // committed before the restore has arrived.
-func runOutage(ctx context.Context, o options, emit func(*Result)) error {
+func runOutage(ctx context.Context, o options, emit func(*result.Result)) error {
 	res, err := outageOnce(ctx, o)
 	if err != nil {
 		return err
@@ -30,14 +33,14 @@ func runOutage(ctx context.Context, o options, emit func(*Result)) error {
 	return nil
 }
 
-func outageOnce(ctx context.Context, o options) (*Result, error) {
+func outageOnce(ctx context.Context, o options) (*result.Result, error) {
 	rate, keys := o.rateOr(500), o.keysOr(1000)
 	r, err := newRig(ctx, o, "outage", int32(o.Workers+1))
 	if err != nil {
 		return nil, err
 	}
-	defer r.close()
-	res := newResult("outage")
+	defer r.Close()
+	res := result.New("outage")
 	res.Param("nodes", 1)
 	res.Param("rate", rate)
 	res.Param("keys", keys)
@@ -55,7 +58,7 @@ func outageOnce(ctx context.Context, o options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	px, err := r.startProxy(target)
+	px, err := r.StartProxy(target)
 	if err != nil {
 		return nil, err
 	}
@@ -64,11 +67,11 @@ func outageOnce(ctx context.Context, o options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := n.waitReady(ctx, min(o.Timeout, time.Minute)); err != nil {
+	if err := n.WaitReady(ctx, min(o.Timeout, time.Minute)); err != nil {
 		return nil, err
 	}
 
-	p, err := newProducer(producerConfig{Rate: rate, Workers: o.Workers, Keys: keys, Payload: o.Payload, Exchange: r.exchange}, r.pool, o.Partitions)
+	p, err := newProducer(producerConfig{Rate: rate, Workers: o.Workers, Keys: keys, Payload: o.Payload, Exchange: r.exchange}, r.Pool, o.Partitions)
 	if err != nil {
 		return nil, err
 	}
@@ -82,38 +85,38 @@ func outageOnce(ctx context.Context, o options) (*Result, error) {
 	})
 	defer stopProducer()
 
-	if err := sleep(ctx, o.Before); err != nil {
+	if err := harness.Sleep(ctx, o.Before); err != nil {
 		return nil, err
 	}
 	cutAt := time.Now()
 	px.Cut()
 	fmt.Printf("cut the node's broker link for %v\n", o.Outage)
-	if err := sleep(ctx, o.Outage); err != nil {
+	if err := harness.Sleep(ctx, o.Outage); err != nil {
 		return nil, err
 	}
 	restoreAt := time.Now()
 	px.Restore()
 	fmt.Println("restored the node's broker link")
 	backlog := p.committedBefore(restoreAt)
-	if err := c.waitAll(ctx, backlog, o.Timeout, n.failed); err != nil {
+	if err := c.waitAll(ctx, backlog, o.Timeout, n.Failed); err != nil {
 		return nil, err
 	}
-	if err := sleep(ctx, outageTail); err != nil {
+	if err := harness.Sleep(ctx, outageTail); err != nil {
 		return nil, err
 	}
 	if err := stopProducer(); err != nil {
 		return nil, err
 	}
 	ids, commits := p.snapshot()
-	if err := c.waitAll(ctx, ids, o.Timeout, n.failed); err != nil {
+	if err := c.waitAll(ctx, ids, o.Timeout, n.Failed); err != nil {
 		return nil, err
 	}
-	if _, err := r.waitPending(ctx, n.failed); err != nil {
+	if _, err := r.waitPending(ctx, n.Failed); err != nil {
 		return nil, err
 	}
-	detectedAt, detected := n.lineAfter("RabbitMQ unavailable", cutAt)
-	reopenedAt, reopened := n.lineAfter("RabbitMQ channel open", restoreAt)
-	if _, err := n.stop(nodeStopTimeout); err != nil {
+	detectedAt, detected := n.LineAfter("RabbitMQ unavailable", cutAt)
+	reopenedAt, reopened := n.LineAfter("RabbitMQ channel open", restoreAt)
+	if _, err := n.Stop(harness.NodeStopTimeout); err != nil {
 		return nil, err
 	}
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/ordo-relay/ordo/bench/internal/harness"
 )
 
 // PostgreSQL connections are told apart by application_name: the bench's
@@ -14,8 +15,6 @@ import (
 // is the relay under test (the node sets "ordo node <name>"; the classic relay sets
 // appClassic).
 const (
-	appBench   = "ordo_bench"
-	appProbe   = "ordo_bench_probe"
 	appClassic = "ordo_bench_classic"
 	// backendEvery is how often a backendCPU sampler lists the database's
 	// backends. A backend that exits between two samples loses at most
@@ -33,9 +32,9 @@ const (
 // backendGroup returns the group of a backend by its application_name.
 func backendGroup(app string) string {
 	switch app {
-	case appBench:
+	case harness.AppBench:
 		return groupBench
-	case appProbe:
+	case harness.AppProbe:
 		return groupProbe
 	default:
 		return groupRelay
@@ -127,7 +126,7 @@ func listBackends(ctx context.Context, pool *pgxpool.Pool, dbName string) (map[i
 	}
 	out := make(map[int]backendCPUNow, len(apps))
 	for pid, app := range apps {
-		if cpu, err := procCPU(pid); err == nil {
+		if cpu, err := harness.ProcCPU(pid); err == nil {
 			out[pid] = backendCPUNow{group: backendGroup(app), cpu: cpu}
 		}
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/ordo-relay/ordo/bench/internal/result"
 )
 
 // runRace is the article's ordering problem made measurable: -orders
@@ -14,7 +16,7 @@ import (
 // their Placed (first deliveries), with the classic relay on
 // -race-instances instances (default 2) and then with Ordo on -race-nodes
 // nodes (default 3).
-func runRace(ctx context.Context, o options, emit func(*Result)) error {
+func runRace(ctx context.Context, o options, emit func(*result.Result)) error {
 	for _, spec := range []systemSpec{classic(o.RaceInstances), ordo(o.RaceNodes)} {
 		res, err := raceOnce(ctx, o, spec)
 		if err != nil {
@@ -25,14 +27,14 @@ func runRace(ctx context.Context, o options, emit func(*Result)) error {
 	return nil
 }
 
-func raceOnce(ctx context.Context, o options, spec systemSpec) (*Result, error) {
+func raceOnce(ctx context.Context, o options, spec systemSpec) (*result.Result, error) {
 	rate := o.rateOr(250)
 	r, err := newRig(ctx, o, "race", int32(o.Workers+2))
 	if err != nil {
 		return nil, err
 	}
-	defer r.close()
-	res := newResult("race")
+	defer r.Close()
+	res := result.New("race")
 	res.Label = spec.String()
 	spec.addParams(res)
 	res.Param("orders", o.Orders)
@@ -49,7 +51,7 @@ func raceOnce(ctx context.Context, o options, spec systemSpec) (*Result, error) 
 		return nil, err
 	}
 	p, err := newProducer(producerConfig{Rate: rate, Workers: o.Workers, Payload: o.Payload,
-		Exchange: r.exchange, Orders: true, Max: int64(o.Orders)}, r.pool, o.Partitions)
+		Exchange: r.exchange, Orders: true, Max: int64(o.Orders)}, r.Pool, o.Partitions)
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ordo-relay/ordo/bench/internal/harness"
+	"github.com/ordo-relay/ordo/bench/internal/result"
 	"github.com/ordo-relay/ordo/partition"
 )
 
@@ -45,7 +47,7 @@ func scaleGroups(o options, shape string) []rowGroup {
 // runs once per -scale-shapes shape (many keys, then 10 hot keys) and
 // prints one RESULT line per shape and node count. It refuses to run
 // where no CPU cgroup is writable.
-func runScaleout(ctx context.Context, o options, emit func(*Result)) error {
+func runScaleout(ctx context.Context, o options, emit func(*result.Result)) error {
 	probe, err := newCPUCaps(cgroupRoot, o.ScaleCap, o.ScalePeriod)
 	if err != nil {
 		return err
@@ -69,7 +71,7 @@ func runScaleout(ctx context.Context, o options, emit func(*Result)) error {
 				continue
 			}
 			if n == 1 {
-				one, _ = res.figure("msgs_per_sec")
+				one, _ = res.Lookup("msgs_per_sec")
 			}
 			emit(res)
 		}
@@ -80,7 +82,7 @@ func runScaleout(ctx context.Context, o options, emit func(*Result)) error {
 // scaleoutOnce is one drain with n capped nodes. one is the one-node
 // msgs/s of the same shape in this run (0 when not measured), for the
 // efficiency.
-func scaleoutOnce(ctx context.Context, o options, shape string, n int, one float64) (*Result, error) {
+func scaleoutOnce(ctx context.Context, o options, shape string, n int, one float64) (*result.Result, error) {
 	caps, err := newCPUCaps(cgroupRoot, o.ScaleCap, o.ScalePeriod)
 	if err != nil {
 		return nil, err
@@ -90,14 +92,14 @@ func scaleoutOnce(ctx context.Context, o options, shape string, n int, one float
 			fmt.Fprintf(os.Stderr, "bench: cleanup: %v\n", err)
 		}
 	}()
-	spec := systemSpec{n: n, onStart: func(slot int, nd *node) error { return caps.cap(nd.name, nd.pid()) }}
+	spec := systemSpec{n: n, onStart: func(slot int, nd *harness.Node) error { return caps.cap(nd.Name, nd.Pid()) }}
 	var throttled0 int64
 	var committed time.Time
 	var spread float64
 	var rebalances int
 	plan := drainPlan{
 		scenario: "scaleout", label: fmt.Sprintf("%s-%d", shape, n), groups: scaleGroups(o, shape), analyze: true,
-		before: func(ctx context.Context, r *rig, sys system, _ *Result) error {
+		before: func(ctx context.Context, r *rig, sys system, _ *result.Result) error {
 			committed = time.Now()
 			if throttled0, err = caps.throttled(); err != nil {
 				return err
@@ -105,7 +107,7 @@ func scaleoutOnce(ctx context.Context, o options, shape string, n int, one float
 			spread, err = keySpreadLimit(ctx, sys, o.Partitions, shape)
 			return err
 		},
-		after: func(ctx context.Context, r *rig, _ system, _ *Result) error {
+		after: func(ctx context.Context, r *rig, _ system, _ *result.Result) error {
 			rebalances, err = claimsSince(ctx, r, committed)
 			return err
 		},
@@ -118,7 +120,7 @@ func scaleoutOnce(ctx context.Context, o options, shape string, n int, one float
 	if err != nil {
 		return nil, err
 	}
-	res := newResult("scaleout")
+	res := result.New("scaleout")
 	res.Started = d.Started
 	res.Param("shape", shape)
 	res.Param("nodes", n)
@@ -127,7 +129,7 @@ func scaleoutOnce(ctx context.Context, o options, shape string, n int, one float
 	res.Param("cgroup", fmt.Sprintf("v%d", caps.version))
 	res.Param("msgs", paramOf(d, "msgs"))
 	res.Param("keys", paramOf(d, "keys"))
-	rate, _ := d.figure("msgs_per_sec")
+	rate, _ := d.Lookup("msgs_per_sec")
 	res.Figure("msgs_per_sec", rate, "msg/s")
 	eff := math.NaN()
 	if n == 1 {
@@ -136,9 +138,9 @@ func scaleoutOnce(ctx context.Context, o options, shape string, n int, one float
 		eff = rate / (float64(n) * one)
 	}
 	res.Figure("efficiency", eff, "")
-	window, _ := d.figure("cpu_window_seconds")
+	window, _ := d.Lookup("cpu_window_seconds")
 	busy := func(name string) float64 {
-		v, _ := d.figure(name)
+		v, _ := d.Lookup(name)
 		if window <= 0 {
 			return math.NaN()
 		}
@@ -156,11 +158,11 @@ func scaleoutOnce(ctx context.Context, o options, shape string, n int, one float
 	}
 	for _, f := range []string{"seconds", "node_cpu", "node_rss_peak", "cpu_postgres", "cpu_rabbitmq", "cpu_bench", "machine_busy",
 		"pg_read_us_per_msg", "pg_mark_us_per_msg", "pg_relay_us_per_msg", "complete"} {
-		if v, ok := d.figure(f); ok {
+		if v, ok := d.Lookup(f); ok {
 			res.Figure(f, v, unitOf(d, f))
 		}
 	}
-	if v, ok := d.figure("node_cpu"); ok {
+	if v, ok := d.Lookup("node_cpu"); ok {
 		res.Figure("node_busy", v/window/(float64(n)*o.ScaleCap), "")
 	}
 	res.Notes = d.Notes
@@ -177,7 +179,7 @@ func keySpreadLimit(ctx context.Context, sys system, partitions int, shape strin
 	if shape != "hot" || !ok {
 		return 0, nil
 	}
-	st, err := os.c.status(ctx, os.c.running()[0])
+	st, err := os.c.Status(ctx, os.c.Running()[0])
 	if err != nil {
 		return 0, err
 	}
@@ -208,7 +210,7 @@ func spreadLimit(assignment []string, partitions int, prefix string, keys int) f
 // t: each is a partition changing hands (or being taken again).
 func claimsSince(ctx context.Context, r *rig, t time.Time) (int, error) {
 	var n int
-	err := r.pool.QueryRow(ctx, `SELECT count(*) FROM ordo_lease_audit WHERE event = 'claim' AND at >= $1`, t).Scan(&n)
+	err := r.Pool.QueryRow(ctx, `SELECT count(*) FROM ordo_lease_audit WHERE event = 'claim' AND at >= $1`, t).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("count lease claims: %w", err)
 	}

@@ -7,6 +7,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/ordo-relay/ordo/bench/internal/result"
 )
 
 // shapeDef is one backlog shape of the shapes scenario (issue 11): rows
@@ -104,13 +106,13 @@ func variantName(relay string, analyze bool) string {
 // Each drain is a result of its own (scenario "shape"); each shape then
 // gets a summary (scenario "shapes") with the ratios and the whole cost
 // per message, and the run ends with a table of them all.
-func runShapes(ctx context.Context, o options, emit func(*Result)) error {
+func runShapes(ctx context.Context, o options, emit func(*result.Result)) error {
 	want := map[string]bool{}
 	for _, n := range o.Shapes {
 		want[n] = true
 	}
 	runID := time.Now().Format("20060102-150405")
-	var rows []*Result
+	var rows []*result.Result
 	var errs []error
 	stopWait := 0.0
 	for _, def := range shapeDefs(o.Quick) {
@@ -128,9 +130,9 @@ func runShapes(ctx context.Context, o options, emit func(*Result)) error {
 			errs = append(errs, fmt.Errorf("%s: %w", def.name, err))
 			continue
 		}
-		sum.Params = append([]Param{{"shape", def.name}, {"run", runID}}, sum.Params...)
+		sum.Params = append([]result.Param{{Name: "shape", Value: def.name}, {Name: "run", Value: runID}}, sum.Params...)
 		if def.name == shapeStopWait {
-			stopWait, _ = sum.figure("msgs_per_sec")
+			stopWait, _ = sum.Lookup("msgs_per_sec")
 		}
 		emit(sum)
 		rows = append(rows, sum)
@@ -140,8 +142,8 @@ func runShapes(ctx context.Context, o options, emit func(*Result)) error {
 }
 
 // runShape runs one shape's drains and returns its summary.
-func runShape(ctx context.Context, o options, def shapeDef, emit func(*Result), stopWait float64) (*Result, error) {
-	sum := newResult("shapes")
+func runShape(ctx context.Context, o options, def shapeDef, emit func(*result.Result), stopWait float64) (*result.Result, error) {
+	sum := result.New("shapes")
 	switch def.name {
 	case shapeStopWait:
 		return stopWaitRun(ctx, o, emit)
@@ -154,7 +156,7 @@ func runShape(ctx context.Context, o options, def shapeDef, emit func(*Result), 
 	if parkedKeys > 0 {
 		sum.Param("parked_keys", parkedKeys)
 	}
-	drain := func(spec systemSpec, groups []rowGroup, analyze bool, label string) (*Result, drainCosts, error) {
+	drain := func(spec systemSpec, groups []rowGroup, analyze bool, label string) (*result.Result, drainCosts, error) {
 		plan := drainPlan{scenario: "shape", label: def.name + "-" + label, groups: groups, analyze: analyze,
 			autovacuumOff: true, limit: o.ShapeLimit}
 		res, costs, err := drainBacklog(ctx, o, spec, plan)
@@ -164,7 +166,7 @@ func runShape(ctx context.Context, o options, def shapeDef, emit func(*Result), 
 		emit(res)
 		return res, costs, nil
 	}
-	var ordoRuns []*Result
+	var ordoRuns []*result.Result
 	for _, analyze := range def.analyze {
 		if def.classic {
 			res, costs, err := drain(classic(1), def.groups, analyze, variantName("classic", analyze))
@@ -199,7 +201,7 @@ func runShape(ctx context.Context, o options, def shapeDef, emit func(*Result), 
 		}
 		emit(steady)
 		for _, f := range []string{"commit_p50", "commit_p99", "achieved_rate", "pg_insert_us_per_msg", "pg_read_us_per_msg", "pg_mark_us_per_msg", "node_cpu_per_1k_msgs"} {
-			if v, ok := steady.figure(f); ok {
+			if v, ok := steady.Lookup(f); ok {
 				sum.Figure("steady_"+f, v, unitOf(steady, f))
 			}
 		}
@@ -210,14 +212,14 @@ func runShape(ctx context.Context, o options, def shapeDef, emit func(*Result), 
 
 // addShapeVariant copies one drain's figures into the summary, prefixed
 // with the relay and suffixed _noanalyze for the variant without ANALYZE.
-func addShapeVariant(sum *Result, relay string, analyze bool, res *Result, costs drainCosts) {
+func addShapeVariant(sum *result.Result, relay string, analyze bool, res *result.Result, costs drainCosts) {
 	suffix := ""
 	if !analyze {
 		suffix = "_noanalyze"
 	}
 	name := func(f string) string { return relay + "_" + f + suffix }
 	for _, f := range []string{"msgs_per_sec", "complete", "node_rss_peak"} {
-		if v, ok := res.figure(f); ok {
+		if v, ok := res.Lookup(f); ok {
 			sum.Figure(name(f), v, unitOf(res, f))
 		}
 	}
@@ -225,7 +227,7 @@ func addShapeVariant(sum *Result, relay string, analyze bool, res *Result, costs
 	sum.Figure(name("pg_read_us"), perMsgMicros(costs.relay.read, costs.msgs), "µs")
 	sum.Figure(name("pg_mark_us"), perMsgMicros(costs.relay.mark, costs.msgs), "µs")
 	sum.Figure(name("pg_relay_us"), perMsgMicros(costs.relayTotal, costs.msgs), "µs")
-	if v, ok := res.figure("node_cpu"); ok && costs.msgs > 0 {
+	if v, ok := res.Lookup("node_cpu"); ok && costs.msgs > 0 {
 		sum.Figure(name("node_us"), 1e6*v/float64(costs.msgs), "µs")
 	}
 	if relay == "classic" {
@@ -238,10 +240,10 @@ func addShapeVariant(sum *Result, relay string, analyze bool, res *Result, costs
 // without ÷ with ANALYZE, the parked run ÷ the same run without parked
 // keys, and Ordo ÷ the broker's stop-and-wait rate (stopWait, 0 if not
 // measured in this run).
-func addShapeRatios(sum *Result, stopWait float64) {
+func addShapeRatios(sum *result.Result, stopWait float64) {
 	ratio := func(name, num, den string) {
-		a, ok1 := sum.figure(num)
-		b, ok2 := sum.figure(den)
+		a, ok1 := sum.Lookup(num)
+		b, ok2 := sum.Lookup(den)
 		if ok1 && ok2 && b > 0 {
 			sum.Figure(name, a/b, "×")
 		}
@@ -253,15 +255,15 @@ func addShapeRatios(sum *Result, stopWait float64) {
 	ratio("parked_over_base", "ordo_msgs_per_sec", "ordo_base_msgs_per_sec")
 	ratio("parked_over_base_noanalyze", "ordo_msgs_per_sec_noanalyze", "ordo_base_msgs_per_sec_noanalyze")
 	if stopWait > 0 {
-		if v, ok := sum.figure("ordo_msgs_per_sec"); ok {
+		if v, ok := sum.Lookup("ordo_msgs_per_sec"); ok {
 			sum.Figure("ordo_over_stopwait", v/stopWait, "×")
 		}
 	}
 	// The whole cost per message, from the first Ordo variant measured.
 	for _, suffix := range []string{"", "_noanalyze"} {
-		ins, ok1 := sum.figure("ordo_pg_insert_us" + suffix)
-		rd, ok2 := sum.figure("ordo_pg_read_us" + suffix)
-		mk, ok3 := sum.figure("ordo_pg_mark_us" + suffix)
+		ins, ok1 := sum.Lookup("ordo_pg_insert_us" + suffix)
+		rd, ok2 := sum.Lookup("ordo_pg_read_us" + suffix)
+		mk, ok3 := sum.Lookup("ordo_pg_mark_us" + suffix)
 		if ok1 && ok2 && ok3 {
 			sum.Figure("ordo_pg_read_mark_us"+suffix, rd+mk, "µs")
 			sum.Figure("ordo_pg_sum_us"+suffix, ins+rd+mk, "µs")
@@ -270,8 +272,8 @@ func addShapeRatios(sum *Result, stopWait float64) {
 }
 
 // sumChecks adds up the checkers' counts of rs.
-func sumChecks(rs []*Result) Check {
-	var c Check
+func sumChecks(rs []*result.Result) result.Check {
+	var c result.Check
 	for _, r := range rs {
 		c.Total += r.Check.Total
 		c.Distinct += r.Check.Distinct
@@ -287,7 +289,7 @@ func sumChecks(rs []*Result) Check {
 }
 
 // unitOf returns the unit of res's figure name.
-func unitOf(res *Result, name string) string {
+func unitOf(res *result.Result, name string) string {
 	for _, f := range res.Figures {
 		if f.Name == name {
 			return f.Unit
@@ -300,7 +302,7 @@ func unitOf(res *Result, name string) string {
 // publisher with one unconfirmed publish at a time (confirm mode,
 // mandatory, persistent), one key: the fastest any relay can send one
 // key's messages in strict order.
-func stopWaitRun(ctx context.Context, o options, emit func(*Result)) (*Result, error) {
+func stopWaitRun(ctx context.Context, o options, emit func(*result.Result)) (*result.Result, error) {
 	so := o
 	so.BrokerWindow = 1
 	so.Keys = 1
@@ -314,12 +316,12 @@ func stopWaitRun(ctx context.Context, o options, emit func(*Result)) (*Result, e
 	}
 	res.Label = shapeStopWait
 	emit(res)
-	sum := newResult("shapes")
+	sum := result.New("shapes")
 	sum.Param("msgs", so.Rows)
 	sum.Param("keys", 1)
 	sum.Param("window", 1)
 	for _, f := range []string{"msgs_per_sec", "confirmed_per_sec"} {
-		if v, ok := res.figure(f); ok {
+		if v, ok := res.Lookup(f); ok {
 			sum.Figure(f, v, "msg/s")
 		}
 	}
@@ -330,12 +332,12 @@ func stopWaitRun(ctx context.Context, o options, emit func(*Result)) (*Result, e
 
 // durableRun drains the same backlog with one Ordo node into the default
 // (transient, exclusive) queue and into a durable one, side by side.
-func durableRun(ctx context.Context, o options, def shapeDef, emit func(*Result)) (*Result, error) {
-	sum := newResult("shapes")
+func durableRun(ctx context.Context, o options, def shapeDef, emit func(*result.Result)) (*result.Result, error) {
+	sum := result.New("shapes")
 	rows, keys, _ := planSize(def.groups)
 	sum.Param("msgs", rows)
 	sum.Param("keys", keys)
-	var runs []*Result
+	var runs []*result.Result
 	for _, durable := range []bool{false, true} {
 		label := "default-queue"
 		if durable {
@@ -349,15 +351,15 @@ func durableRun(ctx context.Context, o options, def shapeDef, emit func(*Result)
 		}
 		emit(res)
 		runs = append(runs, res)
-		v, _ := res.figure("msgs_per_sec")
+		v, _ := res.Lookup("msgs_per_sec")
 		name := "ordo_msgs_per_sec"
 		if durable {
 			name = "ordo_durable_msgs_per_sec"
 		}
 		sum.Figure(name, v, "msg/s")
 	}
-	a, _ := sum.figure("ordo_durable_msgs_per_sec")
-	b, _ := sum.figure("ordo_msgs_per_sec")
+	a, _ := sum.Lookup("ordo_durable_msgs_per_sec")
+	b, _ := sum.Lookup("ordo_msgs_per_sec")
 	if b > 0 {
 		sum.Figure("durable_over_default", a/b, "×")
 	}
@@ -368,7 +370,7 @@ func durableRun(ctx context.Context, o options, def shapeDef, emit func(*Result)
 
 // steadyRun is a short latency run with one Ordo node (the producers'
 // commit latency and the single-row insert's cost), with keys keys.
-func steadyRun(ctx context.Context, o options, keys int) (*Result, error) {
+func steadyRun(ctx context.Context, o options, keys int) (*result.Result, error) {
 	so := o
 	so.Keys = keys
 	so.Duration = o.ShapeSteady

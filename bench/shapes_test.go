@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ordo-relay/ordo/bench/internal/harness"
+	"github.com/ordo-relay/ordo/bench/internal/result"
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/partition"
 )
@@ -111,7 +113,7 @@ func TestBackendGroups(t *testing.T) {
 	if d[groupBench] != 500*time.Millisecond || d[groupRelay] != 150*time.Millisecond || d[groupProbe] != time.Second {
 		t.Fatalf("delta = %v", d)
 	}
-	for app, want := range map[string]string{appBench: groupBench, appProbe: groupProbe, appClassic: groupRelay, "": groupRelay} {
+	for app, want := range map[string]string{harness.AppBench: groupBench, harness.AppProbe: groupProbe, appClassic: groupRelay, "": groupRelay} {
 		if got := backendGroup(app); got != want {
 			t.Errorf("backendGroup(%q) = %s, want %s", app, got, want)
 		}
@@ -136,7 +138,7 @@ func TestClassifyCurrentQueries(t *testing.T) {
 }
 
 func TestShapeRatiosAndTable(t *testing.T) {
-	sum := newResult("shapes")
+	sum := result.New("shapes")
 	sum.Param("shape", "1x20000")
 	sum.Param("msgs", 20000)
 	for name, v := range map[string]float64{
@@ -151,15 +153,15 @@ func TestShapeRatiosAndTable(t *testing.T) {
 		"ordo_over_classic": 0.75, "ordo_over_classic_noanalyze": 0.75, "ordo_noanalyze_over_analyze": 0.5,
 		"classic_noanalyze_over_analyze": 0.5, "ordo_over_stopwait": 0.5, "ordo_pg_read_mark_us": 15, "ordo_pg_sum_us": 45,
 	} {
-		if got, ok := sum.figure(name); !ok || math.Abs(got-want) > 1e-9 {
+		if got, ok := sum.Lookup(name); !ok || math.Abs(got-want) > 1e-9 {
 			t.Errorf("%s = %v (%v), want %v", name, got, ok, want)
 		}
 	}
-	if _, ok := sum.figure("parked_over_base"); ok {
+	if _, ok := sum.Lookup("parked_over_base"); ok {
 		t.Error("parked_over_base without a parked run")
 	}
 	var b strings.Builder
-	printShapeTable(&b, []*Result{sum})
+	printShapeTable(&b, []*result.Result{sum})
 	for _, s := range []string{"| 1x20000 | 20000 | 2,000 / 1,000 | 1,500 / 750* |", "0.50× ÷ stop-and-wait", "10+5"} {
 		if !strings.Contains(b.String(), s) {
 			t.Errorf("table lacks %q:\n%s", s, b.String())
@@ -300,7 +302,7 @@ func TestSpreadLimit(t *testing.T) {
 
 func TestCharts(t *testing.T) {
 	dir := t.TempDir()
-	write := func(r *Result) {
+	write := func(r *result.Result) {
 		t.Helper()
 		if _, err := r.WriteJSON(dir); err != nil {
 			t.Fatal(err)
@@ -309,7 +311,7 @@ func TestCharts(t *testing.T) {
 	base := time.Now()
 	for i, n := range []int{1, 2, 3, 4} {
 		for j, shape := range []string{"many", "hot"} {
-			r := newResult("scaleout")
+			r := result.New("scaleout")
 			r.Started = base.Add(time.Duration(2*i+j) * time.Second) // distinct file names
 			r.Param("shape", shape)
 			r.Param("nodes", n)
@@ -319,14 +321,14 @@ func TestCharts(t *testing.T) {
 			write(r)
 		}
 	}
-	s := newResult("shapes")
+	s := result.New("shapes")
 	s.Started = base.Add(20 * time.Second)
 	s.Param("shape", "10x2000")
 	s.Figure("classic_msgs_per_sec", 2000, "")
 	s.Figure("ordo_msgs_per_sec", 4000, "")
 	s.Figure("ordo_over_classic", 2, "")
 	write(s)
-	l := newResult("latency")
+	l := result.New("latency")
 	l.Label = "ordo-1"
 	l.Started = base.Add(30 * time.Second)
 	l.Param("rate", 1000)
@@ -373,8 +375,8 @@ func TestShapesEndToEnd(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	var emitted []*Result
-	emit := func(r *Result) { emitted = append(emitted, r) }
+	var emitted []*result.Result
+	emit := func(r *result.Result) { emitted = append(emitted, r) }
 
 	plain := shapeDef{name: "tiny", groups: []rowGroup{{prefix: "key", keys: 5, rows: 60}}, analyze: []bool{true, false}, classic: true, keys: 5}
 	sum, err := runShape(ctx, o, plain, emit, 0)
@@ -383,7 +385,7 @@ func TestShapesEndToEnd(t *testing.T) {
 	}
 	for _, f := range []string{"classic_msgs_per_sec", "classic_msgs_per_sec_noanalyze", "ordo_msgs_per_sec", "ordo_msgs_per_sec_noanalyze",
 		"ordo_over_classic", "ordo_noanalyze_over_analyze", "ordo_pg_sum_us", "ordo_node_rss_peak"} {
-		if v, ok := sum.figure(f); !ok || math.IsNaN(v) || (strings.Contains(f, "per_sec") && v <= 0) {
+		if v, ok := sum.Lookup(f); !ok || math.IsNaN(v) || (strings.Contains(f, "per_sec") && v <= 0) {
 			t.Errorf("%s = %v (%v)", f, v, ok)
 		}
 	}
@@ -405,10 +407,10 @@ func TestShapesEndToEnd(t *testing.T) {
 	if c := sum.Check; !c.OK() || c.Distinct != 40 {
 		t.Errorf("parked run check %+v: want exactly the 40 other rows, no follower of a parked key", c)
 	}
-	if _, ok := sum.figure("parked_over_base"); !ok {
+	if _, ok := sum.Lookup("parked_over_base"); !ok {
 		t.Error("no parked_over_base")
 	}
-	if n, ok := emitted[0].figure("parked"); !ok || n != 2 {
+	if n, ok := emitted[0].Lookup("parked"); !ok || n != 2 {
 		t.Errorf("parked rows = %v (%v), want 2", n, ok)
 	}
 }

@@ -9,17 +9,10 @@ import (
 	"strings"
 	"syscall"
 	"time"
-)
 
-// percentile returns the q-quantile (0 <= q <= 1) of sorted by the
-// nearest-rank method; 0 for an empty slice.
-func percentile(sorted []time.Duration, q float64) time.Duration {
-	if len(sorted) == 0 {
-		return 0
-	}
-	rank := int(q*float64(len(sorted)) + 0.999999999)
-	return sorted[min(max(rank, 1), len(sorted))-1]
-}
+	"github.com/ordo-relay/ordo/bench/internal/harness"
+	"github.com/ordo-relay/ordo/bench/internal/result"
+)
 
 // distribution summarises durations.
 type distribution struct {
@@ -39,13 +32,13 @@ func distributionOf(ds []time.Duration) distribution {
 	}
 	return distribution{
 		n: len(s), min: s[0], max: s[len(s)-1], mean: sum / time.Duration(len(s)),
-		p50: percentile(s, 0.50), p90: percentile(s, 0.90), p99: percentile(s, 0.99), p999: percentile(s, 0.999),
+		p50: result.Percentile(s, 0.50), p90: result.Percentile(s, 0.90), p99: result.Percentile(s, 0.99), p999: result.Percentile(s, 0.999),
 	}
 }
 
 // addTo adds the distribution to r as figures named prefix_p50 etc., in
 // milliseconds.
-func (d distribution) addTo(r *Result, prefix string) {
+func (d distribution) addTo(r *result.Result, prefix string) {
 	r.Millis(prefix+"_p50", d.p50)
 	r.Millis(prefix+"_p90", d.p90)
 	r.Millis(prefix+"_p99", d.p99)
@@ -89,7 +82,7 @@ func sampleCPU() cpuSample {
 		if !ok {
 			continue
 		}
-		if t, err := procCPU(pid); err == nil {
+		if t, err := harness.ProcCPU(pid); err == nil {
 			m[pid] = t
 		}
 	}
@@ -118,13 +111,13 @@ func machineBusy() time.Duration {
 		v, _ := strconv.ParseInt(f[i], 10, 64)
 		busy += v
 	}
-	return time.Duration(busy) * time.Second / clockTicks
+	return time.Duration(busy) * time.Second / harness.ClockTicks
 }
 
 // addCPU adds, for the window between start and end, the CPU seconds of
 // each server, of the bench and of the whole machine, and the machine's
 // busy share.
-func addCPU(r *Result, start, end cpuSample, prefix string) {
+func addCPU(r *result.Result, start, end cpuSample, prefix string) {
 	for _, c := range cpuComms {
 		var d time.Duration
 		for pid, t := range end.byComm[c] {

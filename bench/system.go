@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/ordo-relay/ordo/bench/internal/harness"
+	"github.com/ordo-relay/ordo/bench/internal/result"
 )
 
 // system is the relay under test in a scenario: Ordo node processes or
@@ -32,7 +35,7 @@ type systemSpec struct {
 	// onStart, when set, is called with every Ordo node right after its
 	// process started (to move it into a CPU cgroup, say); an error stops
 	// the start.
-	onStart func(slot int, n *node) error
+	onStart func(slot int, n *harness.Node) error
 }
 
 func ordo(n int) systemSpec    { return systemSpec{n: n} }
@@ -48,7 +51,7 @@ func (s systemSpec) String() string {
 
 // addParams records the relay in res, and marks a classic result as the
 // baseline.
-func (s systemSpec) addParams(res *Result) {
+func (s systemSpec) addParams(res *result.Result) {
 	if s.classic {
 		res.Param("relay", "classic")
 		res.Param("instances", s.n)
@@ -64,6 +67,9 @@ func (s systemSpec) addParams(res *Result) {
 // started (they connect on their own).
 func (s systemSpec) start(ctx context.Context, r *rig) (system, error) {
 	if s.classic {
+		if err := classicIndex(ctx, r); err != nil {
+			return nil, err
+		}
 		return startClassic(r, s.n), nil
 	}
 	return startOrdoWith(ctx, r, s.n, s.env, s.onStart)
@@ -71,7 +77,7 @@ func (s systemSpec) start(ctx context.Context, r *rig) (system, error) {
 
 // addUsage adds the relays' CPU since cpu0 and peak RSS to res as
 // node_cpu, node_cpu_per_1k_msgs and node_rss_peak, when measurable.
-func addUsage(res *Result, sys system, cpu0 time.Duration, msgs int) error {
+func addUsage(res *result.Result, sys system, cpu0 time.Duration, msgs int) error {
 	cpu, rss, err := sys.usage()
 	if errors.Is(err, errors.ErrUnsupported) {
 		return nil
@@ -92,4 +98,79 @@ func usageNow(sys system) (time.Duration, error) {
 		return 0, nil
 	}
 	return cpu, err
+}
+
+// ordoSystem is Ordo under test: n node processes, gossiping when n > 1.
+type ordoSystem struct {
+	c *harness.Cluster
+}
+
+// startOrdo starts n nodes and waits until they have converged (one node:
+// until it holds every lease).
+func startOrdo(ctx context.Context, r *rig, n int) (*ordoSystem, error) {
+	return startOrdoWith(ctx, r, n, nil, nil)
+}
+
+// startOrdoWith is startOrdo with extra node environment and a hook
+// called with every node right after it started (see cluster.onStart).
+func startOrdoWith(ctx context.Context, r *rig, n int, env []string, onStart func(int, *harness.Node) error) (*ordoSystem, error) {
+	c, err := harness.NewCluster(r.Rig, r.o.AMQPURL, n, n > 1)
+	if err != nil {
+		return nil, err
+	}
+	c.Env, c.OnStart = env, onStart
+	for i := range n {
+		if _, err := c.Start(ctx, i); err != nil {
+			return nil, err
+		}
+	}
+	all := c.Running()
+	if _, _, err := c.WaitConverged(ctx, all, min(r.o.Timeout, harness.ConvergeTimeout)); err != nil {
+		return nil, err
+	}
+	return &ordoSystem{c: c}, nil
+}
+
+func (s *ordoSystem) failed() error { return s.c.Failed() }
+
+// usage returns the nodes' CPU so far (summed) and the largest peak RSS.
+func (s *ordoSystem) usage() (time.Duration, float64, error) {
+	var cpu time.Duration
+	var rss float64
+	for _, n := range s.c.Nodes {
+		if n == nil || n.Exited() {
+			continue
+		}
+		t, err := n.CPU()
+		if err != nil {
+			return 0, 0, err
+		}
+		m, err := n.PeakRSSMiB()
+		if err != nil {
+			return 0, 0, err
+		}
+		cpu += t
+		rss = max(rss, m)
+	}
+	return cpu, rss, nil
+}
+
+// stop stops every node (SIGTERM, in parallel) and waits for them.
+func (s *ordoSystem) stop() error {
+	errs := make(chan error, len(s.c.Nodes))
+	for _, n := range s.c.Nodes {
+		go func() {
+			if n == nil {
+				errs <- nil
+				return
+			}
+			_, err := n.Stop(harness.NodeStopTimeout)
+			errs <- err
+		}()
+	}
+	var all []error
+	for range s.c.Nodes {
+		all = append(all, <-errs)
+	}
+	return errors.Join(all...)
 }

@@ -151,12 +151,16 @@ UPDATE ordo_inbox_messages SET dead_at = NULL, attempts = 0, next_attempt_at = n
 WHERE consumer = $1 AND correlation_id = $2 AND dead_at IS NOT NULL
 RETURNING key_seq`
 
-	// sqlSkipDead drops a dead message as if handled and returns its
-	// key_seq.
+	// sqlSkipDead drops a key's dead messages (one, or several held below
+	// the low-water mark) as if handled and returns the highest key_seq
+	// dropped, NULL if none.
 	sqlSkipDead = `
-DELETE FROM ordo_inbox_messages
-WHERE consumer = $1 AND correlation_id = $2 AND dead_at IS NOT NULL
-RETURNING key_seq`
+WITH d AS (
+    DELETE FROM ordo_inbox_messages
+    WHERE consumer = $1 AND correlation_id = $2 AND dead_at IS NOT NULL
+    RETURNING key_seq
+)
+SELECT max(key_seq) FROM d`
 
 	// sqlSkipAdvance moves the key past the skipped message ($3) and makes
 	// the next stored message due.
@@ -180,25 +184,26 @@ func Resolve(ctx context.Context, db DB, consumer, key string) error {
 	return operatorAction(ctx, db, "resolve", sqlResolve, consumer, key)
 }
 
-// Retry gives key's dead-lettered message a new set of attempts.
+// Retry gives key's dead-lettered message (or messages) a new set of
+// attempts.
 func Retry(ctx context.Context, db DB, consumer, key string) error {
 	return operatorAction(ctx, db, "retry", sqlRetryDead, consumer, key)
 }
 
-// Skip drops key's dead-lettered message as if it had been handled; the
+// Skip drops key's dead-lettered message (or messages: several may be
+// held below the retention low-water mark) as if it had been handled; the
 // key's later messages go on.
 func Skip(ctx context.Context, db DB, consumer, key string) error {
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT 1 FROM ordo_inbox_keys WHERE consumer = $1 AND correlation_id = $2 FOR UPDATE`, consumer, key); err != nil {
 			return fmt.Errorf("skip %s: %w", key, err)
 		}
-		var seq int64
-		err := tx.QueryRow(ctx, sqlSkipDead, consumer, key).Scan(&seq)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("skip %s: %w", key, ErrNothingToResolve)
-		}
-		if err != nil {
+		var seq *int64
+		if err := tx.QueryRow(ctx, sqlSkipDead, consumer, key).Scan(&seq); err != nil {
 			return fmt.Errorf("skip %s: %w", key, err)
+		}
+		if seq == nil {
+			return fmt.Errorf("skip %s: %w", key, ErrNothingToResolve)
 		}
 		if _, err := tx.Exec(ctx, sqlSkipAdvance, consumer, key, seq); err != nil {
 			return fmt.Errorf("skip %s: %w", key, err)

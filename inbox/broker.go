@@ -5,30 +5,27 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// broker holds the instance's one AMQP connection (redialled on demand)
-// and the confirm channel dead letters are published on. Safe for
-// concurrent use.
+// broker holds the instance's AMQP connection for the shard consumers
+// (redialled on demand; dead letters have their own, see deadLetters).
+// Safe for concurrent use.
 type broker struct {
 	cfg  Config
 	topo Topology
 
-	mu       sync.Mutex
-	conn     *amqp.Connection
-	declared bool // topology declared on conn
-	dlq      *amqp.Channel
-	confirms chan amqp.Confirmation
-	closed   bool
-	// downSince is when dialling first failed in the current outage; zero
-	// while connected.
-	downSince time.Time
+	mu     sync.Mutex
+	conn   *amqp.Connection
+	closed bool
+	// downSince is when dialling first failed in the current outage (Unix
+	// nanoseconds); zero while connected. Atomic, so that reachable, on the
+	// lease loop's path, never waits for a dial in progress under mu.
+	downSince atomic.Int64
 }
-
-var _ DeadLetterer = (*broker)(nil)
 
 func newBroker(cfg Config, topo Topology) *broker { return &broker{cfg: cfg, topo: topo} }
 
@@ -48,38 +45,39 @@ func (b *broker) connection() (*amqp.Connection, error) {
 	}
 	conn, err := b.dial()
 	if err != nil {
-		if b.downSince.IsZero() {
-			b.downSince = time.Now()
-		}
+		b.downSince.CompareAndSwap(0, time.Now().UnixNano())
 		return nil, err
 	}
-	b.conn, b.dlq, b.downSince = conn, nil, time.Time{}
+	b.conn = conn
+	b.downSince.Store(0)
 	return conn, nil
 }
 
 // reachable reports false once the broker has been unreachable for longer
 // than d: the instance then gives its shards to instances that reach it.
 func (b *broker) reachable(d time.Duration) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.downSince.IsZero() || time.Since(b.downSince) <= d
+	since := b.downSince.Load()
+	return since == 0 || time.Since(time.Unix(0, since)) <= d
 }
 
 // dial connects and declares the topology.
 func (b *broker) dial() (*amqp.Connection, error) {
-	conn, err := amqp.DialConfig(b.cfg.AMQPURL, amqp.Config{
-		Heartbeat:  b.cfg.Heartbeat,
-		Dial:       amqp.DefaultDial(5 * time.Second),
-		Properties: amqp.Table{"connection_name": "ordo inbox " + b.cfg.Name + " " + b.cfg.Instance},
-	})
+	conn, err := amqp.DialConfig(b.cfg.AMQPURL, b.cfg.amqpConfig("ordo inbox "+b.cfg.Name+" "+b.cfg.Instance, amqpDialTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("connect to RabbitMQ: %w", err)
 	}
-	ch, err := conn.Channel()
-	if err == nil {
-		err = b.topo.Declare(ch)
-		_ = ch.Close()
-	}
+	// The declare waits for the broker's answers, under mu: bound it, or a
+	// broker that accepts connections but stalls would hold mu forever.
+	ctx, cancel := context.WithTimeout(context.Background(), deadTimeout)
+	defer cancel()
+	err = closeAtDeadline(ctx, conn, func() error {
+		ch, err := conn.Channel()
+		if err == nil {
+			err = b.topo.Declare(ch)
+			_ = ch.Close()
+		}
+		return err
+	})
 	if err != nil {
 		_ = conn.Close()
 		return nil, fmt.Errorf("declare topology: %w", err)
@@ -94,82 +92,4 @@ func (b *broker) close() {
 	if b.conn != nil {
 		_ = b.conn.Close()
 	}
-}
-
-// DeadLetter implements DeadLetterer: it publishes m to the dead-letter
-// queue with the reason and attempts as headers and waits for the confirm.
-func (b *broker) DeadLetter(ctx context.Context, m *Message, reason string, attempts int) error {
-	h := amqp.Table{}
-	for k, v := range m.Headers {
-		h[k] = v
-	}
-	h[HeaderDeadReason] = truncate(reason, 1000)
-	h[HeaderDeadAttempts] = int32(attempts)
-	h[HeaderDeadConsumer] = b.cfg.Name
-	if err := h.Validate(); err != nil {
-		// Headers read back from JSON may hold types AMQP cannot carry.
-		h = amqp.Table{HeaderDeadReason: truncate(reason, 1000), HeaderDeadAttempts: int32(attempts), HeaderDeadConsumer: b.cfg.Name,
-			HeaderKeySeq: m.KeySeq, HeaderPrevKeySeq: m.PrevKeySeq, HeaderPartition: int32(m.Partition)}
-	}
-	return b.publishDead(ctx, amqp.Publishing{
-		Headers: h, ContentType: "application/json", DeliveryMode: amqp.Persistent,
-		CorrelationId: m.CorrelationID, MessageId: m.ID, Type: m.Type, Timestamp: m.Timestamp, Body: m.Body,
-	})
-}
-
-// deadLetterRaw dead-letters a delivery the inbox cannot parse.
-func (b *broker) deadLetterRaw(ctx context.Context, d *amqp.Delivery, reason string) error {
-	h := amqp.Table{}
-	for k, v := range d.Headers {
-		h[k] = v
-	}
-	h[HeaderDeadReason] = truncate(reason, 1000)
-	h[HeaderDeadConsumer] = b.cfg.Name
-	return b.publishDead(ctx, amqp.Publishing{
-		Headers: h, ContentType: d.ContentType, DeliveryMode: amqp.Persistent,
-		CorrelationId: d.CorrelationId, MessageId: d.MessageId, Type: d.Type, Timestamp: d.Timestamp, Body: d.Body,
-	})
-}
-
-func (b *broker) publishDead(ctx context.Context, p amqp.Publishing) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.conn == nil || b.conn.IsClosed() {
-		return errors.New("publish dead letter: not connected")
-	}
-	if b.dlq == nil || b.dlq.IsClosed() {
-		ch, err := b.conn.Channel()
-		if err != nil {
-			return fmt.Errorf("open dead-letter channel: %w", err)
-		}
-		if err := ch.Confirm(false); err != nil {
-			_ = ch.Close()
-			return fmt.Errorf("open dead-letter channel: %w", err)
-		}
-		b.dlq, b.confirms = ch, ch.NotifyPublish(make(chan amqp.Confirmation, 1))
-	}
-	if err := b.dlq.PublishWithContext(ctx, "", b.topo.DeadQueue(), true, false, p); err != nil {
-		return fmt.Errorf("publish dead letter: %w", err)
-	}
-	t := time.NewTimer(10 * time.Second)
-	defer t.Stop()
-	select {
-	case c, ok := <-b.confirms:
-		if !ok || !c.Ack {
-			b.dlq = nil
-			return errors.New("publish dead letter: not confirmed")
-		}
-		return nil
-	case <-t.C:
-		_ = b.dlq.Close()
-		b.dlq = nil
-		return errors.New("publish dead letter: no confirm within 10s")
-	}
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n]
 }

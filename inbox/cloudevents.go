@@ -1,15 +1,9 @@
 package inbox
 
-import amqp "github.com/rabbitmq/amqp091-go"
+import (
+	amqp "github.com/rabbitmq/amqp091-go"
 
-// CloudEvents attributes of a message in the AMQP binding's binary content
-// mode (a node run with -cloudevents sends them beside the Ordo headers;
-// other producers may send only them). In AMQP 0-9-1 the binding's
-// application properties are the headers.
-const (
-	HeaderCloudEventsID      = "cloudEvents:id"
-	HeaderCloudEventsType    = "cloudEvents:type"
-	HeaderCloudEventsSubject = "cloudEvents:subject"
+	"github.com/ordo-relay/ordo/wire"
 )
 
 // fillFromCloudEvents takes the message id, type and correlation id of m
@@ -22,9 +16,9 @@ func fillFromCloudEvents(m *Message, h amqp.Table) {
 		dst    *string
 		header string
 	}{
-		{&m.ID, HeaderCloudEventsID},
-		{&m.Type, HeaderCloudEventsType},
-		{&m.CorrelationID, HeaderCloudEventsSubject},
+		{&m.ID, wire.HeaderCloudEventsID},
+		{&m.Type, wire.HeaderCloudEventsType},
+		{&m.CorrelationID, wire.HeaderCloudEventsSubject},
 	} {
 		if *f.dst != "" {
 			continue

@@ -42,7 +42,10 @@ func TestCloudEventsAccepted(t *testing.T) {
 
 	newPublisher(t, cfg.Exchange).publish(key, 1) // id order-ce-1, type t
 
-	ce := rabbitmq.New(rabbitmq.Config{URL: testkit.AMQPURL(), CloudEvents: true, CloudEventsSource: "/test"})
+	ce, err := rabbitmq.New(rabbitmq.Config{URL: testkit.AMQPURL(), CloudEvents: true, CloudEventsSource: "/test"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- ce.Run(ctx) }()

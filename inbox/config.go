@@ -4,11 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"regexp"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/ordo-relay/ordo/internal/confcheck"
 )
 
 // Mode says how the inbox treats a key_seq it did not expect.
@@ -21,14 +25,17 @@ const (
 	// a gap otherwise, until the missing messages arrive.
 	Ordered Mode = iota
 	// Bootstrap is Ordered except for keys the inbox has never seen: their
-	// first message is handled whatever its x-ordo-prev-key-seq, so a new
-	// consumer can join an existing stream mid-history. Turn it on for the
+	// first message is handled whatever its x-ordo-prev-key-seq (the key
+	// starts at that prev, so the message stays next if it is retried), so
+	// a new consumer can join an existing stream mid-history. Turn it on for the
 	// first run over an existing stream and off afterwards: while it is
 	// on, a key whose first messages were lost starts after them silently.
 	Bootstrap
 	// Partial is for a queue bound to only some of a key's messages (gaps
 	// by design): a key_seq not above the last handled one is dropped, any
-	// other is handled at once. There are no gaps and no stuck keys.
+	// other is handled at once, unless an earlier message of its key is
+	// stored for a retry or dead-lettered: it then waits behind that one,
+	// as in every mode. There are no gaps and no stuck keys.
 	Partial
 )
 
@@ -69,7 +76,9 @@ type Config struct {
 	// MaxAttempts (M) is how many handler attempts a message gets before it
 	// is dead-lettered and its key held. A crash counts: an attempt is
 	// recorded before the handler runs whenever the inbox cannot rule out
-	// an earlier one (a redelivery, a stored retry).
+	// an earlier one (a redelivery, a stored retry). Every message is run
+	// at least once: a redelivery's uncertain attempt is never its last,
+	// so with 1 a message is run once and dead-lettered if that fails.
 	MaxAttempts int
 	// RetryMin and RetryMax bound the backoff between attempts of a failing
 	// message (exponential from RetryMin, jittered, capped at RetryMax).
@@ -78,8 +87,17 @@ type Config struct {
 	// before its key is reported stuck.
 	GapWait time.Duration
 
-	// AMQPURL is the broker.
+	// AMQPURL is the broker (amqps:// for TLS).
 	AMQPURL string
+	// AMQPConfig holds the AMQP connection settings beyond the URL, for
+	// every connection the inbox opens (the shard consumers' and the dead
+	// letters'): TLSClientConfig, SASL, Vhost, Dial, ChannelMax, ... Its
+	// Heartbeat must be left zero (set Heartbeat instead). A nil Dial
+	// dials with a 5 s timeout; a Dial given is called as it is, and the
+	// AMQP handshake after it is bounded by the same 5 s. Properties gets
+	// a connection_name naming the group and the instance unless it has
+	// one.
+	AMQPConfig amqp.Config
 	// Exchange is the source exchange Ordo publishes to; the consumer binds
 	// its own headers exchange to it with Bindings.
 	Exchange string
@@ -113,13 +131,9 @@ type Config struct {
 	// RetentionInterval is how often retention runs. Default 1m.
 	RetentionInterval time.Duration
 
-	// Logger receives ownership, outage and dead-letter messages.
+	// Logger receives ownership, outage and dead-letter messages. Nil:
+	// slog.Default().
 	Logger *slog.Logger
-
-	// AfterCommit, if set, is called after a delivery's outcome has been
-	// committed and before the delivery is acknowledged. It exists for
-	// fault injection (a test kills the process there); leave it nil.
-	AfterCommit func(m *Message, o Outcome)
 
 	// TracerProvider, when set, gives every delivery a CONSUMER span that
 	// continues the trace of its traceparent header (the relay's PRODUCER
@@ -128,7 +142,8 @@ type Config struct {
 	TracerProvider trace.TracerProvider
 }
 
-// DefaultConfig returns the defaults for consumer group name.
+// DefaultConfig returns the defaults for consumer group name. New and
+// NewStore fill the fields a caller left zero from it.
 func DefaultConfig(name string) Config {
 	host, _ := os.Hostname()
 	return Config{
@@ -150,60 +165,104 @@ func DefaultConfig(name string) Config {
 	}
 }
 
-// LocalConfig is DefaultConfig with short timings for tests and demos.
-func LocalConfig(name string) Config {
-	c := DefaultConfig(name)
-	c.LeaseTTL = 2 * time.Second
-	c.RetryMin = 20 * time.Millisecond
-	c.RetryMax = 500 * time.Millisecond
-	c.RetryPoll = 50 * time.Millisecond
-	c.GapWait = 2 * time.Second
-	c.Heartbeat = 2 * time.Second
-	return c
-}
-
 var validName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,99}$`)
 
-// Validate checks c and fills in a nil Logger.
-func (c *Config) Validate() error {
-	switch {
-	case !validName.MatchString(c.Name):
-		return fmt.Errorf("inbox config: Name %q: want 1-100 of a-z 0-9 . _ -, starting with a letter or digit", c.Name)
-	case c.Instance == "":
-		return errors.New("inbox config: Instance is required")
-	case c.Mode < Ordered || c.Mode > Partial:
-		return fmt.Errorf("inbox config: unknown %v", c.Mode)
-	case c.MaxAttempts < 1:
-		return fmt.Errorf("inbox config: MaxAttempts %d must be at least 1", c.MaxAttempts)
-	case c.RetryMin <= 0 || c.RetryMax < c.RetryMin:
-		return fmt.Errorf("inbox config: RetryMin %v must be positive and at most RetryMax %v", c.RetryMin, c.RetryMax)
-	case c.GapWait <= 0:
-		return errors.New("inbox config: GapWait must be positive")
-	case c.Shards < 1 || c.Shards > 1024:
-		return fmt.Errorf("inbox config: Shards %d out of range 1..1024", c.Shards)
-	case c.Partitions < 1 || c.Partitions > 1<<16:
-		return fmt.Errorf("inbox config: Partitions %d out of range 1..65536", c.Partitions)
-	case c.Prefetch < 1 || c.Prefetch > 65535:
-		return fmt.Errorf("inbox config: Prefetch %d out of range 1..65535", c.Prefetch)
-	case c.Heartbeat < time.Second:
-		return fmt.Errorf("inbox config: Heartbeat %v must be at least 1s", c.Heartbeat)
-	case c.LeaseTTL < 300*time.Millisecond:
-		return fmt.Errorf("inbox config: LeaseTTL %v must be at least 300ms", c.LeaseTTL)
-	case c.RetryPoll <= 0:
-		return errors.New("inbox config: RetryPoll must be positive")
-	case c.RetentionAge < 0:
-		return errors.New("inbox config: RetentionAge must not be negative")
-	case c.RetentionAge > 0 && c.RetentionInterval <= 0:
-		return errors.New("inbox config: RetentionInterval must be positive when RetentionAge is set")
+// withDefaults returns c with every zero field set from DefaultConfig
+// (c.Name), and a nil Logger set to slog.Default(): the one place
+// defaults are filled. Mode's zero is Ordered and RetentionAge's zero
+// keeps every key: both stay as they are.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig(c.Name)
+	confcheck.Fill(&c.Instance, d.Instance)
+	confcheck.Fill(&c.MaxAttempts, d.MaxAttempts)
+	confcheck.Fill(&c.RetryMin, d.RetryMin)
+	confcheck.Fill(&c.RetryMax, max(d.RetryMax, c.RetryMin))
+	confcheck.Fill(&c.GapWait, d.GapWait)
+	confcheck.Fill(&c.AMQPURL, d.AMQPURL)
+	if len(c.Bindings) == 0 {
+		c.Bindings = d.Bindings
 	}
+	confcheck.Fill(&c.Shards, d.Shards)
+	confcheck.Fill(&c.Partitions, d.Partitions)
+	confcheck.Fill(&c.Prefetch, d.Prefetch)
+	confcheck.Fill(&c.Heartbeat, d.Heartbeat)
+	confcheck.Fill(&c.LeaseTTL, d.LeaseTTL)
+	confcheck.Fill(&c.RetryPoll, d.RetryPoll)
+	confcheck.Fill(&c.RetentionInterval, d.RetentionInterval)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	return nil
+	return c
+}
+
+// Validate reports every unusable setting of c as it stands (before New
+// fills zero fields), joined; each is a *confcheck.Problem naming its
+// field. It does not change c.
+func (c Config) Validate() error {
+	ck := confcheck.New("inbox")
+	ck.Require(validName.MatchString(c.Name), "Name", "%q: want 1-100 of a-z 0-9 . _ -, starting with a letter or digit", c.Name)
+	ck.Require(c.Instance != "", "Instance", "is empty; the instance's name is required")
+	ck.Require(c.Mode >= Ordered && c.Mode <= Partial, "Mode", "unknown %v", c.Mode)
+	ck.Require(c.MaxAttempts >= 1, "MaxAttempts", "%d is below 1", c.MaxAttempts)
+	ck.Require(c.RetryMin > 0 && c.RetryMax >= c.RetryMin, "RetryMin", "%v must be positive and at most RetryMax %v", c.RetryMin, c.RetryMax)
+	ck.Require(c.GapWait > 0, "GapWait", "%v is not positive", c.GapWait)
+	ck.Require(c.Shards >= 1 && c.Shards <= 1024, "Shards", "%d out of range 1..1024", c.Shards)
+	ck.Require(c.Partitions >= 1 && c.Partitions <= 1<<16, "Partitions", "%d out of range 1..65536", c.Partitions)
+	ck.Require(c.Prefetch >= 1 && c.Prefetch <= 65535, "Prefetch", "%d out of range 1..65535", c.Prefetch)
+	ck.Require(c.Heartbeat >= time.Second, "Heartbeat", "%v is below 1s", c.Heartbeat)
+	ck.Require(c.AMQPConfig.Heartbeat == 0, "AMQPConfig.Heartbeat", "%v: leave it zero and set Heartbeat", c.AMQPConfig.Heartbeat)
+	ck.Require(c.LeaseTTL >= 300*time.Millisecond, "LeaseTTL", "%v is below 300ms", c.LeaseTTL)
+	ck.Require(c.RetryPoll > 0, "RetryPoll", "%v is not positive", c.RetryPoll)
+	ck.Require(c.RetentionAge >= 0, "RetentionAge", "%v is negative", c.RetentionAge)
+	ck.Require(c.RetentionAge == 0 || c.RetentionInterval > 0, "RetentionInterval",
+		"%v must be positive when RetentionAge is set", c.RetentionInterval)
+	return ck.Err()
+}
+
+// validateConsumer is Validate plus what a Consumer needs beyond a Store.
+func (c Config) validateConsumer() error {
+	ck := confcheck.New("inbox")
+	ck.Require(c.Exchange != "", "Exchange", "is empty; the source exchange is required")
+	ck.Require(len(c.Bindings) > 0, "Bindings", "is empty; at least one routing key is required")
+	return errors.Join(c.Validate(), ck.Err())
+}
+
+// amqpDialTimeout bounds an AMQP dial and its handshake.
+const amqpDialTimeout = 5 * time.Second
+
+// amqpConfig returns the amqp.Config of a connection named name:
+// AMQPConfig with Heartbeat, a connection_name unless it has one, and
+// for a nil Dial one bounded by timeout; a Dial given gets the same bound
+// on the handshake after it (amqp091 clears the deadline once it is done).
+func (c Config) amqpConfig(name string, timeout time.Duration) amqp.Config {
+	ac := c.AMQPConfig
+	ac.Heartbeat = c.Heartbeat
+	props := amqp.Table{"connection_name": name}
+	for k, v := range c.AMQPConfig.Properties {
+		props[k] = v
+	}
+	ac.Properties = props
+	user := c.AMQPConfig.Dial
+	if user == nil {
+		ac.Dial = amqp.DefaultDial(timeout)
+		return ac
+	}
+	ac.Dial = func(network, addr string) (net.Conn, error) {
+		conn, err := user(network, addr)
+		if err != nil {
+			return nil, err
+		}
+		if err := conn.SetDeadline(time.Now().Add(timeout)); err != nil {
+			_ = conn.Close()
+			return nil, err
+		}
+		return conn, nil
+	}
+	return ac
 }
 
 // backoff returns the wait after the attempts-th failed attempt.
-func (c *Config) backoff(attempts int, jitter float64) time.Duration {
+func (c Config) backoff(attempts int, jitter float64) time.Duration {
 	d := c.RetryMin
 	for i := 1; i < attempts && d < c.RetryMax; i++ {
 		d *= 2

@@ -1,11 +1,18 @@
 package inbox_test
 
 import (
+	"context"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/ordo-relay/ordo/inbox"
+	"github.com/ordo-relay/ordo/internal/confcheck"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -47,5 +54,50 @@ func TestParseMode(t *testing.T) {
 	}
 	if _, err := inbox.ParseMode("strict"); err == nil {
 		t.Fatal("ParseMode accepted an unknown mode")
+	}
+}
+
+// TestConfigValidateReportsEveryProblem: Validate names every unusable
+// field at once, each a *confcheck.Problem, and leaves its receiver as it
+// was (issue 24 item 2).
+func TestConfigValidateReportsEveryProblem(t *testing.T) {
+	c := inbox.DefaultConfig("shipping")
+	c.Logger = nil
+	c.MaxAttempts, c.Shards, c.LeaseTTL, c.Mode = 0, 0, time.Millisecond, 9
+	before := c
+	err := c.Validate()
+	want := []string{"Mode", "MaxAttempts", "Shards", "LeaseTTL"}
+	if !reflect.DeepEqual(c, before) {
+		t.Errorf("Validate changed its receiver: Logger %v, was %v", c.Logger, before.Logger)
+	}
+	if got := confcheck.Fields(err); !slices.Equal(got, want) {
+		t.Errorf("Validate: problems with %v (%v), want %v", got, err, want)
+	}
+}
+
+// TestConfigValidateDoesNotFill: Validate of a usable config with no
+// Logger leaves it nil (New fills it, in one place).
+func TestConfigValidateDoesNotFill(t *testing.T) {
+	c := inbox.DefaultConfig("shipping")
+	c.Logger = nil
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c.Logger != nil {
+		t.Fatal("Validate set the Logger")
+	}
+}
+
+// TestNewFillsZeroFields: New fills what a caller left zero from
+// DefaultConfig, and reports every problem of the rest, Consumer-only
+// fields included.
+func TestNewFillsZeroFields(t *testing.T) {
+	h := func(context.Context, pgx.Tx, *inbox.Message) error { return nil }
+	if _, err := inbox.New(inbox.Config{Name: "shipping", Exchange: "bookstore.ordering"}, nil, h); err != nil {
+		t.Fatalf("New with only Name and Exchange: %v", err)
+	}
+	_, err := inbox.New(inbox.Config{Name: "Shipping", AMQPConfig: amqp.Config{Heartbeat: time.Second}}, nil, h)
+	if got, want := confcheck.Fields(err), []string{"Name", "AMQPConfig.Heartbeat", "Exchange"}; !slices.Equal(got, want) {
+		t.Fatalf("New: problems with %v (%v), want %v", got, err, want)
 	}
 }

@@ -2,7 +2,6 @@ package inbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -27,6 +26,7 @@ type Consumer struct {
 	topo  Topology
 	store *Store
 	amqp  *broker
+	dead  *deadLetters
 
 	ready    chan struct{} // closed once the topology is declared
 	dbDown   *outage.Log   // handler database errors, rate-limited
@@ -50,15 +50,14 @@ type worker struct {
 // New returns a Consumer of cfg's group that handles each message with h
 // in a transaction on db (normally a *pgxpool.Pool of at least 2 + the
 // shards one instance may own connections).
+//
+// New fills the fields of cfg left zero from DefaultConfig(cfg.Name),
+// then returns every problem of the result (Config.Validate), each a
+// *confcheck.Problem naming its field.
 func New(cfg Config, db DB, h Handler) (*Consumer, error) {
-	if err := cfg.Validate(); err != nil {
+	cfg = cfg.withDefaults()
+	if err := cfg.validateConsumer(); err != nil {
 		return nil, err
-	}
-	if cfg.Exchange == "" {
-		return nil, errors.New("inbox config: Exchange is required")
-	}
-	if len(cfg.Bindings) == 0 {
-		return nil, errors.New("inbox config: at least one binding is required")
 	}
 	c := &Consumer{cfg: cfg, db: db, h: h, topo: TopologyOf(cfg), workers: map[int]*worker{}, ready: make(chan struct{}),
 		dbDown: outage.New(cfg.Logger, "inbox database")}
@@ -67,7 +66,8 @@ func New(cfg Config, db DB, h Handler) (*Consumer, error) {
 		c.h = c.tracedHandler(h)
 	}
 	c.amqp = newBroker(cfg, c.topo)
-	s, err := NewStore(cfg, db, c.amqp)
+	c.dead = newDeadLetters(cfg, c.topo)
+	s, err := NewStore(cfg, db, c.dead)
 	if err != nil {
 		return nil, err
 	}
@@ -120,6 +120,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return err
 	}
 	defer c.amqp.close()
+	defer c.dead.close()
 	if err := c.connect(ctx); err != nil {
 		return nil // cancelled before the broker was reachable
 	}

@@ -53,6 +53,9 @@
 //	if err != nil { ... }
 //	err = c.Run(ctx) // until ctx is cancelled
 //
+// New fills the Config fields left zero from DefaultConfig; TLS and other
+// AMQP connection settings go in Config.AMQPConfig.
+//
 // Store is the decision logic alone, for a program with its own AMQP loop:
 // call Store.Handle for each delivery and acknowledge it when Handle
 // returns nil, and call Store.RetryDue periodically.

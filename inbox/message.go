@@ -3,18 +3,11 @@ package inbox
 import (
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-)
 
-// The AMQP headers Ordo sets on every message (DESIGN.md, "The AMQP
-// message"). They are the whole contract between a producer and the inbox.
-const (
-	HeaderKeySeq     = "x-ordo-key-seq"
-	HeaderPrevKeySeq = "x-ordo-prev-key-seq"
-	HeaderPartition  = "x-ordo-partition"
+	"github.com/ordo-relay/ordo/wire"
 )
 
 // Headers the inbox adds to a message it dead-letters.
@@ -25,8 +18,8 @@ const (
 )
 
 // ErrInvalidMessage is returned (wrapped) by FromDelivery when a delivery
-// lacks a correlation id, a usable x-ordo-key-seq, x-ordo-prev-key-seq or
-// x-ordo-partition. The consumer dead-letters such a message and counts it.
+// lacks a correlation id, or usable ordering headers (wire.ParseOrder:
+// x-ordo-key-seq, x-ordo-prev-key-seq, x-ordo-partition). The consumer dead-letters such a message and counts it.
 var ErrInvalidMessage = errors.New("not an Ordo message")
 
 // Message is one delivery as the inbox sees it: the ordering fields parsed
@@ -72,50 +65,10 @@ func FromDelivery(d *amqp.Delivery) (*Message, error) {
 	if m.CorrelationID == "" {
 		return nil, fmt.Errorf("message %q: no correlation id: %w", d.MessageId, ErrInvalidMessage)
 	}
-	var err error
-	if m.KeySeq, err = intHeader(d.Headers, HeaderKeySeq); err != nil {
-		return nil, fmt.Errorf("message %q: %w", d.MessageId, err)
-	}
-	if m.PrevKeySeq, err = intHeader(d.Headers, HeaderPrevKeySeq); err != nil {
-		return nil, fmt.Errorf("message %q: %w", d.MessageId, err)
-	}
-	p, err := intHeader(d.Headers, HeaderPartition)
+	o, err := wire.ParseOrder(d.Headers)
 	if err != nil {
-		return nil, fmt.Errorf("message %q: %w", d.MessageId, err)
+		return nil, fmt.Errorf("message %q: %w: %w", d.MessageId, err, ErrInvalidMessage)
 	}
-	m.Partition = int(p)
-	if m.KeySeq < 1 || m.PrevKeySeq < 0 || m.PrevKeySeq >= m.KeySeq || p < 0 || p > math.MaxInt32 {
-		return nil, fmt.Errorf("message %q: key_seq %d, prev %d, partition %d out of range: %w",
-			d.MessageId, m.KeySeq, m.PrevKeySeq, p, ErrInvalidMessage)
-	}
+	m.KeySeq, m.PrevKeySeq, m.Partition = o.KeySeq, o.PrevKeySeq, o.Partition
 	return m, nil
-}
-
-// intHeader reads an integer header of any AMQP integer type (another
-// language's client may send a different width than Ordo does).
-func intHeader(h amqp.Table, name string) (int64, error) {
-	v, ok := h[name]
-	if !ok {
-		return 0, fmt.Errorf("no %s header: %w", name, ErrInvalidMessage)
-	}
-	switch x := v.(type) {
-	case int64:
-		return x, nil
-	case int32:
-		return int64(x), nil
-	case int16:
-		return int64(x), nil
-	case int8:
-		return int64(x), nil
-	case int:
-		return int64(x), nil
-	case uint8:
-		return int64(x), nil
-	case uint16:
-		return int64(x), nil
-	case uint32:
-		return int64(x), nil
-	default:
-		return 0, fmt.Errorf("header %s has type %T, want an integer: %w", name, v, ErrInvalidMessage)
-	}
 }

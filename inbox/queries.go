@@ -10,14 +10,19 @@ package inbox
 
 const (
 	// sqlDecide locks the key's row (if any) and returns its last handled
-	// key_seq and message id, whether the message is already stored, and the retention
-	// low-water mark. It also bounds how long this transaction may sit
+	// key_seq and message id, whether the message is already stored,
+	// whether a stored message of the key precedes it (a retry, a dead
+	// message or a gap: the message must wait behind it), whether the key
+	// has never handled a message (no row, or one only held or moved by an
+	// operator), and the retention low-water mark. It also bounds how long this transaction may sit
 	// idle, so a paused process cannot hold the key's lock past its lease.
 	// $2 key, $3 key_seq, $4 idle timeout (ms, text).
 	sqlDecide = `
 SELECT set_config('idle_in_transaction_session_timeout', $4, true),
        k.last_seq, coalesce(k.last_message_id, ''),
        EXISTS (SELECT 1 FROM ordo_inbox_messages WHERE consumer = $1 AND correlation_id = $2 AND key_seq = $3),
+       EXISTS (SELECT 1 FROM ordo_inbox_messages WHERE consumer = $1 AND correlation_id = $2 AND key_seq < $3),
+       k.last_message_id IS NULL,
        (SELECT low_water FROM ordo_inbox_retention WHERE consumer = $1)
 FROM (SELECT 1) AS one
 LEFT JOIN LATERAL (
@@ -25,10 +30,11 @@ LEFT JOIN LATERAL (
     WHERE consumer = $1 AND correlation_id = $2 FOR UPDATE
 ) AS k ON true`
 
-	// sqlNewKey creates a key's row; RETURNING is empty if another
+	// sqlNewKey creates a key's row at last_seq $3 (0, or in Bootstrap
+	// mode the first message's prev); RETURNING is empty if another
 	// transaction created it first.
 	sqlNewKey = `
-INSERT INTO ordo_inbox_keys (consumer, correlation_id, last_seq) VALUES ($1, $2, 0)
+INSERT INTO ordo_inbox_keys (consumer, correlation_id, last_seq) VALUES ($1, $2, $3)
 ON CONFLICT DO NOTHING RETURNING last_seq`
 
 	// sqlLockKey locks an existing key row. $2 key.
@@ -53,18 +59,29 @@ WITH fence AS (
 SELECT count(*) FROM upd`
 
 	// sqlStore stores a message, fenced; an existing row is kept as it is.
+	// It also creates the key's row at last_seq $20 if there is none, in
+	// the same statement: a message stored after its handler transaction
+	// rolled back (and the key row created in it with it) must not be left
+	// without a key row, or every query that joins the key would miss it.
 	// $2.. the message, $16 seconds until due (NULL: a gap, due when its
-	// predecessor is handled), $17 shard, $18 owner, $19 epoch (the lease).
+	// predecessor is handled), $17 shard, $18 owner, $19 epoch (the lease),
+	// $20 a new key's last_seq, $21 NULL or the reason the message is
+	// stored dead (held for an operator).
 	sqlStore = `
 WITH fence AS (
     SELECT 1 FROM ordo_inbox_leases
     WHERE consumer = $1 AND shard = $17 AND owner = $18 AND epoch = $19 AND $19 > 0
     FOR SHARE
+), key AS (
+    INSERT INTO ordo_inbox_keys (consumer, correlation_id, last_seq)
+    SELECT $1, $2, $20 WHERE $19 = 0 OR EXISTS (SELECT 1 FROM fence)
+    ON CONFLICT DO NOTHING
 ), ins AS (
     INSERT INTO ordo_inbox_messages (consumer, correlation_id, key_seq, prev_seq, partition, shard,
-        message_id, type, exchange, routing_key, occurred_at, headers, body, attempts, last_error, next_attempt_at)
-    SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
-        CASE WHEN $16::float8 IS NULL THEN 'infinity'::timestamptz ELSE now() + make_interval(secs => $16::float8) END
+        message_id, type, exchange, routing_key, occurred_at, headers, body, attempts, last_error, next_attempt_at, dead_at)
+    SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, coalesce($21::text, $15::text),
+        CASE WHEN $16::float8 IS NULL THEN 'infinity'::timestamptz ELSE now() + make_interval(secs => $16::float8) END,
+        CASE WHEN $21::text IS NULL THEN NULL ELSE now() END
     WHERE $19 = 0 OR EXISTS (SELECT 1 FROM fence)
     ON CONFLICT DO NOTHING
     RETURNING 1
@@ -113,14 +130,16 @@ WHERE consumer = $1 AND correlation_id = $2 AND key_seq = $3 AND dead_at IS NULL
 	// storedCols is the column list scanStored reads.
 	storedCols = `m.correlation_id, m.key_seq, m.prev_seq, m.partition, m.message_id, m.type, m.exchange,
     m.routing_key, m.occurred_at, m.headers, m.body, m.attempts, coalesce(m.last_error, ''), m.next_attempt_at,
-    m.next_attempt_at <= now(), k.last_seq`
+    m.next_attempt_at <= now(), k.last_seq, m.dead_at IS NOT NULL,
+    NOT EXISTS (SELECT 1 FROM ordo_inbox_messages b
+                WHERE b.consumer = m.consumer AND b.correlation_id = m.correlation_id AND b.key_seq < m.key_seq)`
 
-	// sqlKeyHead returns a key's lowest stored message not dead-lettered,
-	// with the key's last handled key_seq. $2 key.
+	// sqlKeyHead returns a key's lowest stored message, dead-lettered or
+	// not, with the key's last handled key_seq. $2 key.
 	sqlKeyHead = `
 SELECT ` + storedCols + `
 FROM ordo_inbox_messages m JOIN ordo_inbox_keys k USING (consumer, correlation_id)
-WHERE m.consumer = $1 AND m.correlation_id = $2 AND m.dead_at IS NULL
+WHERE m.consumer = $1 AND m.correlation_id = $2
 ORDER BY m.key_seq LIMIT 1`
 
 	// sqlDue returns a shard's stored messages whose retry is due. The
@@ -132,6 +151,22 @@ SELECT ` + storedCols + `
 FROM ordo_inbox_messages m JOIN ordo_inbox_keys k USING (consumer, correlation_id)
 WHERE m.consumer = $1 AND m.shard = $2 AND m.dead_at IS NULL AND m.next_attempt_at <= now()
 ORDER BY m.next_attempt_at LIMIT $3`
+
+	// sqlWaitAgain puts a due stored message back to waiting for its
+	// predecessor ('infinity'), fenced: one that is not its key's next (an
+	// operator's Skip makes the following message due whether or not it is
+	// next), so that it does not stay in the due range, taking the place of
+	// real retries. Handling its predecessor makes it next (follow). $2 key,
+	// $3 key_seq, $4 shard, $5 owner, $6 epoch.
+	sqlWaitAgain = `
+WITH fence AS (
+    SELECT 1 FROM ordo_inbox_leases
+    WHERE consumer = $1 AND shard = $4 AND owner = $5 AND epoch = $6 AND $6 > 0
+    FOR SHARE
+)
+UPDATE ordo_inbox_messages SET next_attempt_at = 'infinity'
+WHERE consumer = $1 AND correlation_id = $2 AND key_seq = $3 AND dead_at IS NULL
+  AND ($6 = 0 OR EXISTS (SELECT 1 FROM fence))`
 
 	// sqlDeleteStored drops a stored message found to be a duplicate.
 	sqlDeleteStored = `DELETE FROM ordo_inbox_messages WHERE consumer = $1 AND correlation_id = $2 AND key_seq = $3`

@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/ordo-relay/ordo/wire"
 )
 
 // ErrInstancesRunning is returned by Reshard when an instance of the
@@ -116,7 +118,7 @@ func rebind(conn *amqp.Connection, from, to Topology, rep *ReshardReport) error 
 			continue
 		}
 		rep.Rebound++
-		args := amqp.Table{"x-match": "all-with-x", HeaderPartition: int32(p)}
+		args := amqp.Table{"x-match": "all-with-x", wire.HeaderPartition: int32(p)}
 		if err := ch.QueueUnbind(from.ShardQueue(from.ShardOf(p)), "", from.ShardsExchange(), args); err != nil {
 			return fmt.Errorf("reshard: unbind partition %d: %w", p, err)
 		}

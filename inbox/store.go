@@ -101,7 +101,9 @@ type Store struct {
 
 // NewStore returns a Store for cfg.Name over db. dead may be nil: dead
 // messages are then only marked in the inbox table. Call Migrate first.
+// Like New, it fills the fields of cfg left zero, then validates.
 func NewStore(cfg Config, db DB, dead DeadLetterer) (*Store, error) {
+	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -142,6 +144,7 @@ const (
 	decNext decision = iota + 1
 	decDuplicate
 	decGap
+	decHold // below the low-water mark, of a key never handled: see hold
 )
 
 func (s *Store) handle(ctx context.Context, f Fence, m *Message, h Handler) (Outcome, error) {
@@ -150,7 +153,7 @@ func (s *Store) handle(ctx context.Context, f Fence, m *Message, h Handler) (Out
 		return 0, fmt.Errorf("begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	d, err := s.decide(ctx, tx, m)
+	d, last, err := s.decide(ctx, tx, m)
 	if err != nil {
 		return 0, err
 	}
@@ -159,18 +162,20 @@ func (s *Store) handle(ctx context.Context, f Fence, m *Message, h Handler) (Out
 		return Duplicate, nil
 	case d == decGap:
 		return Stored, s.storeAndCommit(ctx, tx, f, withAttempts(m, 0, ""), nil)
+	case d == decHold:
+		return s.hold(ctx, tx, f, m, last)
 	case m.Redelivered:
 		// An earlier delivery may have crashed its handler: count that
 		// attempt in a commit of its own, then run from the stored copy.
 		due := 0.0
-		if err := s.storeAndCommit(ctx, tx, f, withAttempts(m, 1, "redelivered by the broker"), &due); err != nil {
+		if err := s.storeAndCommit(ctx, tx, f, withAttempts(m, s.redeliveryAttempts(), "redelivered by the broker"), &due); err != nil {
 			return 0, err
 		}
 		return Retrying, nil
 	}
 	if herr := runHandler(ctx, tx, m, h); herr != nil {
 		_ = tx.Rollback(ctx)
-		return s.failed(ctx, f, m, herr)
+		return s.failed(ctx, f, m, last, herr)
 	}
 	if err := s.advance(ctx, tx, f, m); err != nil {
 		return 0, err
@@ -181,42 +186,70 @@ func (s *Store) handle(ctx context.Context, f Fence, m *Message, h Handler) (Out
 	return Handled, nil
 }
 
+// redeliveryAttempts is the attempts a redelivery is stored with: one, as
+// the broker cannot say whether an earlier delivery's handler ran (and
+// crashed its process), but never the last one, so every message gets at
+// least one handler run in the inbox before it is dead-lettered: with
+// MaxAttempts 1 a redelivery (a clean handoff requeues the prefetched
+// deliveries flagged redelivered, none of them run) still runs once.
+func (s *Store) redeliveryAttempts() int { return min(1, s.cfg.MaxAttempts-1) }
+
 // decide locks m's key row (creating it for a new key) and classifies m.
-func (s *Store) decide(ctx context.Context, tx pgx.Tx, m *Message) (decision, error) {
+// It also returns the key's last handled key_seq, which is the last_seq
+// of the key row it created if it was new: a failure stored after tx
+// rolls back must create the same row.
+func (s *Store) decide(ctx context.Context, tx pgx.Tx, m *Message) (decision, int64, error) {
 	var (
 		last     *int64
 		lastID   string
 		stored   bool
+		behind   bool
+		never    bool // the key has never handled a message
 		lowWater *time.Time
 		ignore   string
 	)
 	if err := tx.QueryRow(ctx, sqlDecide, s.cfg.Name, m.CorrelationID, m.KeySeq, s.idle).
-		Scan(&ignore, &last, &lastID, &stored, &lowWater); err != nil {
-		return 0, fmt.Errorf("decide %s/%d: %w", m.CorrelationID, m.KeySeq, err)
+		Scan(&ignore, &last, &lastID, &stored, &behind, &never, &lowWater); err != nil {
+		return 0, 0, fmt.Errorf("decide %s/%d: %w", m.CorrelationID, m.KeySeq, err)
 	}
 	if last != nil && m.KeySeq == *last && lastID != "" && m.ID != "" && m.ID != lastID {
 		s.rewound(m, lastID)
 	}
-	newKey := last == nil
-	if newKey {
-		if lowWater != nil && !m.Timestamp.IsZero() && m.Timestamp.Before(*lowWater) {
-			return decDuplicate, nil // a key retention deleted: see Retain
-		}
-		l, err := s.createKey(ctx, tx, m.CorrelationID)
+	if last != nil && (m.KeySeq <= *last || stored) {
+		return decDuplicate, *last, nil
+	}
+	// Bootstrap joins a key at its first message seen: the key starts
+	// just before it, so that message is next, also when it is retried
+	// from the table.
+	base := int64(0)
+	if s.cfg.Mode == Bootstrap {
+		base = m.PrevKeySeq
+	}
+	if last != nil {
+		base = *last
+	}
+	if never && lowWater != nil && !m.Timestamp.IsZero() && m.Timestamp.Before(*lowWater) {
+		return decHold, base, nil
+	}
+	if last == nil {
+		l, err := s.createKey(ctx, tx, m.CorrelationID, base)
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		last = &l
 	}
 	switch {
 	case m.KeySeq <= *last || stored:
-		return decDuplicate, nil
+		return decDuplicate, *last, nil
+	case behind:
+		// An earlier message of the key is stored (retrying, dead or a
+		// gap): m waits behind it in every mode, or it would be handled
+		// first and its advance would delete the earlier one.
+		return decGap, *last, nil
 	case s.cfg.Mode == Partial || m.PrevKeySeq <= *last:
-		return decNext, nil
-	case newKey && *last == 0 && s.cfg.Mode == Bootstrap:
-		return decNext, nil
+		return decNext, *last, nil
 	}
-	return decGap, nil
+	return decGap, *last, nil
 }
 
 // rewound reports a message whose key_seq was already handled under
@@ -231,9 +264,38 @@ func (s *Store) rewound(m *Message, lastID string) {
 		"key", m.CorrelationID, "key_seq", m.KeySeq, "message_id", m.ID, "handled_message_id", lastID)
 }
 
-func (s *Store) createKey(ctx context.Context, tx pgx.Tx, key string) (int64, error) {
+// heldReason is the reason a message below the low-water mark is held.
+const heldReason = "older than the retention low-water mark, of a key the inbox has not handled: " +
+	"a redelivery of a key retention deleted (skip it) or a first delivery later than RetentionAge (retry it)"
+
+// hold stores m dead, for an operator, and sends a copy to the dead-letter
+// queue: m's key is one the inbox has no handled message of, and m is
+// older than the low-water mark. That is a redelivery of a key retention
+// deleted, or a first delivery that came later than RetentionAge (a key's
+// first row parked at the relay and retried later, say); the inbox cannot
+// tell which, and neither handling nor dropping it is safe. Later
+// messages of the key below the mark are held too; others wait behind.
+// last is the key row's last_seq if storing m creates it.
+func (s *Store) hold(ctx context.Context, tx pgx.Tx, f Fence, m *Message, last int64) (Outcome, error) {
+	sm := withAttempts(m, 0, heldReason)
+	sm.keyBase, sm.held = last, heldReason
+	if err := s.storeAndCommit(ctx, tx, f, sm, nil); err != nil {
+		return 0, err
+	}
+	s.cfg.Logger.Warn("inbox: message below the retention low-water mark held for an operator (dead-lettered); its key waits",
+		"key", m.CorrelationID, "key_seq", m.KeySeq, "message_id", m.ID, "timestamp", m.Timestamp)
+	if s.dead != nil {
+		if err := s.dead.DeadLetter(ctx, m, heldReason, 0); err != nil {
+			// The table is the record (Dead lists it); the copy is extra.
+			s.cfg.Logger.Warn("inbox: held message not copied to the dead-letter queue", "key", m.CorrelationID, "key_seq", m.KeySeq, "err", err)
+		}
+	}
+	return DeadLettered, nil
+}
+
+func (s *Store) createKey(ctx context.Context, tx pgx.Tx, key string, base int64) (int64, error) {
 	var last int64
-	err := tx.QueryRow(ctx, sqlNewKey, s.cfg.Name, key).Scan(&last)
+	err := tx.QueryRow(ctx, sqlNewKey, s.cfg.Name, key, base).Scan(&last)
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = tx.QueryRow(ctx, sqlLockKey, s.cfg.Name, key).Scan(&last)
 	}
@@ -267,9 +329,13 @@ func runHandler(ctx context.Context, tx pgx.Tx, m *Message, h Handler) (err erro
 }
 
 // failed stores m after its first attempt failed with herr, to be retried
-// after a backoff, or dead-letters it when one attempt is all it gets.
-func (s *Store) failed(ctx context.Context, f Fence, m *Message, herr error) (Outcome, error) {
+// after a backoff, or dead-letters it when one attempt is all it gets. The
+// handler's transaction has rolled back, and with it the key row decide
+// created for a new key: the store creates it again at last, in the same
+// statement.
+func (s *Store) failed(ctx context.Context, f Fence, m *Message, last int64, herr error) (Outcome, error) {
 	sm := withAttempts(m, 1, herr.Error())
+	sm.keyBase = last
 	due := s.cfg.backoff(1, rand.Float64()).Seconds()
 	if err := s.store(ctx, s.db, f, sm, &due); err != nil {
 		return 0, err

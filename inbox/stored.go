@@ -17,9 +17,13 @@ type storedMessage struct {
 	Message
 	attempts  int
 	lastError string
-	waiting   bool  // a gap: due when its predecessor is handled
-	due       bool  // not waiting, and its next attempt is due now
-	keyLast   int64 // the key's last handled key_seq, when read
+	keyBase   int64  // the key row's last_seq if storing m creates it
+	held      string // stored dead, with this reason, for an operator
+	waiting   bool   // a gap: due when its predecessor is handled
+	due       bool   // not waiting, and its next attempt is due now
+	dead      bool   // dead-lettered: its key waits for an operator
+	head      bool   // no stored message of its key precedes it
+	keyLast   int64  // the key's last handled key_seq, when read
 }
 
 func withAttempts(m *Message, attempts int, lastError string) *storedMessage {
@@ -41,14 +45,17 @@ func (s *Store) store(ctx context.Context, q querier, f Fence, m *storedMessage,
 	if m.Headers == nil {
 		headers = []byte(`{}`)
 	}
-	var lastErr *string
+	var lastErr, held *string
 	if m.lastError != "" {
 		lastErr = &m.lastError
+	}
+	if m.held != "" {
+		held = &m.held
 	}
 	var fenceOK, inserted bool
 	if err := q.QueryRow(ctx, sqlStore, s.cfg.Name, m.CorrelationID, m.KeySeq, m.PrevKeySeq, m.Partition,
 		s.shardOf(m.Partition), m.ID, m.Type, m.Exchange, m.RoutingKey, nullTime(m.Timestamp), headers,
-		nonNil(m.Body), m.attempts, lastErr, dueIn, f.Shard, f.Owner, f.Epoch).Scan(&fenceOK, &inserted); err != nil {
+		nonNil(m.Body), m.attempts, lastErr, dueIn, f.Shard, f.Owner, f.Epoch, m.keyBase, held).Scan(&fenceOK, &inserted); err != nil {
 		return fmt.Errorf("store %s/%d: %w", m.CorrelationID, m.KeySeq, err)
 	}
 	if !fenceOK {
@@ -65,7 +72,7 @@ func (s *Store) follow(ctx context.Context, f Fence, key string, h Handler) erro
 		if err != nil || m == nil {
 			return err
 		}
-		if !s.isNext(m) || (!m.waiting && !m.due) {
+		if m.dead || !s.isNext(m) || (!m.waiting && !m.due) {
 			return nil
 		}
 		out, err := s.attempt(ctx, f, m, h)
@@ -100,7 +107,10 @@ func (s *Store) RetryDue(ctx context.Context, f Fence, shard, limit int, h Handl
 	}
 	n := 0
 	for _, m := range due {
-		if !s.isNext(m) {
+		if !m.head || !s.isNext(m) {
+			if err := s.waitAgain(ctx, f, m); err != nil {
+				return n, err
+			}
 			continue
 		}
 		n++
@@ -155,10 +165,10 @@ func (s *Store) handleStored(ctx context.Context, f Fence, m *storedMessage, h H
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	var ignore, lastID string
 	var last *int64
-	var stored bool
+	var stored, behind, neverHandled bool
 	var lowWater *time.Time
 	if err := tx.QueryRow(ctx, sqlDecide, s.cfg.Name, m.CorrelationID, m.KeySeq, s.idle).
-		Scan(&ignore, &last, &lastID, &stored, &lowWater); err != nil {
+		Scan(&ignore, &last, &lastID, &stored, &behind, &neverHandled, &lowWater); err != nil {
 		return 0, fmt.Errorf("lock key %s: %w", m.CorrelationID, err)
 	}
 	if last == nil || !stored {
@@ -169,7 +179,7 @@ func (s *Store) handleStored(ctx context.Context, f Fence, m *storedMessage, h H
 		_ = tx.Rollback(ctx)
 		return Duplicate, s.dropStored(ctx, m)
 	}
-	if !s.isNext(m) {
+	if behind || !s.isNext(m) {
 		return 0, nil
 	}
 	if herr := runHandler(ctx, tx, &m.Message, h); herr != nil {
@@ -227,6 +237,18 @@ func (s *Store) deadLetter(ctx context.Context, f Fence, m *storedMessage) (Outc
 	return DeadLettered, nil
 }
 
+// waitAgain makes due m, which is not its key's next, wait for its
+// predecessor again: see sqlWaitAgain.
+func (s *Store) waitAgain(ctx context.Context, f Fence, m *storedMessage) error {
+	// No row updated: handled, dropped or dead-lettered meanwhile, or the
+	// lease moved (the next fenced write, or the lease loop, stops the
+	// worker).
+	if _, err := s.db.Exec(ctx, sqlWaitAgain, s.cfg.Name, m.CorrelationID, m.KeySeq, f.Shard, f.Owner, f.Epoch); err != nil {
+		return fmt.Errorf("put %s/%d back to waiting: %w", m.CorrelationID, m.KeySeq, err)
+	}
+	return nil
+}
+
 func (s *Store) dropStored(ctx context.Context, m *storedMessage) error {
 	if _, err := s.db.Exec(ctx, sqlDeleteStored, s.cfg.Name, m.CorrelationID, m.KeySeq); err != nil {
 		return fmt.Errorf("drop stored duplicate %s/%d: %w", m.CorrelationID, m.KeySeq, err)
@@ -255,7 +277,7 @@ func scanStored(row pgx.CollectableRow) (*storedMessage, error) {
 	var headers []byte
 	var next pgtype.Timestamptz
 	if err := row.Scan(&m.CorrelationID, &m.KeySeq, &m.PrevKeySeq, &m.Partition, &m.ID, &m.Type, &m.Exchange,
-		&m.RoutingKey, &occurred, &headers, &m.Body, &m.attempts, &m.lastError, &next, &m.due, &m.keyLast); err != nil {
+		&m.RoutingKey, &occurred, &headers, &m.Body, &m.attempts, &m.lastError, &next, &m.due, &m.keyLast, &m.dead, &m.head); err != nil {
 		return nil, err
 	}
 	if occurred != nil {

@@ -8,6 +8,8 @@ import (
 	"strconv"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/ordo-relay/ordo/wire"
 )
 
 // MappingMod is the only partition -> shard mapping: shard =
@@ -86,7 +88,7 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 		// arguments whose names start with "x-" unless told otherwise
 		// (RabbitMQ 3.10 and later), and would route every message to
 		// every shard.
-		args := amqp.Table{"x-match": "all-with-x", HeaderPartition: int32(p)}
+		args := amqp.Table{"x-match": "all-with-x", wire.HeaderPartition: int32(p)}
 		if err := ch.QueueBind(t.ShardQueue(t.ShardOf(p)), "", t.ShardsExchange(), false, args); err != nil {
 			return fmt.Errorf("bind partition %d: %w", p, err)
 		}

@@ -120,7 +120,7 @@ func (c *Consumer) deliver(ctx context.Context, f Fence, d *amqp.Delivery) error
 	ctx, span := c.startDelivery(ctx, f, d, m)
 	if err != nil {
 		endDelivery(span, 0, err)
-		if err := c.amqp.deadLetterRaw(hctx, d, err.Error()); err != nil {
+		if err := c.dead.raw(hctx, d, err.Error()); err != nil {
 			return err
 		}
 		c.invalid.Add(1)
@@ -131,9 +131,6 @@ func (c *Consumer) deliver(ctx context.Context, f Fence, d *amqp.Delivery) error
 	endDelivery(span, out, err)
 	if err != nil {
 		return err
-	}
-	if c.cfg.AfterCommit != nil {
-		c.cfg.AfterCommit(m, out)
 	}
 	return ack(d)
 }

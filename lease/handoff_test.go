@@ -3,6 +3,7 @@ package lease_test
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -28,7 +29,7 @@ import (
 // (it stops before a leaser started earlier).
 func startRelay(t *testing.T, pool *pgxpool.Pool, own relay.Ownership, pub relay.Publisher) *relay.Relay {
 	t.Helper()
-	logger := testLogger(t).With("node", "n1")
+	logger := testkit.Logger(t, slog.LevelWarn).With("node", "n1")
 	cfg := relay.DefaultConfig()
 	cfg.Node = "n1"
 	cfg.PollInterval, cfg.SettleTimeout, cfg.RetentionAge, cfg.Logger = 50*time.Millisecond, 200*time.Millisecond, 0, logger
@@ -109,7 +110,7 @@ func newHandoffRig(t *testing.T, handoff time.Duration) *handoffRig {
 	h.pub.Hold(true)
 	h.r = startRelay(t, h.pool, h.l, h.pub)
 	h.id, h.p = enqueue(t, h.pool, "k")
-	waitFor(t, "the row published, its confirm held", func() bool { n, _ := h.pub.Held(); return n == 1 })
+	testkit.WaitFor(t, 30*time.Second, "the row published, its confirm held", func() bool { n, _ := h.pub.Held(); return n == 1 })
 	h.epoch = leaseRow(t, h.pool, h.p).epoch
 	return h
 }
@@ -120,7 +121,7 @@ func (h *handoffRig) revoke(t *testing.T) time.Time {
 	begun := time.Now()
 	h.want.set(without(all(), h.p)...)
 	h.l.poke()
-	waitFor(t, "the relay has the revoke", func() bool { return h.r.Stats().Revoked == 1 })
+	testkit.WaitFor(t, 30*time.Second, "the relay has the revoke", func() bool { return h.r.Stats().Revoked == 1 })
 	return begun
 }
 
@@ -150,7 +151,7 @@ func TestRevokeWaitsForConfirms(t *testing.T) {
 		t.Fatal("marked before its confirm")
 	}
 	h.pub.Release(-1, relay.Result{Outcome: relay.Confirmed})
-	waitFor(t, "the lease released", func() bool { return leaseRow(t, h.pool, h.p).owner == "" })
+	testkit.WaitFor(t, 30*time.Second, "the lease released", func() bool { return leaseRow(t, h.pool, h.p).owner == "" })
 	if !processed(t, h.pool, h.id) {
 		t.Fatal("the lease was released before the confirmed row was marked")
 	}
@@ -166,7 +167,7 @@ func TestRevokeTimesOutWithoutConfirm(t *testing.T) {
 	const handoff = 1500 * time.Millisecond
 	h := newHandoffRig(t, handoff)
 	begun := h.revoke(t)
-	waitFor(t, "the lease released", func() bool { return leaseRow(t, h.pool, h.p).owner == "" })
+	testkit.WaitFor(t, 30*time.Second, "the lease released", func() bool { return leaseRow(t, h.pool, h.p).owner == "" })
 	if took := time.Since(begun); took < handoff {
 		t.Fatalf("released %v after the revoke, before the handoff timeout %v, with nothing acknowledged", took, handoff)
 	}
@@ -174,7 +175,7 @@ func TestRevokeTimesOutWithoutConfirm(t *testing.T) {
 		t.Fatalf("leaser stats %+v, want one handoff, timed out", st)
 	}
 	h.pub.Release(-1, relay.Result{Outcome: relay.Confirmed})
-	waitFor(t, "the late mark refused", func() bool { return h.r.Stats().Refused == 1 })
+	testkit.WaitFor(t, 30*time.Second, "the late mark refused", func() bool { return h.r.Stats().Refused == 1 })
 	if processed(t, h.pool, h.id) {
 		t.Fatal("a row confirmed after its lease was released was marked")
 	}

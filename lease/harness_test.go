@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -79,7 +78,7 @@ func startLeaser(t *testing.T, pool *pgxpool.Pool, node string, ttl time.Duratio
 	t.Helper()
 	connCfg := pool.Config().ConnConfig
 	cfg := lease.ConfigWithTTL(ttl)
-	cfg.Node, cfg.Want, cfg.Logger = node, want, testLogger(t).With("node", node)
+	cfg.Node, cfg.Want, cfg.Logger = node, want, testkit.Logger(t, slog.LevelWarn).With("node", node)
 	cfg.Connect = func(ctx context.Context) (*pgx.Conn, error) {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
@@ -202,33 +201,4 @@ func leaseRow(t *testing.T, pool *pgxpool.Pool, p int) row {
 		r.expires = *expires
 	}
 	return r
-}
-
-// waitFor waits until cond holds, failing the test after 30 s, and
-// returns how long it took.
-func waitFor(t *testing.T, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > 30*time.Second {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	took := time.Since(start)
-	t.Logf("%s after %v", what, took.Round(time.Millisecond))
-	return took
-}
-
-// testLogger logs warnings and errors through t.
-func testLogger(t *testing.T) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
-type tWriter struct{ t *testing.T }
-
-func (w tWriter) Write(b []byte) (int, error) {
-	w.t.Helper()
-	w.t.Log(strings.TrimSuffix(string(b), "\n"))
-	return len(b), nil
 }

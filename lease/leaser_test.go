@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/lease"
 	"github.com/ordo-relay/ordo/partition"
 )
@@ -48,7 +49,7 @@ func TestEventsFollowMembership(t *testing.T) {
 	r1 := record(t, n1, true)
 	n2 := startLeaser(t, pool, "n2", time.Second, ms.want("n2"), nil)
 	r2 := record(t, n2, true)
-	waitFor(t, "n1 assigned every partition", func() bool { return len(r1.assigned()) == parts })
+	testkit.WaitFor(t, 30*time.Second, "n1 assigned every partition", func() bool { return len(r1.assigned()) == parts })
 	before := r1.assigned()
 	if got := r2.assigned(); len(got) != 0 {
 		t.Fatalf("n2 assigned %v before it was a member", got)
@@ -62,7 +63,7 @@ func TestEventsFollowMembership(t *testing.T) {
 		t.Fatal(err)
 	}
 	moving := a.Owned("n2")
-	waitFor(t, "n2 assigned its share", func() bool { return len(r2.assigned()) == len(moving) })
+	testkit.WaitFor(t, 30*time.Second, "n2 assigned its share", func() bool { return len(r2.assigned()) == len(moving) })
 
 	var revoked []int
 	for _, rv := range r1.revoked() {
@@ -115,11 +116,11 @@ func TestStuckRevokeDoesNotDelayRenewals(t *testing.T) {
 			if tc.receive {
 				record(t, l, false)
 			}
-			waitFor(t, "4 leases", func() bool { return len(l.Leases()) == 4 })
+			testkit.WaitFor(t, 30*time.Second, "4 leases", func() bool { return len(l.Leases()) == 4 })
 			want.set(0, 1)
 			begun := time.Now()
 			l.poke()
-			waitFor(t, "revoke begun", func() bool { _, ok := l.Lease(2); return !ok })
+			testkit.WaitFor(t, 30*time.Second, "revoke begun", func() bool { _, ok := l.Lease(2); return !ok })
 
 			last := map[int]time.Time{0: leaseRow(t, pool, 0).expires, 2: leaseRow(t, pool, 2).expires}
 			renewals := map[int]int{}

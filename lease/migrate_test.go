@@ -104,6 +104,27 @@ func oldMigrate(ctx context.Context, pool *pgxpool.Pool, fsys fstest.MapFS) erro
 	})
 }
 
+// outboxVersions returns the outbox migrations' versions this release
+// ships, ascending.
+func outboxVersions(tb testing.TB) []int {
+	tb.Helper()
+	entries, err := os.ReadDir(filepath.Join("..", "outbox", "migrations"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var out []int
+	for _, e := range entries {
+		num, _, _ := strings.Cut(e.Name(), "_")
+		v, err := strconv.Atoi(num)
+		if err != nil {
+			tb.Fatalf("outbox migration %s: %v", e.Name(), err)
+		}
+		out = append(out, v)
+	}
+	slices.Sort(out)
+	return out
+}
+
 type schemaRecord struct {
 	name      string
 	appliedAt string // as PostgreSQL prints it, to the microsecond
@@ -150,6 +171,9 @@ var catalogQueries = []string{
 	 WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p', 'v')
 	   AND a.attnum > 0 AND NOT a.attisdropped`,
 	`SELECT format('index %s: %s', indexname, indexdef) FROM pg_indexes WHERE schemaname = current_schema()`,
+	// Storage parameters (outbox_keys' fillfactor).
+	`SELECT format('options %s: %s', relname, reloptions) FROM pg_class
+	 WHERE relnamespace = current_schema()::regnamespace AND reloptions IS NOT NULL`,
 	`SELECT format('constraint %s on %s: %s', conname, conrelid::regclass, pg_get_constraintdef(oid))
 	 FROM pg_constraint WHERE connamespace = current_schema()::regnamespace`,
 	`SELECT format('function %s: %s', p.oid::regprocedure, pg_get_functiondef(p.oid))
@@ -163,7 +187,8 @@ var catalogQueries = []string{
 }
 
 // catalog describes the schema: tables, columns and types, indexes and
-// their definitions, constraints, functions, triggers and sequences.
+// their definitions, storage parameters, constraints, functions, triggers
+// and sequences.
 func catalog(tb testing.TB, ctx context.Context, pool *pgxpool.Pool) []string {
 	tb.Helper()
 	var out []string
@@ -221,7 +246,8 @@ func freshCatalog(tb testing.TB) []string {
 // brought up to date by this release: the outbox's records stay, each
 // lease version is adopted where the outbox had applied its SQL and run
 // where not, and the schema equals a fresh install's. A node of the
-// previous release (99ac80e) starting afterwards then applies nothing.
+// previous release (99ac80e) starting afterwards then refuses a newer
+// outbox schema and changes nothing.
 func TestUpgradeFromEarlierReleases(t *testing.T) {
 	t.Parallel()
 	want := freshCatalog(t)
@@ -243,11 +269,19 @@ func TestUpgradeFromEarlierReleases(t *testing.T) {
 			checkRecords(t, before, after, upTo)
 			sameSchema(t, catalog(t, ctx, pool), want)
 
-			if err := oldMigrate(ctx, pool, oldOutboxMigrations(t, 9)); err != nil {
+			// The previous release knows outbox 1..9: on a newer outbox it
+			// refuses to start (nodes already running go on) and changes
+			// nothing (docs/design.md, "Rolling upgrade").
+			err := oldMigrate(ctx, pool, oldOutboxMigrations(t, 9))
+			if newest := outboxVersions(t)[len(outboxVersions(t))-1]; newest > 9 {
+				if err == nil || !strings.Contains(err.Error(), "newer than this binary knows") {
+					t.Fatalf("the previous release on outbox version %d: %v, want a refusal to start", newest, err)
+				}
+			} else if err != nil {
 				t.Fatalf("the previous release after the upgrade: %v", err)
 			}
-			if again := schemaRecords(t, ctx, pool); len(again) != len(after) {
-				t.Errorf("the previous release recorded %d migrations more after the upgrade", len(again)-len(after))
+			if again := schemaRecords(t, ctx, pool); !maps.Equal(again, after) {
+				t.Errorf("the previous release changed the records: %v, then %v", after, again)
 			}
 			sameSchema(t, catalog(t, ctx, pool), want)
 		})
@@ -255,7 +289,7 @@ func TestUpgradeFromEarlierReleases(t *testing.T) {
 }
 
 // checkRecords: every record of the old install is kept as it was; the
-// outbox has versions 1..9; lease version v is adopted (recorded with the
+// outbox has every version this release ships; lease version v is adopted (recorded with the
 // time its SQL was applied as outbox version v+1) iff the old install had
 // applied that version, and recorded anew otherwise.
 func checkRecords(tb testing.TB, before, after map[string]schemaRecord, oldUpTo int) {
@@ -266,7 +300,7 @@ func checkRecords(tb testing.TB, before, after map[string]schemaRecord, oldUpTo 
 		}
 	}
 	wantKeys := []string{"lease/1", "lease/2"}
-	for v := 1; v <= 9; v++ {
+	for _, v := range outboxVersions(tb) {
 		wantKeys = append(wantKeys, "outbox/"+strconv.Itoa(v))
 	}
 	var gotKeys []string

@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/ordo-relay/ordo/internal/gossipfilter"
 	"github.com/ordo-relay/ordo/internal/testkit"
 )
 
@@ -28,7 +29,7 @@ type running struct {
 func start(t *testing.T, cfg Config) *running {
 	t.Helper()
 	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		cfg.Logger = testkit.Logger(t, slog.LevelWarn)
 	}
 	m, err := New(cfg)
 	if err != nil {
@@ -48,14 +49,6 @@ func (r *running) stop() error {
 		close(r.done)
 	}
 	return err
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(b []byte) (int, error) {
-	defer func() { _ = recover() }()
-	w.t.Log(strings.TrimSpace(string(b)))
-	return len(b), nil
 }
 
 func waitAlive(t *testing.T, r *running, want []string, timeout time.Duration) time.Duration {
@@ -106,7 +99,7 @@ func TestSplitAndHeal(t *testing.T) {
 	var nodes []*running
 	for i, name := range []string{"a", "b", "c"} {
 		self := addrs[i]
-		tr, err := NewFilterTransport(self, func(to string) bool { return !split.Load() || group[to] == group[self] })
+		tr, err := gossipfilter.New(self, func(to string) bool { return !split.Load() || group[to] == group[self] })
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -28,7 +28,8 @@ const (
 
 // sqlBacklog is one row per partition: its lease and its backlog. Every
 // part is a bounded probe of one partial index (outbox_pending_by_partition,
-// outbox_parked), so its cost is O(partitions), whatever the backlog.
+// outbox_parked), so its cost is O(partitions), whatever the backlog, as
+// long as the planner walks those indexes in order (sqlBacklogPlan).
 var sqlBacklog = strings.NewReplacer("$sample", strconv.Itoa(BacklogSampleRows), "$parkedcap", strconv.Itoa(BacklogParkedCap)).Replace(`
 SELECT l.partition, coalesce(l.owner, ''), l.epoch, nullif(l.expires_at, '-infinity'),
        l.owner IS NOT NULL AND l.expires_at > clock_timestamp(),
@@ -59,6 +60,27 @@ CROSS JOIN LATERAL (
         LIMIT $parkedcap) AS s
 ) AS k
 ORDER BY l.partition`)
+
+// sqlBacklogPlan confines the planner, for the backlog query's own
+// transaction, to the plan sqlBacklog is written for: ordered scans of
+// the indexes, each stopping at its LIMIT. On a table without statistics
+// (a fresh backlog, before autovacuum's ANALYZE) PostgreSQL estimated 14
+// pending rows per partition and chose a bitmap heap scan and a sort of
+// every pending row of each partition, twice (issue 22): 4.2-5.5 s at
+// 400,000 rows and 13.7 s at 1,000,000, past the refresh timeout on every
+// refresh of a whole drain. Without bitmap and sequential scans the only
+// plans left are the index walks: 38-90 ms at 1,000,000 rows, half of
+// them drained. JIT compilation, which the inflated cost estimates
+// trigger, would cost more than the query.
+const sqlBacklogPlan = `SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true),
+       set_config('jit', 'off', true)`
+
+// backlogTimeout bounds one refresh (both queries): the index probes take
+// well under 0.1 s per 64 partitions, whatever the backlog, so this is
+// room for a loaded database, and it stays under the staleness limit of
+// the views (3 intervals + 2 s) so one slow refresh alone does not make
+// the snapshot stale.
+func backlogTimeout(every time.Duration) time.Duration { return max(every, 2*time.Second) }
 
 // sqlProduced is the outbox's seq identity: how many rows were ever
 // inserted (one probe of a sequence).
@@ -126,6 +148,7 @@ type Backlog struct {
 	down   *outage.Log
 
 	mu        sync.Mutex
+	started   time.Time // when Run began: the age of a snapshot not yet taken
 	snap      BacklogSnapshot
 	history   []Sample // oldest first, at most historyWindow long
 	refreshes int64
@@ -142,6 +165,9 @@ func NewBacklog(pool *pgxpool.Pool, every time.Duration, logger *slog.Logger) *B
 // nil. Failures are logged once per outage (internal/outage) and kept in
 // the snapshot's Err.
 func (b *Backlog) Run(ctx context.Context) error {
+	b.mu.Lock()
+	b.started = time.Now()
+	b.mu.Unlock()
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -157,7 +183,7 @@ func (b *Backlog) Run(ctx context.Context) error {
 
 // refresh runs the backlog query once and stores its result or error.
 func (b *Backlog) refresh(ctx context.Context) {
-	qctx, cancel := context.WithTimeout(ctx, max(b.every, 2*time.Second))
+	qctx, cancel := context.WithTimeout(ctx, backlogTimeout(b.every))
 	defer cancel()
 	start := time.Now()
 	parts, err := queryBacklog(qctx, b.pool)
@@ -227,23 +253,34 @@ func (b *Backlog) Snapshot() BacklogSnapshot {
 type BacklogStats struct {
 	Refreshes, Failures int64
 	LastDuration        time.Duration
+	// Started is when Run began (zero before): a snapshot not yet taken
+	// has been missing since then.
+	Started time.Time
 }
 
 // Stats returns the refresher's counters.
 func (b *Backlog) Stats() BacklogStats {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return BacklogStats{Refreshes: b.refreshes, Failures: b.failures, LastDuration: b.took}
+	return BacklogStats{Refreshes: b.refreshes, Failures: b.failures, LastDuration: b.took, Started: b.started}
 }
 
-// queryBacklog runs sqlBacklog. The simple protocol keeps PostgreSQL from
+// queryBacklog runs sqlBacklog in a read-only transaction of its own,
+// planned under sqlBacklogPlan. The simple protocol keeps PostgreSQL from
 // caching a generic plan: each run is planned for the table as it is.
 func queryBacklog(ctx context.Context, pool *pgxpool.Pool) ([]PartitionStatus, error) {
-	rows, err := pool.Query(ctx, sqlBacklog, pgx.QueryExecModeSimpleProtocol)
-	if err != nil {
-		return nil, fmt.Errorf("backlog: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, scanBacklog)
+	var out []PartitionStatus
+	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sqlBacklogPlan, pgx.QueryExecModeSimpleProtocol); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, sqlBacklog, pgx.QueryExecModeSimpleProtocol)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, scanBacklog)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("backlog: %w", err)
 	}

@@ -9,7 +9,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/hashicorp/memberlist"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ordo-relay/ordo/internal/confcheck"
@@ -20,16 +19,12 @@ import (
 )
 
 // Config is everything a node is configured with: the node's own
-// settings at the top, and the settings of the relay, the RabbitMQ
-// publisher and gossip membership nested (Relay, AMQP, Gossip), each
-// documented in its package. Start from DefaultConfig, change what needs
-// changing, and call Run, which calls Validate first.
-//
-// The node sets some fields of the nested configs itself, overriding
-// what they hold: Relay.Node and Gossip.NodeName (NodeName),
-// Relay.PerKeyLimit (1: per-key order), Relay.ReadTimeout and
-// Gossip.HealthHold (LeaseTTL/2), AMQP.Window (Relay.Window),
-// AMQP.StallTimeout (LeaseTTL), and every Logger (Options.Logger).
+// settings at the top, and what may be set of the relay, the RabbitMQ
+// publisher and gossip membership nested (Relay, AMQP, Gossip). The node
+// builds those components' configs from them, deriving the rest from its
+// own settings: the node name, the publisher's window (Relay.Window), and
+// timeouts that follow the lease TTL. Start from DefaultConfig, change
+// what needs changing, and call Run, which calls Validate first.
 type Config struct {
 	// NodeName is the lease owner and gossip name. It must be unique in
 	// the cluster and stay the same across restarts, so that a restarted
@@ -83,18 +78,18 @@ type Config struct {
 	BacklogInterval time.Duration
 
 	// Relay configures the relay: the confirm window W, batches, read
-	// ahead, backoff, parking and retention (see relay.Config).
-	Relay relay.Config
+	// ahead, backoff, parking and retention.
+	Relay RelayConfig
 
-	// AMQP configures the RabbitMQ publisher: the broker URL (a
-	// comma-separated list of broker nodes tried in turn) and its timeouts
-	// (see rabbitmq.Config). The default URL is the local broker's.
-	AMQP rabbitmq.Config
+	// AMQP configures the RabbitMQ publisher: the broker URL and its
+	// timeouts. The default URL is the local broker's.
+	AMQP AMQPConfig
 
-	// Gossip configures membership (see membership.Config). An empty
-	// Gossip.BindAddr, the default, runs the node alone, without gossip:
-	// it wants every partition.
-	Gossip membership.Config
+	// Gossip configures membership. An empty Gossip.BindAddr, the
+	// default, runs the node alone, without gossip: it wants every
+	// partition. A gossiping node needs a key (Gossip.Keys) or
+	// Gossip.Insecure.
+	Gossip GossipConfig
 }
 
 // DefaultConfig returns settings that work against the local servers,
@@ -104,7 +99,7 @@ func DefaultConfig() Config {
 	if err != nil || name == "" {
 		name = "ordo-node"
 	}
-	amqpCfg := rabbitmq.DefaultConfig()
+	amqpCfg := amqpSettings(rabbitmq.DefaultConfig())
 	amqpCfg.URL = "amqp://guest:guest@127.0.0.1:5672/"
 	return Config{
 		NodeName:        name,
@@ -115,16 +110,17 @@ func DefaultConfig() Config {
 		LeaseTTL:        2 * time.Second,
 		DegradedAfter:   10 * time.Second,
 		BacklogInterval: time.Second,
-		Relay:           relay.DefaultConfig(),
+		Relay:           relaySettings(relay.DefaultConfig()),
 		AMQP:            amqpCfg,
-		Gossip:          membership.DefaultConfig(),
+		Gossip:          gossipSettings(membership.DefaultConfig()),
 	}
 }
 
 // Validate reports every unusable setting, joined: the node's own, the
-// nested configs' (as the node would use them), and the combinations
-// that do not go together. Each is a *confcheck.Problem naming its field,
-// e.g. "Relay.Window".
+// cross-field ones, and the problems of the components' configs as the
+// node builds them, re-rooted ("Relay.Window"); a problem of a value the
+// node derives is reported at the node's field it is derived from. Each
+// is a *confcheck.Problem naming its field. Validate changes nothing.
 func (c Config) Validate() error {
 	ck := confcheck.New("node")
 	ck.Require(c.NodeName != "", "NodeName", "is empty; name the node, and keep the name across restarts")
@@ -136,65 +132,37 @@ func (c Config) Validate() error {
 	ck.Require(c.DegradedAfter >= 0, "DegradedAfter", "%v is negative (0 turns the check off)", c.DegradedAfter)
 	ck.Require(c.Gossip.BindAddr != "" || len(c.Gossip.Join) == 0, "Gossip.Join",
 		"join addresses need a gossip address (Gossip.BindAddr)")
-	// Fields the node sets itself are checked through their sources above.
-	ck.Nest("Relay", c.relay(nil).Validate(), "Node", "PerKeyLimit", "ReadTimeout")
-	ck.Nest("AMQP", c.amqp(nil).Validate(), "Window", "StallTimeout")
+	if g := c.Gossip; g.BindAddr != "" {
+		ck.Require(len(g.Keys) > 0 || g.Insecure, "Gossip.Keys", "%s", msgNoGossipKey)
+		ck.Require(len(g.Keys) == 0 || !g.Insecure, "Gossip.Insecure", "contradicts Gossip.Keys: drop Gossip.Insecure to gossip encrypted")
+	}
+	// The sources of derived values are checked above (and Relay before
+	// AMQP): a derived value is only as good as its source.
+	ck.Nest("Relay", c.relayConfig(nil).Validate(), relayDerived...)
+	ck.Nest("AMQP", c.amqpConfig(nil).Validate(), amqpDerived...)
 	if c.Gossip.BindAddr != "" {
-		ck.Nest("Gossip", c.membership(nil, nil).Validate(), "NodeName", "HealthHold")
+		ck.Nest("Gossip", c.membershipConfig(nil, nil).Validate(), gossipDerived...)
 	}
 	return ck.Err()
 }
 
-// relay returns the relay's config as the node runs it.
-func (c Config) relay(logger *slog.Logger) relay.Config {
-	rc := c.Relay
-	rc.Node, rc.PerKeyLimit, rc.ReadTimeout, rc.Logger = c.NodeName, 1, c.LeaseTTL/2, logger
-	return rc
-}
+// msgNoGossipKey says why a gossiping node needs a key.
+const msgNoGossipKey = "is empty, and Gossip.Insecure is not set: without a key any host that reaches the gossip address " +
+	"(Gossip.BindAddr) joins the cluster and takes partitions; generate one with `openssl rand -base64 32`, " +
+	"or set Gossip.Insecure to gossip unencrypted on a network you trust"
 
-// amqp returns the publisher's config as the node runs it. A link that
-// confirms nothing for a lease TTL is taken for dead: the node stops
-// counting on it long before the heartbeat would.
-func (c Config) amqp(logger *slog.Logger) rabbitmq.Config {
-	ac := c.AMQP
-	ac.Window, ac.StallTimeout, ac.Logger = c.Relay.Window, c.LeaseTTL, logger
-	if ac.ConnectionName == "" {
-		ac.ConnectionName = "ordo node " + c.NodeName // as the PostgreSQL sessions' application_name
-	}
-	return ac
-}
-
-// Options are hooks for tests and embedding; the zero value is fine.
+// Options are what a program embedding the node may give Run besides its
+// Config; the zero value is fine.
 type Options struct {
 	// Logger receives everything; nil means slog.Default().
 	Logger *slog.Logger
-	// GossipTransport, if set, replaces Gossip.Transport (memberlist's
-	// network transport).
-	GossipTransport memberlist.Transport
-	// WrapPublisher wraps the AMQP publisher (fault injection in tests).
-	WrapPublisher func(relay.Publisher) relay.Publisher
-	// Ready, if set, is called once with the HTTP address when serving.
+	// Ready, if set, is called once with the HTTP address when serving
+	// (useful with HTTPAddr port 0).
 	Ready func(httpAddr string)
 	// TracerProvider, when set, traces every publish (relay.Config's
 	// TracerProvider); nil turns tracing off. cmd/node builds it from the
 	// OTEL_* environment.
 	TracerProvider trace.TracerProvider
-	// PerKeyLimit, when above 0, replaces the relay's per-key limit of 1.
-	// For tests only: above 1, per-key order is lost under nacks and
-	// returns, and the tests that show it set this.
-	PerKeyLimit int
-}
 
-// membership returns the membership config as the node runs it; tr, if
-// not nil, replaces Gossip.Transport.
-func (c Config) membership(logger *slog.Logger, tr memberlist.Transport) membership.Config {
-	mc := c.Gossip
-	mc.NodeName, mc.Logger = c.NodeName, logger
-	if tr != nil {
-		mc.Transport = tr
-	}
-	// A node less healthy than a peer for half a lease TTL steps aside;
-	// nodes that notice a shared outage within that of each other stay.
-	mc.HealthHold = c.LeaseTTL / 2
-	return mc
+	hooks testHooks // tests only (hooks.go, export_test.go)
 }

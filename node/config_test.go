@@ -2,7 +2,9 @@ package node_test
 
 import (
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/ordo-relay/ordo/internal/confcheck"
 	"github.com/ordo-relay/ordo/node"
@@ -10,9 +12,8 @@ import (
 
 // TestConfigValidate: the defaults are valid; Validate reports the node's
 // own problems, the cross-field ones and the nested configs' (re-rooted
-// under Relay, AMQP, Gossip) at once; a field the node sets from another
-// (Relay.Node, Gossip.NodeName from NodeName) is reported once, at its
-// source; gossip settings are checked only when the node gossips.
+// under Relay, AMQP, Gossip) at once; gossip settings are checked only
+// when the node gossips.
 func TestConfigValidate(t *testing.T) {
 	if err := node.DefaultConfig().Validate(); err != nil {
 		t.Fatalf("defaults refused: %v", err)
@@ -32,5 +33,65 @@ func TestConfigValidate(t *testing.T) {
 	c.Gossip.BindAddr, c.Gossip.Keys = "127.0.0.1:7946", [][]byte{[]byte("short")}
 	if got := confcheck.Fields(c.Validate()); !slices.Equal(got, []string{"Gossip.Keys"}) {
 		t.Fatalf("gossiping node with a bad key: problems %v, want [Gossip.Keys]", got)
+	}
+}
+
+// TestConfigDerivedReportedAtSource: a value the node derives for a
+// component (Relay.Node and Gossip.NodeName from NodeName; the relay's
+// read timeout, the publisher's stall timeout and the gossip health hold
+// from LeaseTTL; the publisher's window from Relay.Window) is never
+// reported under a field the user cannot set: its problem is its
+// source's, reported once.
+func TestConfigDerivedReportedAtSource(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		edit func(*node.Config)
+		want []string
+	}{
+		{"node name", func(c *node.Config) { c.NodeName = "" }, []string{"NodeName"}},
+		{"lease TTL", func(c *node.Config) { c.LeaseTTL = -time.Second }, []string{"LeaseTTL"}},
+		{"window", func(c *node.Config) { c.Relay.Window = 70000 }, []string{"Relay.Window"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := node.DefaultConfig()
+			cfg.Gossip.BindAddr, cfg.Gossip.Insecure = "127.0.0.1:7946", true
+			c.edit(&cfg)
+			err := cfg.Validate()
+			if got := confcheck.Fields(err); !slices.Equal(got, c.want) {
+				t.Fatalf("problems %v, want %v\n%v", got, c.want, err)
+			}
+		})
+	}
+}
+
+// TestConfigGossipNeedsKey: a gossiping node needs a key or an explicit
+// Gossip.Insecure, and not both; a node alone needs neither. The rule is
+// the node's, so a program calling Run gets it as cmd/node does.
+func TestConfigGossipNeedsKey(t *testing.T) {
+	key := [][]byte{[]byte("0123456789abcdef")}
+	for _, c := range []struct {
+		name     string
+		bind     string
+		keys     [][]byte
+		insecure bool
+		want     []string
+	}{
+		{"alone", "", nil, false, nil},
+		{"keyed", "127.0.0.1:7946", key, false, nil},
+		{"insecure", "127.0.0.1:7946", nil, true, nil},
+		{"no key", "127.0.0.1:7946", nil, false, []string{"Gossip.Keys"}},
+		{"both", "127.0.0.1:7946", key, true, []string{"Gossip.Insecure"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := node.DefaultConfig()
+			cfg.Gossip.BindAddr, cfg.Gossip.Keys, cfg.Gossip.Insecure = c.bind, c.keys, c.insecure
+			err := cfg.Validate()
+			if got := confcheck.Fields(err); !slices.Equal(got, c.want) {
+				t.Fatalf("problems %v, want %v\n%v", got, c.want, err)
+			}
+			if c.name == "no key" && !strings.Contains(err.Error(), "Gossip.Insecure") {
+				t.Fatalf("the refusal does not name the way out (Gossip.Insecure): %v", err)
+			}
+		})
 	}
 }

@@ -29,7 +29,9 @@ var (
 	descLeaseLive = prometheus.NewDesc("ordo_partition_lease_live",
 		"1 when some node holds an unexpired lease on the partition (database clock), else 0.", []string{"partition"}, nil)
 	descBacklogAge = prometheus.NewDesc("ordo_backlog_snapshot_age_seconds",
-		"Seconds since the backlog snapshot the partition metrics come from was taken.", nil, nil)
+		"Seconds since the backlog snapshot the partition metrics come from was taken (since the node started, before the first).", nil, nil)
+	descBacklogAvailable = prometheus.NewDesc("ordo_backlog_available",
+		"1 while the backlog snapshot is fresh (refreshed within 3 intervals + 2 s); 0 while the partition metrics are stale or missing.", nil, nil)
 	descBacklogRefreshes = prometheus.NewDesc("ordo_backlog_refreshes_total",
 		"Backlog snapshot queries run.", nil, nil)
 	descBacklogFailures = prometheus.NewDesc("ordo_backlog_refresh_failures_total",
@@ -88,7 +90,7 @@ var (
 	descBrokerBlocked = prometheus.NewDesc("ordo_broker_blocked",
 		"1 while the broker blocks the connection (connection.blocked: memory or disk alarm).", nil, nil)
 	descDatabaseUp = prometheus.NewDesc("ordo_database_reachable",
-		"1 while the backlog snapshot is fresh (the database answered within 3 refresh intervals).", nil, nil)
+		"1 while the node reaches PostgreSQL (its health ping succeeded within the lease TTL minus its margin).", nil, nil)
 	descMembers = prometheus.NewDesc("ordo_gossip_members",
 		"Live gossip members this node sees (itself included).", nil, nil)
 	descMembersGone = prometheus.NewDesc("ordo_gossip_members_gone",
@@ -105,7 +107,7 @@ type collector struct{ v *view }
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		descPartitions, descAssigned, descHeld, descPending, descParked, descOldest, descLeaseLive,
-		descBacklogAge, descBacklogRefreshes, descBacklogFailures, descBacklogDuration,
+		descBacklogAge, descBacklogAvailable, descBacklogRefreshes, descBacklogFailures, descBacklogDuration,
 		descMarked, descRelayFailures, descParkedTotal, descRefused, descDeleted, descReads, descIdleReads,
 		descReadRows, descReadSeconds, descMarks, descMarkSeconds,
 		descLeaseSkipped, descStalled, descInFlight, descUnconfirmed, descWindow,
@@ -186,11 +188,17 @@ func (c collector) collectBacklog(gauge func(*prometheus.Desc, float64, ...strin
 	counter(descBacklogFailures, bs.Failures)
 	gauge(descBacklogDuration, bs.LastDuration.Seconds())
 	now := time.Now()
-	gauge(descDatabaseUp, b2f(snap.Fresh(now, v.backlogMaxAge())))
+	gauge(descDatabaseUp, b2f(v.health.Health().Database))
+	gauge(descBacklogAvailable, b2f(snap.Fresh(now, v.backlogMaxAge())))
+	switch {
+	case !snap.Taken.IsZero():
+		gauge(descBacklogAge, now.Sub(snap.Taken).Seconds())
+	case !bs.Started.IsZero():
+		gauge(descBacklogAge, now.Sub(bs.Started).Seconds())
+	}
 	if snap.Taken.IsZero() {
 		return
 	}
-	gauge(descBacklogAge, now.Sub(snap.Taken).Seconds())
 	for _, p := range snap.Partitions {
 		l := strconv.Itoa(p.Partition)
 		gauge(descPending, float64(p.Pending), l)

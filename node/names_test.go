@@ -12,7 +12,6 @@ import (
 
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/node"
-	"github.com/ordo-relay/ordo/outbox"
 )
 
 // TestSessionsCarryTheNodeName: every PostgreSQL session of a node has
@@ -22,11 +21,9 @@ import (
 func TestSessionsCarryTheNodeName(t *testing.T) {
 	t.Parallel()
 	testkit.RequireRabbitMQ(t)
-	dbURL, pool := testkit.NewTestDB(t, 2)
+	ob := testkit.NewOutbox(t, 4, 2)
+	dbURL, pool := ob.URL, ob.Pool
 	ctx := testkit.Context(t, time.Minute)
-	if err := outbox.Migrate(ctx, pool, 4); err != nil {
-		t.Fatal(err)
-	}
 	u, err := url.Parse(dbURL)
 	if err != nil {
 		t.Fatal(err)

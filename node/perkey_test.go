@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
@@ -88,35 +87,23 @@ func (f *headFails) faults() (nacked, returned int) {
 func perKeyRun(t *testing.T, perKeyLimit int) (testkit.Report, *headFails, *pgxpool.Pool) {
 	t.Helper()
 	testkit.RequireRabbitMQ(t)
-	dbURL, pool := testkit.NewTestDB(t, 3)
-	ctx := testkit.Context(t, 2*time.Minute)
 	const partitions, orders = 8, 200
-	if err := outbox.Migrate(ctx, pool, partitions); err != nil {
-		t.Fatal(err)
-	}
+	ob := testkit.NewOutbox(t, partitions, 3)
+	dbURL, pool := ob.URL, ob.Pool
 	ex := testkit.NewExchange(t)
 	checker := testkit.NewChecker(t, testkit.AMQPURL(), ex, "order.*")
-	prod, _ := outbox.NewProducer(partitions)
 	for _, typ := range []string{"placed", "cancelled"} {
 		msgs := make([]outbox.Message, orders)
 		for i := range msgs {
 			msgs[i] = outbox.Message{CorrelationID: fmt.Sprintf("order-%d", i), Exchange: ex, RoutingKey: "order." + typ,
 				Type: "order-" + typ, Payload: json.RawMessage(`{}`)}
 		}
-		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			ids, err := prod.Enqueue(ctx, tx, msgs...)
-			for _, id := range ids {
-				checker.Expect(id.String())
-			}
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
+		ob.Enqueue(t, checker, msgs...)
 	}
 	f := &headFails{}
 	t.Cleanup(f.nacks.Wait) // after the node has stopped
 	startNodeWith(t, dbURL, partitions, func(c *node.Config) { c.Relay.RetryMin, c.Relay.RetryMax = 10*time.Millisecond, 50*time.Millisecond },
-		node.Options{WrapPublisher: f.wrap, PerKeyLimit: perKeyLimit})
+		node.WithHooks(node.Options{}, node.Hooks{WrapPublisher: f.wrap, PerKeyLimit: perKeyLimit}))
 	start := time.Now()
 	rep := checker.WaitFor(t, 30*time.Second, func(r testkit.Report) bool { return r.Lost == 0 })
 	nacked, returned := f.faults()
@@ -148,7 +135,7 @@ func TestNodePerKeyOrderUnderFaults(t *testing.T) {
 	if !rep.OK() {
 		t.Fatalf("checker: %s", rep.Detail())
 	}
-	waitFor(t, 30*time.Second, "every row marked", func() bool { return countRows(t, pool, "processed_at IS NULL") == 0 })
+	testkit.WaitFor(t, 30*time.Second, "every row marked", func() bool { return countRows(t, pool, "processed_at IS NULL") == 0 })
 	nacked, returned := f.faults()
 	once := countRows(t, pool, "attempts = 1 AND key_seq = 1")
 	if more := countRows(t, pool, "attempts > 0 AND NOT (attempts = 1 AND key_seq = 1)"); once != nacked+returned || more != 0 {

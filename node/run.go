@@ -44,6 +44,10 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 	if logger == nil {
 		logger = slog.Default()
 	}
+	if cfg.Gossip.BindAddr != "" && cfg.Gossip.Insecure {
+		logger.Warn("gossip is not encrypted (Gossip.Insecure, -gossip-insecure): any host that reaches the gossip address can join the cluster and take partitions; give the node a gossip key",
+			"gossip", cfg.Gossip.BindAddr)
+	}
 	pool, leaseConn, err := openPool(ctx, cfg)
 	if err != nil {
 		return err
@@ -62,6 +66,7 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 // built is a node's components, built and not yet started.
 type built struct {
 	cfg     Config
+	hooks   testHooks
 	logger  *slog.Logger
 	members *membership.Membership // nil when the node runs alone
 	leaser  *lease.Leaser
@@ -111,7 +116,7 @@ func openPool(ctx context.Context, cfg Config) (*pgxpool.Pool, *pgx.ConnConfig, 
 // port taken) is checked before gossip starts listening: a Membership is
 // only shut down by its Run, so a failure after it costs a leave.
 func build(cfg Config, opts Options, logger *slog.Logger, pool *pgxpool.Pool, leaseConn *pgx.ConnConfig) (*built, error) {
-	b := &built{cfg: cfg, logger: logger}
+	b := &built{cfg: cfg, logger: logger, hooks: opts.hooks}
 	connect := func(ctx context.Context) (*pgx.Conn, error) {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
@@ -127,7 +132,7 @@ func build(cfg Config, opts Options, logger *slog.Logger, pool *pgxpool.Pool, le
 		return nil, fmt.Errorf("http-addr: %w", err)
 	}
 	if cfg.Gossip.BindAddr != "" {
-		if b.members, err = membership.New(cfg.membership(logger, opts.GossipTransport)); err != nil {
+		if b.members, err = membership.New(cfg.membershipConfig(logger, opts.hooks.GossipTransport)); err != nil {
 			return nil, b.abandon(err)
 		}
 		lcfg.Wake = b.members.Changed()
@@ -135,17 +140,17 @@ func build(cfg Config, opts Options, logger *slog.Logger, pool *pgxpool.Pool, le
 	if b.leaser, err = lease.New(lcfg); err != nil {
 		return nil, b.abandon(err)
 	}
-	b.pub = rabbitmq.New(cfg.amqp(logger))
+	if b.pub, err = rabbitmq.New(cfg.amqpConfig(logger)); err != nil {
+		return nil, b.abandon(err) // Config.Validate checked it: not expected
+	}
 	b.health = newHealthMonitor(cfg, b.pub, func(ctx context.Context) (*pgx.Conn, error) {
 		return pgx.ConnectConfig(ctx, leaseConn.Copy())
 	}, b.members, logger)
-	var pub relay.Publisher = b.pub
-	if opts.WrapPublisher != nil {
-		pub = opts.WrapPublisher(pub)
-	}
 	pm := newPublishMetrics()
-	pub = observedPublisher{Publisher: pub, m: pm}
-	if b.relay, err = relay.New(opts.relayConfig(cfg.relay(logger)), pgstore.New(pool, logger), pub, b.leaser); err != nil {
+	pub := observedPublisher{Publisher: opts.hooks.publisher(b.pub), m: pm}
+	rc := cfg.relayConfig(logger)
+	rc.TracerProvider = opts.TracerProvider
+	if b.relay, err = relay.New(rc, pgstore.New(pool, logger), pub, b.leaser); err != nil {
 		return nil, b.abandon(err) // Config.Validate checked it: not expected
 	}
 	b.backlog = NewBacklog(pool, cfg.BacklogInterval, logger)
@@ -205,7 +210,7 @@ func (b *built) run(ctx context.Context, ready func(httpAddr string)) error {
 		st.start("gossip", component{"gossip", b.members.Run})
 	}
 	st.start("leases", component{"leases", b.leaser.Run})
-	st.start("relay", component{"relay", b.relay.Run}).after = func() {
+	st.start("relay", component{"relay", b.hooks.relayRun(b.relay)}).after = func() {
 		b.logger.Info("relay stopped; releasing leases", "stats", fmt.Sprintf("%+v", b.relay.Stats()))
 	}
 	b.logger.Info("node started", "http", b.ln.Addr().String(), "gossip", b.cfg.Gossip.BindAddr,

@@ -17,8 +17,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 
+	"github.com/ordo-relay/ordo/internal/gossipfilter"
 	"github.com/ordo-relay/ordo/internal/testkit"
-	"github.com/ordo-relay/ordo/membership"
 	"github.com/ordo-relay/ordo/node"
 	"github.com/ordo-relay/ordo/outbox"
 	"github.com/ordo-relay/ordo/relay"
@@ -59,13 +59,10 @@ func (p *recordingPublisher) Publish(ctx context.Context, m *relay.Message, sett
 func TestSplitBrain(t *testing.T) {
 	t.Parallel()
 	testkit.RequireRabbitMQ(t)
-	dbURL, pool := testkit.NewTestDB(t, 3)
-	ctx := testkit.Context(t, 2*time.Minute)
 	const partitions = 16
-	if err := outbox.Migrate(ctx, pool, partitions); err != nil {
-		t.Fatal(err)
-	}
-	prod, _ := outbox.NewProducer(partitions)
+	ob := testkit.NewOutbox(t, partitions, 3)
+	dbURL, pool, prod := ob.URL, ob.Pool, ob.Producer
+	ctx := testkit.Context(t, 2*time.Minute)
 	ex := testkit.NewExchange(t)
 	checker := testkit.NewChecker(t, testkit.AMQPURL(), ex)
 
@@ -80,7 +77,7 @@ func TestSplitBrain(t *testing.T) {
 	defer func() { stop(); wg.Wait() }()
 	for i, name := range names {
 		self := gossip[i]
-		tr, err := membership.NewFilterTransport(self, func(to string) bool { return !split.Load() || group[to] == group[self] })
+		tr, err := gossipfilter.New(self, func(to string) bool { return !split.Load() || group[to] == group[self] })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -88,14 +85,16 @@ func TestSplitBrain(t *testing.T) {
 		cfg.PostgresURL, cfg.AMQP.URL, cfg.NodeName = dbURL, testkit.AMQPURL(), name
 		cfg.HTTPAddr, cfg.Partitions, cfg.DBMaxConns = "127.0.0.1:0", partitions, 3
 		cfg.Gossip.BindAddr, cfg.Gossip.Join, cfg.Gossip.RejoinInterval = self, gossip, time.Second
+		cfg.Gossip.Keys = [][]byte{[]byte("0123456789abcdef")}
 		cfg.Relay.PollInterval = 200 * time.Millisecond
 		ready := make(chan string, 1)
-		opts := node.Options{
-			Logger:          slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})).With("node", name),
+		opts := node.WithHooks(node.Options{
+			Logger: testkit.Logger(t, slog.LevelWarn).With("node", name),
+			Ready:  func(a string) { ready <- a },
+		}, node.Hooks{
 			GossipTransport: tr,
 			WrapPublisher:   func(p relay.Publisher) relay.Publisher { return &recordingPublisher{p, name, plog} },
-			Ready:           func(a string) { ready <- a },
-		}
+		})
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -130,7 +129,7 @@ func TestSplitBrain(t *testing.T) {
 		}
 		return len(s)
 	}
-	waitFor(t, 30*time.Second, "all three agree on a three-way map", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "all three agree on a three-way map", func() bool {
 		v := views()
 		return owners(v[0]) == 3 && slices.Equal(v[0], v[1]) && slices.Equal(v[0], v[2])
 	})
@@ -165,7 +164,7 @@ func TestSplitBrain(t *testing.T) {
 
 	split.Store(true)
 	splitAt := time.Now()
-	waitFor(t, 30*time.Second, "both sides see the split", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "both sides see the split", func() bool {
 		v := views()
 		return owners(v[0]) == 2 && owners(v[2]) == 1
 	})
@@ -176,7 +175,7 @@ func TestSplitBrain(t *testing.T) {
 	}
 	split.Store(false)
 	healed := time.Now()
-	waitFor(t, 30*time.Second, "views merged after healing", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "views merged after healing", func() bool {
 		v := views()
 		return owners(v[0]) == 3 && slices.Equal(v[0], v[1]) && slices.Equal(v[0], v[2])
 	})
@@ -224,23 +223,4 @@ func TestSplitBrain(t *testing.T) {
 		}
 	}
 	t.Logf("%d publishes checked against %d claims: no overlap", len(recs), nClaims)
-}
-
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > timeout {
-			t.Fatalf("%s: not within %v", what, timeout)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(b []byte) (int, error) {
-	defer func() { _ = recover() }()
-	w.t.Log(string(b))
-	return len(b), nil
 }

@@ -72,10 +72,12 @@ func newTraceEnv(t *testing.T) *traceEnv {
 	e.api = httptest.NewServer(srv)
 	t.Cleanup(e.api.Close)
 
-	icfg := inbox.LocalConfig(testkit.UniqueName(t, "c"))
+	icfg := inbox.DefaultConfig(testkit.UniqueName(t, "c"))
+	icfg.LeaseTTL, icfg.Heartbeat, icfg.GapWait = 2*time.Second, 2*time.Second, 2*time.Second
+	icfg.RetryMin, icfg.RetryMax, icfg.RetryPoll = 20*time.Millisecond, 500*time.Millisecond, 50*time.Millisecond
 	icfg.AMQPURL, icfg.Exchange, icfg.Shards, icfg.Partitions = testkit.AMQPURL(), e.ex, 2, tracePartitions
 	icfg.Instance, icfg.TracerProvider = "i1", e.tp
-	icfg.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	icfg.Logger = testkit.Logger(t, slog.LevelWarn)
 	t.Cleanup(func() { deleteInboxTopology(t, inbox.TopologyOf(icfg)) })
 	c, err := inbox.New(icfg, pool, func(ctx context.Context, tx pgx.Tx, m *inbox.Message) error {
 		e.mu.Lock()
@@ -132,11 +134,11 @@ func (e *traceEnv) startNode(name string, wrap func(relay.Publisher) relay.Publi
 	cfg.HTTPAddr, cfg.Partitions, cfg.DBMaxConns = "127.0.0.1:0", tracePartitions, 3
 	cfg.Relay.PollInterval, cfg.Relay.SettleTimeout = 100*time.Millisecond, 200*time.Millisecond
 	ready := make(chan string, 1)
-	opts := node.Options{
-		Logger:         slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelWarn})).With("node", name),
-		TracerProvider: e.tp, WrapPublisher: wrap,
-		Ready: func(a string) { ready <- a },
-	}
+	opts := node.WithHooks(node.Options{
+		Logger:         testkit.Logger(e.t, slog.LevelWarn).With("node", name),
+		TracerProvider: e.tp,
+		Ready:          func(a string) { ready <- a },
+	}, node.Hooks{WrapPublisher: wrap})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- node.Run(ctx, cfg, opts) }()
@@ -181,7 +183,7 @@ func (e *traceEnv) placeOrder() string {
 func (e *traceEnv) waitSpans(what string, cond func(tracetest.SpanStubs) bool) tracetest.SpanStubs {
 	e.t.Helper()
 	var got tracetest.SpanStubs
-	waitFor(e.t, 30*time.Second, what, func() bool {
+	testkit.WaitFor(e.t, 30*time.Second, what, func() bool {
 		got = e.spans.GetSpans()
 		return cond(got)
 	})

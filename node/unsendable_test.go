@@ -38,7 +38,7 @@ func startNodeWith(t *testing.T, dbURL string, partitions int, edit func(*node.C
 		edit(&cfg)
 	}
 	ready := make(chan string, 1)
-	opts.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	opts.Logger = testkit.Logger(t, slog.LevelWarn)
 	opts.Ready = func(a string) { ready <- a }
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -82,12 +82,10 @@ func nodeStatus(t *testing.T, addr string) node.Status {
 func TestUnsendableRowsParked(t *testing.T) {
 	t.Parallel()
 	testkit.RequireRabbitMQ(t)
-	dbURL, pool := testkit.NewTestDB(t, 3)
-	ctx := testkit.Context(t, 2*time.Minute)
 	const partitions = 4
-	if err := outbox.Migrate(ctx, pool, partitions); err != nil {
-		t.Fatal(err)
-	}
+	ob := testkit.NewOutbox(t, partitions, 3)
+	dbURL, pool := ob.URL, ob.Pool
+	ctx := testkit.Context(t, 2*time.Minute)
 	ex := testkit.NewExchange(t)
 	checker := testkit.NewChecker(t, testkit.AMQPURL(), ex)
 	addr := startNode(t, dbURL, partitions, func(c *node.Config) { c.Relay.RetryMin, c.Relay.RetryMax = 50*time.Millisecond, 200*time.Millisecond })

@@ -15,7 +15,6 @@ import (
 
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/orderapi"
-	"github.com/ordo-relay/ordo/outbox"
 )
 
 const testPartitions = 16
@@ -39,17 +38,10 @@ type env struct {
 // goes to tb's output.
 func newEnv(tb testing.TB, logger *slog.Logger) *env {
 	tb.Helper()
-	_, pool := testkit.NewTestDB(tb, 4)
-	ctx := testkit.Context(tb, 30*time.Second)
-	if err := outbox.Migrate(ctx, pool, testPartitions); err != nil {
-		tb.Fatalf("outbox.Migrate: %v", err)
-	}
-	if err := orderapi.Migrate(ctx, pool); err != nil {
+	ob := testkit.NewOutbox(tb, testPartitions, 4)
+	pool, producer := ob.Pool, ob.Producer
+	if err := orderapi.Migrate(testkit.Context(tb, 30*time.Second), pool); err != nil {
 		tb.Fatalf("orderapi.Migrate: %v", err)
-	}
-	producer, err := outbox.NewProducer(testPartitions)
-	if err != nil {
-		tb.Fatal(err)
 	}
 	cfg := orderapi.DefaultConfig()
 	cfg.Exchange = testkit.UniqueName(tb, "ex")

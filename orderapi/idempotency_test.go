@@ -11,7 +11,6 @@ import (
 
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/orderapi"
-	"github.com/ordo-relay/ordo/outbox"
 )
 
 // postKeyed posts body to /orders with an Idempotency-Key header.
@@ -171,15 +170,12 @@ func TestIdempotencyKeyExpires(t *testing.T) {
 // returns when its context ends.
 func TestRunKeyExpiry(t *testing.T) {
 	t.Parallel()
-	_, pool := testkit.NewTestDB(t, 2)
+	ob := testkit.NewOutbox(t, testPartitions, 2)
+	pool, producer := ob.Pool, ob.Producer
 	ctx := testkit.Context(t, 30*time.Second)
-	if err := outbox.Migrate(ctx, pool, testPartitions); err != nil {
-		t.Fatal(err)
-	}
 	if err := orderapi.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	producer, _ := outbox.NewProducer(testPartitions)
 	cfg := orderapi.DefaultConfig()
 	cfg.KeyExpiryInterval = 20 * time.Millisecond
 	srv, err := orderapi.New(cfg, pool, producer, nil)

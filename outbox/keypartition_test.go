@@ -94,15 +94,16 @@ func TestKeyPartitionBackfill(t *testing.T) {
 	t.Parallel()
 	_, pool := testkit.NewTestDB(t, 2)
 	ctx := testkit.Context(t, 30*time.Second)
-	// Install every migration but 0007, as main did before 0007 was
-	// merged (0008 came first), and write some rows.
+	// Install migrations 1 to 8 but 0007, as main did before 0007 was
+	// merged (0008 came first), and write some rows. (Later migrations
+	// rely on 0007's column.)
 	old := fstest.MapFS{}
 	entries, err := os.ReadDir("migrations")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range entries {
-		if !strings.HasPrefix(e.Name(), "0007") {
+		if !strings.HasPrefix(e.Name(), "0007") && e.Name() < "0009" {
 			b, err := os.ReadFile("migrations/" + e.Name())
 			if err != nil {
 				t.Fatal(err)

@@ -6,16 +6,13 @@ import (
 	"fmt"
 	"math"
 	"strings"
+
+	"github.com/ordo-relay/ordo/wire"
 )
 
 // MaxNameBytes is the longest correlation id, exchange, routing key, type or
 // header name, in bytes: an AMQP short string.
 const MaxNameBytes = 255
-
-// ReservedHeaderPrefix starts the headers Ordo sets itself on every
-// published message (x-ordo-key-seq, x-ordo-prev-key-seq, x-ordo-partition,
-// x-ordo-epoch). Producers may not set headers with this prefix.
-const ReservedHeaderPrefix = "x-ordo-"
 
 // MaxHeaderFrameBytes is the most bytes a message's AMQP content header
 // frame may take: its properties and every header, Ordo's own included,
@@ -131,8 +128,8 @@ func checkHeader(k string, v any) (field, reason string) {
 		return "Headers", "a header name is empty"
 	case len(k) > MaxNameBytes:
 		return field, fmt.Sprintf("name is %d bytes long, the limit is %d", len(k), MaxNameBytes)
-	case strings.HasPrefix(strings.ToLower(k), ReservedHeaderPrefix):
-		return field, fmt.Sprintf("the %q prefix is reserved for headers Ordo sets", ReservedHeaderPrefix)
+	case strings.HasPrefix(strings.ToLower(k), wire.ReservedPrefix):
+		return field, fmt.Sprintf("the %q prefix is reserved for headers Ordo sets", wire.ReservedPrefix)
 	}
 	return field, checkHeaderValue(v)
 }

@@ -23,6 +23,15 @@ var migrations embed.FS
 // that the two agree.
 const NotifyChannel = "ordo_outbox"
 
+// WakeLockClass is the first key of the advisory locks (WakeLockClass,
+// partition) by which a relay arms a partition: since migration 10 the
+// trigger notifies a partition only while a relay holds that lock, so
+// that producers' commits take NOTIFY's database-wide lock only when a
+// relay is idle and waits for them (docs/design.md, "Wake-ups"). It is
+// 'ordo' read as ASCII. TestWakeLockClassIsTheTriggers checks that the
+// trigger spells the same number.
+const WakeLockClass int32 = 0x6f72646f
+
 // ErrPartitionMismatch is returned (wrapped in a *PartitionMismatchError) by
 // Migrate and LoadPartitions when the database was installed with a
 // different partition count than the one configured.

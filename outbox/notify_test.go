@@ -1,12 +1,20 @@
 package outbox_test
 
 import (
+	"context"
+	"fmt"
+	"maps"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/outbox"
+	"github.com/ordo-relay/ordo/partition"
 )
 
 // TestNotifyChannelIsTheTriggers: the trigger functions the migrations
@@ -52,4 +60,161 @@ WHERE n.nspname = current_schema() AND p.prosrc LIKE '%pg_notify%'`)
 		t.Fatalf("found %d functions and %d pg_notify calls: the notify trigger is missing", funcs, notifies)
 	}
 	t.Logf("%d function(s), %d pg_notify call(s), all on %q", funcs, notifies, outbox.NotifyChannel)
+}
+
+// arm takes the wake lock of partitions on conn, as a relay arms them.
+func arm(t *testing.T, conn *pgxpool.Conn, partitions ...int) {
+	t.Helper()
+	for _, p := range partitions {
+		var ok bool
+		if err := conn.QueryRow(testkit.Context(t, 10*time.Second), `SELECT pg_try_advisory_lock($1::int, $2::int)`,
+			outbox.WakeLockClass, p).Scan(&ok); err != nil || !ok {
+			t.Fatalf("arm partition %d: %v, %v", p, ok, err)
+		}
+	}
+}
+
+// notifications collects what conn receives until 500 ms pass quietly.
+func notifications(ctx context.Context, conn *pgxpool.Conn) map[string]int {
+	got := map[string]int{}
+	for {
+		wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		n, err := conn.Conn().WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			return got
+		}
+		got[n.Payload]++
+	}
+}
+
+// TestNotifyPerPartition: a transaction notifies each armed partition it
+// wrote to once, however many statements and rows, and no partition that
+// is not armed (migration 10: NOTIFY serialises commits, so producers
+// notify only a relay that waits).
+func TestNotifyPerPartition(t *testing.T) {
+	t.Parallel()
+	pool, p := setup(t, 3)
+	ctx := testkit.Context(t, 30*time.Second)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{outbox.NotifyChannel}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	same, other, quiet := partition.Of("same", 64), partition.Of("order-42", 64), partition.Of("quiet", 64)
+	if same == other || quiet == same || quiet == other {
+		t.Fatal("pick keys of three partitions")
+	}
+	arm(t, conn, same, other)
+	// 20 messages of one key plus one of another, over two statements,
+	// and one of a partition nobody armed.
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		batch := make([]outbox.Message, 20)
+		for i := range batch {
+			batch[i] = msg("same")
+		}
+		if _, err := p.Enqueue(ctx, tx, batch...); err != nil {
+			return err
+		}
+		_, err := p.Enqueue(ctx, tx, msg("same"), msg("order-42"), msg("quiet"))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := notifications(ctx, conn)
+	want := map[string]int{itoa(same): 1, itoa(other): 1}
+	if !maps.Equal(got, want) {
+		t.Fatalf("notifications %v, want %v (partition %d was not armed)", got, want, quiet)
+	}
+}
+
+// TestArmWaitsForProducers: a relay cannot arm a partition while a
+// producer's transaction that wrote to it without notifying is open, and
+// can once it commits; so a relay that reads after arming misses no
+// commit that did not notify. A statement over more than 16 partitions
+// notifies them all, armed or not, and takes no lock.
+func TestArmWaitsForProducers(t *testing.T) {
+	t.Parallel()
+	pool, p := setup(t, 3)
+	ctx := testkit.Context(t, 30*time.Second)
+	relay, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer relay.Release()
+	if _, err := relay.Exec(ctx, "LISTEN "+pgx.Identifier{outbox.NotifyChannel}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	tryArm := func(part int) bool {
+		var ok bool
+		if err := relay.QueryRow(ctx, `SELECT pg_try_advisory_lock($1::int, $2::int)`, outbox.WakeLockClass, part).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	part := partition.Of("open", 64)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := p.Enqueue(ctx, tx, msg("open")); err != nil {
+		t.Fatal(err)
+	}
+	if tryArm(part) {
+		t.Fatalf("partition %d armed while a producer that did not notify is open", part)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !tryArm(part) {
+		t.Fatalf("partition %d not armed after the producer committed", part)
+	}
+	if got := notifications(ctx, relay); len(got) != 0 {
+		t.Fatalf("the producer notified %v, but nothing was armed when it wrote", got)
+	}
+	// A statement over every partition: notifications for all, and no
+	// lock in the way of arming another partition while it is open.
+	var msgs []outbox.Message
+	for i := range 200 {
+		msgs = append(msgs, msg(fmt.Sprintf("wide-%d", i)))
+	}
+	tx, err = pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := p.Enqueue(ctx, tx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	wide := partition.Of("wide-0", 64)
+	if wide != part && !tryArm(wide) {
+		t.Fatalf("partition %d not armable while a statement over more than 16 partitions is open", wide)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := notifications(ctx, relay); len(got) < 17 {
+		t.Fatalf("a statement over many partitions notified %d of them: %v", len(got), got)
+	}
+}
+
+// TestWakeLockClassIsTheTriggers: the notify trigger tests the lock class
+// relays arm with (outbox.WakeLockClass; the SQL cannot import it).
+func TestWakeLockClassIsTheTriggers(t *testing.T) {
+	t.Parallel()
+	pool, _ := setup(t, 1)
+	ctx := testkit.Context(t, 30*time.Second)
+	var src string
+	if err := pool.QueryRow(ctx, `SELECT prosrc FROM pg_proc WHERE proname = 'outbox_notify'`).Scan(&src); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("pg_try_advisory_xact_lock_shared(%d, p)", outbox.WakeLockClass)
+	if !strings.Contains(src, want) {
+		t.Fatalf("outbox_notify does not call %s:\n%s", want, src)
+	}
 }

@@ -1,7 +1,6 @@
 package outbox_test
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"strconv"
@@ -224,7 +223,7 @@ func TestConcurrentProducersOneKey(t *testing.T) {
 		})
 	}()
 	// Wait until B is really blocked on A's lock.
-	waitFor(t, 10*time.Second, func() bool {
+	testkit.WaitFor(t, 10*time.Second, "B waiting for A's lock", func() bool {
 		var waiting int
 		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
@@ -336,71 +335,7 @@ func TestPlainInsertContract(t *testing.T) {
 	}
 }
 
-// TestNotifyPerPartition: one notification per partition per transaction.
-func TestNotifyPerPartition(t *testing.T) {
-	t.Parallel()
-	pool, p := setup(t, 3)
-	ctx := testkit.Context(t, 30*time.Second)
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{outbox.NotifyChannel}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
-	// 20 messages of one key plus one of another, over two statements.
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		batch := make([]outbox.Message, 20)
-		for i := range batch {
-			batch[i] = msg("same")
-		}
-		if _, err := p.Enqueue(ctx, tx, batch...); err != nil {
-			return err
-		}
-		_, err := p.Enqueue(ctx, tx, msg("same"), msg("order-42"))
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]int{}
-	for {
-		wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-		n, err := conn.Conn().WaitForNotification(wctx)
-		cancel()
-		if err != nil {
-			break
-		}
-		got[n.Payload]++
-	}
-	want := map[string]int{}
-	for _, k := range []string{"same", "order-42"} {
-		want[itoa(partition.Of(k, 64))] = 1
-	}
-	if len(got) != len(want) {
-		t.Fatalf("notifications %v, want %v", got, want)
-	}
-	for k, v := range want {
-		if got[k] != v {
-			t.Fatalf("notifications %v, want %v", got, want)
-		}
-	}
-}
-
 func itoa(i int) string { return strconv.Itoa(i) }
-
-func waitFor(t *testing.T, d time.Duration, cond func() bool) {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > d {
-			t.Fatalf("condition not met within %v", d)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Logf("condition met after %v", time.Since(start).Round(time.Millisecond))
-}
 
 // TestRetriedInsertLeavesNoGap: an INSERT repeating an existing id (a
 // producer's retry) is skipped and does not consume a key_seq.

@@ -26,12 +26,6 @@ type Config struct {
 	// raise it for a broker far away, lower it to bound duplicates.
 	Window int
 
-	// PerKeyLimit is the most messages of one key in flight at once. The
-	// default, 1, is what keeps per-key order (a nacked message could be
-	// overtaken by its successor otherwise). Only tests raise it, to show
-	// what breaks; the node always uses 1.
-	PerKeyLimit int
-
 	// BatchSize is the most rows one read returns for one partition;
 	// reads of many partitions at once take fewer of each. The default is
 	// 512. Larger batches cost fewer reads on a deep backlog and more
@@ -100,7 +94,6 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Window:            512,
-		PerKeyLimit:       1,
 		BatchSize:         512,
 		ReadAheadBytes:    16 << 20,
 		PollInterval:      time.Second,
@@ -120,7 +113,6 @@ func DefaultConfig() Config {
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
 	confcheck.Fill(&c.Window, d.Window)
-	confcheck.Fill(&c.PerKeyLimit, d.PerKeyLimit)
 	confcheck.Fill(&c.BatchSize, d.BatchSize)
 	confcheck.Fill(&c.ReadAheadBytes, d.ReadAheadBytes)
 	confcheck.Fill(&c.PollInterval, d.PollInterval)
@@ -144,7 +136,6 @@ func (c Config) Validate() error {
 	ck := confcheck.New("relay")
 	ck.Require(c.Node != "", "Node", "is empty; the node's name is required")
 	ck.Require(c.Window >= 1 && c.Window <= 65535, "Window", "%d is out of range 1..65535", c.Window)
-	ck.Require(c.PerKeyLimit >= 1, "PerKeyLimit", "%d is below 1", c.PerKeyLimit)
 	ck.Require(c.BatchSize >= 1, "BatchSize", "%d is below 1", c.BatchSize)
 	ck.Require(c.ReadAheadBytes >= 1, "ReadAheadBytes", "%d is below 1", c.ReadAheadBytes)
 	for _, d := range []struct {

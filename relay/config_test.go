@@ -20,10 +20,10 @@ func TestConfigValidate(t *testing.T) {
 	if err := c.Validate(); err != nil {
 		t.Fatalf("defaults refused: %v", err)
 	}
-	bad := relay.Config{Node: "n1", Window: 70000, PerKeyLimit: 0, BatchSize: -1, ReadAheadBytes: 0,
+	bad := relay.Config{Node: "n1", Window: 70000, BatchSize: -1, ReadAheadBytes: 0,
 		PollInterval: 0, ReadTimeout: -time.Second, RetryMin: time.Second, RetryMax: time.Millisecond,
 		SettleTimeout: 0, MaxAttempts: 0, RetentionAge: -time.Hour, RetentionInterval: 0, RetentionChunk: 0}
-	want := []string{"Window", "PerKeyLimit", "BatchSize", "ReadAheadBytes", "PollInterval", "ReadTimeout",
+	want := []string{"Window", "BatchSize", "ReadAheadBytes", "PollInterval", "ReadTimeout",
 		"SettleTimeout", "RetentionInterval", "RetryMax", "MaxAttempts", "RetentionAge", "RetentionChunk"}
 	if got := confcheck.Fields(bad.Validate()); !slices.Equal(got, want) {
 		t.Fatalf("problems %v, want %v\n%v", got, want, bad.Validate())

@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/ordo-relay/ordo/internal/relayhook"
 	"github.com/ordo-relay/ordo/relay"
 	"github.com/ordo-relay/ordo/relay/relaytest"
 )
@@ -30,6 +31,9 @@ type core struct {
 	pub   *relaytest.Publisher
 	r     *relay.Relay
 	logs  *syncBuffer
+	// perKeyLimit, when above 1, is the per-key limit start runs the relay
+	// with (internal/relayhook); tests set it to show what breaks.
+	perKeyLimit int
 
 	cancel context.CancelFunc
 	done   chan error
@@ -82,7 +86,7 @@ func newCore(t *testing.T, ttl time.Duration, edit func(*relay.Config)) *core {
 
 // start runs the relay until the test ends.
 func (c *core) start() {
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(relayhook.WithPerKeyLimit(context.Background(), c.perKeyLimit))
 	c.cancel, c.done = cancel, make(chan error, 1)
 	go func() { c.done <- c.r.Run(ctx) }()
 	c.t.Cleanup(c.stop)
@@ -184,7 +188,8 @@ func TestCoreDeliversEveryKeyInOrder(t *testing.T) {
 func TestCorePerKeyRuleIsWhatKeepsOrder(t *testing.T) {
 	for _, limit := range []int{1, 2} {
 		t.Run(fmt.Sprintf("limit %d", limit), func(t *testing.T) {
-			c := newCore(t, 0, func(cfg *relay.Config) { cfg.PerKeyLimit = limit })
+			c := newCore(t, 0, nil)
+			c.perKeyLimit = limit
 			c.pub.SetFaultDelay(time.Millisecond) // nacks come later, as from a broker
 			t.Cleanup(c.pub.Quiesce)
 			c.pub.SetFault(func(m *relay.Message) (relay.Result, bool) {

@@ -13,7 +13,6 @@
 //   - Unsent: the channel or connection closed first. Nothing is recorded;
 //     the row is read again.
 //
-// At most PerKeyLimit (1) messages of a key are unconfirmed or unmarked at
-// once, and at most Window messages of the node are unconfirmed. Together
-// they keep each key in order while the pipeline stays full across keys.
+// At most one message of a key is unconfirmed or unmarked at once, and at
+// most Window messages of the node are unconfirmed. Together they keep each key in order while the pipeline stays full across keys.
 package relay

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/ordo-relay/ordo/internal/relayhook"
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/lease"
 	"github.com/ordo-relay/ordo/outbox"
@@ -132,7 +133,7 @@ type nodeOpts struct {
 	name      string
 	amqpURL   string // default testkit.AMQPURL()
 	dbURL     string // default the harness database
-	perKey    int
+	perKey    int    // the per-key limit, when above 1 (internal/relayhook)
 	window    int
 	wrapPub   func(relay.Publisher) relay.Publisher
 	wrapStore func(relay.Store) relay.Store
@@ -208,9 +209,12 @@ func (h *harness) startNode(o nodeOpts) *node {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	amqpPub := rabbitmq.New(rabbitmq.Config{URL: o.amqpURL, Window: max(o.window, 64), Logger: o.logger,
+	amqpPub, err := rabbitmq.New(rabbitmq.Config{URL: o.amqpURL, Window: max(o.window, 64), Logger: o.logger,
 		ReconnectMax: 500 * time.Millisecond, ConfirmTimeout: o.confirmTimeout,
 		CallTimeout: o.callTimeout, Heartbeat: o.heartbeat})
+	if err != nil {
+		h.t.Fatal(err)
+	}
 	var pub relay.Publisher = amqpPub
 	if o.wrapPub != nil {
 		pub = o.wrapPub(pub)
@@ -221,7 +225,6 @@ func (h *harness) startNode(o nodeOpts) *node {
 	}
 	cfg := relay.DefaultConfig()
 	cfg.Node = o.name
-	cfg.PerKeyLimit = max(o.perKey, 1)
 	if o.window > 0 {
 		cfg.Window = o.window
 	}
@@ -253,7 +256,7 @@ func (h *harness) startNode(o nodeOpts) *node {
 	n.stopBG = stopBG
 	n.bg.Go(func() error { return amqpPub.Run(bgCtx) })
 	n.bg.Go(func() error { return leaser.Run(bgCtx) })
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(relayhook.WithPerKeyLimit(context.Background(), o.perKey))
 	n.cancel = cancel
 	n.running.Go(func() error { return rl.Run(ctx) })
 	h.t.Cleanup(n.stop)

@@ -15,7 +15,7 @@ import (
 	"github.com/ordo-relay/ordo/relay/relaytest"
 )
 
-// The local lease deadline, checked before every publish (DESIGN.md
+// The local lease deadline, checked before every publish (docs/design.md,
 // invariant 3): a node whose lease has lapsed and been claimed elsewhere
 // sends nothing more, although it still believes it holds the partition
 // at the same epoch and has rows ready in memory. The relay checks it

@@ -13,7 +13,8 @@ import (
 // settle is the Publisher's callback. It never blocks. A confirm lets the
 // key's next row go at once; the mark follows in a batch. A failure puts
 // the row back at its key's head, backing off, until the failure is
-// recorded. Unsent puts it back as it was.
+// recorded. Unsent puts it back as it was, to go again at once the first
+// time and after unsentDelay when it is Unsent again (no attempt counted).
 func (r *Relay) settle(f *flight, res Result) {
 	spanSettled(f, res)
 	var done func()
@@ -29,8 +30,10 @@ func (r *Relay) settle(f *flight, res Result) {
 	case Unsent:
 		r.stats.Unsent++
 		done = r.endFlightLocked(f)
-		r.requeueLocked(f, time.Time{})
+		f.e.unsent++
+		r.requeueLocked(f, time.Now().Add(r.unsentDelay(f.e.unsent)))
 	default:
+		f.e.unsent = 0
 		k.writing++
 		r.queue = append(r.queue, settlement{f, res})
 	}
@@ -43,6 +46,22 @@ func (r *Relay) settle(f *flight, res Result) {
 		signal(r.wakeMark)
 	}
 	signal(r.wakeRead)
+}
+
+// unsentMaxDelay caps the wait of a row Unsent again and again.
+const unsentMaxDelay = time.Second
+
+// unsentDelay is how long a row waits before going again after its n-th
+// Unsent in a row: nothing the first time (a channel closed under
+// innocent messages, which go again as soon as the publisher is back),
+// then RetryMin doubling, up to RetryMax or unsentMaxDelay. A Publisher
+// may settle Unsent inside Publish; without the wait the relay would
+// publish the row again at once, in the same dispatch, forever.
+func (r *Relay) unsentDelay(n int) time.Duration {
+	if n <= 1 {
+		return 0
+	}
+	return backoff.Attempt(n-2, r.cfg.RetryMin, min(r.cfg.RetryMax, unsentMaxDelay))
 }
 
 // unsend takes back a flight that was never sent.

@@ -17,14 +17,18 @@ type partState struct {
 	keys   map[string]*keyState
 	queued map[uuid.UUID]*entry // read ahead, not in flight
 
-	cursor   int64     // highest seq read in the current pass
-	pass     uint64    // the current pass; entries carry the pass that last saw them
-	reading  bool      // a pass is under way: the next read continues at cursor
-	dirty    bool      // a notification or poll asks for a new pass
-	lastPass time.Time // when the current pass began
+	cursor     int64     // highest seq read in this epoch: tail reads continue above it
+	passCursor int64     // highest seq read in the current pass
+	pass       uint64    // the current pass; entries carry the pass that last saw them
+	reading    bool      // a pass is under way: the next read continues at passCursor
+	dirty      bool      // a new pass is wanted as soon as minPassGap allows
+	lastPass   time.Time // when the current pass began
+	passAt     time.Time // when a follow-up pass is due (zero: none)
+	passStep   int       // follow-up passes run since the last new rows
+	hot        bool      // a tail read is wanted (a notification, a poll, or a full page)
+	notified   bool      // a notification came since the last tail read began
+	armed      bool      // the Store notifies this partition's commits (see wake.go)
 
-	flights int    // published under this state and not yet ended (see endFlightLocked)
-	revoked func() // the Revoked's Done, called when flights reaches 0
 }
 
 // keyState is one key's queue and its place in the per-key rule.
@@ -43,9 +47,10 @@ type keyState struct {
 
 // entry is one row held in memory.
 type entry struct {
-	row  Row
-	seen uint64 // the pass of its partition that last read it
-	size int64
+	row    Row
+	seen   uint64 // the pass of its partition that last read it
+	size   int64
+	unsent int // publishes in a row settled Unsent (see Relay.unsentDelay)
 }
 
 // flight is one published message, until it is marked or its failure is
@@ -65,7 +70,7 @@ func rowSize(r *Row) int64 {
 }
 
 func newPartState(p int, epoch int64) *partState {
-	return &partState{id: p, epoch: epoch, keys: map[string]*keyState{}, queued: map[uuid.UUID]*entry{}, dirty: true}
+	return &partState{id: p, epoch: epoch, keys: map[string]*keyState{}, queued: map[uuid.UUID]*entry{}, dirty: true, passStep: followUps}
 }
 
 func (ps *partState) key(name string) *keyState {
@@ -78,6 +83,9 @@ func (ps *partState) key(name string) *keyState {
 }
 
 func (r *Relay) dropPartLocked(ps *partState) {
+	if ps.armed {
+		r.strays = append(r.strays, ps.id) // disarmed by the next syncArms
+	}
 	for _, e := range ps.queued {
 		r.bytes -= e.size
 	}
@@ -200,13 +208,13 @@ func (r *Relay) forgetIfIdleLocked(k *keyState) {
 }
 
 // headLocked returns k's next row if the per-key rule lets it go now:
-// not parked or backing off, fewer than PerKeyLimit of the key unsettled,
-// and the row below it confirmed by this relay in this epoch or already
-// processed when the row was read (at PerKeyLimit > 1, merely published:
+// not parked or backing off, nothing of the key unsettled (fewer than
+// perKeyLimit, which only a test raises), and the row below it confirmed by this relay in this epoch or already
+// processed when the row was read (at perKeyLimit > 1, merely published:
 // what tests use to show the rule matters). A head that backs off is
 // remembered, and the retry timer wakes the relay for it.
 func (r *Relay) headLocked(k *keyState, now time.Time) (*entry, bool) {
-	if len(k.queue) == 0 || k.writing > 0 || k.inFlight >= r.cfg.PerKeyLimit {
+	if len(k.queue) == 0 || k.writing > 0 || k.inFlight >= r.perKeyLimit {
 		return nil, false
 	}
 	e := k.queue[0]
@@ -220,7 +228,7 @@ func (r *Relay) headLocked(k *keyState, now time.Time) (*entry, bool) {
 	prev := e.row.KeySeq - 1
 	switch {
 	case k.inFlight == 0 && (!e.row.PrevPending || prev <= k.confirmed):
-	case r.cfg.PerKeyLimit > 1 && (!e.row.PrevPending || prev <= k.published):
+	case r.perKeyLimit > 1 && (!e.row.PrevPending || prev <= k.published):
 	default:
 		return nil, false
 	}

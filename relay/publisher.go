@@ -9,14 +9,6 @@ import (
 	"github.com/google/uuid"
 )
 
-// Header names Ordo sets on every message (DESIGN.md, "The AMQP message").
-const (
-	HeaderKeySeq     = "x-ordo-key-seq"
-	HeaderPrevKeySeq = "x-ordo-prev-key-seq"
-	HeaderPartition  = "x-ordo-partition"
-	HeaderEpoch      = "x-ordo-epoch"
-)
-
 // Message is one outbox row as it is published.
 type Message struct {
 	ID            uuid.UUID

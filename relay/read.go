@@ -10,48 +10,6 @@ import (
 	"github.com/ordo-relay/ordo/internal/outage"
 )
 
-// How reads find every pending row without walking the backlog.
-//
-// Each held partition is read in passes. A pass reads the partition's
-// pending rows in seq order, a page at a time, each page continuing above
-// the highest seq the last one returned, until a page comes back short.
-// A cursor alone would miss a row whose transaction commits after a later
-// row was read (DESIGN.md: never read seq > cursor and trust it), so the
-// cursor is only where the current pass stands: order never depends on it
-// (each row says whether the row below it in its key was pending, and a
-// key goes on only once that row is confirmed here or was processed), and
-// a new pass starts over from the partition's first pending row whenever a
-// producer's commit notifies the partition (at most every minPassGap) and
-// at least every passEvery while the relay polls. A pass that has read
-// everything forgets the queued rows it did not see again.
-//
-// So a read costs the rows it returns; a pass costs the partition's
-// pending rows, and passes run only when something was committed (or as a
-// slow safety net), not after every publish.
-const (
-	minPassGap      = 100 * time.Millisecond
-	passEvery       = 5 * time.Second
-	stallCheckEvery = 100 * time.Millisecond
-)
-
-// notified is the Store's Listen callback: partition p (or every one, for
-// -1) has new commits.
-func (r *Relay) notified(p int) {
-	r.mu.Lock()
-	hit := false
-	for id, ps := range r.parts {
-		if p < 0 || id == p {
-			ps.dirty, hit = true, true
-		}
-	}
-	r.mu.Unlock()
-	// Another node's partition is another node's business: with N nodes,
-	// waking on every notification would make N reads of every commit.
-	if hit || p < 0 {
-		signal(r.wakeRead)
-	}
-}
-
 // readLoop reads pending rows and publishes them while ctx lasts.
 func (r *Relay) readLoop(ctx context.Context) {
 	down := outage.New(r.cfg.Logger, "PostgreSQL (outbox reads)")
@@ -106,6 +64,9 @@ func (r *Relay) readLoop(ctx context.Context) {
 		if published > 0 {
 			continue
 		}
+		if r.syncArms(ctx) {
+			continue // read the partitions just armed once more
+		}
 		r.checkStall()
 		if !r.wait(ctx, poll.C, retry) {
 			return
@@ -122,18 +83,18 @@ func (r *Relay) wait(ctx context.Context, poll <-chan time.Time, retry *time.Tim
 		r.mu.Unlock()
 		return true // a key's backoff is over: publish it now
 	}
-	for _, ps := range r.parts {
-		// A notification that came within minPassGap of the last pass
-		// starts the next one when the gap is over.
-		if ps.dirty && !ps.reading {
-			if at := ps.lastPass.Add(minPassGap); at.After(now) && (next.IsZero() || at.Before(next)) {
-				next = at
-			}
+	soonest := func(at time.Time) {
+		if !at.IsZero() && (next.IsZero() || at.Before(next)) {
+			next = at
 		}
 	}
+	for _, ps := range r.parts {
+		soonest(r.nextPassLocked(ps))
+	}
+	soonest(r.nextPollLocked())
 	r.mu.Unlock()
 	if !next.IsZero() {
-		retry.Reset(max(time.Until(next), time.Millisecond))
+		retry.Reset(max(time.Until(next), 0))
 	}
 	select {
 	case <-ctx.Done():
@@ -143,8 +104,11 @@ func (r *Relay) wait(ctx context.Context, poll <-chan time.Time, retry *time.Tim
 	case <-poll:
 		r.mu.Lock()
 		for _, ps := range r.parts {
-			// An operator's retry or skip notifies the partition (admin),
-			// so a parked key needs no faster look than this.
+			// The safety net: a tail read of every partition, and a pass
+			// of those not read from the start for passEvery. An
+			// operator's retry or skip notifies the partition (admin), so
+			// a parked key needs no faster look than this.
+			ps.hot = true
 			if time.Since(ps.lastPass) >= passEvery {
 				ps.dirty = true
 			}
@@ -187,8 +151,17 @@ func (r *Relay) checkStall() {
 	}
 }
 
-// readOnce reads one page of every held partition that wants one, while
-// the read-ahead budget has room, and reports whether it read.
+// readState is what one read asked of one partition.
+type readState struct {
+	ps       *partState
+	pass     bool  // a page of a pass, not a tail read
+	before   int64 // the partition's cursor when the read began
+	notified bool  // a tail read for a notification
+}
+
+// readOnce reads one page of every held partition that wants one (a tail
+// read or a page of a pass), while the read-ahead budget has room, and
+// reports whether it read.
 func (r *Relay) readOnce(ctx context.Context) (bool, error) {
 	now := time.Now()
 	r.mu.Lock()
@@ -196,22 +169,33 @@ func (r *Relay) readOnce(ctx context.Context) (bool, error) {
 		r.mu.Unlock()
 		return false, nil // memory is full: publishing and marks free it
 	}
+	r.pollDueLocked(now)
 	var cursors []Cursor
-	states := map[int]*partState{}
+	states := map[int]readState{}
 	for p, ps := range r.parts {
-		if !ps.reading && (!ps.dirty || now.Sub(ps.lastPass) < minPassGap) {
+		pass := ps.reading || r.passDueLocked(ps, now)
+		if !pass && !ps.hot {
 			continue // nothing to read
 		}
 		if l, ok := r.own.Lease(p); !ok || l.Epoch != ps.epoch || !l.Valid(now) {
 			continue
 		}
-		if !ps.reading {
+		st := readState{ps: ps, pass: pass, before: ps.cursor}
+		switch {
+		case !pass:
+			st.notified, ps.notified = ps.notified, false
+			cursors = append(cursors, Cursor{Partition: p, After: ps.cursor})
+		case !ps.reading:
+			// A pass reads the tail too, up to its last page.
 			ps.pass++
-			ps.cursor, ps.reading, ps.dirty, ps.lastPass = 0, true, false, now
+			ps.passCursor, ps.reading, ps.dirty, ps.lastPass, ps.passAt = 0, true, false, now, time.Time{}
+			ps.hot, ps.notified = false, false
 			r.stats.Passes++
+			fallthrough
+		default:
+			cursors = append(cursors, Cursor{Partition: p, After: ps.passCursor})
 		}
-		cursors = append(cursors, Cursor{Partition: p, After: ps.cursor})
-		states[p] = ps
+		states[p] = st
 	}
 	clear(r.marked)
 	clear(r.markedKeys)
@@ -231,6 +215,12 @@ func (r *Relay) readOnce(ctx context.Context) (bool, error) {
 		if rctx.Err() != nil && ctx.Err() == nil {
 			err = fmt.Errorf("%w (the read took longer than %v)", err, r.cfg.ReadTimeout)
 		}
+		r.mu.Lock()
+		for _, st := range states {
+			st.ps.hot = st.ps.hot || !st.pass // read it again
+			st.ps.notified = st.ps.notified || st.notified
+		}
+		r.mu.Unlock()
 		return false, err
 	}
 	r.progress.leaseSkipped(r.ingestRead(states, rows, took, limit))
@@ -240,27 +230,53 @@ func (r *Relay) readOnce(ctx context.Context) (bool, error) {
 // ingestRead stores what one read returned for the partitions in states
 // and returns how many rows it left out because their partition was
 // revoked or assigned again during the read.
-func (r *Relay) ingestRead(states map[int]*partState, rows []Row, took time.Duration, limit int) (skipped int) {
+func (r *Relay) ingestRead(states map[int]readState, rows []Row, took time.Duration, limit int) (skipped int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	now := time.Now()
 	r.stats.Reads++
 	r.stats.ReadRows += int64(len(rows))
 	r.stats.ReadSeconds += took.Seconds()
+	r.lastReadTook = took
 	byPart := map[int][]Row{}
 	for _, row := range rows {
 		byPart[row.Partition] = append(byPart[row.Partition], row)
 	}
-	for p, ps := range states {
-		got := byPart[p]
+	for p, st := range states {
+		got, ps := byPart[p], st.ps
 		if r.parts[p] != ps {
 			// The lease moved during the read: read again under the new one.
 			skipped += len(got)
 			continue
 		}
 		r.ingestLocked(ps, got)
-		if len(got) < limit {
-			ps.reading = false
-			r.sweepLocked(ps)
+		fresh := len(got) > 0 && got[len(got)-1].Seq > st.before
+		short := len(got) < limit
+		if st.pass {
+			if len(got) > 0 {
+				ps.passCursor = max(ps.passCursor, got[len(got)-1].Seq)
+			}
+			if short {
+				ps.reading = false
+				r.sweepLocked(ps)
+				r.followUpLocked(ps)
+			}
+			continue
+		}
+		ps.hot = !short
+		switch {
+		case fresh:
+			r.rateLocked(now, len(got)) // busy: poll, do not arm (wake.go)
+			// A transaction that drew a seq below these rows may commit
+			// after them: look below the cursor soon, and again later.
+			ps.passStep = 0
+			if at := now.Add(r.passGapLocked(ps)); ps.passAt.IsZero() || at.Before(ps.passAt) {
+				ps.passAt = at
+			}
+		case st.notified:
+			// A commit was notified and nothing new is above the cursor:
+			// it landed below it (or was read already).
+			ps.dirty = true
 		}
 	}
 	r.stats.LeaseSkipped += int64(skipped)
@@ -269,10 +285,15 @@ func (r *Relay) ingestRead(states map[int]*partState, rows []Row, took time.Dura
 
 // dispatch publishes every queued row the per-key rule and the window let
 // go now, and returns how many it published. A Publish error (the broker
-// went away) ends it; the row stays queued.
+// went away) ends it; the row stays queued. So does ctx's end: a
+// Publisher that settles or refuses every message inside Publish never
+// fills the window, and Run must still stop.
 func (r *Relay) dispatch(ctx context.Context) (int, error) {
 	n := 0
 	for {
+		if ctx.Err() != nil {
+			return n, nil // Run is stopping; readLoop sees it
+		}
 		f, leaseLost := r.nextFlight()
 		if leaseLost {
 			r.progress.leaseSkipped(1)
@@ -296,7 +317,7 @@ func (r *Relay) dispatch(ctx context.Context) (int, error) {
 
 // nextFlight takes the next publishable head off the ready list and
 // registers it as a flight, after checking its partition's live lease: the
-// last check before the publish (DESIGN.md invariant 3). A Revoked is
+// last check before the publish (docs/design.md, invariant 3). A Revoked is
 // applied under r.mu too, so a handoff either finds this flight and waits
 // for it, or the Ownership has already taken the lease away (before
 // sending the Revoked) and this check refuses.
@@ -334,15 +355,13 @@ func (r *Relay) nextFlight() (f *flight, leaseLost bool) {
 			Exchange: e.row.Exchange, RoutingKey: e.row.RoutingKey, Type: e.row.Type,
 			Payload: e.row.Payload, OccurredAt: e.row.OccurredAt, Deadline: l.Deadline,
 		}}
-		r.flights[e.row.ID] = f
+		r.startFlightLocked(f)
 		k.inFlight++
-		k.flights++
-		k.part.flights++
 		k.published = max(k.published, e.row.KeySeq)
 		r.unconfirmed++
 		r.stats.Published++
 		r.lastPublish = now
-		if r.cfg.PerKeyLimit > 1 && !k.inReady && len(k.queue) > 0 {
+		if r.perKeyLimit > 1 && !k.inReady && len(k.queue) > 0 {
 			// Its next row goes right behind this one (tests only: the
 			// rule is 1).
 			k.inReady = true

@@ -12,6 +12,8 @@ import (
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/ordo-relay/ordo/internal/relayhook"
 )
 
 // Relay moves pending outbox rows of the partitions its node holds to the
@@ -31,6 +33,11 @@ type Relay struct {
 	own   Ownership
 
 	tracer trace.Tracer // nil: tracing off
+	// perKeyLimit is the most messages of one key unsettled at once: 1,
+	// which keeps per-key order (a nacked message could be overtaken by
+	// its successor otherwise). Only a test raises it, to show what
+	// breaks: Run takes it from its context (internal/relayhook).
+	perKeyLimit int
 
 	wakeRead chan struct{} // coalesced: something may be readable or publishable
 	wakeMark chan struct{} // coalesced: settlements are queued
@@ -46,11 +53,21 @@ type Relay struct {
 	queue          []settlement          // confirmed or failed, not yet written
 	marked         map[uuid.UUID]bool    // marked since the current read began
 	markedKeys     map[string]int64      // highest key_seq marked per key since the current read began
-	revoking       int                   // revoked partitions whose flights have not all ended
+	flightsOf      map[int]int           // flights per partition, whichever partState published them (handoff.go)
+	revoked        map[int][]func()      // Revoked.Done calls waiting for their partition's flights to end
 	writes         uint64                // failure records written so far
 	readFrom       uint64                // writes when the current read began
 	lastPublish    time.Time
 	lastStallCheck time.Time
+	lastNew        time.Time // when a read last found new rows or a commit was notified
+	rate           float64   // new rows a second, decaying (wake.go)
+	rateAt         time.Time // when rate was last updated
+	busy           bool      // polling, not armed (wake.go)
+	lastReadTook   time.Duration
+	lastPoll       time.Time // when the unarmed partitions were last polled (wake.go)
+	armDue         bool      // a poll ran: try to arm the unarmed partitions
+	armGen         uint64    // Listen's (re)connects: an Arm begun before one is void
+	strays         []int     // partitions dropped while armed, to disarm
 	stats          Stats
 	progress       *progress
 }
@@ -103,7 +120,7 @@ func New(cfg Config, store Store, pub Publisher, own Ownership) (*Relay, error) 
 		tracer = cfg.TracerProvider.Tracer(tracerName)
 	}
 	return &Relay{
-		cfg: cfg, store: store, pub: pub, own: own, tracer: tracer,
+		cfg: cfg, store: store, pub: pub, own: own, perKeyLimit: 1, tracer: tracer,
 		wakeRead:   make(chan struct{}, 1),
 		wakeMark:   make(chan struct{}, 1),
 		parts:      map[int]*partState{},
@@ -112,6 +129,8 @@ func New(cfg Config, store Store, pub Publisher, own Ownership) (*Relay, error) 
 		leaseWait:  map[*keyState]bool{},
 		marked:     map[uuid.UUID]bool{},
 		markedKeys: map[string]int64{},
+		flightsOf:  map[int]int{},
+		revoked:    map[int][]func(){},
 		progress:   newProgress(cfg.Logger),
 	}, nil
 }
@@ -121,7 +140,7 @@ func (r *Relay) Stats() Stats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := r.stats
-	s.InFlight, s.Unconfirmed, s.Revoking = len(r.flights), r.unconfirmed, r.revoking
+	s.InFlight, s.Unconfirmed, s.Revoking = len(r.flights), r.unconfirmed, len(r.revoked)
 	for _, ps := range r.parts {
 		s.ReadAhead += len(ps.queued)
 	}
@@ -144,6 +163,7 @@ func signal(c chan struct{}) {
 // Run has returned. It returns early, with its error, if the Store's
 // Listen fails for good (after settling the same way).
 func (r *Relay) Run(ctx context.Context) error {
+	r.perKeyLimit = relayhook.PerKeyLimit(ctx) // 1 but in tests; set before any goroutine reads it
 	var marks errgroup.Group
 	markCtx, stopMark := context.WithCancel(context.Background())
 	defer stopMark()

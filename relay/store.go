@@ -53,7 +53,7 @@ type Settled struct {
 
 // Store is the relay's view of the outbox. Every write checks, in its own
 // transaction, that node still holds each row's partition at the epoch the
-// row was published under (DESIGN.md invariant 3). Implementations are safe
+// row was published under (docs/design.md, invariant 3). Implementations are safe
 // for concurrent use.
 type Store interface {
 	// ReadPending returns, for each cursor, up to limit pending rows of its
@@ -80,7 +80,21 @@ type Store interface {
 	DeleteProcessed(ctx context.Context, node string, partition int, epoch int64, olderThan time.Duration, limit int) (int64, error)
 	// Listen calls wake with the partition of every outbox notification
 	// until ctx ends, re-listening after every reconnect and calling wake
-	// with partition -1 (any) once after each
-	// (re)connect, so a notification missed while down costs one poll.
+	// with partition -1 (any) once after each (re)connect, so a
+	// notification missed while down costs one read. A (re)connect also
+	// disarms every partition.
 	Listen(ctx context.Context, wake func(partition int)) error
+	// Arm asks that the next commits to each of partitions be notified
+	// through Listen, and returns those now armed (already armed ones
+	// included). Producers notify only armed partitions: NOTIFY serialises
+	// their commits database-wide (DESIGN.md). A partition is not armed
+	// while a producer's transaction that wrote to it without notifying is
+	// open; once Arm returns it armed, every commit to it that did not
+	// notify is visible to a read begun after Arm returned. Arming lasts
+	// until Disarm, or until Listen's connection ends (wake(-1) follows).
+	// It fails while Listen is not connected.
+	Arm(ctx context.Context, partitions []int) ([]int, error)
+	// Disarm stops the notifications of partitions' commits (the relay
+	// polls them instead). Partitions not armed are left alone.
+	Disarm(ctx context.Context, partitions []int) error
 }

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/ordo-relay/ordo/node"
 )
 
 // httpClient is the demo's HTTP client. Close its idle connections when
@@ -80,7 +82,7 @@ func waitReady(ctx context.Context, client *http.Client, c *child, url string, t
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-c.done:
+		case <-c.done():
 			return fmt.Errorf("%s exited before it was ready (see its output above): %v", c.name, c.exitError())
 		case <-deadline.C:
 			return fmt.Errorf("%s not ready within %v: GET %s: %s", c.name, timeout, url, last)
@@ -159,44 +161,10 @@ func placeOrders(ctx context.Context, con *console, client *http.Client, base st
 	return orders, nil
 }
 
-// nodeStatus is the part of the node's /status document the demo prints.
-type nodeStatus struct {
-	Node           string `json:"node"`
-	PartitionCount int    `json:"partitionCount"`
-	Held           count  `json:"held"`
-	Broker         bool   `json:"brokerConnected"`
-	Relay          struct {
-		Published, Confirmed, Marked, Failed int64
-	} `json:"relay"`
-	Partitions []struct {
-		Partition int    `json:"partition"`
-		Owner     string `json:"owner"`
-		Pending   int64  `json:"pending"`
-	} `json:"partitions"`
-}
-
-// count decodes a JSON number, or the length of a JSON array: /status
-// lists the partitions a node holds, and once only counted them.
-type count int
-
-func (c *count) UnmarshalJSON(b []byte) error {
-	var list []json.RawMessage
-	if err := json.Unmarshal(b, &list); err == nil {
-		*c = count(len(list))
-		return nil
-	}
-	var n int
-	if err := json.Unmarshal(b, &n); err != nil {
-		return fmt.Errorf("want a number or an array, got %s", b)
-	}
-	*c = count(n)
-	return nil
-}
-
-// pending returns the rows waiting in every partition, and how many
-// partitions owner holds according to the database.
-func (s nodeStatus) pending() (pending int64, owned int) {
-	for _, p := range s.Partitions {
+// pending returns the rows waiting in every partition of s, and how many
+// partitions its node holds according to the database.
+func pending(s node.Status) (pending int64, owned int) {
+	for _, p := range s.Leases {
 		pending += p.Pending
 		if p.Owner == s.Node {
 			owned++
@@ -209,10 +177,10 @@ func (s nodeStatus) pending() (pending int64, owned int) {
 // to have nothing pending: the node marks rows shortly after the broker
 // confirms them, so right after the last delivery a row or two may still
 // count.
-func fetchStatus(ctx context.Context, client *http.Client, url string, wait time.Duration) (nodeStatus, error) {
+func fetchStatus(ctx context.Context, client *http.Client, url string, wait time.Duration) (node.Status, error) {
 	deadline := time.Now().Add(wait)
 	for {
-		var s nodeStatus
+		var s node.Status
 		code, body, err := exchange(ctx, client, http.MethodGet, url, nil)
 		if err != nil {
 			return s, fmt.Errorf("GET %s: %w", url, err)
@@ -223,7 +191,7 @@ func fetchStatus(ctx context.Context, client *http.Client, url string, wait time
 		if err := json.Unmarshal([]byte(body), &s); err != nil {
 			return s, fmt.Errorf("GET %s: %w", url, err)
 		}
-		if p, _ := s.pending(); p == 0 || time.Now().After(deadline) {
+		if p, _ := pending(s); p == 0 || time.Now().After(deadline) {
 			return s, nil
 		}
 		select {

@@ -1,16 +1,15 @@
 package main
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
 )
 
 // console writes the demo's narrative to out and its children's output,
@@ -39,88 +38,57 @@ func (c *console) Step(format string, args ...any) {
 }
 
 // childLine writes one line of a child's output.
-func (c *console) childLine(prefix string, line []byte) {
+func (c *console) childLine(prefix, line string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	fmt.Fprintf(c.errw, "%s %s\n", prefix, bytes.TrimRight(line, "\r"))
+	fmt.Fprintf(c.errw, "%s %s\n", prefix, line)
 }
 
-// lineWriter hands complete lines to the console. exec calls Write from one
-// goroutine at a time (Stdout and Stderr are the same writer); flush runs
-// after Wait, when no Write is left.
-type lineWriter struct {
-	con     *console
-	prefix  string
-	partial []byte
-}
+// childKeepLines bounds the output lines kept per child: the demo only
+// echoes them (to the console), it never reads them back.
+const childKeepLines = 100
 
-func (w *lineWriter) Write(b []byte) (int, error) {
-	w.partial = append(w.partial, b...)
-	for {
-		i := bytes.IndexByte(w.partial, '\n')
-		if i < 0 {
-			break
-		}
-		w.con.childLine(w.prefix, w.partial[:i])
-		w.partial = w.partial[i+1:]
-	}
-	w.partial = append([]byte(nil), w.partial...)
-	return len(b), nil
-}
-
-func (w *lineWriter) flush() {
-	if len(w.partial) > 0 {
-		w.con.childLine(w.prefix, w.partial)
-		w.partial = nil
-	}
-}
-
-// child is a service the demo runs. It dies with the demo (Pdeathsig) and
-// runs in its own process group, so a Ctrl-C in the terminal reaches only
-// the demo, which then stops its children in order.
+// child is a service the demo runs: a test-kit process that dies with the
+// demo (Pdeathsig) and runs in its own process group, so a Ctrl-C in the
+// terminal reaches only the demo, which then stops its children in order.
 type child struct {
 	name string
-	cmd  *exec.Cmd
-	done chan struct{} // closed once the process has exited and its output is read
-	err  error         // cmd.Wait's result; set before done is closed
+	proc *testkit.Process
 
 	stopOnce sync.Once
 	stopErr  error
 }
 
-// childWaitDelay bounds reading a child's output after it has exited.
-const childWaitDelay = 2 * time.Second
-
 // startChild starts bin with env as its whole environment. Its output goes
-// to con, each line prefixed with [name]. The returned child's goroutine
-// waits for the process; Stop ends it.
+// to con, each line prefixed with [name]. Stop ends it.
 func startChild(con *console, name, bin string, env []string) (*child, error) {
-	w := &lineWriter{con: con, prefix: "[" + name + "]"}
-	cmd := exec.Command(bin)
-	cmd.Env = env
-	cmd.Stdout = w
-	cmd.Stderr = w
-	cmd.WaitDelay = childWaitDelay
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", name, err)
+	prefix := "[" + name + "]"
+	p, err := testkit.Start(name, bin, nil, testkit.ProcessOptions{
+		Environ:   env,
+		OwnGroup:  true,
+		KeepLines: childKeepLines,
+		Echo:      func(line string) { con.childLine(prefix, line) },
+	})
+	if err != nil {
+		return nil, err
 	}
-	c := &child{name: name, cmd: cmd, done: make(chan struct{})}
-	go func() {
-		err := cmd.Wait()
-		w.flush()
-		c.err = err
-		close(c.done)
-	}()
-	return c, nil
+	return &child{name: name, proc: p}, nil
 }
 
-// exitError describes how the child ended; call it after done is closed.
+// done is closed once the child has exited and its output was read.
+func (c *child) done() <-chan struct{} { return c.proc.Done() }
+
+// exitError describes how the child ended: nil for exit status 0. Call it
+// after done is closed.
 func (c *child) exitError() error {
-	if c.err == nil {
-		return nil
+	code, err := c.proc.Wait(0)
+	switch {
+	case err != nil:
+		return err
+	case code != 0:
+		return fmt.Errorf("%s: exit status %d", c.name, code)
 	}
-	return fmt.Errorf("%s: %w", c.name, c.err)
+	return nil
 }
 
 // Stop sends SIGTERM, waits up to grace for the child to exit, then kills
@@ -128,24 +96,16 @@ func (c *child) exitError() error {
 // Stop is idempotent; later calls return the first result.
 func (c *child) Stop(grace time.Duration) error {
 	c.stopOnce.Do(func() {
-		select {
-		case <-c.done:
+		if c.proc.Exited() {
 			c.stopErr = fmt.Errorf("%s had already exited: %w", c.name, errors.Join(c.exitError(), errors.New("see its output above")))
 			return
-		default:
 		}
-		if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
-			c.stopErr = fmt.Errorf("signal %s: %w", c.name, err)
-		}
-		t := time.NewTimer(grace)
-		defer t.Stop()
-		select {
-		case <-c.done:
-			c.stopErr = errors.Join(c.stopErr, c.exitError())
-		case <-t.C:
-			_ = c.cmd.Process.Kill()
-			<-c.done
-			c.stopErr = errors.Join(c.stopErr, fmt.Errorf("%s did not stop within %v of SIGTERM; killed", c.name, grace))
+		code, err := c.proc.Stop(grace)
+		switch {
+		case err != nil:
+			c.stopErr = err
+		case code != 0:
+			c.stopErr = fmt.Errorf("%s: exit status %d after SIGTERM", c.name, code)
 		}
 	})
 	return c.stopErr

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"io"
@@ -204,32 +203,5 @@ func dropDatabase(tb testing.TB, name string) {
 	defer conn.Close(context.Background())
 	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil && !errors.Is(err, context.Canceled) {
 		tb.Errorf("drop database %s: %v", name, err)
-	}
-}
-
-func TestStatusHeld(t *testing.T) {
-	tests := []struct {
-		name string
-		json string
-		want count
-	}{
-		{name: "list of partitions", json: `{"held":[0,1,5]}`, want: 3},
-		{name: "empty list", json: `{"held":[]}`, want: 0},
-		{name: "number", json: `{"held":7}`, want: 7},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var s nodeStatus
-			if err := json.Unmarshal([]byte(tt.json), &s); err != nil {
-				t.Fatal(err)
-			}
-			if s.Held != tt.want {
-				t.Errorf("held = %d, want %d", s.Held, tt.want)
-			}
-		})
-	}
-	var s nodeStatus
-	if err := json.Unmarshal([]byte(`{"held":"many"}`), &s); err == nil {
-		t.Error(`held "many" decoded without an error`)
 	}
 }

@@ -12,6 +12,9 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/wire"
 )
 
 // stopGrace is how long a service gets to stop after SIGTERM.
@@ -19,12 +22,6 @@ const stopGrace = 15 * time.Second
 
 // statusWait bounds the wait for the node to mark the last rows processed.
 const statusWait = 5 * time.Second
-
-// Header names Ordo sets on every message (DESIGN.md, "The AMQP message").
-const (
-	headerKeySeq     = "x-ordo-key-seq"
-	headerPrevKeySeq = "x-ordo-prev-key-seq"
-)
 
 // run is the whole demo. It returns nil when every expected event arrived
 // in order, and stops the services it started before it returns.
@@ -64,11 +61,11 @@ func run(ctx context.Context, cfg config, con *console) (err error) {
 	con.Printf("consuming from %s\n", cfg.Queue)
 
 	con.Step("Starting the order API and one node")
-	apiAddr, err := freeAddr()
+	apiAddr, err := testkit.PickAddr()
 	if err != nil {
 		return err
 	}
-	nodeAddr, err := freeAddr()
+	nodeAddr, err := testkit.PickAddr()
 	if err != nil {
 		return err
 	}
@@ -147,12 +144,12 @@ func run(ctx context.Context, cfg config, con *console) (err error) {
 	if err != nil {
 		return err
 	}
-	pending, owned := st.pending()
+	waiting, owned := pending(st)
 	con.Printf("node %s holds %d of %d partitions (the database agrees on %d); broker connected: %v\n",
-		st.Node, st.Held, st.PartitionCount, owned, st.Broker)
+		st.Node, len(st.Held), st.Partitions, owned, st.Broker)
 	con.Printf("relay: %d published, %d confirmed, %d marked processed, %d failed\n",
 		st.Relay.Published, st.Relay.Confirmed, st.Relay.Marked, st.Relay.Failed)
-	con.Printf("outbox: %d pending\n", pending)
+	con.Printf("outbox: %d pending\n", waiting)
 
 	if cfg.Keep {
 		if err := showProjection(ctx, con, shipDB, exp.total(), cfg.Wait); err != nil {
@@ -275,9 +272,9 @@ func receive(ctx context.Context, con *console, deliveries <-chan amqp.Delivery,
 			return fmt.Errorf("%d of %d events did not arrive within %v: %s", len(exp.missing()), exp.total(), wait, strings.Join(exp.missing(), ", "))
 		case <-ctx.Done():
 			return fmt.Errorf("interrupted while waiting for events: %w", ctx.Err())
-		case <-api.done:
+		case <-api.done():
 			return fmt.Errorf("orderapi exited (see its output above): %v", api.exitError())
-		case <-node.done:
+		case <-node.done():
 			return fmt.Errorf("node exited (see its output above): %v", node.exitError())
 		}
 	}
@@ -289,12 +286,12 @@ func receive(ctx context.Context, con *console, deliveries <-chan amqp.Delivery,
 
 // printDelivery prints one message and records it.
 func printDelivery(con *console, d amqp.Delivery, exp *expectation) {
-	keySeq, _ := headerInt(d.Headers, headerKeySeq)
+	keySeq, _ := wire.Int(d.Headers, wire.HeaderKeySeq)
 	remark := exp.record(d.CorrelationId, keySeq)
 	var b strings.Builder
 	fmt.Fprintf(&b, "%-16s %s\n", d.RoutingKey, d.Type)
-	fmt.Fprintf(&b, "    order (correlation-id) %s  %s %s", d.CorrelationId, headerKeySeq, headerText(d.Headers, headerKeySeq))
-	if prev, ok := d.Headers[headerPrevKeySeq]; ok {
+	fmt.Fprintf(&b, "    order (correlation-id) %s  %s %s", d.CorrelationId, wire.HeaderKeySeq, headerText(d.Headers, wire.HeaderKeySeq))
+	if prev, ok := d.Headers[wire.HeaderPrevKeySeq]; ok {
 		fmt.Fprintf(&b, " (prev %v)", prev)
 	}
 	fmt.Fprintf(&b, "  message-id %s\n", d.MessageId)
@@ -303,30 +300,6 @@ func printDelivery(con *console, d amqp.Delivery, exp *expectation) {
 		fmt.Fprintf(&b, "    ^ %s\n", remark)
 	}
 	con.Printf("%s", b.String())
-}
-
-// headerInt reads an integer header, whatever integer type the AMQP table
-// carries it in.
-func headerInt(h amqp.Table, name string) (int64, bool) {
-	switch v := h[name].(type) {
-	case int64:
-		return v, true
-	case int32:
-		return int64(v), true
-	case int16:
-		return int64(v), true
-	case int8:
-		return int64(v), true
-	case int:
-		return int64(v), true
-	case uint8:
-		return int64(v), true
-	case uint16:
-		return int64(v), true
-	case uint32:
-		return int64(v), true
-	}
-	return 0, false
 }
 
 func headerText(h amqp.Table, name string) string {
@@ -358,15 +331,15 @@ func keep(ctx context.Context, con *console, deliveries <-chan amqp.Delivery, ex
 				return errors.New("the broker closed the demo's consumer (connection lost?)")
 			}
 			// Orders placed by hand are checked like the demo's own.
-			keySeq, _ := headerInt(d.Headers, headerKeySeq)
+			keySeq, _ := wire.Int(d.Headers, wire.HeaderKeySeq)
 			exp.adopt(d.CorrelationId, keySeq)
 			printDelivery(con, d, exp)
 		case <-ctx.Done():
 			con.Printf("\n")
 			return nil
-		case <-api.done:
+		case <-api.done():
 			return fmt.Errorf("orderapi exited (see its output above): %v", api.exitError())
-		case <-node.done:
+		case <-node.done():
 			return fmt.Errorf("node exited (see its output above): %v", node.exitError())
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"os/exec"
 	"path/filepath"
@@ -149,19 +148,4 @@ func (b *broker) Close() {
 	if !b.conn.IsClosed() {
 		_ = b.conn.Close()
 	}
-}
-
-// freeAddr returns 127.0.0.1:port for a port that was free a moment ago.
-// The service that gets it binds it itself; another process could take it
-// first, which would make that service fail to start, visibly.
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("find a free port: %w", err)
-	}
-	addr := ln.Addr().String()
-	if err := ln.Close(); err != nil {
-		return "", fmt.Errorf("find a free port: %w", err)
-	}
-	return addr, nil
 }

@@ -226,7 +226,7 @@ func TestBulkRetry(t *testing.T) {
 	_, base := f.start(t, "bulk-node", "ORDO_ADMIN_TOKEN=s3cret", "ORDO_MAX_ATTEMPTS=1", "ORDO_RETRY_MIN=10ms", "ORDO_RETRY_MAX=50ms")
 	addr := strings.TrimPrefix(base, "http://")
 	env := map[string]string{"ORDO_ADMIN_TOKEN": "s3cret"}
-	waitParked(t, f, 3)
+	f.ob.WaitParked(t, 3, 30*time.Second)
 
 	if code, _, errOut := runAdmin(t, env, "retry", "-http", addr, "-key", "x", "-error", "NO_ROUTE"); code != 2 {
 		t.Errorf("-key with -error: exit %d (%s), want 2", code, errOut)
@@ -242,24 +242,5 @@ func TestBulkRetry(t *testing.T) {
 	var result string
 	if err := f.pool.QueryRow(ctx30(t), `SELECT result FROM ordo_operator_audit WHERE action = 'retry-bulk' ORDER BY id LIMIT 1`).Scan(&result); err != nil || result != "retried 2" {
 		t.Fatalf("audit of the bulk retry: %q (%v)", result, err)
-	}
-}
-
-// waitParked waits until n messages are parked.
-func waitParked(t *testing.T, f *fixture, n int) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var got int
-		if err := f.pool.QueryRow(ctx30(t), `SELECT count(*) FROM outbox WHERE parked_at IS NOT NULL AND processed_at IS NULL`).Scan(&got); err != nil {
-			t.Fatal(err)
-		}
-		if got >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d parked after 30 s, want %d", got, n)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -29,9 +30,6 @@ type options struct {
 	// LogFormat is json, text, or auto (json unless stderr, where logs go,
 	// is a terminal).
 	LogFormat string
-	// GossipInsecure lets the node gossip without encryption (no
-	// -gossip-key); it is logged as a warning at every start.
-	GossipInsecure bool
 }
 
 // defaultOptions returns the defaults of every flag: node.DefaultConfig
@@ -91,7 +89,7 @@ var nodeFlags = []nodeFlag{
 	{name: "gossip-key", field: "Gossip.Keys", help: "comma-separated base64 gossip encryption keys (16, 24 or 32 bytes); the first encrypts, all decrypt; required with -gossip-addr unless -gossip-insecure"},
 	{name: "rejoin-interval", field: "Gossip.RejoinInterval", help: "how often to join the seeds again (heals splits)"},
 
-	{name: "gossip-insecure", field: "GossipInsecure", help: "allow -gossip-addr without -gossip-key: gossip unencrypted (logged as a warning at every start)"},
+	{name: "gossip-insecure", field: "Gossip.Insecure", help: "allow -gossip-addr without -gossip-key: gossip unencrypted (logged as a warning at every start)"},
 	{name: "log-level", field: "LogLevel", as: levelFlag, help: "debug, info, warn or error"},
 	{name: "log-format", field: "LogFormat", help: "json, text, or auto: json unless stderr is a terminal"},
 }
@@ -166,10 +164,8 @@ func parseConfig(args []string, lookup func(string) (string, bool), out io.Write
 	if fs.NArg() > 0 {
 		errs = append(errs, fmt.Errorf("unexpected arguments: %q", fs.Args()))
 	}
-	for _, err := range []error{checkLogFormat(o.LogFormat), o.checkGossipSecurity()} {
-		if err != nil {
-			errs = append(errs, err)
-		}
+	if err := checkLogFormat(o.LogFormat); err != nil {
+		errs = append(errs, err)
 	}
 	errs = append(errs, flagProblems(o.Validate())...)
 	if len(errs) > 0 {
@@ -198,13 +194,14 @@ func (l problemList) Unwrap() []error { return l }
 
 // flagProblems rewrites the problems of a node.Config as flag problems:
 // "Relay.Window: 0 is out of range" becomes "-confirm-window
-// (ORDO_CONFIRM_WINDOW): 0 is out of range". A problem of a field no flag
-// sets is kept as it is.
+// (ORDO_CONFIRM_WINDOW): 0 is out of range", and a field a message names
+// becomes its flag ("needs a gossip address (-gossip-addr)"). A problem
+// of a field no flag sets is kept as it is.
 func flagProblems(err error) []error {
 	var errs []error
 	for _, p := range confcheck.Problems(err) {
 		if name := flagOf(p.Field); name != "" {
-			errs = append(errs, fmt.Errorf("-%s (%s): %s", name, envflag.Name(envPrefix, name), p.Msg))
+			errs = append(errs, fmt.Errorf("-%s (%s): %s", name, envflag.Name(envPrefix, name), flagNames(p.Msg)))
 		} else {
 			errs = append(errs, p)
 		}
@@ -213,6 +210,20 @@ func flagProblems(err error) []error {
 		errs = append(errs, err) // not a Problem: cannot happen, but never drop one
 	}
 	return errs
+}
+
+// fieldPath matches what may be a field path in a message: "LeaseTTL",
+// "Gossip.Insecure".
+var fieldPath = regexp.MustCompile(`\b[A-Z][A-Za-z]*(\.[A-Z][A-Za-z]*)*\b`)
+
+// flagNames replaces in msg every field path a flag sets with the flag.
+func flagNames(msg string) string {
+	return fieldPath.ReplaceAllStringFunc(msg, func(path string) string {
+		if name := flagOf(path); name != "" {
+			return "-" + name
+		}
+		return path
+	})
 }
 
 // commaList is a flag.Value of comma-separated items, spaces trimmed and

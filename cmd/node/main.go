@@ -23,7 +23,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -84,7 +83,6 @@ func (c cli) run(ctx context.Context, args []string) error {
 // error it returns is not printed again.
 func (c cli) serve(ctx context.Context, o options) error {
 	logger := newLogger(c.stderr, o.LogFormat, o.LogLevel).With("node", o.NodeName)
-	o.logStartWarnings(logger)
 	getenv := func(k string) string { v, _ := c.lookup(k); return v }
 	tp, flush, err := tracing.Start(ctx, "ordo-node", c.stdout, getenv, logger)
 	if err != nil {
@@ -128,31 +126,4 @@ func exitStatus(err error, w io.Writer) int {
 		fmt.Fprintln(w, err)
 	}
 	return status
-}
-
-// errGossipKey explains why a gossiping node needs a key.
-var errGossipKey = errors.New("-gossip-addr needs -gossip-key (ORDO_GOSSIP_KEY): without it any host that reaches the gossip port joins the cluster and takes partitions; " +
-	"generate one with `openssl rand -base64 32`, or pass -gossip-insecure (ORDO_GOSSIP_INSECURE=true) to gossip unencrypted on a network you trust")
-
-// checkGossipSecurity refuses a gossip address without a key, unless
-// -gossip-insecure says so explicitly, and refuses both a key and
-// -gossip-insecure.
-func (o options) checkGossipSecurity() error {
-	switch {
-	case o.Gossip.BindAddr == "":
-		return nil
-	case len(o.Gossip.Keys) == 0 && !o.GossipInsecure:
-		return errGossipKey
-	case len(o.Gossip.Keys) > 0 && o.GossipInsecure:
-		return errors.New("-gossip-insecure and -gossip-key contradict each other: drop -gossip-insecure to gossip encrypted")
-	}
-	return nil
-}
-
-// logStartWarnings logs what a start should not pass unnoticed.
-func (o options) logStartWarnings(logger *slog.Logger) {
-	if o.Gossip.BindAddr != "" && o.GossipInsecure {
-		logger.Warn("gossip is not encrypted (-gossip-insecure): any host that reaches the gossip address can join the cluster and take partitions; set -gossip-key",
-			"gossip", o.Gossip.BindAddr)
-	}
 }

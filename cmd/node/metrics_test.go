@@ -80,6 +80,7 @@ var wantTypes = map[string]dto.MetricType{
 	"ordo_partition_oldest_pending_age_seconds": dto.MetricType_GAUGE,
 	"ordo_partition_lease_live":                 dto.MetricType_GAUGE,
 	"ordo_backlog_snapshot_age_seconds":         dto.MetricType_GAUGE,
+	"ordo_backlog_available":                    dto.MetricType_GAUGE,
 	"ordo_backlog_refreshes_total":              dto.MetricType_COUNTER,
 	"ordo_backlog_refresh_failures_total":       dto.MetricType_COUNTER,
 	"ordo_backlog_refresh_duration_seconds":     dto.MetricType_GAUGE,

@@ -28,6 +28,7 @@ func TestMain(m *testing.M) {
 }
 
 type fixture struct {
+	ob       *testkit.Outbox
 	dbURL    string
 	pool     *pgxpool.Pool
 	prod     *outbox.Producer
@@ -39,17 +40,9 @@ type fixture struct {
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	testkit.RequireRabbitMQ(t)
-	dbURL, pool := testkit.NewTestDB(t, 4)
-	ctx := testkit.Context(t, 30*time.Second)
-	if err := outbox.Migrate(ctx, pool, 64); err != nil {
-		t.Fatal(err)
-	}
-	prod, err := outbox.NewProducer(64)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ob := testkit.NewOutbox(t, 64, 4)
 	ex := testkit.NewExchange(t)
-	f := &fixture{dbURL: dbURL, pool: pool, prod: prod, exchange: ex,
+	f := &fixture{ob: ob, dbURL: ob.URL, pool: ob.Pool, prod: ob.Producer, exchange: ex,
 		checker: testkit.NewChecker(t, testkit.AMQPURL(), ex, "#"),
 		bin:     testkit.BuildBinary(t, "github.com/ordo-relay/ordo/cmd/node")}
 	t.Cleanup(func() {
@@ -391,8 +384,8 @@ func TestParseConfigGossipSecurity(t *testing.T) {
 				t.Fatalf("refused: %v", err)
 			case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
 				t.Fatalf("err %v, want one naming %s", err, c.err)
-			case c.err == "" && o.GossipInsecure != c.insecure:
-				t.Fatalf("GossipInsecure = %v, want %v", o.GossipInsecure, c.insecure)
+			case c.err == "" && o.Gossip.Insecure != c.insecure:
+				t.Fatalf("Gossip.Insecure = %v, want %v", o.Gossip.Insecure, c.insecure)
 			}
 		})
 	}

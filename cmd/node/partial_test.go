@@ -1,7 +1,6 @@
 package main
 
 import (
-	"net/url"
 	"slices"
 	"testing"
 	"time"
@@ -21,20 +20,11 @@ func newProxiedCluster(t *testing.T, f *fixture, n int, extra ...string) (*clust
 	c := &cluster{f: f, extra: extra}
 	ls := make([]links, n)
 	for i := range n {
-		ls[i] = links{pg: testkit.NewProxy(t, hostOf(t, f.dbURL)), amqp: testkit.NewProxy(t, hostOf(t, testkit.AMQPURL()))}
+		ls[i] = links{pg: testkit.NewProxy(t, testkit.HostPort(t, f.dbURL)), amqp: testkit.NewProxy(t, testkit.HostPort(t, testkit.AMQPURL()))}
 		c.pgURL = append(c.pgURL, ls[i].pg.URL(f.dbURL))
 		c.amqpURL = append(c.amqpURL, ls[i].amqp.URL(testkit.AMQPURL()))
 	}
 	return startCluster(t, c, n), ls
-}
-
-func hostOf(t *testing.T, rawURL string) string {
-	t.Helper()
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return u.Host
 }
 
 // fault breaks (or mends) one proxy: cut closes every connection and

@@ -187,11 +187,19 @@ func TestFlagDefaults(t *testing.T) {
 	if !reflect.DeepEqual(o.Config, node.DefaultConfig()) {
 		t.Fatalf("defaults\n%+v\nwant node.DefaultConfig\n%+v", o.Config, node.DefaultConfig())
 	}
-	amqpDefaults := rabbitmq.DefaultConfig()
-	amqpDefaults.URL = o.AMQP.URL
-	if !reflect.DeepEqual(o.Relay, relay.DefaultConfig()) || !reflect.DeepEqual(o.AMQP, amqpDefaults) ||
-		!reflect.DeepEqual(o.Gossip, membership.DefaultConfig()) {
-		t.Fatalf("nested defaults differ from their packages': %+v %+v %+v", o.Relay, o.AMQP, o.Gossip)
+	for _, c := range []struct {
+		name      string
+		node, pkg any
+	}{
+		{"Relay", o.Relay, relay.DefaultConfig()}, {"AMQP", o.AMQP, rabbitmq.DefaultConfig()}, {"Gossip", o.Gossip, membership.DefaultConfig()},
+	} {
+		n, p := reflect.ValueOf(c.node), reflect.ValueOf(c.pkg)
+		for i := range n.NumField() {
+			name := n.Type().Field(i).Name
+			if pf := p.FieldByName(name); pf.IsValid() && name != "URL" && !reflect.DeepEqual(n.Field(i).Interface(), pf.Interface()) {
+				t.Errorf("%s.%s defaults to %v, its package to %v", c.name, name, n.Field(i), pf)
+			}
+		}
 	}
 
 	var help bytes.Buffer

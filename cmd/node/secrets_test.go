@@ -49,9 +49,9 @@ func TestNoSecretsInOutput(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	pgSecret, amqpSecret, badSecret := "pg-Secret-7d1e9a", "amqp-Secret-4b2c8f", "url-Secret-93af01"
-	proxy := testkit.NewProxy(t, mustHost(t, f.dbURL))
+	proxy := testkit.NewProxy(t, testkit.HostPort(t, f.dbURL))
 	pgURL := withPassword(t, proxy.URL(f.dbURL), pgSecret)
-	amqpURL := "amqp://ordo-no-such-user:" + amqpSecret + "@" + mustHost(t, testkit.AMQPURL()) + "/"
+	amqpURL := "amqp://ordo-no-such-user:" + amqpSecret + "@" + testkit.HostPort(t, testkit.AMQPURL()) + "/"
 	p, base := f.start(t, "secrets-node", "ORDO_POSTGRES_URL="+pgURL, "ORDO_AMQP_URL="+amqpURL)
 
 	var bodies []string
@@ -104,16 +104,6 @@ func TestNoSecretsInOutput(t *testing.T) {
 			t.Errorf("password %q appears in the output:\n%s", secret, linesWith(out, secret))
 		}
 	}
-}
-
-// mustHost returns rawURL's host:port.
-func mustHost(t *testing.T, rawURL string) string {
-	t.Helper()
-	u, err := url.Parse(rawURL)
-	if err != nil || u.Port() == "" {
-		t.Fatalf("%s: no host:port (%v)", rawURL, err)
-	}
-	return u.Host
 }
 
 // linesWith returns the lines of s that contain sub.

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -30,7 +29,7 @@ func TestNoSecretsInOutput(t *testing.T) {
 	u.Host = proxy.Addr()
 	u.User = url.UserPassword(u.User.Username(), secret)
 
-	var log lockedBuilder
+	var log testkit.Buffer
 	w, lines := newLogLines(t)
 	logger := slog.New(slog.NewJSONHandler(io.MultiWriter(w, &log), nil))
 	cfg, err := parseConfig([]string{"-postgres-url", u.String(), "-http-addr", "127.0.0.1:0", "-db-max-conns", "2", "-partitions", "8"},
@@ -94,22 +93,4 @@ func TestNoSecretsInOutput(t *testing.T) {
 			t.Errorf("an answer echoes connection details: %s", a)
 		}
 	}
-}
-
-// lockedBuilder is a strings.Builder safe for concurrent use.
-type lockedBuilder struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuilder) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuilder) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -43,6 +43,7 @@ type config struct {
 	handlerDelay time.Duration // simulated work per event
 	statsEvery   time.Duration // how often to log the inbox counters
 	killAfter    int           // fault injection: SIGKILL itself after this many handled commits, before the ack
+	faults       faults        // fault injection: failing and panicking handler attempts, poison orders
 	logLevel     slog.Level
 	inbox        inbox.Config
 	command      []string // a subcommand and its argument, if any
@@ -76,6 +77,7 @@ func parseConfig(args []string, lookup func(string) (string, bool), output io.Wr
 	fs.DurationVar(&cfg.handlerDelay, "handler-delay", 0, "simulated work per event (tests, bench)")
 	fs.DurationVar(&cfg.statsEvery, "stats-every", 30*time.Second, "how often to log the inbox counters (0: only at exit)")
 	fs.IntVar(&cfg.killAfter, "kill-after", 0, "fault injection: SIGKILL this process after N handled commits, before the ack")
+	cfg.faults.addFlags(fs)
 	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	fs.Usage = envflag.Usage(fs, envPrefix, "usage: shipping [flags] [stuck | dead | resolve ORDER | retry ORDER | skip ORDER | reshard]")
 	if err := envflag.Parse(fs, envPrefix, args, lookup); err != nil {
@@ -91,6 +93,9 @@ func parseConfig(args []string, lookup func(string) (string, bool), output io.Wr
 	}
 	if cfg.dbMaxConns == 0 {
 		cfg.dbMaxConns = ic.Shards + 4
+	}
+	if err := cfg.faults.validate(); err != nil {
+		return config{}, err
 	}
 	if cfg.dbMaxConns < 2 || cfg.dbMaxConns > 1000 {
 		return config{}, fmt.Errorf("-db-max-conns %d out of range 2..1000", cfg.dbMaxConns)

@@ -140,7 +140,7 @@ func (e *env) waitAll(want map[string]int64) map[string]int {
 	for _, n := range want {
 		total += int(n)
 	}
-	waitFor(e.tb, 30*time.Second, fmt.Sprintf("%d messages handled", total), func() bool { return e.handledCount() >= total })
+	testkit.WaitFor(e.tb, 30*time.Second, fmt.Sprintf("%d messages handled", total), func() bool { return e.handledCount() >= total })
 	seqs, by := e.events()
 	for k, n := range want {
 		got := seqs[k]
@@ -153,18 +153,6 @@ func (e *env) waitAll(want map[string]int64) map[string]int {
 		}
 	}
 	return by
-}
-
-func waitFor(tb testing.TB, d time.Duration, what string, cond func() bool) {
-	tb.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > d {
-			tb.Fatalf("%s: not true after %v", what, d)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-	tb.Logf("%s after %v", what, time.Since(start).Round(time.Millisecond))
 }
 
 // owners returns the owner of each shard lease.
@@ -229,7 +217,7 @@ func TestKill9BetweenCommitAndAck(t *testing.T) {
 	e := newEnv(t)
 	a := e.start("a", "-kill-after", "15", "-prefetch", "10")
 	b := e.start("b")
-	waitFor(t, 30*time.Second, "shards split", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "shards split", func() bool {
 		o := e.owners()
 		n := 0
 		for _, x := range o {
@@ -244,7 +232,7 @@ func TestKill9BetweenCommitAndAck(t *testing.T) {
 		t.Fatalf("a did not die by SIGKILL: %v", err)
 	}
 	by := e.waitAll(want)
-	waitFor(t, 30*time.Second, "b owns every shard", func() bool { return e.ownsAll("b") })
+	testkit.WaitFor(t, 30*time.Second, "b owns every shard", func() bool { return e.ownsAll("b") })
 	if dups := stopped(t, b, "duplicates"); dups < 1 {
 		t.Fatalf("b dropped %d duplicates; the message committed by a and not acked should be one", dups)
 	}
@@ -259,21 +247,21 @@ func TestSIGSTOPLateCommitRefused(t *testing.T) {
 	e := newEnv(t)
 	a := e.start("a", "-handler-delay", "100ms", "-prefetch", "20")
 	want := e.publishAll(12, 8)
-	waitFor(t, 30*time.Second, "a handled some", func() bool { return e.handledCount() >= 8 })
+	testkit.WaitFor(t, 30*time.Second, "a handled some", func() bool { return e.handledCount() >= 8 })
 	if err := a.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = a.Signal(syscall.SIGCONT) })
 	b := e.start("b")
 	byBefore := e.waitAll(want)
-	waitFor(t, 30*time.Second, "b owns every shard", func() bool { return e.ownsAll("b") })
+	testkit.WaitFor(t, 30*time.Second, "b owns every shard", func() bool { return e.ownsAll("b") })
 	if err := a.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 	// Give a the time to try: its buffered deliveries and open
 	// transactions meet the stale lease and the closed sessions.
 	a.WaitOutput(t, "inbox", 30*time.Second)
-	waitFor(t, 30*time.Second, "a gave up its shards", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "a gave up its shards", func() bool {
 		return regexp.MustCompile(`leases? (lost|moved|expired)|shard .* unavailable`).MatchString(a.Output())
 	})
 	stopped(t, a, "handled")
@@ -293,11 +281,11 @@ func TestSIGTERMWithPrefetch(t *testing.T) {
 	e := newEnv(t)
 	a := e.start("a", "-prefetch", "50", "-handler-delay", "10ms")
 	want := e.publishAll(20, 10)
-	waitFor(t, 30*time.Second, "a handled some", func() bool { return e.handledCount() >= 30 })
+	testkit.WaitFor(t, 30*time.Second, "a handled some", func() bool { return e.handledCount() >= 30 })
 	b := e.start("b")
 	stopped(t, a, "handled")
 	by := e.waitAll(want)
-	waitFor(t, 30*time.Second, "b owns every shard", func() bool { return e.ownsAll("b") })
+	testkit.WaitFor(t, 30*time.Second, "b owns every shard", func() bool { return e.ownsAll("b") })
 	stopped(t, b, "handled")
 	if by["a"] == 0 || by["b"] == 0 {
 		t.Fatalf("handled by instance %v: want both to have handled some", by)

@@ -9,8 +9,6 @@ import (
 	"net/url"
 	"os"
 	"strings"
-	"sync/atomic"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -33,15 +31,11 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if err := migrate(ctx, pool); err != nil {
 		return fmt.Errorf("migrate projection: %w", err)
 	}
+	var db inbox.DB = pool
+	h := cfg.faults.wrap(projector(cfg.inbox.Instance, cfg.handlerDelay))
 	if cfg.killAfter > 0 {
-		var handled atomic.Int64
-		cfg.inbox.AfterCommit = func(m *inbox.Message, o inbox.Outcome) {
-			if o == inbox.Handled && handled.Add(1) == int64(cfg.killAfter) {
-				logger.Warn("kill-after reached: SIGKILL before the ack", "key", m.CorrelationID, "key_seq", m.KeySeq)
-				_ = syscall.Kill(syscall.Getpid(), syscall.SIGKILL)
-				select {} // the signal is on its way
-			}
-		}
+		k := &killAfter{DB: pool, n: int64(cfg.killAfter), logger: logger}
+		db, h = k, k.handler(h)
 	}
 	tp, flush, err := tracing.Start(ctx, "ordo-shipping", os.Stdout, os.Getenv, logger)
 	if err != nil {
@@ -49,7 +43,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	}
 	defer flush()
 	cfg.inbox.TracerProvider = tp
-	c, err := inbox.New(cfg.inbox, pool, projector(cfg.inbox.Instance, cfg.handlerDelay))
+	c, err := inbox.New(cfg.inbox, db, h)
 	if err != nil {
 		return err
 	}

@@ -9,7 +9,9 @@
 //	}
 //
 // A configuration that nests another re-roots its problems with Nest:
-// "Window" of the relay's config becomes "Relay.Window" of the node's.
+// "Window" of the relay's config becomes "Relay.Window" of the node's, and
+// a field the enclosing configuration derives from one of its own (From)
+// is reported at that source.
 package confcheck
 
 import (
@@ -47,26 +49,53 @@ func (c *Checker) Require(ok bool, field, format string, args ...any) {
 	}
 }
 
+// From says that a nested configuration's field is not set by the user
+// but derived by the enclosing configuration from one of its own fields:
+// Field is the nested field ("ReadTimeout"), Source the enclosing field
+// it is computed from ("LeaseTTL", "Relay.Window").
+type From struct {
+	Field, Source string
+}
+
 // Nest records the problems of a nested configuration's error under
 // prefix (the field holding it): "Window" becomes prefix+".Window".
-// Problems with a field listed in skip are left out: they are fields the
-// enclosing configuration sets itself, from fields it checks itself. An
-// error that is not a Problem is kept, wrapped with prefix.
-func (c *Checker) Nest(prefix string, err error, skip ...string) {
+//
+// A problem with a field the enclosing configuration derives (listed in
+// derived) is a problem of its source, and is reported there, once: it is
+// left out when the source already has a problem (check the sources
+// first: the derived value is only as good as its source), and recorded
+// under the source's name otherwise, saying what it became. Nothing a
+// nested configuration reports is dropped unless its source's problem
+// stands for it.
+//
+// An error that is not a Problem is kept, wrapped with prefix.
+func (c *Checker) Nest(prefix string, err error, derived ...From) {
 	for _, e := range flatten(err) {
 		var p *Problem
 		if !errors.As(e, &p) {
 			c.errs = append(c.errs, fmt.Errorf("%s: %s: %w", c.scope, prefix, e))
 			continue
 		}
-		skipped := false
-		for _, s := range skip {
-			skipped = skipped || s == p.Field
+		field, msg := prefix+"."+p.Field, p.Msg
+		for _, d := range derived {
+			if d.Field == p.Field {
+				field, msg = d.Source, "as "+prefix+"."+p.Field+": "+p.Msg
+			}
 		}
-		if !skipped {
-			c.errs = append(c.errs, &Problem{Scope: c.scope, Field: prefix + "." + p.Field, Msg: p.Msg})
+		if field == prefix+"."+p.Field || !c.has(field) {
+			c.errs = append(c.errs, &Problem{Scope: c.scope, Field: field, Msg: msg})
 		}
 	}
+}
+
+// has reports whether a problem with field was recorded.
+func (c *Checker) has(field string) bool {
+	for _, p := range Problems(errors.Join(c.errs...)) {
+		if p.Field == field {
+			return true
+		}
+	}
+	return false
 }
 
 // Err returns every problem recorded, joined, or nil.

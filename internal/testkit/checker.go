@@ -3,22 +3,14 @@ package testkit
 import (
 	"context"
 	"fmt"
-	"math"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-)
 
-// Header names Ordo sets on every message (DESIGN.md, "The AMQP message").
-const (
-	HeaderKeySeq     = "x-ordo-key-seq"
-	HeaderPrevKeySeq = "x-ordo-prev-key-seq"
-	HeaderPartition  = "x-ordo-partition"
-	HeaderEpoch      = "x-ordo-epoch"
+	"github.com/ordo-relay/ordo/wire"
 )
 
 // reportListCap caps Report.LostIDs and Report.Problems.
@@ -29,8 +21,8 @@ const reportListCap = 20
 const checkerPrefetch = 512
 
 // Delivery is one message as a Checker received it, with Ordo's headers
-// parsed. A header that is absent or not a number leaves its field zero
-// (and HasPrevKeySeq false for x-ordo-prev-key-seq).
+// parsed by wire.Int. A header that is absent or not an integer leaves its
+// field zero (and HasPrevKeySeq false for x-ordo-prev-key-seq).
 type Delivery struct {
 	MessageID     string
 	CorrelationID string
@@ -58,70 +50,13 @@ func DeliveryFromAMQP(d amqp.Delivery) Delivery {
 		Redelivered:   d.Redelivered,
 		Received:      time.Now(),
 	}
-	out.KeySeq, _ = HeaderInt(d.Headers, HeaderKeySeq)
-	out.PrevKeySeq, out.HasPrevKeySeq = HeaderInt(d.Headers, HeaderPrevKeySeq)
-	p, _ := HeaderInt(d.Headers, HeaderPartition)
+	out.KeySeq, _ = wire.Int(d.Headers, wire.HeaderKeySeq)
+	prev, err := wire.Int(d.Headers, wire.HeaderPrevKeySeq)
+	out.PrevKeySeq, out.HasPrevKeySeq = prev, err == nil
+	p, _ := wire.Int(d.Headers, wire.HeaderPartition)
 	out.Partition = int(p)
-	out.Epoch, _ = HeaderInt(d.Headers, HeaderEpoch)
+	out.Epoch, _ = wire.Int(d.Headers, wire.HeaderEpoch)
 	return out
-}
-
-// HeaderInt returns header name of h as an integer. AMQP clients encode
-// integers in different widths and some producers send decimal strings, so
-// every signed and unsigned integer type, an integral float and a decimal
-// string are accepted. It reports false when the header is absent or not an
-// integer.
-func HeaderInt(h amqp.Table, name string) (int64, bool) {
-	v, ok := h[name]
-	if !ok {
-		return 0, false
-	}
-	switch n := v.(type) {
-	case int64:
-		return n, true
-	case int32:
-		return int64(n), true
-	case int16:
-		return int64(n), true
-	case int8:
-		return int64(n), true
-	case int:
-		return int64(n), true
-	case uint8:
-		return int64(n), true
-	case uint16:
-		return int64(n), true
-	case uint32:
-		return int64(n), true
-	case uint64:
-		if n > math.MaxInt64 {
-			return 0, false
-		}
-		return int64(n), true
-	case uint:
-		if uint64(n) > math.MaxInt64 {
-			return 0, false
-		}
-		return int64(n), true
-	case float64:
-		return floatInt(n)
-	case float32:
-		return floatInt(float64(n))
-	case string:
-		i, err := strconv.ParseInt(strings.TrimSpace(n), 10, 64)
-		return i, err == nil
-	case []byte:
-		i, err := strconv.ParseInt(strings.TrimSpace(string(n)), 10, 64)
-		return i, err == nil
-	}
-	return 0, false
-}
-
-func floatInt(f float64) (int64, bool) {
-	if f != math.Trunc(f) || f < math.MinInt64 || f >= math.MaxInt64 {
-		return 0, false
-	}
-	return int64(f), true
 }
 
 // Report summarises what a Checker has seen.
@@ -163,7 +98,7 @@ func (r Report) Detail() string {
 func (r Report) OK() bool { return r.Lost == 0 && r.Reorders == 0 && r.Gaps == 0 }
 
 // Checker records deliveries and checks them for loss and per-key order, by
-// the rules of DESIGN.md, "Ordering, precisely". Per correlation id, over
+// the rules of docs/design.md, "Ordering, precisely". Per correlation id, over
 // first deliveries only (a delivery whose message id was seen before is a
 // duplicate and nothing else), with last the highest key_seq delivered so
 // far for the key (0 initially):

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/ordo-relay/ordo/wire"
 )
 
 // msg builds a delivery of key with key_seq seq; prev < 0 means no
@@ -176,30 +178,6 @@ func TestCheckerConcurrentRecordAndWait(t *testing.T) {
 	}
 }
 
-func TestHeaderInt(t *testing.T) {
-	for _, tc := range []struct {
-		v    any
-		want int64
-		ok   bool
-	}{
-		{int64(-5), -5, true}, {int32(7), 7, true}, {int16(8), 8, true}, {int8(9), 9, true},
-		{10, 10, true}, {uint8(11), 11, true}, {uint16(12), 12, true}, {uint32(13), 13, true},
-		{uint64(14), 14, true}, {uint64(1 << 63), 0, false}, {float64(15), 15, true},
-		{float32(16), 16, true}, {1.5, 0, false}, {"17", 17, true}, {" 18 ", 18, true},
-		{"x", 0, false}, {[]byte("19"), 19, true}, {true, 0, false}, {nil, 0, false},
-	} {
-		t.Run(fmt.Sprintf("%T(%v)", tc.v, tc.v), func(t *testing.T) {
-			got, ok := HeaderInt(amqp.Table{"h": tc.v}, "h")
-			if got != tc.want || ok != tc.ok {
-				t.Errorf("HeaderInt(%#v) = %d, %v; want %d, %v", tc.v, got, ok, tc.want, tc.ok)
-			}
-		})
-	}
-	if _, ok := HeaderInt(amqp.Table{}, "h"); ok {
-		t.Error("absent header reported present")
-	}
-}
-
 // fatalTB records a Fatal instead of failing the real test.
 type fatalTB struct {
 	testing.TB
@@ -293,13 +271,13 @@ func TestCheckerRabbitMQ(t *testing.T) {
 	c.Expect("m1", "m2", "m3")
 	publish(t, ex,
 		amqp.Publishing{MessageId: "m1", CorrelationId: "order-1", Type: "OrderPlaced", Body: []byte(`{"n":1}`),
-			Headers: amqp.Table{"rk": "order.placed", HeaderKeySeq: int64(1), HeaderPrevKeySeq: int64(0), HeaderPartition: int32(42), HeaderEpoch: int64(7)}},
+			Headers: amqp.Table{"rk": "order.placed", wire.HeaderKeySeq: int64(1), wire.HeaderPrevKeySeq: int64(0), wire.HeaderPartition: int32(42), wire.HeaderEpoch: int64(7)}},
 		amqp.Publishing{MessageId: "m2", CorrelationId: "order-1", Type: "OrderPaid",
-			Headers: amqp.Table{"rk": "order.paid", HeaderKeySeq: int16(2), HeaderPrevKeySeq: int8(1), HeaderPartition: "42", HeaderEpoch: float64(7)}},
+			Headers: amqp.Table{"rk": "order.paid", wire.HeaderKeySeq: int16(2), wire.HeaderPrevKeySeq: int8(1), wire.HeaderPartition: uint16(42), wire.HeaderEpoch: uint32(7)}},
 		amqp.Publishing{MessageId: "m2", CorrelationId: "order-1", Type: "OrderPaid",
-			Headers: amqp.Table{"rk": "order.paid", HeaderKeySeq: int16(2), HeaderPrevKeySeq: int8(1), HeaderPartition: "42", HeaderEpoch: float64(7)}},
+			Headers: amqp.Table{"rk": "order.paid", wire.HeaderKeySeq: int16(2), wire.HeaderPrevKeySeq: int8(1), wire.HeaderPartition: uint16(42), wire.HeaderEpoch: uint32(7)}},
 		amqp.Publishing{MessageId: "m3", CorrelationId: "order-2", Type: "OrderPlaced",
-			Headers: amqp.Table{"rk": "order.placed", HeaderKeySeq: uint8(1), HeaderPartition: int64(3), HeaderEpoch: int32(1)}},
+			Headers: amqp.Table{"rk": "order.placed", wire.HeaderKeySeq: uint8(1), wire.HeaderPartition: int64(3), wire.HeaderEpoch: int32(1)}},
 	)
 	r := c.WaitFor(t, 30*time.Second, func(r Report) bool { return r.Total >= 4 })
 	if !r.OK() || r.Distinct != 3 || r.Duplicates != 1 || r.Keys != 2 {

@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ordo-relay/ordo/partition"
+	"github.com/ordo-relay/ordo/wire"
 )
 
 // OrdoPublisher publishes messages shaped as an Ordo relay publishes them
@@ -55,9 +56,9 @@ func NewOrdoPublisher(tb testing.TB, exchange string, partitions int) *OrdoPubli
 func (p *OrdoPublisher) Publish(key string, seq int64, typ string, body []byte) {
 	p.tb.Helper()
 	p.PublishRaw(key, fmt.Sprintf("%s-%d", key, seq), typ, amqp.Table{
-		"x-ordo-key-seq":      seq,
-		"x-ordo-prev-key-seq": seq - 1,
-		"x-ordo-partition":    int32(partition.Of(key, p.partitions)),
+		wire.HeaderKeySeq:     seq,
+		wire.HeaderPrevKeySeq: seq - 1,
+		wire.HeaderPartition:  int32(partition.Of(key, p.partitions)),
 	}, body)
 }
 

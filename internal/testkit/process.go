@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path"
@@ -132,8 +131,13 @@ func RemoveBinaries() {
 // ProcessOptions are the choices StartProcess makes for a test and a
 // program such as the bench may make otherwise.
 type ProcessOptions struct {
-	// Env is added to this process's environment ("K=V"; later ones win).
+	// Env is added to the child's environment ("K=V"; later ones win).
 	Env []string
+	// Environ, when not nil, is the environment the child starts from, in
+	// place of this process's (which it otherwise inherits); Env is added
+	// to it. The demo uses it to keep the user's ORDO_* settings away from
+	// its children.
+	Environ []string
 	// OwnGroup starts the child in a process group of its own, so that a
 	// Ctrl-C at the terminal reaches only the parent, which then stops the
 	// child in order.
@@ -213,7 +217,12 @@ func start(name, bin string, args []string, o ProcessOptions, tb testing.TB) (*P
 		changed: make(chan struct{}),
 	}
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), o.Env...)
+	base := o.Environ
+	if base == nil {
+		base = os.Environ()
+	}
+	// Never nil: a nil Env would make exec pass this process's environment.
+	cmd.Env = append(append(make([]string, 0, len(base)+len(o.Env)), base...), o.Env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: o.OwnGroup}
 	cmd.Stdout = &lineWriter{p: p}
 	cmd.Stderr = &lineWriter{p: p}
@@ -452,45 +461,4 @@ func (p *Process) line(l []byte) {
 		p.echo(text)
 	}
 	p.notifyLocked()
-}
-
-// FreePort returns a port on 127.0.0.1 that is free for both TCP and UDP at
-// the time of the call (gossip binds both on one port). Another process may
-// take it before it is used; callers that can should listen on port 0
-// instead.
-func FreePort(tb testing.TB) int {
-	tb.Helper()
-	port, err := PickPort()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return port
-}
-
-// PickPort is FreePort returning an error, for programs that are not tests.
-func PickPort() (int, error) {
-	var lastErr error
-	for range 20 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			lastErr = err
-			continue
-		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		pc, err := net.ListenPacket("udp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-		_ = ln.Close()
-		if err != nil {
-			lastErr = err
-			continue
-		}
-		_ = pc.Close()
-		return port, nil
-	}
-	return 0, fmt.Errorf("find a free port on 127.0.0.1: %w", lastErr)
-}
-
-// FreeAddr returns "127.0.0.1:port" for a port from FreePort.
-func FreeAddr(tb testing.TB) string {
-	tb.Helper()
-	return net.JoinHostPort("127.0.0.1", strconv.Itoa(FreePort(tb)))
 }

@@ -166,9 +166,95 @@ func TestStartOutsideATest(t *testing.T) {
 	}
 }
 
+// TestStartEnviron: with Environ the child starts from that environment,
+// not this process's, and Env is added to it; without, it inherits.
+func TestStartEnviron(t *testing.T) {
+	bin, _, err := Build(context.Background(), echoprocPkg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("ECHOPROC_STDERR", "inherited")
+	for _, tc := range []struct {
+		name string
+		o    ProcessOptions
+		want string
+	}{
+		{"inherited", ProcessOptions{}, "inherited"},
+		{"environ replaces", ProcessOptions{Environ: []string{"ECHOPROC_STDERR=from-environ"}}, "from-environ"},
+		{"env added to environ", ProcessOptions{Environ: []string{"ECHOPROC_STDERR=from-environ"}, Env: []string{"ECHOPROC_STDERR=from-env"}}, "from-env"},
+		{"empty environ", ProcessOptions{Environ: []string{}}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := Start(tc.name, bin, nil, tc.o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := p.AwaitOutput("ready", 30*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := p.Stop(30 * time.Second); err != nil {
+				t.Fatal(err)
+			}
+			// stderr and stdout are read apart: look for the stderr line
+			// among the others, in any order.
+			var stderr []string
+			for _, l := range strings.Split(strings.TrimSpace(p.Output()), "\n") {
+				if !strings.HasPrefix(l, "args:") && l != "ready" && l != "got SIGTERM" {
+					stderr = append(stderr, l)
+				}
+			}
+			if got := strings.Join(stderr, "|"); got != tc.want {
+				t.Errorf("ECHOPROC_STDERR printed %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestPickAddr(t *testing.T) {
+	addr, err := PickAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("listen on PickAddr %s: %v", addr, err)
+	}
+	ln.Close()
+}
+
 func TestPickPort(t *testing.T) {
 	port, err := PickPort()
 	if err != nil || port <= 0 {
 		t.Fatalf("PickPort = %d, %v", port, err)
+	}
+}
+
+func TestBufferConcurrent(t *testing.T) {
+	var b Buffer
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 100 {
+				b.Write([]byte("x"))
+				_ = b.String()
+			}
+		})
+	}
+	wg.Wait()
+	if n := len(b.String()); n != 400 {
+		t.Fatalf("%d bytes written, want 400", n)
+	}
+}
+
+func TestHostPort(t *testing.T) {
+	if got := HostPort(t, "postgres://u:p@127.0.0.1:5432/db?sslmode=disable"); got != "127.0.0.1:5432" {
+		t.Errorf("HostPort = %q", got)
+	}
+	f := &fatalTB{TB: t}
+	done := make(chan struct{})
+	go func() { defer close(done); HostPort(f, "postgres:///db") }()
+	<-done
+	if !strings.Contains(f.msg, "no host:port") {
+		t.Errorf("a URL without a port: %q, want a failure", f.msg)
 	}
 }

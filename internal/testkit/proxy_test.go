@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"net/url"
 	"os"
 	"sync"
 	"testing"
@@ -198,7 +197,7 @@ func TestProxyURL(t *testing.T) {
 
 func TestProxyPostgres(t *testing.T) {
 	RequirePostgres(t)
-	p := NewProxy(t, mustHost(t, PostgresURL()))
+	p := NewProxy(t, HostPort(t, PostgresURL()))
 	proxied := p.URL(PostgresURL())
 	ctx := Context(t, 60*time.Second)
 
@@ -239,7 +238,7 @@ func TestProxyPostgres(t *testing.T) {
 
 func TestProxyRabbitMQ(t *testing.T) {
 	RequireRabbitMQ(t)
-	p := NewProxy(t, mustHost(t, AMQPURL()))
+	p := NewProxy(t, HostPort(t, AMQPURL()))
 	proxied := p.URL(AMQPURL())
 
 	conn, err := amqp.Dial(proxied)
@@ -283,16 +282,6 @@ func TestProxyRabbitMQ(t *testing.T) {
 	if err := conn2.Close(); err != nil {
 		t.Fatalf("close after Restore: %v", err)
 	}
-}
-
-// mustHost returns the host:port of rawURL.
-func mustHost(t *testing.T, rawURL string) string {
-	t.Helper()
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return u.Host
 }
 
 // TestProxyStall: data sent while stalled is held, not lost, and arrives

@@ -103,3 +103,14 @@ func Context(tb testing.TB, d time.Duration) context.Context {
 	tb.Cleanup(cancel)
 	return ctx
 }
+
+// HostPort returns the host:port of rawURL (a server URL such as
+// PostgresURL or AMQPURL), failing tb when it has none.
+func HostPort(tb testing.TB, rawURL string) string {
+	tb.Helper()
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Port() == "" {
+		tb.Fatalf("%s: no host:port (%v)", rawURL, err)
+	}
+	return u.Host
+}

@@ -1,4 +1,4 @@
--- Partition leases: who publishes each partition (DESIGN.md invariant 3).
+-- Partition leases: who publishes each partition (docs/design.md, invariant 3).
 -- One row per partition, seeded at install and on every start by
 -- lease.Migrate. A node owns partition p while owner = its name and its
 -- epoch is the current one; every relay write checks both.

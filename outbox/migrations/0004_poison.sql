@@ -1,4 +1,4 @@
--- Poison messages (DESIGN.md invariant 5) and retention.
+-- Poison messages (docs/design.md, invariant 5) and retention.
 -- A failed row waits until next_attempt_at; after the attempt cap it is
 -- parked (parked_at). Either way every later row of its key waits behind it.
 -- An operator may skip a parked row: it becomes dead (dead_at, with

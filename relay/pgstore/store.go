@@ -11,16 +11,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/ordo-relay/ordo/internal/backoff"
-	"github.com/ordo-relay/ordo/internal/outage"
-	"github.com/ordo-relay/ordo/outbox"
 	"github.com/ordo-relay/ordo/relay"
 )
 
@@ -40,6 +37,9 @@ const planFresh = pgx.QueryExecModeCacheDescribe
 type Store struct {
 	pool   *pgxpool.Pool
 	logger *slog.Logger
+	arms   chan armRequest // served by Listen on its connection
+
+	listening atomic.Bool // Listen is connected and serves arms
 }
 
 var _ relay.Store = (*Store)(nil)
@@ -50,7 +50,7 @@ func New(pool *pgxpool.Pool, logger *slog.Logger) *Store {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Store{pool: pool, logger: logger}
+	return &Store{pool: pool, logger: logger, arms: make(chan armRequest)}
 }
 
 // ReadPending implements relay.Store.
@@ -149,50 +149,4 @@ func (s *Store) DeleteProcessed(ctx context.Context, node string, partition int,
 		return 0, fmt.Errorf("delete processed rows of partition %d: %w", partition, err)
 	}
 	return tag.RowsAffected(), nil
-}
-
-// Listen implements relay.Store.
-func (s *Store) Listen(ctx context.Context, wake func(partition int)) error {
-	down := outage.New(s.logger, "PostgreSQL listener")
-	bo := backoff.New(100*time.Millisecond, 2*time.Second)
-	for {
-		listened, err := s.listenOnce(ctx, wake, down)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if listened {
-			bo.Reset() // it worked: the next outage starts the backoff over
-		}
-		down.Fail(err)
-		if !backoff.Sleep(ctx, bo.Next()) {
-			return nil
-		}
-	}
-}
-
-func (s *Store) listenOnce(ctx context.Context, wake func(int), down *outage.Log) (listened bool, err error) {
-	cfg := s.pool.Config().ConnConfig.Copy()
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	conn, err := pgx.ConnectConfig(cctx, cfg)
-	cancel()
-	if err != nil {
-		return false, fmt.Errorf("connect: %w", err)
-	}
-	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{outbox.NotifyChannel}.Sanitize()); err != nil {
-		return false, fmt.Errorf("listen: %w", err)
-	}
-	down.OK()
-	wake(-1) // poll once: notifications sent while we were not listening are gone
-	for {
-		n, err := conn.WaitForNotification(ctx)
-		if err != nil {
-			return true, fmt.Errorf("wait for notification: %w", err)
-		}
-		p, err := strconv.Atoi(n.Payload)
-		if err != nil {
-			p = -1 // not ours to interpret: read anyway
-		}
-		wake(p)
-	}
 }

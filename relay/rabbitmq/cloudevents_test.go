@@ -16,10 +16,11 @@ import (
 	"github.com/ordo-relay/ordo/internal/confcheck"
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/relay"
+	"github.com/ordo-relay/ordo/wire"
 )
 
 // ceSpecs reads attributes named with the AMQP binding's prefix.
-var ceSpecs = spec.WithPrefix(CloudEventsPrefix)
+var ceSpecs = spec.WithPrefix(wire.CloudEventsPrefix)
 
 // ceDelivery is an AMQP 0-9-1 delivery as a CloudEvents SDK binding
 // message in binary mode: cloudEvents:* headers are attributes (or
@@ -30,7 +31,7 @@ type ceDelivery struct{ d *amqp.Delivery }
 var _ binding.MessageMetadataReader = ceDelivery{}
 
 func (m ceDelivery) ReadEncoding() binding.Encoding {
-	if _, ok := m.d.Headers[HeaderCloudEventsSpecVersion]; ok {
+	if _, ok := m.d.Headers[wire.HeaderCloudEventsSpecVersion]; ok {
 		return binding.EncodingBinary
 	}
 	return binding.EncodingUnknown
@@ -41,7 +42,7 @@ func (m ceDelivery) ReadStructured(context.Context, binding.StructuredWriter) er
 }
 
 func (m ceDelivery) ReadBinary(ctx context.Context, w binding.BinaryWriter) error {
-	sv, _ := m.d.Headers[HeaderCloudEventsSpecVersion].(string)
+	sv, _ := m.d.Headers[wire.HeaderCloudEventsSpecVersion].(string)
 	v := ceSpecs.Version(sv)
 	if v == nil {
 		return binding.ErrUnknownEncoding
@@ -54,8 +55,8 @@ func (m ceDelivery) ReadBinary(ctx context.Context, w binding.BinaryWriter) erro
 			if err := w.SetAttribute(a, val); err != nil {
 				return err
 			}
-		} else if strings.HasPrefix(strings.ToLower(k), strings.ToLower(CloudEventsPrefix)) {
-			if err := w.SetExtension(strings.ToLower(k[len(CloudEventsPrefix):]), val); err != nil {
+		} else if strings.HasPrefix(strings.ToLower(k), strings.ToLower(wire.CloudEventsPrefix)) {
+			if err := w.SetExtension(strings.ToLower(k[len(wire.CloudEventsPrefix):]), val); err != nil {
 				return err
 			}
 		}
@@ -87,7 +88,7 @@ func (m ceDelivery) header(name string) any {
 }
 
 func (m ceDelivery) GetAttribute(k spec.Kind) (spec.Attribute, interface{}) {
-	sv, _ := m.d.Headers[HeaderCloudEventsSpecVersion].(string)
+	sv, _ := m.d.Headers[wire.HeaderCloudEventsSpecVersion].(string)
 	v := ceSpecs.Version(sv)
 	if v == nil {
 		return nil, nil
@@ -106,7 +107,7 @@ func (m ceDelivery) GetAttribute(k spec.Kind) (spec.Attribute, interface{}) {
 }
 
 func (m ceDelivery) GetExtension(name string) interface{} {
-	return m.header(CloudEventsPrefix + name)
+	return m.header(wire.CloudEventsPrefix + name)
 }
 
 // getOne takes the one message the harness's queue holds, waiting for it.
@@ -176,7 +177,7 @@ func TestCloudEventsBinaryMode(t *testing.T) {
 		t.Errorf("extensions %v, want none", ev.Extensions())
 	}
 	if d.MessageId != m.ID.String() || d.CorrelationId != m.CorrelationID || d.Type != m.Type ||
-		d.Headers[relay.HeaderKeySeq] != int64(4) || d.Headers["traceparent"] == nil {
+		d.Headers[wire.HeaderKeySeq] != int64(4) || d.Headers["traceparent"] == nil {
 		t.Errorf("the Ordo message changed: %+v", d)
 	}
 }
@@ -194,7 +195,7 @@ func TestCloudEventsOff(t *testing.T) {
 		t.Fatalf("outcome %v (%v), want confirmed", r.Outcome, r.Err)
 	}
 	for k := range h.getOne(t).Headers {
-		if strings.HasPrefix(k, CloudEventsPrefix) {
+		if strings.HasPrefix(k, wire.CloudEventsPrefix) {
 			t.Errorf("CloudEvents off, yet header %s was sent", k)
 		}
 	}

@@ -12,7 +12,9 @@ import (
 )
 
 // Config configures a Publisher. Start from DefaultConfig, set URL,
-// change what needs changing, check it with Validate, and hand it to New.
+// change what needs changing, and hand it to New, which gives every zero
+// field (but StallTimeout) its DefaultConfig value and then calls
+// Validate.
 type Config struct {
 	// URL is the broker, e.g. amqp://guest:guest@127.0.0.1:5672/, or a
 	// comma-separated list of broker nodes: Run dials them in turn and,
@@ -111,34 +113,28 @@ func DefaultConfig() Config {
 	}
 }
 
-// withDefaults returns c with every non-positive field but StallTimeout
-// set to its DefaultConfig value.
+// withDefaults returns c with every zero field but StallTimeout set to
+// its DefaultConfig value.
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
-	fill := func(p *time.Duration, d time.Duration) {
-		if *p <= 0 {
-			*p = d
-		}
-	}
-	if c.Window <= 0 {
-		c.Window = d.Window
-	}
-	fill(&c.ReconnectMin, d.ReconnectMin)
-	fill(&c.ReconnectMax, d.ReconnectMax)
-	fill(&c.StableAfter, d.StableAfter)
-	fill(&c.ExchangeCheckTTL, d.ExchangeCheckTTL)
-	fill(&c.Heartbeat, d.Heartbeat)
-	fill(&c.ConfirmTimeout, d.ConfirmTimeout)
-	fill(&c.CallTimeout, d.CallTimeout)
+	confcheck.Fill(&c.Window, d.Window)
+	confcheck.Fill(&c.ReconnectMin, d.ReconnectMin)
+	confcheck.Fill(&c.ReconnectMax, d.ReconnectMax)
+	confcheck.Fill(&c.StableAfter, d.StableAfter)
+	confcheck.Fill(&c.ExchangeCheckTTL, d.ExchangeCheckTTL)
+	confcheck.Fill(&c.Heartbeat, d.Heartbeat)
+	confcheck.Fill(&c.ConfirmTimeout, d.ConfirmTimeout)
+	confcheck.Fill(&c.CallTimeout, d.CallTimeout)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	return c
 }
 
-// Validate reports every unusable setting of c as it stands, joined; each
-// is a *confcheck.Problem naming its field. A URL that does not parse is
-// reported with its password masked.
+// Validate reports every unusable setting of c as it stands (it does not
+// fill zero fields, as New does), joined; each is a *confcheck.Problem
+// naming its field. A URL that does not parse is reported with its
+// password masked.
 func (c Config) Validate() error {
 	ck := confcheck.New("rabbitmq")
 	ck.Require(c.URL != "", "URL", "is empty; the broker's URL is required")

@@ -32,7 +32,22 @@ func TestConfigValidate(t *testing.T) {
 	if strings.Contains(err.Error(), "s3cr") || !strings.Contains(err.Error(), "amqp://u:xxxxx@h/ does not parse") {
 		t.Fatalf("the URL problem shows the password or not the URL: %v", err)
 	}
-	if n := New(Config{URL: "amqp://h/"}).cfg; n.Window != 512 || n.StallTimeout != 0 || n.CallTimeout != 5*time.Second {
+}
+
+// TestNewFillsDefaults: New gives zero fields their defaults (and keeps
+// StallTimeout 0, "off"), and refuses what Validate refuses: a negative
+// value is an error, not a default.
+func TestNewFillsDefaults(t *testing.T) {
+	p, err := New(Config{URL: "amqp://h/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := p.cfg; n.Window != 512 || n.StallTimeout != 0 || n.CallTimeout != 5*time.Second {
 		t.Fatalf("New did not fill the defaults: %+v", n)
+	}
+	for _, bad := range []Config{{URL: "amqp://h/", Window: -1}, {URL: "amqp://h/", Heartbeat: -time.Second}, {}} {
+		if _, err := New(bad); err == nil {
+			t.Errorf("New(%+v) accepted", bad)
+		}
 	}
 }

@@ -49,7 +49,10 @@ func newBroker(t *testing.T, edit func(*Config)) *brokerHarness {
 	if edit != nil {
 		edit(&cfg)
 	}
-	pub := New(cfg)
+	pub, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- pub.Run(ctx) }()

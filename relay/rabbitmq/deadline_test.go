@@ -43,7 +43,7 @@ func TestWriteCutOffAtDeadline(t *testing.T) {
 	h := newBroker(t, nil)
 	r := newResults(t)
 	h.confirmOne(t, r) // the exchange check is cached from here on
-	opened := h.pub.ChannelsOpened()
+	opened := h.pub.Status().ChannelsOpened
 	h.proxy.Stall()
 	var inFlight []*relay.Message
 	for range 3 {
@@ -74,7 +74,7 @@ func TestWriteCutOffAtDeadline(t *testing.T) {
 	}
 	h.proxy.Resume() // what the proxy held (not the whole message) reaches the broker now
 	h.confirmOne(t, r)
-	if now := h.pub.ChannelsOpened(); now <= opened {
+	if now := h.pub.Status().ChannelsOpened; now <= opened {
 		t.Fatalf("no channel opened after the reset (%d, then %d)", opened, now)
 	}
 	got := h.Received(t)
@@ -119,7 +119,7 @@ func TestIsolationWaitEndsAtDeadline(t *testing.T) {
 // BenchmarkWatched is what the watchdog adds to each write: arming and
 // stopping a timer ("none": a message without a deadline, for comparison).
 func BenchmarkWatched(b *testing.B) {
-	p := New(Config{})
+	p := newPublisher(Config{}.withDefaults())
 	s := &session{}
 	s.dog = p.newWatchdog(s)
 	write := func() error { return nil }

@@ -74,18 +74,6 @@ func raiseMemoryAlarm(t *testing.T) (restore func()) {
 	return restore
 }
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > timeout {
-			t.Fatalf("%s: not after %v", what, timeout)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return time.Since(start)
-}
-
 // TestDisruptiveMemoryAlarm: the broker raises a real memory alarm under
 // load and holds it for longer than 5 confirm timeouts. The publisher
 // pauses (Connected false, Status says why), no confirm timeout runs out,
@@ -99,8 +87,11 @@ func TestDisruptiveMemoryAlarm(t *testing.T) {
 	ex := testkit.NewExchange(t)
 	checker := testkit.NewChecker(t, testkit.AMQPURL(), ex)
 	const confirmTimeout = 200 * time.Millisecond
-	pub := New(Config{URL: testkit.AMQPURL(), Window: 64, ConfirmTimeout: confirmTimeout, StallTimeout: confirmTimeout,
+	pub, err := New(Config{URL: testkit.AMQPURL(), Window: 64, ConfirmTimeout: confirmTimeout, StallTimeout: confirmTimeout,
 		CallTimeout: time.Second, ReconnectMax: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
 	leases := relaytest.NewLeaseTable()
 	own := leases.Ownership("n1", 0)
 	leases.Grant("n1", 0)
@@ -154,7 +145,7 @@ func TestDisruptiveMemoryAlarm(t *testing.T) {
 	defer func() { stopLoad(); load.Wait() }()
 
 	restore := raiseMemoryAlarm(t)
-	took := waitFor(t, 30*time.Second, "the publisher sees connection.blocked", func() bool { return pub.Status().Blocked != "" })
+	took := testkit.WaitFor(t, 30*time.Second, "the publisher sees connection.blocked", func() bool { return pub.Status().Blocked != "" })
 	st := pub.Status()
 	t.Logf("blocked %v after the alarm was raised: %q; Connected() = %v", took.Round(time.Millisecond), st.Blocked, pub.Connected())
 	if pub.Connected() {
@@ -166,7 +157,7 @@ func TestDisruptiveMemoryAlarm(t *testing.T) {
 		t.Fatalf("the block ended by itself while the alarm was up: %+v", st)
 	}
 	restore()
-	took = waitFor(t, 30*time.Second, "the publisher sees connection.unblocked", func() bool { return pub.Status().Blocked == "" })
+	took = testkit.WaitFor(t, 30*time.Second, "the publisher sees connection.unblocked", func() bool { return pub.Status().Blocked == "" })
 	t.Logf("unblocked %v after the watermark was restored (held %v)", took.Round(time.Millisecond), hold)
 	stopLoad()
 	load.Wait()

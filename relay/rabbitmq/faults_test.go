@@ -149,7 +149,7 @@ func TestHeaderFrameTooLarge(t *testing.T) {
 	h := newBroker(t, nil)
 	r := newResults(t)
 	h.confirmOne(t, r)
-	opened := h.pub.ChannelsOpened()
+	opened := h.pub.Status().ChannelsOpened
 	big := h.message("bound")
 	big.Headers = map[string]any{}
 	for _, k := range []string{"a", "b", "c"} {
@@ -160,7 +160,7 @@ func TestHeaderFrameTooLarge(t *testing.T) {
 		t.Fatalf("oversized headers: %v (%v), want failed with ErrUnsendable", res.Outcome, res.Err)
 	}
 	h.confirmOne(t, r)
-	if now := h.pub.ChannelsOpened(); now != opened {
+	if now := h.pub.Status().ChannelsOpened; now != opened {
 		t.Fatalf("%d channels opened after the oversized message, want none: it reached the broker", now-opened)
 	}
 }
@@ -235,7 +235,7 @@ func TestReconnectBackoffAfterInstantClose(t *testing.T) {
 	h.pub.noFrameCheck = true
 	r := newResults(t)
 	h.confirmOne(t, r)
-	before := h.pub.ChannelsOpened()
+	before := h.pub.Status().ChannelsOpened
 	start := time.Now()
 	for time.Since(start) < 3*time.Second {
 		big := h.message("bound")
@@ -244,7 +244,7 @@ func TestReconnectBackoffAfterInstantClose(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	opened := h.pub.ChannelsOpened() - before
+	opened := h.pub.Status().ChannelsOpened - before
 	t.Logf("%d connections in 3s while every one was closed over its first publish", opened)
 	if opened > 8 { // 100 ms doubling to 1 s: 0.1+0.2+0.4+0.8+1+1 = 3.5 s for 6
 		t.Fatalf("%d connections in 3s: the backoff started over after connections that never confirmed a publish", opened)

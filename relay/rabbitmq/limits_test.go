@@ -25,7 +25,7 @@ func TestHeaderFrameSize(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The broker's figure was for the same message without HeaderAttempt
+	// The broker's figure was for the same message without wire.HeaderAttempt
 	// (1 + 14 bytes of name, 9 of int64), a correlation id of 36 bytes.
 	const brokerSaid = 184558
 	if want := brokerSaid + 24 - 35; size != want {

@@ -9,14 +9,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ordo-relay/ordo/relay"
+	"github.com/ordo-relay/ordo/wire"
 )
-
-// HeaderAttempt is a header set on every publish: a number unique to that
-// publish among this publisher's (not an attempt count). The broker echoes
-// it in a basic.return, which is how a return is matched to the publish it
-// answers, and never to a later publish of the same message. Consumers
-// may ignore it.
-const HeaderAttempt = "x-ordo-attempt"
 
 // Publish implements relay.Publisher. It keeps to m.Deadline as
 // watchdog.go describes: checked after the publish lock, the exchange
@@ -168,18 +162,18 @@ func (p *Publisher) checkExchange(s *session, exchange string, until time.Time) 
 	}
 }
 
-// publishing builds the AMQP message for m (DESIGN.md, "The AMQP message"),
-// with attempt as its HeaderAttempt.
+// publishing builds the AMQP message for m (docs/design.md, "The AMQP
+// message"), with attempt as its wire.HeaderAttempt.
 func publishing(m *relay.Message, attempt int64) amqp.Publishing {
 	h := make(amqp.Table, len(m.Headers)+5)
 	for k, v := range m.Headers {
 		h[k] = v
 	}
-	h[relay.HeaderKeySeq] = m.KeySeq
-	h[relay.HeaderPrevKeySeq] = m.PrevKeySeq
-	h[relay.HeaderPartition] = int32(m.Partition)
-	h[relay.HeaderEpoch] = m.Epoch
-	h[HeaderAttempt] = attempt
+	h[wire.HeaderKeySeq] = m.KeySeq
+	h[wire.HeaderPrevKeySeq] = m.PrevKeySeq
+	h[wire.HeaderPartition] = int32(m.Partition)
+	h[wire.HeaderEpoch] = m.Epoch
+	h[wire.HeaderAttempt] = attempt
 	return amqp.Publishing{
 		Headers:       h,
 		ContentType:   "application/json",

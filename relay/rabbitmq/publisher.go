@@ -35,7 +35,7 @@ type Publisher struct {
 
 	pubMu   sync.Mutex     // serialises delivery-tag assignment with the publish
 	calls   sync.WaitGroup // bounded broker calls still running; Run waits for them
-	attempt atomic.Int64   // the last HeaderAttempt value used
+	attempt atomic.Int64   // the last wire.HeaderAttempt value used
 
 	mu        sync.Mutex
 	dialed    string   // the URL of the current or last connection
@@ -81,10 +81,19 @@ var ErrBlocked = fmt.Errorf("%w: the broker blocks publishing (resource alarm)",
 var ErrCallTimeout = errors.New("no answer from the broker within the call timeout")
 
 // New returns a publisher; call Run to connect. Zero fields of cfg (but
-// StallTimeout, where zero turns the check off) take their DefaultConfig
-// value. New does not validate cfg: call Config.Validate first.
-func New(cfg Config) *Publisher {
+// StallTimeout, where zero turns the check off, and ConnectionName and
+// CloudEventsSource) take their DefaultConfig value; New refuses a cfg
+// that Validate then refuses.
+func New(cfg Config) (*Publisher, error) {
 	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return newPublisher(cfg), nil
+}
+
+// newPublisher returns a publisher of cfg as it is.
+func newPublisher(cfg Config) *Publisher {
 	return &Publisher{cfg: cfg, down: outage.New(cfg.Logger, "RabbitMQ"), exchanges: map[string]time.Time{}}
 }
 
@@ -136,13 +145,6 @@ func (p *Publisher) URL() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.dialed
-}
-
-// ChannelsOpened returns how many publishing channels Run has opened.
-func (p *Publisher) ChannelsOpened() int64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.opened
 }
 
 // Run keeps a connection and a confirm-mode channel open until ctx ends,

@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ordo-relay/ordo/relay"
+	"github.com/ordo-relay/ordo/wire"
 )
 
 // session is one confirm-mode channel and what is unconfirmed on it.
@@ -32,7 +33,7 @@ type session struct {
 }
 
 type pendingPub struct {
-	attempt int64 // the HeaderAttempt value it was sent with
+	attempt int64 // the wire.HeaderAttempt value it was sent with
 	sent    time.Time
 	settle  func(relay.Result)
 }
@@ -53,8 +54,8 @@ type returns map[int64]error
 // add records r under the attempt in its headers; a return without one
 // (not sent by this publisher) is dropped.
 func (rs returns) add(r amqp.Return) {
-	a, ok := r.Headers[HeaderAttempt].(int64)
-	if !ok {
+	a, err := wire.Int(r.Headers, wire.HeaderAttempt)
+	if err != nil {
 		return
 	}
 	rs[a] = fmt.Errorf("returned by broker: %d %s (exchange %q, routing key %q)",

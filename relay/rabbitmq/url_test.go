@@ -1,42 +1,28 @@
 package rabbitmq
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
 )
-
-// lockedBuffer is a bytes.Buffer safe for a logger and a reader.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // TestDialErrorHidesPassword: Run refuses at once, with its error, an AMQP
 // URL that does not parse (no retry can fix it), and the error leaves the
 // password out (the library's parse error quotes the whole URL).
 func TestDialErrorHidesPassword(t *testing.T) {
-	var log lockedBuffer
-	p := New(Config{
+	var log testkit.Buffer
+	cfg := Config{
 		URL:    "amqp://guest:guest@127.0.0.1:1/, amqp://guest:50%off-Secret-2c9e@127.0.0.1:1/",
 		Logger: slog.New(slog.NewTextHandler(&log, nil)),
-	})
+	}
+	if _, err := New(cfg); err == nil || strings.Contains(err.Error(), "Secret-2c9e") {
+		t.Fatalf("New = %v, want a refusal without the password", err)
+	}
+	p := newPublisher(cfg.withDefaults()) // past New's check, as a URL could only be if Validate missed it
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err := p.Run(ctx)

@@ -174,6 +174,23 @@ func (o *Ownership) Revoke(p int) <-chan struct{} {
 	return acked
 }
 
+// Keep takes back a Revoke of p, as a Leaser does when p is wanted again
+// before it was released: p is offered again, at the same epoch, and the
+// relay gets an Assigned. It reports whether p was being revoked. The
+// Done of the Revoke taken back may still be called by the relay; nothing
+// waits for it any more.
+func (o *Ownership) Keep(p int) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	l, ok := o.held[p]
+	if !ok || !o.revoking[p] {
+		return false
+	}
+	delete(o.revoking, p)
+	o.send(relay.Assigned{Lease: l})
+	return true
+}
+
 // Leases returns a copy of the leases held now, by partition, leaving out
 // partitions being handed off.
 func (o *Ownership) Leases() map[int]relay.Lease {

@@ -26,6 +26,8 @@ type Store struct {
 	keySeq map[string]int64
 	seq    int64
 	wake   []func(int)
+	armed  map[int]bool // partitions whose inserts wake listeners
+	refuse map[int]bool // partitions Arm refuses, as an open producer's transaction would
 	reads  int
 	delay  time.Duration
 
@@ -63,12 +65,14 @@ var _ relay.Store = (*Store)(nil)
 
 // NewStore returns an empty store whose writes are fenced by leases.
 func NewStore(leases *LeaseTable) *Store {
-	return &Store{leases: leases, byID: map[uuid.UUID]*StoredRow{}, keySeq: map[string]int64{}}
+	return &Store{leases: leases, byID: map[uuid.UUID]*StoredRow{}, keySeq: map[string]int64{},
+		armed: map[int]bool{}, refuse: map[int]bool{}}
 }
 
 // Insert adds one pending row per key given, in order, as a producer's
 // committed transaction would: each gets the next seq and its key's next
-// key_seq. It returns the ids and wakes listeners once per partition.
+// key_seq. It returns the ids and wakes listeners, if the partition is
+// armed.
 func (s *Store) Insert(partition int, keys ...string) []uuid.UUID {
 	s.mu.Lock()
 	ids := make([]uuid.UUID, len(keys))
@@ -85,7 +89,10 @@ func (s *Store) Insert(partition int, keys ...string) []uuid.UUID {
 		s.byID[id] = r
 		ids[i] = id
 	}
-	wake := slices.Clone(s.wake)
+	var wake []func(int)
+	if s.armed[partition] {
+		wake = slices.Clone(s.wake)
+	}
 	s.mu.Unlock()
 	for _, w := range wake {
 		w(partition)
@@ -278,9 +285,11 @@ func (s *Store) DeleteProcessed(ctx context.Context, node string, partition int,
 }
 
 // Listen implements relay.Store: it wakes once at once, then for every
-// Insert, until ctx ends.
+// Insert into an armed partition, until ctx ends. Listening disarms every
+// partition, as a reconnect does.
 func (s *Store) Listen(ctx context.Context, wake func(partition int)) error {
 	s.mu.Lock()
+	clear(s.armed)
 	s.wake = append(s.wake, wake)
 	n := len(s.wake) - 1
 	s.mu.Unlock()
@@ -290,4 +299,46 @@ func (s *Store) Listen(ctx context.Context, wake func(partition int)) error {
 	s.wake[n] = func(int) {}
 	s.mu.Unlock()
 	return nil
+}
+
+// Arm implements relay.Store. It refuses the partitions RefuseArm names.
+func (s *Store) Arm(_ context.Context, partitions []int) ([]int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var armed []int
+	for _, p := range partitions {
+		if !s.refuse[p] {
+			s.armed[p] = true
+			armed = append(armed, p)
+		}
+	}
+	return armed, nil
+}
+
+// Disarm implements relay.Store.
+func (s *Store) Disarm(_ context.Context, partitions []int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range partitions {
+		delete(s.armed, p)
+	}
+	return nil
+}
+
+// RefuseArm makes Arm refuse partition p (on) or arm it again (off), as a
+// producer's open transaction of p does in PostgreSQL.
+func (s *Store) RefuseArm(p int, on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.refuse[p] = on
+	if on {
+		delete(s.armed, p)
+	}
+}
+
+// Armed reports whether partition p is armed.
+func (s *Store) Armed(p int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.armed[p]
 }

@@ -52,7 +52,7 @@ func StoreSuite(t *testing.T, newHarness func(t *testing.T) StoreHarness) {
 		{"failure records refused at a stale epoch", storeFailureRefusedAtStaleEpoch},
 		{"prev key_seq steps over dead rows", storePrevKeySeqOverDead},
 		{"retention deletes only held, processed, live rows", storeRetention},
-		{"listen wakes per partition", storeListen},
+		{"listen wakes the armed partitions", storeListen},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -298,7 +298,9 @@ func storeListen(t *testing.T, h StoreHarness) {
 			t.Errorf("Listen: %v", err)
 		}
 	}()
-	wait := func(want int) {
+	// wait returns once partition want is notified, failing on any
+	// partition in not (not armed: its commits must not notify).
+	wait := func(want int, not ...int) {
 		t.Helper()
 		deadline := time.After(30 * time.Second)
 		for {
@@ -307,12 +309,38 @@ func storeListen(t *testing.T, h StoreHarness) {
 				if p == want {
 					return
 				}
+				if slices.Contains(not, p) {
+					t.Fatalf("partition %d was notified, but it was not armed", p)
+				}
 			case <-deadline:
 				t.Fatalf("no wake-up for partition %d", want)
 			}
 		}
 	}
-	wait(-1) // once listening: notifications sent before are gone
+	arm := func(arm bool, parts ...int) {
+		t.Helper()
+		if !arm {
+			if err := h.Store().Disarm(ctx, parts); err != nil {
+				t.Fatalf("Disarm: %v", err)
+			}
+			return
+		}
+		got, err := h.Store().Arm(ctx, parts)
+		if err != nil || !slices.Equal(got, parts) {
+			t.Fatalf("Arm(%v) = %v, %v; want all armed", parts, got, err)
+		}
+	}
+	wait(-1) // once listening: notifications sent before are gone, nothing is armed
+	// Notifications come in commit order, so a commit to an unarmed
+	// partition before one to an armed partition would be seen first.
+	h.Insert(t, 6, "b")
+	arm(true, 5)
+	arm(true, 5) // armed already: still armed
 	h.Insert(t, 5, "a")
-	wait(5)
+	wait(5, 6)
+	arm(false, 5)
+	h.Insert(t, 5, "c")
+	arm(true, 7)
+	h.Insert(t, 7, "d")
+	wait(7, 5, 6)
 }

@@ -1,0 +1,207 @@
+package harness
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/lease"
+	"github.com/ordo-relay/ordo/outbox"
+)
+
+// cleanupTimeout bounds all of a rig's cleanups together.
+const cleanupTimeout = 60 * time.Second
+
+// SetupTimeout bounds each setup step (create database, migrate, declare).
+const SetupTimeout = 30 * time.Second
+
+// Application names of the rig's pools, as pg_stat_activity shows them.
+const (
+	AppBench = "ordo_bench"       // the rig's own statements (Pool)
+	AppProbe = "ordo_bench_probe" // the samplers' queries (Probe)
+)
+
+// Config is what a rig needs to know of the servers and of the nodes it
+// starts.
+type Config struct {
+	PostgresURL   string        // admin URL: the rig creates its database through it
+	AMQPURL       string        // the broker
+	Partitions    int           // P, given to the node and to outbox.Migrate
+	ConfirmWindow int           // W, given to the node
+	NodeBin       string        // a prebuilt node binary; empty builds ./cmd/node
+	Timeout       time.Duration // bound on every wait
+}
+
+// Rig is one scenario's private world: a fresh database with the outbox
+// and the leases installed and a pool on it, named
+// ordo_bench_<scenario>_<random>. Everything a rig creates (nodes,
+// proxies, and whatever a caller registers) is registered with OnClose and
+// removed by Close, last created first. A Rig is driven from one
+// goroutine.
+type Rig struct {
+	Config Config
+	Name   string // database name (and the prefix of what else the scenario names)
+	DBURL  string
+	Pool   *pgxpool.Pool // the bench's own statements (loads, producers, waits): application_name AppBench
+	Probe  *pgxpool.Pool // the samplers' pg_stat_activity queries: application_name AppProbe
+
+	cleanups []cleanup
+}
+
+type cleanup struct {
+	what string
+	f    func(ctx context.Context) error
+}
+
+// New creates the database (migrated, with a pool of poolConns
+// connections). On error, whatever was created is removed.
+func New(ctx context.Context, cfg Config, scenario string, poolConns int32) (*Rig, error) {
+	r := &Rig{Config: cfg, Name: "ordo_bench_" + scenario + "_" + RandomHex(4)}
+	if err := r.createDatabase(ctx, poolConns); err != nil {
+		r.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// OnClose registers f to run at Close.
+func (r *Rig) OnClose(what string, f func(ctx context.Context) error) {
+	r.cleanups = append(r.cleanups, cleanup{what, f})
+}
+
+// Close runs every cleanup, last registered first, within cleanupTimeout,
+// even when the scenario's context was cancelled. Failures are printed: a
+// cleanup has nobody to return them to.
+func (r *Rig) Close() {
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	for i := len(r.cleanups) - 1; i >= 0; i-- {
+		c := r.cleanups[i]
+		if err := c.f(ctx); err != nil {
+			fmt.Fprintf(os.Stderr, "bench: cleanup: %s: %v\n", c.what, err)
+		}
+	}
+	r.cleanups = nil
+}
+
+func (r *Rig) createDatabase(ctx context.Context, poolConns int32) error {
+	sctx, cancel := context.WithTimeout(ctx, SetupTimeout)
+	defer cancel()
+	dbURL, drop, err := testkit.CreateDatabase(sctx, r.Config.PostgresURL, r.Name)
+	if err != nil {
+		return err
+	}
+	r.OnClose("drop database "+r.Name, drop)
+	r.DBURL = dbURL
+	cfg, err := pgxpool.ParseConfig(r.DBURL)
+	if err != nil {
+		return fmt.Errorf("postgres-url: %w", err)
+	}
+	cfg.MaxConns = poolConns
+	cfg.ConnConfig.RuntimeParams["application_name"] = AppBench
+	pool, err := pgxpool.NewWithConfig(sctx, cfg)
+	if err != nil {
+		return fmt.Errorf("open pool on %s: %w", r.Name, err)
+	}
+	r.Pool = pool
+	r.OnClose("close pool", func(context.Context) error { pool.Close(); return nil })
+	pcfg := cfg.Copy()
+	pcfg.MaxConns = 2
+	pcfg.ConnConfig.RuntimeParams["application_name"] = AppProbe
+	if r.Probe, err = pgxpool.NewWithConfig(sctx, pcfg); err != nil {
+		return fmt.Errorf("open probe pool on %s: %w", r.Name, err)
+	}
+	r.OnClose("close probe pool", func(context.Context) error { r.Probe.Close(); return nil })
+	if err := outbox.Migrate(sctx, pool, r.Config.Partitions); err != nil {
+		return fmt.Errorf("migrate %s: %w", r.Name, err)
+	}
+	if err := lease.Migrate(sctx, pool, r.Config.Partitions); err != nil {
+		return fmt.Errorf("migrate %s: %w", r.Name, err)
+	}
+	return nil
+}
+
+// StartNode starts a node named name on the rig's database, publishing
+// to amqpURL (the broker, or a proxy in front of it), with extra ORDO_*
+// environment. It is stopped at Close if the scenario has not stopped it.
+func (r *Rig) StartNode(ctx context.Context, name, amqpURL string, env ...string) (*Node, error) {
+	n, err := StartProcess(ctx, r.Config, name, r.DBURL, amqpURL, env...)
+	if err != nil {
+		return nil, err
+	}
+	r.OnClose("stop node "+name, func(context.Context) error {
+		_, err := n.Stop(NodeStopTimeout)
+		return err
+	})
+	return n, nil
+}
+
+// StartProxy starts a TCP proxy in front of target ("host:port"), closed at
+// Close.
+func (r *Rig) StartProxy(target string) (*testkit.Proxy, error) {
+	p, err := testkit.StartProxy(target)
+	if err != nil {
+		return nil, err
+	}
+	r.OnClose("close proxy", func(context.Context) error { p.Close(); return nil })
+	return p, nil
+}
+
+// Pending returns how many outbox rows are not processed yet.
+func (r *Rig) Pending(ctx context.Context) (int, error) {
+	var n int
+	if err := r.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE processed_at IS NULL`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count pending rows: %w", err)
+	}
+	return n, nil
+}
+
+// WaitUntil evaluates cond every poll until it holds, returns an error, ctx
+// ends or timeout passes.
+func WaitUntil(ctx context.Context, timeout, poll time.Duration, what string, cond func() (bool, error)) error {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(poll)
+	defer tick.Stop()
+	for {
+		ok, err := cond()
+		if err != nil {
+			return fmt.Errorf("wait for %s: %w", what, err)
+		}
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for %s: %w", what, ctx.Err())
+		case <-deadline.C:
+			return fmt.Errorf("wait for %s: not within %v", what, timeout)
+		case <-tick.C:
+		}
+	}
+}
+
+// Sleep waits d or until ctx ends.
+func Sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// RandomHex returns n random bytes in hex.
+func RandomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails on Linux
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,398 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ordo-relay/ordo/bench/internal/harness"
+	"github.com/ordo-relay/ordo/bench/internal/result"
+	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/outbox"
+	"github.com/ordo-relay/ordo/partition"
+)
+
+// The produce scenario measures what the outbox costs the producers: the
+// same closed-loop producers (each a connection that commits transactions
+// back to back) write into each variant's table (produce_variants.go), one
+// variant after the other, each in a fresh database, for every
+// combination of rows per transaction and producer count, -produce-reps
+// times. Per run: transactions per second, the COMMIT's latency, the
+// CPU of the producers' PostgreSQL backends, and the WAL written. Per
+// cell: the medians over the repetitions and each variant's ratio to the
+// classic table measured in the same cell.
+
+// produceOptions are the produce scenario's flags.
+type produceOptions struct {
+	Duration   time.Duration // measured time per run
+	Warmup     time.Duration // time per run before measuring starts
+	Producers  []int         // producer counts, one cell each
+	Rows       []int         // rows per transaction, one cell each
+	Reps       int           // repetitions of every (cell, variant)
+	Variants   []string      // variants to run; classic always first
+	WALInspect bool          // measure this database's WAL with pg_walinspect
+}
+
+// addProduceFlags registers the produce scenario's flags on fs and returns
+// the function that parses the list flags once fs has parsed.
+func addProduceFlags(fs *flag.FlagSet, p *produceOptions) func() error {
+	fs.DurationVar(&p.Duration, "produce-duration", 10*time.Second, "produce: measured time per run")
+	fs.DurationVar(&p.Warmup, "produce-warmup", time.Second, "produce: time per run before measuring starts")
+	producers := fs.String("produce-producers", "1,8,32", "produce: comma-separated producer counts (connections), 1 to 64")
+	rows := fs.String("produce-rows", "1,10", "produce: comma-separated rows per transaction, 1 to 1000")
+	fs.IntVar(&p.Reps, "produce-reps", 3, "produce: repetitions of every variant in every cell (alternating); medians are reported")
+	variants := fs.String("produce-variants", "all", "produce: comma-separated variants (classic, ordo-sql, ordo-sql-nonotify, ordo-enqueue, bare) or all; classic always runs")
+	fs.BoolVar(&p.WALInspect, "produce-wal-inspect", true, "produce: count the WAL of the run's own database with pg_walinspect (besides the server-wide LSN delta)")
+	return func() error {
+		var err error
+		if p.Producers, err = parseRange("produce-producers", *producers, 1, 64); err != nil {
+			return err
+		}
+		if p.Rows, err = parseRange("produce-rows", *rows, 1, 1000); err != nil {
+			return err
+		}
+		p.Variants, err = parseProduceVariants(*variants)
+		return err
+	}
+}
+
+func (p produceOptions) validate() error {
+	if p.Duration <= 0 || p.Warmup < 0 || p.Reps < 1 || p.Reps > 20 {
+		return errors.New("produce-duration must be positive, produce-warmup not negative, produce-reps 1..20")
+	}
+	return nil
+}
+
+// parseRange parses "1,8,32" into counts from lo to hi.
+func parseRange(flagName, s string, lo, hi int) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < lo || n > hi {
+			return nil, fmt.Errorf("-%s %q: want comma-separated counts from %d to %d", flagName, s, lo, hi)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// produceRun is what one run of one variant measured.
+type produceRun struct {
+	variant   string
+	rows      int // per transaction
+	producers int
+	commits   int           // transactions committed in the window
+	errors    int           // transactions that failed in the window
+	window    time.Duration // measured wall time
+	commit    distribution  // COMMIT alone
+	tx        distribution  // BEGIN to COMMIT returned
+	pgBackend time.Duration // CPU of the producers' backends in the window
+	pgServer  time.Duration // CPU of every postgres process (other databases' too)
+	walServer int64         // pg_current_wal_insert_lsn delta: the whole server
+	walDB     int64         // this database's WAL records (pg_walinspect); -1 if not measured
+	// walByRel is walDB by relation (table or index; "commit" for the
+	// transactions' commit records), when inspected.
+	walByRel map[string]int64
+	walFPI   int64 // of walDB, the full-page images (after a checkpoint, a page's first change logs all of it)
+	// keysUpdates and keysHOT are outbox_keys' updates and HOT updates
+	// over the whole run (warm-up included); 0 where there is no such
+	// table or it was never updated.
+	keysUpdates, keysHOT int64
+	note                 string
+}
+
+func (r produceRun) msgs() int { return r.commits * r.rows }
+
+func (r produceRun) tps() float64 {
+	if r.window <= 0 {
+		return 0
+	}
+	return float64(r.commits) / r.window.Seconds()
+}
+
+// perMsg is v per message, or NaN without messages.
+func (r produceRun) perMsg(v float64) float64 {
+	if r.msgs() == 0 {
+		return math.NaN()
+	}
+	return v / float64(r.msgs())
+}
+
+func runProduce(ctx context.Context, o options, emit func(*result.Result)) error {
+	p := o.Produce
+	var cells []*result.Result
+	for _, rows := range p.Rows {
+		for _, producers := range p.Producers {
+			var runs []produceRun
+			for rep := range p.Reps {
+				for _, name := range p.Variants {
+					run, err := produceOnce(ctx, o, findProduceVariant(name), rows, producers)
+					if err != nil {
+						return fmt.Errorf("%s, %d rows, %d producers, rep %d: %w", name, rows, producers, rep+1, err)
+					}
+					fmt.Printf("produce: %-18s rows=%-3d producers=%-3d rep=%d tps=%8.0f commit p50=%6.2fms p99=%6.2fms pg=%5.0fµs/msg wal=%5.0fB/msg errors=%d\n",
+						name, rows, producers, rep+1, run.tps(), ms(run.commit.p50), ms(run.commit.p99),
+						run.perMsg(float64(run.pgBackend.Microseconds())), run.perMsg(float64(walOf(run))), run.errors)
+					runs = append(runs, run)
+				}
+			}
+			res := produceCellResult(o, rows, producers, runs)
+			cells = append(cells, res)
+			emit(res)
+		}
+	}
+	printProduceTable(os.Stdout, cells, p.Variants)
+	return nil
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// walOf is the run's best WAL figure: its own database's, else the server's.
+func walOf(r produceRun) int64 {
+	if r.walDB >= 0 {
+		return r.walDB
+	}
+	return r.walServer
+}
+
+// produceOnce runs one variant in a fresh database and measures it.
+func produceOnce(ctx context.Context, o options, v *produceVariant, rows, producers int) (produceRun, error) {
+	run := produceRun{variant: v.name, rows: rows, producers: producers, walDB: -1}
+	name := "ordo_bench_produce_" + strings.ReplaceAll(v.name, "-", "_") + "_" + harness.RandomHex(4)
+	sctx, cancel := context.WithTimeout(ctx, harness.SetupTimeout)
+	defer cancel()
+	dbURL, drop, err := testkit.CreateDatabase(sctx, o.PostgresURL, name)
+	if err != nil {
+		return run, err
+	}
+	defer func() {
+		dctx, dcancel := context.WithTimeout(context.Background(), harness.SetupTimeout)
+		defer dcancel()
+		if err := drop(dctx); err != nil {
+			fmt.Fprintf(os.Stderr, "bench: drop database %s: %v\n", name, err)
+		}
+	}()
+	pool, probe, err := producePools(sctx, dbURL, producers)
+	if err != nil {
+		return run, err
+	}
+	defer pool.Close()
+	defer probe.Close()
+	if run.note, err = v.setup(sctx, pool, o.Partitions); err != nil {
+		return run, err
+	}
+	w, err := newProduceWriter(o)
+	if err != nil {
+		return run, err
+	}
+	wal, err := watchWAL(sctx, dbURL, o.Produce.WALInspect)
+	if err != nil {
+		return run, err
+	}
+	defer wal.close()
+	return measureProduce(ctx, o, v, w, pool, probe, wal, name, run)
+}
+
+func producePools(ctx context.Context, dbURL string, producers int) (pool, probe *pgxpool.Pool, err error) {
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("postgres-url: %w", err)
+	}
+	cfg.MaxConns = int32(producers)
+	cfg.MinConns = int32(producers)
+	cfg.ConnConfig.RuntimeParams["application_name"] = harness.AppBench
+	if pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		return nil, nil, fmt.Errorf("open pool: %w", err)
+	}
+	pcfg := cfg.Copy()
+	pcfg.MaxConns, pcfg.MinConns = 2, 0
+	pcfg.ConnConfig.RuntimeParams["application_name"] = harness.AppProbe
+	if probe, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
+		pool.Close()
+		return nil, nil, fmt.Errorf("open probe pool: %w", err)
+	}
+	return pool, probe, nil
+}
+
+func newProduceWriter(o options) (*produceWriter, error) {
+	out, err := outbox.NewProducer(o.Partitions)
+	if err != nil {
+		return nil, err
+	}
+	n := o.keysOr(10000)
+	w := &produceWriter{keys: make([]string, n), partitions: make([]int32, n), producer: out}
+	for i := range w.keys {
+		w.keys[i] = "key-" + strconv.Itoa(i)
+		w.partitions[i] = int32(partition.Of(w.keys[i], o.Partitions))
+	}
+	w.pad = strings.Repeat("x", max(0, o.Payload-len(`{"key":"key-1234","t":1767000000000000000,"pad":""}`)))
+	return w, nil
+}
+
+// produceWindow is the measuring window the workers look at: a commit
+// that returns while measuring is set counts.
+type produceWindow struct {
+	measuring atomic.Bool
+	mu        sync.Mutex
+	commit    []time.Duration
+	tx        []time.Duration
+	commits   int
+	errors    int
+	shown     int
+}
+
+func (pw *produceWindow) record(commit, tx time.Duration, err error) {
+	if !pw.measuring.Load() {
+		return
+	}
+	pw.mu.Lock()
+	defer pw.mu.Unlock()
+	if err != nil {
+		pw.errors++
+		if pw.shown < commitErrorsShown {
+			pw.shown++
+			fmt.Fprintf(os.Stderr, "bench: produce: %v\n", err)
+		}
+		return
+	}
+	pw.commits++
+	pw.commit = append(pw.commit, commit)
+	pw.tx = append(pw.tx, tx)
+}
+
+// measureProduce runs the producers through the warm-up and the window and
+// takes the samples at the window's edges.
+func measureProduce(ctx context.Context, o options, v *produceVariant, w *produceWriter, pool, probe *pgxpool.Pool,
+	wal *walWatch, dbName string, run produceRun) (produceRun, error) {
+	var pw produceWindow
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	var wg sync.WaitGroup
+	for i := range run.producers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			produceWork(wctx, v, w, pool, &pw, run.rows, uint64(i))
+		}()
+	}
+	defer wg.Wait()
+	if err := harness.Sleep(ctx, o.Produce.Warmup); err != nil {
+		return run, err
+	}
+	lsn0, err := wal.lsn(ctx)
+	if err != nil {
+		return run, err
+	}
+	cpu0 := sampleCPU()
+	backends, err := startBackendCPU(ctx, probe, dbName)
+	if err != nil {
+		return run, err
+	}
+	start := time.Now()
+	pw.measuring.Store(true)
+	werr := harness.Sleep(ctx, o.Produce.Duration)
+	pw.measuring.Store(false)
+	run.window = time.Since(start)
+	cpu1 := sampleCPU()
+	totals, berr := backends.stop(ctx)
+	lsn1, lerr := wal.lsn(ctx)
+	stop()
+	wg.Wait()
+	pool.Close() // the backends flush their statistics as they exit
+	if err := errors.Join(werr, berr, lerr); err != nil {
+		return run, err
+	}
+	pw.mu.Lock()
+	run.commits, run.errors = pw.commits, pw.errors
+	run.commit, run.tx = distributionOf(pw.commit), distributionOf(pw.tx)
+	pw.mu.Unlock()
+	run.pgBackend = totals[groupBench]
+	for pid, t := range cpu1.byComm["postgres"] {
+		run.pgServer += t - cpu0.byComm["postgres"][pid]
+	}
+	run.walServer = lsn1 - lsn0
+	if wal.inspect {
+		if run.walByRel, run.walFPI, err = wal.byRelation(ctx, lsn0, lsn1); err != nil {
+			return run, err
+		}
+		run.walDB = 0
+		for _, n := range run.walByRel {
+			run.walDB += n
+		}
+	}
+	run.keysUpdates, run.keysHOT, err = keysHOT(ctx, probe)
+	return run, err
+}
+
+// keysHOT returns outbox_keys' updates and HOT updates, once the
+// statistics of every insert have arrived (each row inserted or updated
+// one counter row); 0, 0 where the database has no outbox_keys or no
+// counter was written.
+func keysHOT(ctx context.Context, q *pgxpool.Pool) (upd, hot int64, err error) {
+	var has bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass('outbox_keys') IS NOT NULL`).Scan(&has); err != nil || !has {
+		return 0, 0, err
+	}
+	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_keys)`).Scan(&has); err != nil || !has {
+		return 0, 0, err // no counter was written (bare)
+	}
+	var rows int64
+	if err := q.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&rows); err != nil {
+		return 0, 0, fmt.Errorf("count outbox rows: %w", err)
+	}
+	err = harness.WaitUntil(ctx, 10*time.Second, 20*time.Millisecond, "outbox_keys statistics", func() (bool, error) {
+		var ins int64
+		err := q.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd, n_tup_ins FROM pg_stat_user_tables WHERE relname = 'outbox_keys'`).
+			Scan(&upd, &hot, &ins)
+		return upd+ins >= rows, err
+	})
+	return upd, hot, err
+}
+
+// produceWork commits transactions of rows messages back to back until ctx
+// ends. Keys are drawn uniformly and sorted within a transaction.
+func produceWork(ctx context.Context, v *produceVariant, w *produceWriter, pool *pgxpool.Pool, pw *produceWindow, rows int, seed uint64) {
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), seed))
+	keys := make([]int, rows)
+	for ctx.Err() == nil {
+		for i := range keys {
+			keys[i] = rng.IntN(len(w.keys))
+		}
+		slices.Sort(keys)
+		begun := time.Now()
+		commit, err := produceTx(ctx, v, w, pool, keys)
+		if ctx.Err() != nil {
+			return // a transaction cut short by the end of the run is not an error
+		}
+		pw.record(commit, time.Since(begun), err)
+	}
+}
+
+// produceTx runs one transaction and returns how long its COMMIT took.
+func produceTx(ctx context.Context, v *produceVariant, w *produceWriter, pool *pgxpool.Pool, keys []int) (time.Duration, error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }() // no-op after Commit
+	if err := v.write(ctx, tx, w, keys); err != nil {
+		return 0, fmt.Errorf("%s: insert: %w", v.name, err)
+	}
+	sent := time.Now()
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("%s: commit: %w", v.name, err)
+	}
+	return time.Since(sent), nil
+}

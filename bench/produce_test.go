@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"io"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ordo-relay/ordo/bench/internal/result"
+	"github.com/ordo-relay/ordo/internal/testkit"
+)
+
+func TestProduceFlags(t *testing.T) {
+	none := func(string) (string, bool) { return "", false }
+	o, names, err := parseOptions([]string{"-produce-producers", "2,4", "-produce-rows", "1,5", "-produce-variants", "ordo-sql,bare", "produce"}, none, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := o.Produce
+	if strings.Join(names, ",") != "produce" || len(p.Producers) != 2 || p.Producers[1] != 4 || p.Rows[1] != 5 {
+		t.Fatalf("names %v, producers %v, rows %v", names, p.Producers, p.Rows)
+	}
+	if strings.Join(p.Variants, ",") != "classic,ordo-sql,bare" {
+		t.Fatalf("variants %v: want classic first, then the ones asked for", p.Variants)
+	}
+	if o, _, _ := parseOptions([]string{"produce"}, none, io.Discard); len(o.Produce.Variants) != len(produceVariants) || o.Produce.Reps != 3 {
+		t.Fatalf("defaults: variants %v, reps %d", o.Produce.Variants, o.Produce.Reps)
+	}
+	for _, bad := range [][]string{
+		{"-produce-producers", "0"}, {"-produce-producers", "65"}, {"-produce-rows", "x"},
+		{"-produce-variants", "nosuch"}, {"-produce-reps", "0"}, {"-produce-duration", "0s"},
+	} {
+		if _, _, err := parseOptions(append(bad, "produce"), none, io.Discard); err == nil {
+			t.Errorf("%v accepted", bad)
+		}
+	}
+}
+
+// TestProduceSummary checks the medians and the ratios to classic on
+// made-up runs.
+func TestProduceSummary(t *testing.T) {
+	run := func(v string, commits int, p99 time.Duration, pg time.Duration, wal int64) produceRun {
+		return produceRun{variant: v, rows: 2, producers: 4, commits: commits, window: time.Second,
+			commit: distribution{p50: p99 / 2, p99: p99}, pgBackend: pg, walDB: wal, walServer: 2 * wal}
+	}
+	runs := []produceRun{
+		run(variantClassic, 1000, 10*time.Millisecond, 200*time.Millisecond, 100_000),
+		run(variantOrdoSQL, 600, 12*time.Millisecond, 400*time.Millisecond, 200_000),
+		run(variantClassic, 3000, 30*time.Millisecond, 600*time.Millisecond, 300_000), // median of three: the middle one
+		run(variantOrdoSQL, 900, 24*time.Millisecond, 540*time.Millisecond, 360_000),
+		run(variantClassic, 2000, 20*time.Millisecond, 400*time.Millisecond, 200_000),
+		run(variantOrdoSQL, 300, 6*time.Millisecond, 120*time.Millisecond, 60_000),
+	}
+	runs[5].walDB = -1 // not inspected: the server's figure stands in
+	o := options{Payload: 300, Produce: produceOptions{Variants: []string{variantClassic, variantOrdoSQL}, Reps: 3, Duration: time.Second}}
+	res := produceCellResult(o, 2, 4, runs)
+	want := map[string]float64{
+		"classic_tps":                      2000,
+		"classic_msgs_per_sec":             4000,
+		"classic_commit_p99":               20,
+		"classic_pg_us_per_msg":            100, // 400 ms / 4,000 messages
+		"classic_wal_bytes_per_msg":        50,
+		"ordo_sql_tps":                     600,
+		"ordo_sql_commit_p99":              12,
+		"ordo_sql_commit_p50":              6,
+		"ordo_sql_pg_us_per_msg":           300, // runs: 333.3, 300, 200
+		"ordo_sql_wal_bytes_per_msg":       200, // runs: 166.7, 200, 200 (the server's 120,000 / 600)
+		"ordo_sql_over_classic_tps":        0.3,
+		"ordo_sql_over_classic_commit_p99": 0.6,
+	}
+	for name, w := range want {
+		got, ok := res.Lookup(name)
+		if !ok || math.Abs(got-w) > 1e-3*math.Abs(w) {
+			t.Errorf("%s = %v (%v), want %v", name, got, ok, w)
+		}
+	}
+	if _, ok := res.Lookup("classic_over_classic_tps"); ok {
+		t.Error("classic compared with itself")
+	}
+	if m := median([]float64{math.NaN(), 1, 3}); m != 2 {
+		t.Errorf("median leaves NaN out: got %v", m)
+	}
+	if !math.IsNaN(fratio(1, 0)) || !math.IsNaN(median(nil)) {
+		t.Error("a ratio to 0 or a median of nothing is not NaN")
+	}
+	var b strings.Builder
+	printProduceTable(&b, []*result.Result{res}, o.Produce.Variants)
+	if !strings.Contains(b.String(), "| 2 | 4 | ordo-sql | 600 | 0.30× | 6.00 / 12.00 | 0.60× |") {
+		t.Errorf("table:\n%s", b.String())
+	}
+}
+
+// TestProduceEndToEnd runs every variant briefly against the real server
+// and checks that each committed and was measured.
+func TestProduceEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL")
+	}
+	testkit.RequirePostgres(t)
+	o := options{
+		PostgresURL: testkit.PostgresURL(), Out: t.TempDir(), Partitions: 8, Keys: 50, Payload: 300, Timeout: time.Minute,
+		Produce: produceOptions{Duration: 400 * time.Millisecond, Warmup: 100 * time.Millisecond, Producers: []int{2},
+			Rows: []int{1, 3}, Reps: 1, WALInspect: true},
+	}
+	for _, v := range produceVariants {
+		o.Produce.Variants = append(o.Produce.Variants, v.name)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var cells []*result.Result
+	if err := runProduce(ctx, o, func(r *result.Result) { cells = append(cells, r) }); err != nil {
+		t.Fatal(err)
+	}
+	if len(cells) != 2 {
+		t.Fatalf("%d cells, want 2 (1 and 3 rows)", len(cells))
+	}
+	for _, c := range cells {
+		classic, _ := c.Lookup("classic_tps")
+		for _, v := range o.Produce.Variants {
+			p := figureName(v) + "_"
+			tps, _ := c.Lookup(p + "tps")
+			if tps <= 0 {
+				t.Errorf("%s: %s tps = %v", c.Label, v, tps)
+			}
+			if errs, _ := c.Lookup(p + "errors"); errs != 0 {
+				t.Errorf("%s: %s had %v failed transactions", c.Label, v, errs)
+			}
+			if wal, _ := c.Lookup(p + "wal_bytes_per_msg"); !(wal > 100) {
+				t.Errorf("%s: %s wrote %v bytes of WAL per ~300-byte message", c.Label, v, wal)
+			}
+			if p99, _ := c.Lookup(p + "commit_p99"); !(p99 > 0) {
+				t.Errorf("%s: %s commit p99 %v", c.Label, v, p99)
+			}
+			if v == variantClassic {
+				continue
+			}
+			if r, _ := c.Lookup(p + "over_classic_tps"); math.Abs(r-tps/classic) > 1e-3*r {
+				t.Errorf("%s: %s over classic %v, want %v / %v", c.Label, v, r, tps, classic)
+			}
+		}
+	}
+}

@@ -1,0 +1,60 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ordo-relay/ordo/inbox"
+)
+
+// killAfter is the -kill-after fault injection, built from the inbox's
+// public interfaces only: the inbox's database is wrapped so that the n-th
+// commit of a transaction in which the handler ran SIGKILLs the process,
+// after the commit and before the inbox acknowledges the delivery.
+type killAfter struct {
+	inbox.DB
+	n       int64
+	handled atomic.Int64
+	logger  *slog.Logger
+}
+
+// Begin wraps the inbox's transaction so that its Commit can count.
+func (k *killAfter) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := k.DB.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &killTx{Tx: tx, k: k}, nil
+}
+
+// handler marks the transaction h runs in as a handler's.
+func (k *killAfter) handler(h inbox.Handler) inbox.Handler {
+	return func(ctx context.Context, tx pgx.Tx, m *inbox.Message) error {
+		if kt, ok := tx.(*killTx); ok {
+			kt.m = m
+		}
+		return h(ctx, tx, m)
+	}
+}
+
+type killTx struct {
+	pgx.Tx
+	k *killAfter
+	m *inbox.Message // set when the handler ran in this transaction
+}
+
+func (t *killTx) Commit(ctx context.Context) error {
+	if err := t.Tx.Commit(ctx); err != nil {
+		return err
+	}
+	if t.m != nil && t.k.handled.Add(1) == t.k.n {
+		t.k.logger.Warn("kill-after reached: SIGKILL before the ack", "key", t.m.CorrelationID, "key_seq", t.m.KeySeq)
+		_ = syscall.Kill(syscall.Getpid(), syscall.SIGKILL)
+		select {} // the signal is on its way
+	}
+	return nil
+}

@@ -1,0 +1,9 @@
+// Package modcheck holds no code, only a test: a program that imports the
+// library (outbox and inbox) must not get the tools' dependencies
+// (gonum/plot for the bench's charts, chromedp for the cluster page's
+// browser test) in its module graph. Those live in the tools module,
+// bench/go.mod; docs/design.md, "Modules", says why.
+//
+// The test needs only the go command and the module cache the repository's
+// own build fills, not the servers.
+package modcheck

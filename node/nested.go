@@ -1,0 +1,220 @@
+package node
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+
+	"github.com/ordo-relay/ordo/internal/confcheck"
+	"github.com/ordo-relay/ordo/membership"
+	"github.com/ordo-relay/ordo/relay"
+	"github.com/ordo-relay/ordo/relay/rabbitmq"
+)
+
+// RelayConfig is what a node's user sets of the relay (relay.Config,
+// where each field is documented at length; the names are the same). The
+// node derives the rest: the node name, and the read timeout (half the
+// lease TTL).
+type RelayConfig struct {
+	// Window is W, the most messages published and not yet marked; the
+	// AMQP publisher's window is the same. 1..65535; the default is 512.
+	Window int
+
+	// BatchSize is the most rows one read returns for one partition. The
+	// default is 512.
+	BatchSize int
+
+	// ReadAheadBytes bounds the rows held in memory, read ahead or
+	// awaiting their mark. The default is 16 MiB.
+	ReadAheadBytes int64
+
+	// PollInterval is how often the relay reads without a notification.
+	// The default is 1 s.
+	PollInterval time.Duration
+
+	// RetryMin and RetryMax bound the backoff of a key whose head failed.
+	// The defaults are 100 ms and 30 s.
+	RetryMin, RetryMax time.Duration
+
+	// SettleTimeout bounds the wait for outstanding confirms when the
+	// node stops. The default is 5 s.
+	SettleTimeout time.Duration
+
+	// MaxAttempts is how many failed attempts park a message. The default
+	// is 5.
+	MaxAttempts int
+
+	// RetentionAge is how long processed rows are kept; 0 keeps them
+	// forever. The default is 24 h.
+	RetentionAge time.Duration
+
+	// RetentionInterval is how often retention runs (default 1 min);
+	// RetentionChunk the most rows one DELETE removes (default 1000).
+	RetentionInterval time.Duration
+	RetentionChunk    int
+}
+
+// relayDerived are the fields of relay.Config the node sets from its own.
+var relayDerived = []confcheck.From{{Field: "Node", Source: "NodeName"}, {Field: "ReadTimeout", Source: "LeaseTTL"}}
+
+// relaySettings returns what a user may set of rc.
+func relaySettings(rc relay.Config) RelayConfig {
+	return RelayConfig{
+		Window: rc.Window, BatchSize: rc.BatchSize, ReadAheadBytes: rc.ReadAheadBytes, PollInterval: rc.PollInterval,
+		RetryMin: rc.RetryMin, RetryMax: rc.RetryMax, SettleTimeout: rc.SettleTimeout, MaxAttempts: rc.MaxAttempts,
+		RetentionAge: rc.RetentionAge, RetentionInterval: rc.RetentionInterval, RetentionChunk: rc.RetentionChunk,
+	}
+}
+
+// relayConfig returns the relay's config as the node runs it: a read
+// stays well inside the leases it reads for.
+func (c Config) relayConfig(logger *slog.Logger) relay.Config {
+	r := c.Relay
+	return relay.Config{
+		Node: c.NodeName, ReadTimeout: c.LeaseTTL / 2, Logger: logger,
+		Window: r.Window, BatchSize: r.BatchSize, ReadAheadBytes: r.ReadAheadBytes, PollInterval: r.PollInterval,
+		RetryMin: r.RetryMin, RetryMax: r.RetryMax, SettleTimeout: r.SettleTimeout, MaxAttempts: r.MaxAttempts,
+		RetentionAge: r.RetentionAge, RetentionInterval: r.RetentionInterval, RetentionChunk: r.RetentionChunk,
+	}
+}
+
+// AMQPConfig is what a node's user sets of the RabbitMQ publisher
+// (rabbitmq.Config, same names). The node derives the rest: the window
+// (Relay.Window) and the stall timeout (the lease TTL).
+type AMQPConfig struct {
+	// URL is the broker, or a comma-separated list of broker nodes tried
+	// in turn. The default is the local broker's.
+	URL string
+
+	// ReconnectMin and ReconnectMax bound the backoff between connection
+	// attempts. The defaults are 100 ms and 1 s.
+	ReconnectMin, ReconnectMax time.Duration
+
+	// StableAfter is how long a connection must stay up, with a publish
+	// confirmed, before the reconnect backoff starts over. The default is
+	// 1 s.
+	StableAfter time.Duration
+
+	// ExchangeCheckTTL is how long a check that an exchange exists is
+	// trusted. The default is 10 s.
+	ExchangeCheckTTL time.Duration
+
+	// Heartbeat is the AMQP heartbeat interval. The default is 5 s.
+	Heartbeat time.Duration
+
+	// ConfirmTimeout is how long a publish may wait for its confirm on an
+	// open channel before it counts as a failed attempt. The default is
+	// 30 s.
+	ConfirmTimeout time.Duration
+
+	// CallTimeout bounds every call that waits for the broker's answer.
+	// The default is 5 s.
+	CallTimeout time.Duration
+
+	// ConnectionName is the connection_name the broker shows for the
+	// node's connection; empty means "ordo node " + NodeName, as the
+	// node's PostgreSQL sessions are named.
+	ConnectionName string
+
+	// CloudEvents publishes every message as a CloudEvent too (AMQP
+	// binding, binary content mode); CloudEventsSource is its source
+	// attribute, required with it. Off by default.
+	CloudEvents       bool
+	CloudEventsSource string
+}
+
+// amqpDerived are the fields of rabbitmq.Config the node sets from its
+// own.
+var amqpDerived = []confcheck.From{{Field: "Window", Source: "Relay.Window"}, {Field: "StallTimeout", Source: "LeaseTTL"}}
+
+// amqpSettings returns what a user may set of ac.
+func amqpSettings(ac rabbitmq.Config) AMQPConfig {
+	return AMQPConfig{
+		URL: ac.URL, ReconnectMin: ac.ReconnectMin, ReconnectMax: ac.ReconnectMax, StableAfter: ac.StableAfter,
+		ExchangeCheckTTL: ac.ExchangeCheckTTL, Heartbeat: ac.Heartbeat, ConfirmTimeout: ac.ConfirmTimeout,
+		CallTimeout: ac.CallTimeout, ConnectionName: ac.ConnectionName,
+		CloudEvents: ac.CloudEvents, CloudEventsSource: ac.CloudEventsSource,
+	}
+}
+
+// amqpConfig returns the publisher's config as the node runs it: its
+// window is the relay's, and a link that confirms nothing for a lease TTL
+// is taken for dead, so the node stops counting on it long before the
+// heartbeat would.
+func (c Config) amqpConfig(logger *slog.Logger) rabbitmq.Config {
+	a := c.AMQP
+	name := a.ConnectionName
+	if name == "" {
+		name = "ordo node " + c.NodeName // as the PostgreSQL sessions' application_name
+	}
+	return rabbitmq.Config{
+		Window: c.Relay.Window, StallTimeout: c.LeaseTTL, Logger: logger, ConnectionName: name,
+		URL: a.URL, ReconnectMin: a.ReconnectMin, ReconnectMax: a.ReconnectMax, StableAfter: a.StableAfter,
+		ExchangeCheckTTL: a.ExchangeCheckTTL, Heartbeat: a.Heartbeat, ConfirmTimeout: a.ConfirmTimeout,
+		CallTimeout: a.CallTimeout, CloudEvents: a.CloudEvents, CloudEventsSource: a.CloudEventsSource,
+	}
+}
+
+// GossipConfig is what a node's user sets of gossip membership
+// (membership.Config, same names), and whether the node may gossip
+// unencrypted. The node derives the rest: the gossip name (NodeName) and
+// the health hold (half the lease TTL).
+type GossipConfig struct {
+	// BindAddr is the host:port gossip listens on. The default, empty,
+	// runs the node alone, without gossip: it wants every partition.
+	BindAddr string
+
+	// AdvertiseAddr is the host:port peers reach this node at; empty
+	// means BindAddr.
+	AdvertiseAddr string
+
+	// Join lists seed addresses, joined at start and every
+	// RejoinInterval (default 10 s) again, which heals splits.
+	Join           []string
+	RejoinInterval time.Duration
+
+	// JoinTimeout bounds the first join. The default is one minute.
+	JoinTimeout time.Duration
+
+	// Keys are the gossip encryption keys (16, 24 or 32 bytes each); the
+	// first encrypts, all decrypt. A gossiping node needs one, unless
+	// Insecure says otherwise.
+	Keys [][]byte
+
+	// Insecure lets a gossiping node run without Keys: unencrypted, any
+	// host that reaches BindAddr can join the cluster and take
+	// partitions. Run logs a warning at every start. Off by default;
+	// setting it with Keys is refused.
+	Insecure bool
+
+	// ProbeInterval and SuspicionMult set failure detection. The defaults,
+	// 200 ms and 3, notice a dead node in about a second.
+	ProbeInterval time.Duration
+	SuspicionMult int
+}
+
+// gossipDerived are the fields of membership.Config the node sets from
+// its own.
+var gossipDerived = []confcheck.From{{Field: "NodeName", Source: "NodeName"}, {Field: "HealthHold", Source: "LeaseTTL"}}
+
+// gossipSettings returns what a user may set of mc.
+func gossipSettings(mc membership.Config) GossipConfig {
+	return GossipConfig{
+		BindAddr: mc.BindAddr, AdvertiseAddr: mc.AdvertiseAddr, Join: mc.Join, RejoinInterval: mc.RejoinInterval,
+		JoinTimeout: mc.JoinTimeout, Keys: mc.Keys, ProbeInterval: mc.ProbeInterval, SuspicionMult: mc.SuspicionMult,
+	}
+}
+
+// membershipConfig returns the membership config as the node runs it; tr,
+// if not nil, replaces memberlist's network transport (a test hook). A
+// node less healthy than a peer for half a lease TTL steps aside; nodes
+// that notice a shared outage within that of each other stay.
+func (c Config) membershipConfig(logger *slog.Logger, tr memberlist.Transport) membership.Config {
+	g := c.Gossip
+	return membership.Config{
+		NodeName: c.NodeName, HealthHold: c.LeaseTTL / 2, Logger: logger, Transport: tr,
+		BindAddr: g.BindAddr, AdvertiseAddr: g.AdvertiseAddr, Join: g.Join, RejoinInterval: g.RejoinInterval,
+		JoinTimeout: g.JoinTimeout, Keys: g.Keys, ProbeInterval: g.ProbeInterval, SuspicionMult: g.SuspicionMult,
+	}
+}

@@ -1,0 +1,72 @@
+-- A cheaper key_seq, same contract (issue 23): what the producer's INSERT
+-- pays besides its own row, measured with `go run ./bench produce`
+-- (docs/performance.md, "The producers' side").
+--
+-- 1. The key's counter is bumped with a plain UPDATE, and only a key's
+--    first row takes the INSERT ... ON CONFLICT path. An upsert that finds
+--    the row locks it first (one more WAL record, heap_lock_tuple) and
+--    then updates it; an UPDATE does both in one step. Its row lock, held
+--    until commit, still serialises the key's producers, and under READ
+--    COMMITTED a waiting UPDATE increments the version the lock holder
+--    committed, so commit order = key_seq order as before.
+-- 2. outbox_keys keeps half of every page free, so that a counter's new
+--    version fits on its own page (a HOT update: no new primary key
+--    entry, no extra WAL). Pages written before this migration fill up
+--    as they were; each counter moves to a roomier page at its first
+--    update that does not fit.
+-- 3. The unique index on seq goes: no reader looks rows up by seq alone
+--    (the relay and the backlog read (partition, seq) among pending rows:
+--    outbox_pending_by_partition), the identity column hands out each
+--    value once, and every insert maintained it.
+--
+-- The "id exists?" probe (0006, moved after the counter lock by 0007)
+-- stays: it is what keeps a retried INSERT ... ON CONFLICT (id) DO NOTHING
+-- from consuming a key_seq, and it is one probe of a primary key page the
+-- insert itself is about to touch. SET enable_seqscan = off (0008) stays
+-- too: it also keeps the UPDATE's generic plan on the counter's primary
+-- key when outbox_keys looked empty at planning.
+ALTER TABLE outbox_keys SET (fillfactor = 50);
+
+ALTER TABLE outbox DROP CONSTRAINT outbox_seq_key;
+
+CREATE OR REPLACE FUNCTION outbox_assign_key_seq() RETURNS trigger
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
+DECLARE
+    key_partition int;
+BEGIN
+    UPDATE outbox_keys
+        SET last_key_seq = last_key_seq + 1,
+            partition = coalesce(partition, NEW.partition)
+        WHERE correlation_id = NEW.correlation_id
+        RETURNING last_key_seq, partition INTO NEW.key_seq, key_partition;
+    IF NOT FOUND THEN
+        -- The key's first row (or two first rows racing: the loser waits
+        -- for the winner's commit and then takes the update branch).
+        INSERT INTO outbox_keys AS k (correlation_id, last_key_seq, partition)
+        VALUES (NEW.correlation_id, 1, NEW.partition)
+        ON CONFLICT (correlation_id) DO UPDATE
+            SET last_key_seq = k.last_key_seq + 1,
+                partition = coalesce(k.partition, EXCLUDED.partition)
+        RETURNING k.last_key_seq, k.partition INTO NEW.key_seq, key_partition;
+    END IF;
+    IF EXISTS (SELECT 1 FROM outbox WHERE id = NEW.id) THEN
+        -- The row is there already: nothing to insert, nothing to count.
+        IF NEW.key_seq = 1 THEN
+            DELETE FROM outbox_keys WHERE correlation_id = NEW.correlation_id;
+        ELSE
+            UPDATE outbox_keys SET last_key_seq = last_key_seq - 1 WHERE correlation_id = NEW.correlation_id;
+        END IF;
+        RETURN NULL;
+    END IF;
+    IF key_partition IS DISTINCT FROM NEW.partition THEN
+        -- The statement fails, so the counter's increment is undone too.
+        RAISE EXCEPTION 'outbox: correlation_id % belongs to partition % (its earlier rows), but this row says partition %',
+                quote_literal(NEW.correlation_id), key_partition, NEW.partition
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'outbox_key_partition',
+                  TABLE = 'outbox', COLUMN = 'partition',
+                  HINT = 'partition must be xxhash64(correlation_id) mod P for every row of a key; see docs/outbox-table.md';
+    END IF;
+    NEW.occurred_at := clock_timestamp();
+    RETURN NEW;
+END
+$$;

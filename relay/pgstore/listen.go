@@ -1,0 +1,225 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+
+	"github.com/ordo-relay/ordo/internal/backoff"
+	"github.com/ordo-relay/ordo/internal/outage"
+	"github.com/ordo-relay/ordo/outbox"
+)
+
+// ErrNotListening is returned by Arm and Disarm while Listen is not
+// connected (or not running): nothing is armed then.
+var ErrNotListening = errors.New("outbox listener not connected")
+
+// An arm is a session advisory lock (outbox.WakeLockClass, partition),
+// exclusive, held by Listen's connection. The outbox trigger (outbox
+// migration 10) tries the same lock shared, for each partition a
+// statement wrote to: if the try fails (a relay armed it), it notifies;
+// otherwise it holds the shared lock until its transaction ends. So
+// pg_try_advisory_lock succeeds only once every producer that did not
+// notify has committed or rolled back, and the locks go with the
+// connection, as the LISTEN does.
+const (
+	sqlArm    = `SELECT p FROM unnest($1::int[]) AS p WHERE pg_try_advisory_lock($2::int, p)`
+	sqlDisarm = `SELECT count(*) FROM unnest($1::int[]) AS p WHERE pg_advisory_unlock($2::int, p)`
+)
+
+// armRequest asks Listen's connection to arm or disarm partitions.
+type armRequest struct {
+	arm   bool
+	parts []int
+	reply chan armReply
+}
+
+type armReply struct {
+	armed []int
+	err   error
+}
+
+// Arm implements relay.Store.
+func (s *Store) Arm(ctx context.Context, partitions []int) ([]int, error) {
+	return s.request(ctx, armRequest{arm: true, parts: partitions})
+}
+
+// Disarm implements relay.Store.
+func (s *Store) Disarm(ctx context.Context, partitions []int) error {
+	_, err := s.request(ctx, armRequest{parts: partitions})
+	return err
+}
+
+func (s *Store) request(ctx context.Context, req armRequest) ([]int, error) {
+	if !s.listening.Load() {
+		return nil, ErrNotListening
+	}
+	req.reply = make(chan armReply, 1)
+	// Listen takes a request between two notifications: at once, or
+	// after its callback returns; a connection that hangs is bounded.
+	t := time.NewTimer(5 * time.Second)
+	defer t.Stop()
+	select {
+	case s.arms <- req:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-t.C:
+		return nil, ErrNotListening
+	}
+	select {
+	case rep := <-req.reply:
+		return rep.armed, rep.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// Listen implements relay.Store. It serves Arm and Disarm on its own
+// connection while it waits.
+func (s *Store) Listen(ctx context.Context, wake func(partition int)) error {
+	down := outage.New(s.logger, "PostgreSQL listener")
+	bo := backoff.New(100*time.Millisecond, 2*time.Second)
+	for {
+		listened, err := s.listenOnce(ctx, wake, down)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if listened {
+			bo.Reset() // it worked: the next outage starts the backoff over
+		}
+		down.Fail(err)
+		if !backoff.Sleep(ctx, bo.Next()) {
+			return nil
+		}
+	}
+}
+
+func (s *Store) listenOnce(ctx context.Context, wake func(int), down *outage.Log) (listened bool, err error) {
+	cfg := s.pool.Config().ConnConfig.Copy()
+	// An arm request interrupts the wait for notifications by a deadline
+	// on the socket, now. (The pool's handler may send a cancel request
+	// and let the read run on for seconds: nothing answers a cancel of an
+	// idle session, and a late cancel could hit the arm's own statement.)
+	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	conn, err := pgx.ConnectConfig(cctx, cfg)
+	cancel()
+	if err != nil {
+		return false, fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{outbox.NotifyChannel}.Sanitize()); err != nil {
+		return false, fmt.Errorf("listen: %w", err)
+	}
+	down.OK()
+	s.listening.Store(true)
+	defer s.listening.Store(false)
+	wake(-1) // read once: notifications sent while we were not listening are gone, and nothing is armed
+	armed := map[int]bool{}
+	for {
+		n, req, err := s.next(ctx, conn)
+		if req != nil {
+			if rerr := serveArm(ctx, conn, armed, *req); rerr != nil {
+				return true, rerr
+			}
+		}
+		if err != nil {
+			return true, fmt.Errorf("wait for notification: %w", err)
+		}
+		if n != nil {
+			// A payload that is not a partition is not ours: ignored.
+			if p, err := strconv.Atoi(n.Payload); err == nil && p >= 0 {
+				wake(p)
+			}
+		}
+	}
+}
+
+// next waits for a notification or an arm request, whichever comes first
+// (both, at times). A request interrupts the wait: pgx sets a deadline on
+// the socket, and a timed-out read leaves the connection usable.
+func (s *Store) next(ctx context.Context, conn *pgx.Conn) (*pgconn.Notification, *armRequest, error) {
+	select {
+	case req := <-s.arms:
+		return nil, &req, nil
+	default:
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	got := make(chan *armRequest, 1)
+	stop := make(chan struct{})
+	go func() {
+		select {
+		case req := <-s.arms:
+			got <- &req
+			cancel()
+		case <-stop:
+			got <- nil
+		}
+	}()
+	n, err := conn.WaitForNotification(wctx)
+	close(stop)
+	req := <-got
+	if req != nil && ctx.Err() == nil && err != nil && wctx.Err() != nil {
+		err = nil // interrupted for the request
+	}
+	return n, req, err
+}
+
+// serveArm arms or disarms on conn and replies. It returns an error only
+// when the connection failed (the reply carries it too).
+func serveArm(ctx context.Context, conn *pgx.Conn, armed map[int]bool, req armRequest) error {
+	var todo []int32
+	for _, p := range req.parts {
+		if armed[p] != req.arm {
+			todo = append(todo, int32(p))
+		}
+	}
+	var rep armReply
+	if len(todo) > 0 {
+		rep.err = applyArm(ctx, conn, armed, req.arm, todo)
+	}
+	if req.arm && rep.err == nil {
+		for _, p := range req.parts {
+			if armed[p] {
+				rep.armed = append(rep.armed, p)
+			}
+		}
+	}
+	req.reply <- rep
+	return rep.err
+}
+
+func applyArm(ctx context.Context, conn *pgx.Conn, armed map[int]bool, arm bool, parts []int32) error {
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if !arm {
+		if _, err := conn.Exec(qctx, sqlDisarm, parts, outbox.WakeLockClass); err != nil {
+			return fmt.Errorf("disarm: %w", err)
+		}
+		for _, p := range parts {
+			delete(armed, int(p))
+		}
+		return nil
+	}
+	rows, err := conn.Query(qctx, sqlArm, parts, outbox.WakeLockClass)
+	if err != nil {
+		return fmt.Errorf("arm: %w", err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return fmt.Errorf("arm: %w", err)
+	}
+	for _, p := range got {
+		armed[int(p)] = true
+	}
+	return nil
+}
