@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // partState is what the relay holds in memory of one partition, for one
@@ -60,6 +61,7 @@ type flight struct {
 	e         *entry
 	size      int64
 	confirmed bool
+	span      trace.Span // the publish's PRODUCER span; nil without tracing
 }
 
 func rowSize(r *Row) int64 {

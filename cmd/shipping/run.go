@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/url"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -17,6 +18,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ordo-relay/ordo/inbox"
+	"github.com/ordo-relay/ordo/internal/tracing"
 )
 
 // run consumes until ctx is cancelled.
@@ -35,6 +37,12 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 		k := &killAfter{DB: pool, n: int64(cfg.killAfter), logger: logger}
 		db, h = k, k.handler(h)
 	}
+	tp, flush, err := tracing.Start(ctx, "ordo-shipping", os.Stdout, os.Getenv, logger)
+	if err != nil {
+		return err
+	}
+	defer flush()
+	cfg.inbox.TracerProvider = tp
 	c, err := inbox.New(cfg.inbox, db, h)
 	if err != nil {
 		return err

@@ -22,7 +22,7 @@ func TestComposeNamesExist(t *testing.T) {
 	for _, s := range svcs {
 		names[s.Name] = true
 	}
-	for _, want := range []string{"postgres", "rabbitmq", "node1", "node2", "node3", "orderapi", "prometheus", "grafana"} {
+	for _, want := range []string{"postgres", "rabbitmq", "node1", "node2", "node3", "orderapi", "prometheus", "grafana", "jaeger"} {
 		if !names[want] {
 			t.Errorf("no service %s", want)
 		}
