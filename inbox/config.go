@@ -10,6 +10,7 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ordo-relay/ordo/internal/confcheck"
 )
@@ -145,6 +146,12 @@ type Config struct {
 	// Logger receives ownership, outage and dead-letter messages. Nil:
 	// slog.Default().
 	Logger *slog.Logger
+
+	// TracerProvider, when set, gives every delivery a CONSUMER span that
+	// continues the trace of its traceparent header (the relay's PRODUCER
+	// span), and every handler run a span of its own inside it
+	// (tracing.go). Nil, the default, turns tracing off.
+	TracerProvider trace.TracerProvider
 }
 
 // DefaultConfig returns the defaults for consumer group name. New and

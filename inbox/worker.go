@@ -145,7 +145,9 @@ func (c *Consumer) deliver(ctx context.Context, f Fence, d *amqp.Delivery) error
 	hctx, cancel := c.handleContext(ctx)
 	defer cancel()
 	m, err := FromDelivery(d)
+	ctx, span := c.startDelivery(ctx, f, d, m)
 	if err != nil {
+		endDelivery(span, 0, err)
 		if err := c.dead.raw(hctx, d, err.Error()); err != nil {
 			return err
 		}
@@ -153,7 +155,9 @@ func (c *Consumer) deliver(ctx context.Context, f Fence, d *amqp.Delivery) error
 		c.cfg.Logger.Warn("inbox: invalid message dead-lettered", "shard", f.Shard, "err", err)
 		return ack(d)
 	}
-	if _, err := c.handleInPlace(ctx, f, m); err != nil {
+	out, err := c.handleInPlace(ctx, f, m)
+	endDelivery(span, out, err)
+	if err != nil {
 		return err
 	}
 	return ack(d)

@@ -4,6 +4,8 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/ordo-relay/ordo/internal/confcheck"
 )
 
@@ -36,10 +38,12 @@ type Config struct {
 	// is 16 MiB. Raise it for large payloads with a large Window.
 	ReadAheadBytes int64
 
-	// PollInterval is how often the relay reads without a notification
-	// (LISTEN/NOTIFY wakes it at once on a commit; polling is the safety
-	// net). The default is 1 s. Shorter polls cost reads on an idle
-	// database.
+	// PollInterval is how often the relay reads every partition without a
+	// notification: the safety net, and the slowest poll of a partition a
+	// producer's open transaction keeps from being armed (an idle relay is
+	// notified of a commit at once; a busy one polls every few
+	// milliseconds: wake.go). The default is 1 s. Shorter polls cost reads
+	// on an idle database.
 	PollInterval time.Duration
 
 	// ReadTimeout bounds one read. A read slower than this fails, and is
@@ -78,6 +82,13 @@ type Config struct {
 	// Logger receives outage and progress messages; nil means
 	// slog.Default().
 	Logger *slog.Logger
+
+	// TracerProvider, when set, gives every publish a PRODUCER span
+	// (tracing.go): a child of the trace context the row stored, whose
+	// own context the message carries in its traceparent header. Nil, the
+	// default, turns tracing off; the stored traceparent is then sent as
+	// it is.
+	TracerProvider trace.TracerProvider
 }
 
 // DefaultConfig returns the defaults: every field but Node (required)

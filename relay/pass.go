@@ -38,7 +38,7 @@ import "time"
 const (
 	minPassGap      = 100 * time.Millisecond
 	smallPassGap    = 10 * time.Millisecond
-	followUps       = 2
+	followUps       = 1
 	passEvery       = 5 * time.Second
 	stallCheckEvery = 100 * time.Millisecond
 )
@@ -80,9 +80,19 @@ func (r *Relay) nextPassLocked(ps *partState) time.Time {
 // after the previous one, so that a transaction committing late is found
 // about as late again as it was, and then every passEvery.
 func (r *Relay) followUpLocked(ps *partState) {
-	if !ps.passAt.IsZero() || ps.passStep >= followUps || ps.pass <= 1 {
-		return // scheduled already, done, or the epoch's first pass
+	if !ps.passAt.IsZero() || ps.passStep >= followUps {
+		return // scheduled already, or done
 	}
 	ps.passStep++
 	ps.passAt = ps.lastPass.Add(r.passGapLocked(ps) << (3 * ps.passStep))
+}
+
+// scheduleFollowUpsLocked starts the follow-up passes of ps after new
+// rows were read at now: a transaction that drew a seq below them may
+// commit after them, so look below the cursor soon, and again later.
+func (r *Relay) scheduleFollowUpsLocked(ps *partState, now time.Time) {
+	ps.passStep = 0
+	if at := now.Add(r.passGapLocked(ps)); ps.passAt.IsZero() || at.Before(ps.passAt) {
+		ps.passAt = at
+	}
 }

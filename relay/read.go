@@ -59,13 +59,9 @@ func (r *Relay) readLoop(ctx context.Context) {
 		if read {
 			down.OK()
 			bo.Reset()
-			continue
 		}
-		if published > 0 {
-			continue
-		}
-		if r.syncArms(ctx) {
-			continue // read the partitions just armed once more
+		if r.syncArms(ctx, !read && published == 0) || read || published > 0 {
+			continue // more to do, or read the partitions just armed once more
 		}
 		r.checkStall()
 		if !r.wait(ctx, poll.C, retry) {
@@ -256,6 +252,13 @@ func (r *Relay) ingestRead(states map[int]readState, rows []Row, took time.Durat
 			if len(got) > 0 {
 				ps.passCursor = max(ps.passCursor, got[len(got)-1].Seq)
 			}
+			if fresh && r.passGapLocked(ps) == smallPassGap {
+				// New rows found by a cheap pass (a relay that has just
+				// started, say) may be overtaken as well; a backlog's
+				// pass is not repeated for it (tail reads soon find
+				// what commits next, and schedule the follow-ups).
+				r.scheduleFollowUpsLocked(ps, now)
+			}
 			if short {
 				ps.reading = false
 				r.sweepLocked(ps)
@@ -267,12 +270,7 @@ func (r *Relay) ingestRead(states map[int]readState, rows []Row, took time.Durat
 		switch {
 		case fresh:
 			r.rateLocked(now, len(got)) // busy: poll, do not arm (wake.go)
-			// A transaction that drew a seq below these rows may commit
-			// after them: look below the cursor soon, and again later.
-			ps.passStep = 0
-			if at := now.Add(r.passGapLocked(ps)); ps.passAt.IsZero() || at.Before(ps.passAt) {
-				ps.passAt = at
-			}
+			r.scheduleFollowUpsLocked(ps, now)
 		case st.notified:
 			// A commit was notified and nothing new is above the cursor:
 			// it landed below it (or was read already).
@@ -403,7 +401,9 @@ func (r *Relay) publish(ctx context.Context, f *flight) error {
 		return nil
 	}
 	f.msg.Headers = headers
+	ctx = r.startSpan(ctx, f)
 	if err := r.pub.Publish(ctx, &f.msg, func(res Result) { r.settle(f, res) }); err != nil {
+		spanNotSent(f, err)
 		r.unsend(f)
 		if errors.Is(err, ErrLeaseExpired) {
 			// The publisher waited past the lease deadline and sent

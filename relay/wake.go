@@ -30,8 +30,8 @@ import (
 // polled, and arming tried again, at half the time since the last new
 // row, up to PollInterval.
 const (
-	busyRate   = 200.0 // new rows a second: above, the relay polls
-	idleRate   = 100.0 // below, it arms again
+	busyRate   = 500.0 // new rows a second: above, the relay polls
+	idleRate   = 250.0 // below, it arms again
 	rateWindow = 50 * time.Millisecond
 	pollMin    = 2 * time.Millisecond
 	pollMax    = 5 * time.Millisecond
@@ -124,10 +124,11 @@ func (r *Relay) nextPollLocked() time.Time {
 	return r.lastPoll.Add(r.pollGapLocked())
 }
 
-// syncArms disarms the held partitions while the relay is busy and arms
-// them once it is not (after a poll), and reports
-// whether it armed any: they must be read once more before the relay waits.
-func (r *Relay) syncArms(ctx context.Context) bool {
+// syncArms disarms the held partitions while the relay is busy (checked
+// on every round: a busy relay may never wait) and, when it is about to
+// wait (idle) and not busy, arms them after a poll. It reports whether it
+// armed any: they must be read once more before the relay waits.
+func (r *Relay) syncArms(ctx context.Context, idle bool) bool {
 	r.mu.Lock()
 	rate := r.rateLocked(time.Now(), 0)
 	r.busy = rate >= busyRate || (r.busy && rate >= idleRate)
@@ -140,11 +141,11 @@ func (r *Relay) syncArms(ctx context.Context) bool {
 		case busy && ps.armed:
 			ps.armed = false
 			disarm = append(disarm, p)
-		case !busy && !ps.armed && r.armDue:
+		case idle && !busy && !ps.armed && r.armDue:
 			arm = append(arm, p)
 		}
 	}
-	if !busy {
+	if idle && !busy {
 		r.armDue = false
 	}
 	gen := r.armGen

@@ -22,7 +22,7 @@
 --
 -- Relays of earlier releases only LISTEN: they are woken by commits to
 -- partitions a new relay armed, which they do not hold, and otherwise find
--- commits by their poll (within 5 s; docs/design.md, "Upgrading").
+-- commits by their poll (within 5 s; docs/design.md, "Rolling upgrade").
 CREATE OR REPLACE FUNCTION outbox_notify() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE

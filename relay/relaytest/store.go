@@ -28,6 +28,8 @@ type Store struct {
 	wake   []func(int)
 	armed  map[int]bool // partitions whose inserts wake listeners
 	refuse map[int]bool // partitions Arm refuses, as an open producer's transaction would
+	woken  int          // notifications sent
+	onArm  func()       // runs at the start of every Arm (SetBeforeArm)
 	reads  int
 	delay  time.Duration
 
@@ -89,15 +91,65 @@ func (s *Store) Insert(partition int, keys ...string) []uuid.UUID {
 		s.byID[id] = r
 		ids[i] = id
 	}
+	s.mu.Unlock()
+	s.notify(partition)
+	return ids
+}
+
+// notify wakes the listeners of partition, if it is armed.
+func (s *Store) notify(partition int) {
+	s.mu.Lock()
 	var wake []func(int)
 	if s.armed[partition] {
 		wake = slices.Clone(s.wake)
+		s.woken++
 	}
 	s.mu.Unlock()
 	for _, w := range wake {
 		w(partition)
 	}
-	return ids
+}
+
+// Reserve adds a row of key to partition as a producer's transaction that
+// has not committed yet: it takes the next seq now, and the row is pending
+// (and its partition notified, if armed) only once commit is called, after
+// rows inserted meanwhile with higher seqs may have been read.
+func (s *Store) Reserve(partition int, key string) (id uuid.UUID, commit func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.seq++
+	seq := s.seq
+	id = uuid.Must(uuid.NewV7())
+	return id, func() {
+		s.mu.Lock()
+		s.keySeq[key]++
+		r := &StoredRow{Seq: seq, Row: relay.Row{
+			ID: id, Partition: partition, CorrelationID: key, KeySeq: s.keySeq[key], PrevKeySeq: s.keySeq[key] - 1,
+			Exchange: "ex", RoutingKey: "rk", Type: "t", Payload: json.RawMessage(`{}`), Headers: []byte(`{}`),
+			OccurredAt: time.Now(),
+		}}
+		at, _ := slices.BinarySearchFunc(s.rows, seq, func(x *StoredRow, q int64) int { return int(min(max(x.Seq-q, -1), 1)) })
+		s.rows = slices.Insert(s.rows, at, r)
+		s.byID[id] = r
+		s.mu.Unlock()
+		s.notify(partition)
+	}
+}
+
+// Notifications counts the notifications sent to listeners (inserts into
+// armed partitions).
+func (s *Store) Notifications() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.woken
+}
+
+// SetBeforeArm makes every Arm call f first (nil: nothing), as if a
+// producer committed between the relay's last read and its arm.
+func (s *Store) SetBeforeArm(f func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onArm = f
 }
 
 // Update changes a stored row under the store's lock (for tests that set
@@ -303,6 +355,12 @@ func (s *Store) Listen(ctx context.Context, wake func(partition int)) error {
 
 // Arm implements relay.Store. It refuses the partitions RefuseArm names.
 func (s *Store) Arm(_ context.Context, partitions []int) ([]int, error) {
+	s.mu.Lock()
+	f := s.onArm
+	s.mu.Unlock()
+	if f != nil {
+		f()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var armed []int

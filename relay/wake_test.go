@@ -1,0 +1,106 @@
+package relay_test
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/ordo-relay/ordo/relay"
+)
+
+// allArmed reports whether every partition of c is armed in its store.
+func (c *core) allArmed() bool {
+	for p := range coreParts {
+		if !c.store.Armed(p) {
+			return false
+		}
+	}
+	return true
+}
+
+func (c *core) delivered(id uuid.UUID) bool {
+	return slices.ContainsFunc(c.pub.Delivered(), func(m relay.Message) bool { return m.ID == id })
+}
+
+// TestCoreBusyRelayIsNotNotified: while commits come fast the relay
+// disarms its partitions and polls, so most commits send no notification
+// (each would take NOTIFY's database-wide lock in the producer's commit);
+// once they stop it arms them again. Every row is delivered in order.
+func TestCoreBusyRelayIsNotNotified(t *testing.T) {
+	t.Parallel()
+	c := newCore(t, time.Hour, func(cfg *relay.Config) { cfg.PollInterval = time.Minute })
+	c.start()
+	waitFor(t, "every partition armed", c.allArmed)
+	before := c.store.Notifications()
+	const n = 3000
+	for i := range n {
+		c.store.Insert(i%coreParts, fmt.Sprintf("key-%d", i%100))
+		if i%10 == 9 {
+			// Paced like fast producers (at most ~10,000 commits a
+			// second), not a loop of map inserts: the relay needs a read
+			// and a disarm to notice the rate.
+			time.Sleep(time.Millisecond)
+		}
+	}
+	c.waitDrained()
+	notified := c.store.Notifications() - before
+	t.Logf("%d commits in a burst sent %d notifications", n, notified)
+	if notified > n/5 {
+		t.Fatalf("%d of %d commits in a burst notified: a busy relay must poll, not keep its partitions armed", notified, n)
+	}
+	waitFor(t, "the partitions armed again once the burst is over", c.allArmed)
+}
+
+// TestCoreArmReadsOnceMore: a commit that lands between the relay's last
+// read and its arm sends no notification (nothing was armed when it
+// wrote); the relay reads the partitions it has just armed once more and
+// publishes it, without waiting for the poll (a minute here).
+func TestCoreArmReadsOnceMore(t *testing.T) {
+	t.Parallel()
+	c := newCore(t, time.Hour, func(cfg *relay.Config) { cfg.PollInterval = time.Minute })
+	ids := make(chan uuid.UUID, 1)
+	c.store.SetBeforeArm(func() {
+		c.store.SetBeforeArm(nil)
+		ids <- c.store.Insert(2, "between")[0]
+	})
+	c.start()
+	id := <-ids
+	waitFor(t, "the commit made just before the arm delivered", func() bool { return c.delivered(id) })
+}
+
+// TestCoreLateCommitBelowCursor: a row whose transaction commits after a
+// row with a higher seq was read lies below the cursor, where tail reads
+// never look; a pass finds it, whether the relay polls (the follow-up
+// passes after new rows) or is armed (a notified commit not found above
+// the cursor), without waiting for the poll's 5-second pass (never here:
+// the poll is a minute).
+func TestCoreLateCommitBelowCursor(t *testing.T) {
+	for _, armed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("armed=%v", armed), func(t *testing.T) {
+			t.Parallel()
+			c := newCore(t, time.Hour, func(cfg *relay.Config) { cfg.PollInterval = time.Minute })
+			if !armed {
+				c.store.RefuseArm(0, true) // a producer's open transaction, as far as arming goes
+			}
+			c.start()
+			if armed {
+				waitFor(t, "every partition armed", c.allArmed)
+			}
+			late, commit := c.store.Reserve(0, "late")
+			later := c.store.Insert(0, "later")[0]
+			waitFor(t, "the later row delivered", func() bool { return c.delivered(later) })
+			if armed {
+				// Past the follow-up passes after the later row (10 and 80
+				// ms), and armed again: only the notification
+				// can lead to the late row now.
+				time.Sleep(time.Second)
+				waitFor(t, "partition 0 armed again", func() bool { return c.store.Armed(0) })
+			}
+			commit()
+			waitFor(t, "the row committed late delivered", func() bool { return c.delivered(late) })
+		})
+	}
+}
