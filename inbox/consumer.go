@@ -17,8 +17,9 @@ import (
 // Consumer consumes a consumer group's shard queues: it balances the S
 // shards over the live instances through leases in the consumer's
 // database, runs one worker per owned shard (an exclusive AMQP consumer
-// with manual acks), and hands every delivery to its Store. Create it with
-// New and run it with Run.
+// with manual acks), and hands every delivery to its Store in the lane of
+// its key (Config.Lanes keys of a shard at once, each key serial). Create
+// it with New and run it with Run.
 type Consumer struct {
 	cfg   Config
 	db    DB
