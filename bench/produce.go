@@ -34,6 +34,10 @@ import (
 // cell: the medians over the repetitions and each variant's ratio to the
 // classic table measured in the same cell.
 
+// produceRunSlack bounds a run's setup, sampling and cleanup on top of its
+// warm-up and window.
+const produceRunSlack = 3 * time.Minute
+
 // produceOptions are the produce scenario's flags.
 type produceOptions struct {
 	Duration   time.Duration // measured time per run
@@ -170,6 +174,10 @@ func walOf(r produceRun) int64 {
 // produceOnce runs one variant in a fresh database and measures it.
 func produceOnce(ctx context.Context, o options, v *produceVariant, rows, producers int) (produceRun, error) {
 	run := produceRun{variant: v.name, rows: rows, producers: producers, walDB: -1}
+	// A run that cannot finish (a server restarted under it, say) fails
+	// instead of hanging the scenario.
+	ctx, stopRun := context.WithTimeout(ctx, o.Produce.Warmup+o.Produce.Duration+produceRunSlack)
+	defer stopRun()
 	name := "ordo_bench_produce_" + strings.ReplaceAll(v.name, "-", "_") + "_" + harness.RandomHex(4)
 	sctx, cancel := context.WithTimeout(ctx, harness.SetupTimeout)
 	defer cancel()

@@ -92,11 +92,12 @@ func (o Outcome) String() string {
 // goroutine at a time (the Consumer runs one worker per shard); the key's
 // row lock keeps even a mistaken second caller from breaking the order.
 type Store struct {
-	cfg   Config
-	db    DB
-	dead  DeadLetterer
-	idle  string // idle_in_transaction_session_timeout, ms
-	stats counters
+	cfg     Config
+	db      DB
+	dead    DeadLetterer
+	idle    string // idle_in_transaction_session_timeout, ms
+	stats   counters
+	metrics storeMetrics
 }
 
 // NewStore returns a Store for cfg.Name over db. dead may be nil: dead
@@ -107,7 +108,8 @@ func NewStore(cfg Config, db DB, dead DeadLetterer) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Store{cfg: cfg, db: db, dead: dead, idle: strconv.FormatInt(cfg.LeaseTTL.Milliseconds(), 10)}, nil
+	return &Store{cfg: cfg, db: db, dead: dead, idle: strconv.FormatInt(cfg.LeaseTTL.Milliseconds(), 10),
+		metrics: newStoreMetrics(cfg.Name)}, nil
 }
 
 // shardOf maps a partition to its shard: partition mod S.
@@ -173,7 +175,7 @@ func (s *Store) handle(ctx context.Context, f Fence, m *Message, h Handler) (Out
 		}
 		return Retrying, nil
 	}
-	if herr := runHandler(ctx, tx, m, h); herr != nil {
+	if herr := s.runHandler(ctx, tx, m, h); herr != nil {
 		_ = tx.Rollback(ctx)
 		return s.failed(ctx, f, m, last, herr)
 	}
@@ -183,6 +185,7 @@ func (s *Store) handle(ctx context.Context, f Fence, m *Message, h Handler) (Out
 	if err := tx.Commit(ctx); err != nil {
 		return 0, fmt.Errorf("commit: %w", err)
 	}
+	s.metrics.handled(m)
 	return Handled, nil
 }
 
@@ -318,9 +321,12 @@ func (s *Store) advance(ctx context.Context, tx pgx.Tx, f Fence, m *Message) err
 	return nil
 }
 
-// runHandler runs h, turning a panic into an error.
-func runHandler(ctx context.Context, tx pgx.Tx, m *Message, h Handler) (err error) {
+// runHandler runs h, turning a panic into an error, and records its
+// duration.
+func (s *Store) runHandler(ctx context.Context, tx pgx.Tx, m *Message, h Handler) (err error) {
+	start := time.Now()
 	defer func() {
+		s.metrics.handler.Observe(time.Since(start).Seconds())
 		if r := recover(); r != nil {
 			err = fmt.Errorf("handler panic: %v", r)
 		}

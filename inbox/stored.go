@@ -182,7 +182,7 @@ func (s *Store) handleStored(ctx context.Context, f Fence, m *storedMessage, h H
 	if behind || !s.isNext(m) {
 		return 0, nil
 	}
-	if herr := runHandler(ctx, tx, &m.Message, h); herr != nil {
+	if herr := s.runHandler(ctx, tx, &m.Message, h); herr != nil {
 		_ = tx.Rollback(ctx)
 		return s.retryLater(ctx, f, m, herr)
 	}
@@ -192,6 +192,7 @@ func (s *Store) handleStored(ctx context.Context, f Fence, m *storedMessage, h H
 	if err := tx.Commit(ctx); err != nil {
 		return 0, fmt.Errorf("commit: %w", err)
 	}
+	s.metrics.handled(&m.Message)
 	return Handled, nil
 }
 

@@ -327,11 +327,28 @@ func TestPlainInsertContract(t *testing.T) {
 			}
 		})
 	}
-	_, err := pool.Exec(ctx, `INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload)
-		VALUES ($1, 0, 'k', $2, 'rk', 't', '{}')`, uuid.Must(uuid.NewV7()), strings.Repeat("e", 256))
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.ConstraintName != "outbox_exchange_length" {
-		t.Fatalf("long exchange: %v", err)
+	long := strings.Repeat("e", 256)
+	for _, c := range []struct {
+		name, exchange, routingKey, typ, headers, constraint string
+	}{
+		{"long exchange", long, "rk", "t", `{}`, "outbox_exchange_length"},
+		{"long routing key", "ex", long, "t", `{}`, "outbox_routing_key_length"},
+		{"long type", "ex", "rk", long, `{}`, "outbox_type_length"},
+		{"headers not an object", "ex", "rk", "t", `["a"]`, "outbox_headers_object"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := pool.Exec(ctx, `INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload, headers)
+				VALUES ($1, 0, 'k-checks', $2, $3, $4, '{}', $5)`, uuid.Must(uuid.NewV7()), c.exchange, c.routingKey, c.typ, c.headers)
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != "23514" || pgErr.ConstraintName != c.constraint {
+				t.Fatalf("err = %v, want check violation of %s", err, c.constraint)
+			}
+		})
+	}
+	// A refused row took no key_seq: the key's first row gets 1.
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_keys WHERE correlation_id IN ('k', 'k-checks')`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("refused rows left %d counter rows (%v)", n, err)
 	}
 }
 

@@ -16,8 +16,8 @@ import "time"
 //   - Passes start over from the partition's first pending row, a page at
 //     a time, each page above the last one's highest seq, until a page
 //     comes back short. They find what a cursor cannot: a row whose
-//     transaction committed after a later row was read (DESIGN.md: never
-//     read seq > cursor and trust it), a row left out while memory was
+//     transaction committed after a later row was read (docs/design.md,
+//     "The relay": rows committed late), a row left out while memory was
 //     full, the followers of a parked row an operator released. A pass
 //     that has read everything forgets the queued rows it did not see
 //     again.

@@ -87,10 +87,11 @@ type Store interface {
 	// Arm asks that the next commits to each of partitions be notified
 	// through Listen, and returns those now armed (already armed ones
 	// included). Producers notify only armed partitions: NOTIFY serialises
-	// their commits database-wide (DESIGN.md). A partition is not armed
-	// while a producer's transaction that wrote to it without notifying is
-	// open; once Arm returns it armed, every commit to it that did not
-	// notify is visible to a read begun after Arm returned. Arming lasts
+	// their commits database-wide (docs/design.md, "NOTIFY serialises
+	// commits"). A partition is not armed while a producer's transaction
+	// that wrote to it without notifying is open; once Arm returns it
+	// armed, every commit to it that did not notify is visible to a read
+	// begun after Arm returned. Arming lasts
 	// until Disarm, or until Listen's connection ends (wake(-1) follows).
 	// It fails while Listen is not connected.
 	Arm(ctx context.Context, partitions []int) ([]int, error)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -40,13 +39,9 @@ func run(ctx context.Context, cfg config, con *console) (err error) {
 	}
 
 	con.Step("Building cmd/node and cmd/orderapi")
-	dir, err := os.MkdirTemp("", "ordo-demo-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
+	defer testkit.RemoveBinaries()
 	t0 := time.Now()
-	nodeBin, apiBin, err := buildBinaries(ctx, dir)
+	nodeBin, apiBin, err := buildBinaries(ctx)
 	if err != nil {
 		return err
 	}
@@ -118,7 +113,7 @@ func run(ctx context.Context, cfg config, con *console) (err error) {
 	var shipDB string
 	if cfg.Keep {
 		con.Step("Starting %d instances of the example consumer (cmd/shipping)", shippingInstances)
-		ships, db, err := startShipping(ctx, con, cfg, dir)
+		ships, db, err := startShipping(ctx, con, cfg)
 		if err != nil {
 			return err
 		}

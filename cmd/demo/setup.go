@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"net/url"
 	"os/exec"
-	"path/filepath"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
 )
 
 // The demo's SQL: it only ever creates its database.
@@ -65,22 +67,20 @@ const (
 	pkgOrderAPI = "github.com/ordo-relay/ordo/cmd/orderapi"
 )
 
-// buildBinaries builds the node and the order API into dir with the go
-// command and returns their paths.
-func buildBinaries(ctx context.Context, dir string) (node, orderapi string, err error) {
-	gobin, err := exec.LookPath("go")
-	if err != nil {
+// buildBinaries builds the node and the order API, side by side, with the
+// test kit's builder (go build, into a directory testkit.RemoveBinaries
+// deletes) and returns their paths.
+func buildBinaries(ctx context.Context) (node, orderapi string, err error) {
+	if _, err := exec.LookPath("go"); err != nil {
 		return "", "", fmt.Errorf("the go command is needed to build the services: %w", err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	defer cancel()
-	// With several packages, -o names a directory; each binary is named
-	// after its package's last path element.
-	cmd := exec.CommandContext(ctx, gobin, "build", "-o", dir+string(filepath.Separator), pkgNode, pkgOrderAPI)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", "", fmt.Errorf("go build (run the demo from the repository: go run ./cmd/demo): %w\n%s", err, out)
+	var g errgroup.Group
+	g.Go(func() (err error) { node, _, err = testkit.Build(ctx, pkgNode); return err })
+	g.Go(func() (err error) { orderapi, _, err = testkit.Build(ctx, pkgOrderAPI); return err })
+	if err := g.Wait(); err != nil {
+		return "", "", fmt.Errorf("run the demo from the repository (go run ./cmd/demo): %w", err)
 	}
-	return filepath.Join(dir, "node"), filepath.Join(dir, "orderapi"), nil
+	return node, orderapi, nil
 }
 
 // broker is the demo's side of RabbitMQ: one connection, one channel, and

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
 )
 
 // pkgShipping is the example consumer the demo runs in -keep mode.
@@ -20,16 +20,14 @@ const pkgShipping = "github.com/ordo-relay/ordo/cmd/shipping"
 // the consumer group's shard queues (docs/consumer.md).
 const shippingInstances = 3
 
-// startShipping builds cmd/shipping into dir and starts shippingInstances
+// startShipping builds cmd/shipping (testkit.Build) and starts shippingInstances
 // instances of it on database <cfg.Database>_shipping (which shipping
 // creates), consuming cfg.Exchange, and waits until each consumes. It
 // returns them and the database's URL. Stop them with stopShipping.
-func startShipping(ctx context.Context, con *console, cfg config, dir string) ([]*child, string, error) {
-	bctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	defer cancel()
-	bin := filepath.Join(dir, "shipping")
-	if out, err := exec.CommandContext(bctx, "go", "build", "-o", bin, pkgShipping).CombinedOutput(); err != nil {
-		return nil, "", fmt.Errorf("go build %s: %w\n%s", pkgShipping, err, out)
+func startShipping(ctx context.Context, con *console, cfg config) ([]*child, string, error) {
+	bin, _, err := testkit.Build(ctx, pkgShipping)
+	if err != nil {
+		return nil, "", err
 	}
 	u, err := url.Parse(cfg.PostgresURL)
 	if err != nil {

@@ -42,6 +42,7 @@ type config struct {
 	dbMaxConns   int           // pool size
 	handlerDelay time.Duration // simulated work per event
 	statsEvery   time.Duration // how often to log the inbox counters
+	httpAddr     string        // where /metrics, /healthz and /readyz are served; empty: not served
 	killAfter    int           // fault injection: SIGKILL itself after this many handled commits, before the ack
 	faults       faults        // fault injection: failing and panicking handler attempts, poison orders
 	logLevel     slog.Level
@@ -76,6 +77,7 @@ func parseConfig(args []string, lookup func(string) (string, bool), output io.Wr
 	fs.IntVar(&cfg.dbMaxConns, "db-max-conns", 0, "PostgreSQL pool size (0: shards + 4)")
 	fs.DurationVar(&cfg.handlerDelay, "handler-delay", 0, "simulated work per event (tests, bench)")
 	fs.DurationVar(&cfg.statsEvery, "stats-every", 30*time.Second, "how often to log the inbox counters (0: only at exit)")
+	fs.StringVar(&cfg.httpAddr, "http-addr", "", "serve /metrics, /healthz and /readyz here, e.g. 127.0.0.1:8082 (empty: not served)")
 	fs.IntVar(&cfg.killAfter, "kill-after", 0, "fault injection: SIGKILL this process after N handled commits, before the ack")
 	cfg.faults.addFlags(fs)
 	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")

@@ -47,6 +47,11 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	stopHTTP, err := serveHTTP(cfg.httpAddr, c, pool, logger)
+	if err != nil {
+		return err
+	}
+	defer stopHTTP()
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
 	var every <-chan time.Time

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/ordo-relay/ordo/node"
 )
 
 const (
@@ -118,18 +120,10 @@ func (c *Cluster) Failed() error {
 	return nil
 }
 
-// NodeStatus is the part of a node's /status the bench reads.
+// NodeStatus is a node's /status document (node.Status, the type the node
+// encodes it from), with the bench's questions about it as methods.
 type NodeStatus struct {
-	Node       string        `json:"node"`
-	Held       []int         `json:"held"`
-	Assignment []string      `json:"assignment"` // owner by partition, in this node's view
-	Leases     []LeaseStatus `json:"partitions"` // what the database says
-}
-
-type LeaseStatus struct {
-	Partition int    `json:"partition"`
-	Owner     string `json:"owner"`
-	Epoch     int64  `json:"epoch"`
+	node.Status
 }
 
 // Epochs returns the lease epoch of every partition.
