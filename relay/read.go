@@ -1,9 +1,11 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/ordo-relay/ordo/internal/backoff"
@@ -169,7 +171,10 @@ func (r *Relay) readOnce(ctx context.Context) (bool, error) {
 	var cursors []Cursor
 	states := map[int]readState{}
 	for p, ps := range r.parts {
-		pass := ps.reading || r.passDueLocked(ps, now)
+		// A notified commit is read by a pass when the gap allows (it
+		// finds a commit below the cursor too, at the cost of one read),
+		// by a tail read now and a pass after the gap otherwise.
+		pass := ps.reading || r.passDueLocked(ps, now) || (ps.notified && now.Sub(ps.lastPass) >= r.passGapLocked(ps))
 		if !pass && !ps.hot {
 			continue // nothing to read
 		}
@@ -185,7 +190,7 @@ func (r *Relay) readOnce(ctx context.Context) (bool, error) {
 			// A pass reads the tail too, up to its last page.
 			ps.pass++
 			ps.passCursor, ps.reading, ps.dirty, ps.lastPass, ps.passAt = 0, true, false, now, time.Time{}
-			ps.hot, ps.notified = false, false
+			st.notified, ps.hot, ps.notified = ps.notified, false, false
 			r.stats.Passes++
 			fallthrough
 		default:
@@ -252,7 +257,10 @@ func (r *Relay) ingestRead(states map[int]readState, rows []Row, took time.Durat
 			if len(got) > 0 {
 				ps.passCursor = max(ps.passCursor, got[len(got)-1].Seq)
 			}
-			if fresh && r.passGapLocked(ps) == smallPassGap {
+			if fresh && st.notified {
+				r.rateLocked(now, countAbove(got, st.before)) // commits, not a backlog
+			}
+			if fresh && !ps.armed && r.passGapLocked(ps) == smallPassGap {
 				// New rows found by a cheap pass (a relay that has just
 				// started, say) may be overtaken as well; a backlog's
 				// pass is not repeated for it (tail reads soon find
@@ -268,13 +276,18 @@ func (r *Relay) ingestRead(states map[int]readState, rows []Row, took time.Durat
 		}
 		ps.hot = !short
 		switch {
+		case st.notified:
+			// The notified commit may have landed below the cursor.
+			r.rateLocked(now, len(got))
+			ps.dirty = true
 		case fresh:
 			r.rateLocked(now, len(got)) // busy: poll, do not arm (wake.go)
-			r.scheduleFollowUpsLocked(ps, now)
-		case st.notified:
-			// A commit was notified and nothing new is above the cursor:
-			// it landed below it (or was read already).
-			ps.dirty = true
+			if !ps.armed {
+				// Producers of an armed partition notify, and arming
+				// waited for those that did not: follow-ups only while
+				// it is polled.
+				r.scheduleFollowUpsLocked(ps, now)
+			}
 		}
 	}
 	r.stats.LeaseSkipped += int64(skipped)
@@ -422,3 +435,9 @@ type publishError struct{ err error }
 
 func (e *publishError) Error() string { return e.err.Error() }
 func (e *publishError) Unwrap() error { return e.err }
+
+// countAbove counts the rows of got (in seq order) above seq.
+func countAbove(got []Row, seq int64) int {
+	i, _ := slices.BinarySearchFunc(got, seq+1, func(r Row, s int64) int { return cmp.Compare(r.Seq, s) })
+	return len(got) - i
+}

@@ -182,7 +182,9 @@ func (r *Relay) syncArms(ctx context.Context, idle bool) bool {
 			r.strays = append(r.strays, p) // revoked meanwhile
 			continue
 		}
-		ps.armed, ps.hot = true, true
+		// Read once more, by a pass: a producer that did not notify has
+		// committed by now, and its row may lie below the cursor.
+		ps.armed, ps.hot, ps.dirty = true, true, true
 		n++
 	}
 	return n > 0
