@@ -26,13 +26,14 @@ type consumeOptions struct {
 	Rate      int           // orders per second of the latency phase (ORDO_BENCH_CONSUME_RATE, default 50)
 	Latency   time.Duration // length of the latency phase (ORDO_BENCH_CONSUME_LATENCY, default 5s)
 	Delay     time.Duration // simulated handler work per message (ORDO_BENCH_CONSUME_DELAY, default 20ms)
-	Conns     int           // PostgreSQL connections per instance: its handler concurrency (ORDO_BENCH_CONSUME_CONNS, default 4)
+	Conns     int           // PostgreSQL connections per instance: its handler concurrency (ORDO_BENCH_CONSUME_CONNS, default 16)
+	Lanes     int           // inbox.Config.Lanes: keys handled at once per shard (ORDO_BENCH_CONSUME_LANES, default inbox's)
 	Shards    int           // S (ORDO_BENCH_CONSUME_SHARDS, default 12)
 }
 
 func consumeOptionsFromEnv(o options) (consumeOptions, error) {
 	c := consumeOptions{Instances: []int{1, 2, 3}, Orders: 1000, Rate: 50, Latency: 5 * time.Second,
-		Delay: 20 * time.Millisecond, Conns: 4, Shards: 12}
+		Delay: 20 * time.Millisecond, Conns: 16, Lanes: inbox.DefaultConfig("").Lanes, Shards: 12}
 	if o.Quick {
 		c.Orders, c.Latency = 300, 3*time.Second
 	}
@@ -54,12 +55,13 @@ func consumeOptionsFromEnv(o options) (consumeOptions, error) {
 		env("INSTANCES", func(s string) (err error) { c.Instances, err = parseCounts("instances", s); return err }),
 		env("ORDERS", atoi(&c.Orders)), env("RATE", atoi(&c.Rate)), env("LATENCY", dur(&c.Latency)),
 		env("DELAY", dur(&c.Delay)), env("CONNS", atoi(&c.Conns)), env("SHARDS", atoi(&c.Shards)),
+		env("LANES", atoi(&c.Lanes)),
 	} {
 		if e != nil {
 			return c, e
 		}
 	}
-	if c.Orders < 1 || c.Rate < 1 || c.Latency <= 0 || c.Delay < 0 || c.Conns < 2 || c.Shards < 1 {
+	if c.Orders < 1 || c.Rate < 1 || c.Latency <= 0 || c.Delay < 0 || c.Conns < 2 || c.Shards < 1 || c.Lanes < 1 {
 		return c, fmt.Errorf("consume options out of range: %+v", c)
 	}
 	return c, nil

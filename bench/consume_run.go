@@ -34,7 +34,7 @@ func consumeOnce(ctx context.Context, o options, co consumeOptions, n int) (*res
 	res.Param("instances", n)
 	addConsumeParams(res, o, co)
 	cfg := inbox.DefaultConfig(r.Name)
-	cfg.AMQPURL, cfg.Exchange, cfg.Shards, cfg.Partitions = o.AMQPURL, r.exchange, co.Shards, o.Partitions
+	cfg.AMQPURL, cfg.Exchange, cfg.Shards, cfg.Partitions, cfg.Lanes = o.AMQPURL, r.exchange, co.Shards, o.Partitions, co.Lanes
 	cfg.LeaseTTL, cfg.Logger = 2*time.Second, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if err := r.declareTopology(ctx, inbox.TopologyOf(cfg)); err != nil {
 		return nil, err
@@ -133,6 +133,7 @@ func addConsumeParams(res *result.Result, o options, co consumeOptions) {
 	res.Param("partitions", o.Partitions)
 	res.Param("handler_delay", co.Delay)
 	res.Param("conns_per_instance", co.Conns)
+	res.Param("lanes", co.Lanes)
 	res.Param("latency_orders_per_sec", co.Rate)
 }
 

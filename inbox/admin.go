@@ -48,25 +48,25 @@ var ErrNothingToResolve = errors.New("nothing to resolve for this key")
 // that has not arrived (keys held by a dead-lettered message are listed by
 // Dead instead).
 type StuckKey struct {
-	Key      string
-	Last     int64     // last handled key_seq
-	Waiting  int64     // key_seq of the first stored message
-	Prev     int64     // its x-ordo-prev-key-seq: Last+1..Prev are missing
-	Since    time.Time // when it was stored
-	Stored   int       // stored messages of the key
-	Consumer string
+	Key      string    `json:"key"`
+	Last     int64     `json:"last"`    // last handled key_seq
+	Waiting  int64     `json:"waiting"` // key_seq of the first stored message
+	Prev     int64     `json:"prev"`    // its x-ordo-prev-key-seq: Last+1..Prev are missing
+	Since    time.Time `json:"since"`   // when it was stored
+	Stored   int       `json:"stored"`  // stored messages of the key
+	Consumer string    `json:"consumer"`
 }
 
 // DeadMessage is a dead-lettered message holding its key.
 type DeadMessage struct {
-	Key       string
-	KeySeq    int64
-	MessageID string
-	Type      string
-	Attempts  int
-	LastError string
-	DeadAt    time.Time
-	Waiting   int // stored messages of the key behind it
+	Key       string    `json:"key"`
+	KeySeq    int64     `json:"keySeq"`
+	MessageID string    `json:"messageId"`
+	Type      string    `json:"type"`
+	Attempts  int       `json:"attempts"`
+	LastError string    `json:"lastError"`
+	DeadAt    time.Time `json:"deadAt"`
+	Waiting   int       `json:"waiting"` // stored messages of the key behind it
 }
 
 const sqlStuck = `

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ordo-relay/ordo/internal/confcheck"
 )
@@ -110,6 +111,18 @@ type Config struct {
 	Partitions int
 	// Prefetch bounds the unacknowledged deliveries per shard. Default 32.
 	Prefetch int
+	// Lanes bounds the messages one shard worker handles at once: keys of
+	// a shard are handled concurrently, up to Lanes of them, while each key
+	// stays serial and in key_seq order. Each busy lane holds one pool
+	// connection for its handler's transaction, so size the pool at 2 +
+	// Lanes × the shards an instance may own (a smaller pool makes lanes
+	// wait for connections: correct, only slower). 1 handles a shard's
+	// messages one at a time. At most Prefetch, since a lane needs an
+	// unacknowledged delivery to work on. Default 4: with handlers that
+	// wait on I/O (a downstream call) an instance's concurrency is then 4×
+	// its shards, and the default S = 8 shards need a pool of 34, within
+	// what one PostgreSQL serves to a few instances.
+	Lanes int
 	// Heartbeat is the AMQP heartbeat: a paused or cut-off instance's
 	// exclusive consumers are released by the broker after about two of
 	// them, which is when a new owner can attach. Default 10s.
@@ -133,6 +146,12 @@ type Config struct {
 	// Logger receives ownership, outage and dead-letter messages. Nil:
 	// slog.Default().
 	Logger *slog.Logger
+
+	// TracerProvider, when set, gives every delivery a CONSUMER span that
+	// continues the trace of its traceparent header (the relay's PRODUCER
+	// span), and every handler run a span of its own inside it
+	// (tracing.go). Nil, the default, turns tracing off.
+	TracerProvider trace.TracerProvider
 }
 
 // DefaultConfig returns the defaults for consumer group name. New and
@@ -151,6 +170,7 @@ func DefaultConfig(name string) Config {
 		Shards:            8,
 		Partitions:        64,
 		Prefetch:          32,
+		Lanes:             4,
 		Heartbeat:         10 * time.Second,
 		LeaseTTL:          5 * time.Second,
 		RetryPoll:         200 * time.Millisecond,
@@ -178,6 +198,7 @@ func (c Config) withDefaults() Config {
 	confcheck.Fill(&c.Shards, d.Shards)
 	confcheck.Fill(&c.Partitions, d.Partitions)
 	confcheck.Fill(&c.Prefetch, d.Prefetch)
+	confcheck.Fill(&c.Lanes, max(1, min(d.Lanes, c.Prefetch)))
 	confcheck.Fill(&c.Heartbeat, d.Heartbeat)
 	confcheck.Fill(&c.LeaseTTL, d.LeaseTTL)
 	confcheck.Fill(&c.RetryPoll, d.RetryPoll)
@@ -202,6 +223,7 @@ func (c Config) Validate() error {
 	ck.Require(c.Shards >= 1 && c.Shards <= 1024, "Shards", "%d out of range 1..1024", c.Shards)
 	ck.Require(c.Partitions >= 1 && c.Partitions <= 1<<16, "Partitions", "%d out of range 1..65536", c.Partitions)
 	ck.Require(c.Prefetch >= 1 && c.Prefetch <= 65535, "Prefetch", "%d out of range 1..65535", c.Prefetch)
+	ck.Require(c.Lanes >= 1 && c.Lanes <= c.Prefetch, "Lanes", "%d out of range 1..Prefetch (%d)", c.Lanes, c.Prefetch)
 	ck.Require(c.Heartbeat >= time.Second, "Heartbeat", "%v is below 1s", c.Heartbeat)
 	ck.Require(c.AMQPConfig.Heartbeat == 0, "AMQPConfig.Heartbeat", "%v: leave it zero and set Heartbeat", c.AMQPConfig.Heartbeat)
 	ck.Require(c.LeaseTTL >= 300*time.Millisecond, "LeaseTTL", "%v is below 300ms", c.LeaseTTL)

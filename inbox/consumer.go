@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ordo-relay/ordo/internal/outage"
@@ -16,8 +17,9 @@ import (
 // Consumer consumes a consumer group's shard queues: it balances the S
 // shards over the live instances through leases in the consumer's
 // database, runs one worker per owned shard (an exclusive AMQP consumer
-// with manual acks), and hands every delivery to its Store. Create it with
-// New and run it with Run.
+// with manual acks), and hands every delivery to its Store in the lane of
+// its key (Config.Lanes keys of a shard at once, each key serial). Create
+// it with New and run it with Run.
 type Consumer struct {
 	cfg   Config
 	db    DB
@@ -33,6 +35,7 @@ type Consumer struct {
 	stuck    atomic.Int32
 	deadKeys atomic.Int32
 	invalid  atomic.Int64
+	tracer   trace.Tracer // nil: tracing off
 
 	mu      sync.Mutex
 	workers map[int]*worker // owned by Run's loop; read under mu by Owned
@@ -59,6 +62,10 @@ func New(cfg Config, db DB, h Handler) (*Consumer, error) {
 	}
 	c := &Consumer{cfg: cfg, db: db, h: h, topo: TopologyOf(cfg), workers: map[int]*worker{}, ready: make(chan struct{}),
 		dbDown: outage.New(cfg.Logger, "inbox database")}
+	if cfg.TracerProvider != nil {
+		c.tracer = cfg.TracerProvider.Tracer(tracerName)
+		c.h = c.tracedHandler(h)
+	}
 	c.amqp = newBroker(cfg, c.topo)
 	c.dead = newDeadLetters(cfg, c.topo)
 	s, err := NewStore(cfg, db, c.dead)

@@ -88,9 +88,12 @@ func (o Outcome) String() string {
 }
 
 // Store makes the inbox's decisions against PostgreSQL. It is safe for
-// concurrent use, but the messages of one key must be handed to it by one
-// goroutine at a time (the Consumer runs one worker per shard); the key's
-// row lock keeps even a mistaken second caller from breaking the order.
+// concurrent use, but the messages of one key (deliveries, and RetryDue
+// of the key's shard) must be handed to it by one goroutine at a time, in
+// delivery order: the Consumer runs each key in one lane at a time. The
+// key's row lock keeps two handlers of a key from overlapping, but not
+// the order: two callers racing k and k+1 store needless gaps in Ordered
+// mode, and in Partial mode handle k+1 first and drop k.
 type Store struct {
 	cfg     Config
 	db      DB

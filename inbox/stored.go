@@ -94,37 +94,73 @@ func (s *Store) isNext(m *storedMessage) bool {
 
 // RetryDue attempts up to limit stored messages of shard whose retry is
 // due, each followed by the messages of its key that become next. The
-// Consumer calls it every RetryPoll; a program driving Store itself should
-// too. It returns how many it attempted.
+// Consumer does the same every RetryPoll, one key at a time in its lanes
+// (retryKey); a program driving Store itself should call RetryDue as
+// often, from the goroutine that hands the shard's messages to Handle.
+// It returns how many it attempted.
 func (s *Store) RetryDue(ctx context.Context, f Fence, shard, limit int, h Handler) (int, error) {
-	rows, err := s.db.Query(ctx, sqlDue, s.cfg.Name, shard, limit)
+	due, err := s.due(ctx, shard, limit)
 	if err != nil {
-		return 0, fmt.Errorf("read due messages of shard %d: %w", shard, err)
-	}
-	due, err := pgx.CollectRows(rows, scanStored)
-	if err != nil {
-		return 0, fmt.Errorf("read due messages of shard %d: %w", shard, err)
+		return 0, err
 	}
 	n := 0
 	for _, m := range due {
-		if !m.head || !s.isNext(m) {
-			if err := s.waitAgain(ctx, f, m); err != nil {
-				return n, err
-			}
-			continue
+		ran, err := s.retryStored(ctx, f, m, h)
+		if ran {
+			n++
 		}
-		n++
-		out, err := s.attempt(ctx, f, m, h)
 		if err != nil {
 			return n, err
 		}
-		if out == Handled || out == Duplicate {
-			if err := s.follow(ctx, f, m.CorrelationID, h); err != nil {
-				return n, err
-			}
-		}
 	}
 	return n, nil
+}
+
+// due returns up to limit stored messages of shard whose retry is due.
+func (s *Store) due(ctx context.Context, shard, limit int) ([]*storedMessage, error) {
+	rows, err := s.db.Query(ctx, sqlDue, s.cfg.Name, shard, limit)
+	if err != nil {
+		return nil, fmt.Errorf("read due messages of shard %d: %w", shard, err)
+	}
+	due, err := pgx.CollectRows(rows, scanStored)
+	if err != nil {
+		return nil, fmt.Errorf("read due messages of shard %d: %w", shard, err)
+	}
+	return due, nil
+}
+
+// retryStored attempts due stored m, then follows its key, or puts it back
+// to waiting when it is not its key's next; ran reports an attempt.
+func (s *Store) retryStored(ctx context.Context, f Fence, m *storedMessage, h Handler) (ran bool, err error) {
+	if !m.head || !s.isNext(m) {
+		return false, s.waitAgain(ctx, f, m)
+	}
+	out, err := s.attempt(ctx, f, m, h)
+	if err != nil {
+		return true, err
+	}
+	if out == Handled || out == Duplicate {
+		return true, s.follow(ctx, f, m.CorrelationID, h)
+	}
+	return true, nil
+}
+
+// retryKey is retryStored for m as read by due some time ago, run in m's
+// key's lane: it reads the key's head again first, as the deliveries
+// handled in the lane meanwhile may have handled m, failed it again (no
+// longer due) or put a message before it.
+func (s *Store) retryKey(ctx context.Context, f Fence, m *storedMessage, h Handler) error {
+	head, err := s.keyHead(ctx, m.CorrelationID)
+	switch {
+	case err != nil || head == nil || head.KeySeq > m.KeySeq:
+		return err // or m is handled or dropped
+	case head.KeySeq < m.KeySeq:
+		return s.waitAgain(ctx, f, m)
+	case head.dead || !head.due:
+		return nil
+	}
+	_, err = s.retryStored(ctx, f, head, h)
+	return err
 }
 
 // attempt runs one attempt of stored message m: it counts the attempt in

@@ -53,9 +53,12 @@ func (c *Consumer) runShard(ctx context.Context, l shardLease) {
 
 // consumeShard runs one consumer session on shard's queue: exclusive, so
 // the broker refuses a second instance while this one is attached, with
-// manual acks after each commit. It returns when ctx is cancelled (closing
-// the channel, which requeues the prefetched deliveries), or with the
-// error that ended it.
+// a manual ack of each delivery (never multiple) after its commit. Its
+// deliveries are handled in up to Lanes lanes (see lanes): keys at once,
+// each key serial and in delivery order. It returns when ctx is cancelled
+// or with the error that ended it, in both cases only after every lane
+// has finished the delivery in hand; closing the channel then requeues
+// the deliveries not acknowledged.
 func (c *Consumer) consumeShard(ctx context.Context, l shardLease) error {
 	conn, err := c.amqp.connection()
 	if err != nil {
@@ -75,35 +78,60 @@ func (c *Consumer) consumeShard(ctx context.Context, l shardLease) error {
 		return fmt.Errorf("consume %s: %w", c.topo.ShardQueue(l.Shard), err)
 	}
 	fence := l.fence(c.cfg.Instance)
+	// Every lane has stopped and been waited for before this returns, so
+	// before the channel closes and before the worker counts as stopped
+	// (its lease is released only after that).
+	ls := newLanes(c.cfg.Lanes)
 	poll := time.NewTicker(c.cfg.RetryPoll)
 	defer poll.Stop()
 	for {
 		select {
 		case <-ctx.Done():
+			_ = ls.stop()
 			return nil
+		case <-ls.failed():
+			return ls.stop()
 		case d, ok := <-deliveries:
 			if !ok {
+				if err := ls.stop(); err != nil {
+					return err
+				}
 				return errors.New("channel closed by the broker")
 			}
-			if err := c.deliver(ctx, fence, &d); err != nil {
-				return err
-			}
+			ls.add(d.CorrelationId, func() error { return c.deliver(ctx, fence, &d) })
 		case <-poll.C:
 			if !c.leaseValid(l.Shard, l.Epoch) {
+				_ = ls.stop()
 				return errLeaseExpired
 			}
-			hctx, cancel := c.handleContext(ctx)
-			_, err := c.store.RetryDue(hctx, fence, l.Shard, dueBatch, c.h)
-			cancel()
-			if errors.Is(err, ErrFenced) {
-				return err
-			}
-			if err != nil {
-				// Keep the session (and the deliveries in hand): the next
-				// poll tries again.
-				c.dbDown.Fail(err)
-			}
+			c.queueRetries(ctx, fence, ls)
 		}
+	}
+}
+
+// queueRetries adds a retry job to the lane of each key with a stored
+// message due, so that it runs serially with the key's deliveries. A
+// database error keeps the session (and the deliveries in hand): the next
+// poll tries again. A fenced write ends the session (its lane's error).
+func (c *Consumer) queueRetries(ctx context.Context, f Fence, ls *lanes) {
+	hctx, cancel := c.handleContext(ctx)
+	due, err := c.store.due(hctx, f.Shard, dueBatch)
+	cancel()
+	if err != nil {
+		c.dbDown.Fail(err)
+		return
+	}
+	for _, m := range due {
+		ls.addRetry(m.CorrelationID, func() error {
+			hctx, cancel := c.handleContext(ctx)
+			defer cancel()
+			err := c.store.retryKey(hctx, f, m, c.h)
+			if err != nil && !errors.Is(err, ErrFenced) {
+				c.dbDown.Fail(err)
+				return nil
+			}
+			return err
+		})
 	}
 }
 
@@ -117,7 +145,9 @@ func (c *Consumer) deliver(ctx context.Context, f Fence, d *amqp.Delivery) error
 	hctx, cancel := c.handleContext(ctx)
 	defer cancel()
 	m, err := FromDelivery(d)
+	ctx, span := c.startDelivery(ctx, f, d, m)
 	if err != nil {
+		endDelivery(span, 0, err)
 		if err := c.dead.raw(hctx, d, err.Error()); err != nil {
 			return err
 		}
@@ -125,7 +155,9 @@ func (c *Consumer) deliver(ctx context.Context, f Fence, d *amqp.Delivery) error
 		c.cfg.Logger.Warn("inbox: invalid message dead-lettered", "shard", f.Shard, "err", err)
 		return ack(d)
 	}
-	if _, err := c.handleInPlace(ctx, f, m); err != nil {
+	out, err := c.handleInPlace(ctx, f, m)
+	endDelivery(span, out, err)
+	if err != nil {
 		return err
 	}
 	return ack(d)

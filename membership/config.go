@@ -68,9 +68,10 @@ type Config struct {
 	// The default is 1 s; the node sets it to half its lease TTL.
 	HealthHold time.Duration
 
-	// Transport replaces memberlist's network transport (tests use it to
-	// drop gossip between groups). The default, nil, is UDP+TCP on
-	// BindAddr.
+	// Transport replaces memberlist's network transport, as memberlist's
+	// own Config.Transport does (a custom network; the node's tests split
+	// a cluster with internal/gossipfilter). The default, nil, is UDP+TCP
+	// on BindAddr.
 	Transport memberlist.Transport
 
 	// Logger receives membership events and memberlist's own warnings;
@@ -125,7 +126,7 @@ func (c Config) Validate() error {
 	ck.Require(c.JoinTimeout >= time.Second, "JoinTimeout", "%v is below 1s", c.JoinTimeout)
 	ck.Require(c.ProbeInterval >= 10*time.Millisecond, "ProbeInterval", "%v is below 10ms", c.ProbeInterval)
 	ck.Require(c.SuspicionMult >= 1, "SuspicionMult", "%d is below 1", c.SuspicionMult)
-	ck.Require(c.HealthHold >= 0, "HealthHold", "%v is negative", c.HealthHold)
+	ck.Require(c.HealthHold > 0, "HealthHold", "%v is not positive", c.HealthHold)
 	return ck.Err()
 }
 

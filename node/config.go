@@ -9,6 +9,8 @@ import (
 	"os"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/ordo-relay/ordo/internal/confcheck"
 	"github.com/ordo-relay/ordo/membership"
 	"github.com/ordo-relay/ordo/partition"
@@ -157,6 +159,10 @@ type Options struct {
 	// Ready, if set, is called once with the HTTP address when serving
 	// (useful with HTTPAddr port 0).
 	Ready func(httpAddr string)
+	// TracerProvider, when set, traces every publish (relay.Config's
+	// TracerProvider); nil turns tracing off. cmd/node builds it from the
+	// OTEL_* environment.
+	TracerProvider trace.TracerProvider
 
 	hooks testHooks // tests only (hooks.go, export_test.go)
 }

@@ -15,9 +15,9 @@ import (
 // config is either set by the user through the node's nested config (same
 // name, same type, copied as it is), or derived by the node (listed in
 // its derived table, so that Validate reports it at its source), or the
-// logger or transport the node passes itself: a field added to a
-// component's config fails this test until the node decides which. The
-// node's defaults are the components' own.
+// logger, transport or tracer provider (from Options) the node passes
+// itself: a field added to a component's config fails this test until
+// the node decides which. The node's defaults are the components' own.
 func TestNestedConfigsCoverTheirComponents(t *testing.T) {
 	d := DefaultConfig()
 	for _, c := range []struct {
@@ -55,7 +55,7 @@ func TestNestedConfigsCoverTheirComponents(t *testing.T) {
 				derived := slices.ContainsFunc(c.derived, func(f confcheck.From) bool { return f.Field == name })
 				sf := set.FieldByName(name)
 				switch {
-				case name == "Logger" || name == "Transport" || derived:
+				case name == "Logger" || name == "Transport" || name == "TracerProvider" || derived:
 					if sf.IsValid() {
 						t.Errorf("%s.%s can be set, but the node sets it itself", c.name, name)
 					}

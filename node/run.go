@@ -148,7 +148,9 @@ func build(cfg Config, opts Options, logger *slog.Logger, pool *pgxpool.Pool, le
 	}, b.members, logger)
 	pm := newPublishMetrics()
 	pub := observedPublisher{Publisher: opts.hooks.publisher(b.pub), m: pm}
-	if b.relay, err = relay.New(cfg.relayConfig(logger), pgstore.New(pool, logger), pub, b.leaser); err != nil {
+	rc := cfg.relayConfig(logger)
+	rc.TracerProvider = opts.TracerProvider
+	if b.relay, err = relay.New(rc, pgstore.New(pool, logger), pub, b.leaser); err != nil {
 		return nil, b.abandon(err) // Config.Validate checked it: not expected
 	}
 	b.backlog = NewBacklog(pool, cfg.BacklogInterval, logger)

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/ordo-relay/ordo/outbox"
 )
 
@@ -32,6 +34,12 @@ type Config struct {
 	// KeyExpiryInterval is how often RunKeyExpiry deletes expired keys.
 	// Default one minute.
 	KeyExpiryInterval time.Duration
+
+	// TracerProvider, when set, gives every request a server span, and
+	// the events a request enqueues carry its context (traceparent and
+	// tracestate headers). Nil, the default, turns tracing off; a valid
+	// traceparent the client sent is still copied into the events.
+	TracerProvider trace.TracerProvider
 }
 
 // DefaultExchange is the exchange order events go to unless configured

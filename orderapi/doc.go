@@ -61,8 +61,9 @@
 // order.placed); cancelling one enqueues bookstore.order-cancelled.v1
 // (routing key order.cancelled). Both use the order id as correlation id, so
 // an order's events are published in the order they happened, and both go
-// to Config.Exchange. A valid W3C traceparent request header is copied into
-// the message headers. Payloads:
+// to Config.Exchange. Their traceparent and tracestate headers carry the
+// request's server span (Config.TracerProvider), or, with tracing off, a
+// valid W3C traceparent the client sent. Payloads:
 //
 //	{"orderId", "customerId", "currency", "total", "placedAt",
 //	 "items": [{"bookId", "quantity", "unitPrice"}]}

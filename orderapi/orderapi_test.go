@@ -165,7 +165,7 @@ func TestTraceparent(t *testing.T) {
 	}{
 		{"valid", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", true},
 		{"upper-case hex", "00-0AF7651916CD43DD8448EB211C80319C-B7AD6B7169203331-01", false},
-		{"unknown version", "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", false},
+		{"version ff (invalid)", "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", false},
 		{"short trace id", "00-0af7651916cd43dd8448eb211c8031-b7ad6b7169203331-01", false},
 		{"zero trace id", "00-00000000000000000000000000000000-b7ad6b7169203331-01", false},
 		{"zero parent id", "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01", false},

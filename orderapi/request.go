@@ -274,16 +274,3 @@ func parsePrice(field string, raw json.RawMessage, currency string, digits int) 
 	}
 	return v, nil
 }
-
-// traceparentFormat is the W3C Trace Context traceparent header, version 00.
-var traceparentFormat = regexp.MustCompile(`^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$`)
-
-// traceparent returns r's traceparent header if it is valid, else "".
-func traceparent(r *http.Request) string {
-	v := r.Header.Get("traceparent")
-	if !traceparentFormat.MatchString(v) ||
-		v[3:35] == strings.Repeat("0", 32) || v[36:52] == strings.Repeat("0", 16) {
-		return ""
-	}
-	return v
-}

@@ -47,6 +47,7 @@ type Server struct {
 	producer *outbox.Producer
 	logger   *slog.Logger
 	mux      *http.ServeMux
+	handler  http.Handler // route, traced
 }
 
 var _ http.Handler = (*Server)(nil)
@@ -70,12 +71,17 @@ func New(cfg Config, pool *pgxpool.Pool, producer *outbox.Producer, logger *slog
 	s.mux.HandleFunc("POST /orders/{id}/cancel", s.cancelOrder)
 	s.mux.HandleFunc("GET /orders/{id}", s.getOrder)
 	s.mux.HandleFunc("GET /healthz", s.healthz)
+	s.handler = s.traced(http.HandlerFunc(s.route))
 	return s, nil
 }
 
-// ServeHTTP routes r. Unknown paths (404) and methods (405, with Allow)
-// are answered in the API's JSON error form too.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// ServeHTTP serves r (see route), in a server span when the Config has a
+// TracerProvider.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
+
+// route routes r. Unknown paths (404) and methods (405, with Allow) are
+// answered in the API's JSON error form too.
+func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	if _, pattern := s.mux.Handler(r); pattern != "" {
 		s.mux.ServeHTTP(w, r)
 		return
@@ -155,7 +161,7 @@ func (s *Server) placeOrder(w http.ResponseWriter, r *http.Request) {
 				return err
 			}
 		}
-		return s.insertOrder(r.Context(), tx, id, o, traceHeaders(r))
+		return s.insertOrder(r.Context(), tx, id, o)
 	})
 	var taken *keyTaken
 	switch {
@@ -189,7 +195,7 @@ func (s *Server) readPlaceRequest(w http.ResponseWriter, r *http.Request) (*orde
 
 // insertOrder writes order o as id, its items and its OrderPlaced event
 // in tx.
-func (s *Server) insertOrder(ctx context.Context, tx pgx.Tx, id uuid.UUID, o *order, headers map[string]any) error {
+func (s *Server) insertOrder(ctx context.Context, tx pgx.Tx, id uuid.UUID, o *order) error {
 	n := len(o.items)
 	lines, books, quantities, prices := make([]int32, n), make([]uuid.UUID, n), make([]int32, n), make([]string, n)
 	event := orderPlacedEvent{
@@ -221,7 +227,6 @@ func (s *Server) insertOrder(ctx context.Context, tx pgx.Tx, id uuid.UUID, o *or
 		RoutingKey:    RoutingKeyOrderPlaced,
 		Type:          TypeOrderPlaced,
 		Payload:       payload,
-		Headers:       headers,
 	})
 	return err
 }
@@ -261,7 +266,6 @@ func (s *Server) cancelOrder(w http.ResponseWriter, r *http.Request) {
 			RoutingKey:    RoutingKeyOrderCancelled,
 			Type:          TypeOrderCancelled,
 			Payload:       payload,
-			Headers:       traceHeaders(r),
 		})
 		return err
 	})
@@ -389,14 +393,6 @@ func pathID(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {
 		return uuid.UUID{}, false
 	}
 	return id, true
-}
-
-// traceHeaders returns the outbox headers carrying r's trace context, or nil.
-func traceHeaders(r *http.Request) map[string]any {
-	if tp := traceparent(r); tp != "" {
-		return map[string]any{"traceparent": tp}
-	}
-	return nil
 }
 
 // internalError logs err and answers 500 without revealing it. A request

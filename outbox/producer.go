@@ -54,6 +54,11 @@ func (p *Producer) Partitions() int { return p.partitions }
 // within one call get consecutive key_seq in slice order. Rows are inserted
 // grouped by key (so concurrent calls over the same keys cannot deadlock);
 // seq follows that insert order.
+//
+// When ctx carries a span context (an OpenTelemetry span, or a remote
+// parent extracted from a request), each message without a traceparent
+// header of its own gets the W3C traceparent and tracestate headers of
+// that context, so the relay and the consumer continue its trace.
 func (p *Producer) Enqueue(ctx context.Context, tx Execer, msgs ...Message) ([]uuid.UUID, error) {
 	if len(msgs) == 0 {
 		return nil, nil
@@ -78,8 +83,12 @@ func (p *Producer) Enqueue(ctx context.Context, tx Execer, msgs ...Message) ([]u
 		order[i] = i
 	}
 	sort.SliceStable(order, func(a, b int) bool { return msgs[order[a]].CorrelationID < msgs[order[b]].CorrelationID })
+	trace := traceHeaders(ctx)
 	for j, i := range order {
 		m := &msgs[i]
+		if trace != nil {
+			m = withTrace(m, trace)
+		}
 		h, err := m.validate(i)
 		if err != nil {
 			return nil, err

@@ -4,6 +4,8 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/ordo-relay/ordo/internal/confcheck"
 )
 
@@ -80,6 +82,13 @@ type Config struct {
 	// Logger receives outage and progress messages; nil means
 	// slog.Default().
 	Logger *slog.Logger
+
+	// TracerProvider, when set, gives every publish a PRODUCER span
+	// (tracing.go): a child of the trace context the row stored, whose
+	// own context the message carries in its traceparent header. Nil, the
+	// default, turns tracing off; the stored traceparent is then sent as
+	// it is.
+	TracerProvider trace.TracerProvider
 }
 
 // DefaultConfig returns the defaults: every field but Node (required)

@@ -75,7 +75,10 @@ func TestMissingExchangeChannelCloseIsNotAnAttempt(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	doomed := testkit.NewExchange(t)
-	n := h.startNode(nodeOpts{})
+	// Retries a second or more apart: the doomed row must still be
+	// retrying (not parked after its 5 attempts) when its exchange goes,
+	// however slowly this test sees its first attempt on a loaded machine.
+	n := h.startNode(nodeOpts{retryMin: time.Second, retryMax: 2 * time.Second})
 	m := h.msg("doomed", "order.placed", "t.v1")
 	m.Exchange = doomed
 	h.enqueue(m) // unbound, so it is returned and retried, its exchange checked once

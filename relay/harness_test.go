@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ordo-relay/ordo/internal/relayhook"
@@ -153,6 +154,8 @@ type nodeOpts struct {
 	// defaults (200 ms; 20-200 ms).
 	pollInterval       time.Duration
 	retryMin, retryMax time.Duration
+	// tracer, if set, is the relay's TracerProvider.
+	tracer trace.TracerProvider
 }
 
 // node is a relay, its leaser and its publisher, run in-process.
@@ -234,6 +237,7 @@ func (h *harness) startNode(o nodeOpts) *node {
 		cfg.PollInterval = o.pollInterval
 	}
 	cfg.Logger = o.logger
+	cfg.TracerProvider = o.tracer
 	cfg.RetentionAge = o.retention
 	cfg.RetentionInterval = 100 * time.Millisecond
 	if o.retentionChunk > 0 {

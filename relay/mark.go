@@ -16,6 +16,7 @@ import (
 // recorded. Unsent puts it back as it was, to go again at once the first
 // time and after unsentDelay when it is Unsent again (no attempt counted).
 func (r *Relay) settle(f *flight, res Result) {
+	spanSettled(f, res)
 	var done func()
 	r.mu.Lock()
 	r.unconfirmed--
@@ -274,6 +275,7 @@ func (r *Relay) recordFailures(ctx context.Context, failed []settlement) error {
 		f.key.writing--
 		f.e.row.Attempts = f.attempts + 1
 		f.e.row.Parked = isParked[f.msg.ID]
+		spanRecorded(f, f.e.row.Parked, f.e.row.Attempts, r.cfg.MaxAttempts)
 		r.requeueLocked(f, now.Add(delays[i]))
 		if f.e.row.Parked && r.currentLocked(f.key) {
 			r.dropFollowersLocked(f.key)

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // partState is what the relay holds in memory of one partition, for one
@@ -61,6 +62,7 @@ type flight struct {
 	e         *entry
 	size      int64
 	confirmed bool
+	span      trace.Span // the publish's PRODUCER span; nil without tracing
 }
 
 func rowSize(r *Row) int64 {
@@ -207,9 +209,10 @@ func (r *Relay) forgetIfIdleLocked(k *keyState) {
 
 // headLocked returns k's next row if the per-key rule lets it go now:
 // not parked or backing off, nothing of the key unsettled (fewer than
-// perKeyLimit, which only a test raises), and the row below it confirmed by this relay in this epoch or already
-// processed when the row was read (at perKeyLimit > 1, merely published:
-// what tests use to show the rule matters). A head that backs off is
+// perKeyLimit, which only a test raises), and the row below it confirmed
+// by this relay in this epoch or already processed when the row was read
+// (at perKeyLimit > 1, merely published: what tests use to show the rule
+// matters). A head that backs off is
 // remembered, and the retry timer wakes the relay for it.
 func (r *Relay) headLocked(k *keyState, now time.Time) (*entry, bool) {
 	if len(k.queue) == 0 || k.writing > 0 || k.inFlight >= r.perKeyLimit {

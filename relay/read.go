@@ -416,7 +416,9 @@ func (r *Relay) publish(ctx context.Context, f *flight) error {
 		return nil
 	}
 	f.msg.Headers = headers
+	ctx = r.startSpan(ctx, f)
 	if err := r.pub.Publish(ctx, &f.msg, func(res Result) { r.settle(f, res) }); err != nil {
+		spanNotSent(f, err)
 		r.unsend(f)
 		if errors.Is(err, ErrLeaseExpired) {
 			// The publisher waited past the lease deadline and sent

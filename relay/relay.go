@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ordo-relay/ordo/internal/relayhook"
@@ -31,6 +32,7 @@ type Relay struct {
 	pub   Publisher
 	own   Ownership
 
+	tracer trace.Tracer // nil: tracing off
 	// perKeyLimit is the most messages of one key unsettled at once: 1,
 	// which keeps per-key order (a nacked message could be overtaken by
 	// its successor otherwise). Only a test raises it, to show what
@@ -113,8 +115,12 @@ func New(cfg Config, store Store, pub Publisher, own Ownership) (*Relay, error) 
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	var tracer trace.Tracer
+	if cfg.TracerProvider != nil {
+		tracer = cfg.TracerProvider.Tracer(tracerName)
+	}
 	return &Relay{
-		cfg: cfg, store: store, pub: pub, own: own, perKeyLimit: 1,
+		cfg: cfg, store: store, pub: pub, own: own, perKeyLimit: 1, tracer: tracer,
 		wakeRead:   make(chan struct{}, 1),
 		wakeMark:   make(chan struct{}, 1),
 		parts:      map[int]*partState{},

@@ -346,11 +346,7 @@ func TestGossipProxy(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	// Slots: 0 and 2 are senders, 1 the fake node behind its proxy.
 	senders := []*net.UDPConn{listenUDP(t), nil, listenUDP(t)}
-	node := listenUDP(t)
-	nodeTCP, err := net.Listen("tcp", node.LocalAddr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	node, nodeTCP := listenUDPAndTCP(t)
 	defer nodeTCP.Close()
 	go func() { // the node echoes every stream
 		for {
@@ -438,6 +434,24 @@ func TestGossipProxy(t *testing.T) {
 	for _, c := range []*net.UDPConn{senders[0], senders[2], node} {
 		_ = c.Close()
 	}
+}
+
+// listenUDPAndTCP listens on one port number for both UDP and TCP, as a
+// gossip node does. The UDP port is drawn by the kernel; another process
+// may hold its TCP twin, so it draws again (a few times) when it does.
+func listenUDPAndTCP(t *testing.T) (*net.UDPConn, net.Listener) {
+	t.Helper()
+	var err error
+	for range 20 {
+		u := listenUDP(t)
+		var l net.Listener
+		if l, err = net.Listen("tcp", u.LocalAddr().String()); err == nil {
+			return u, l
+		}
+		_ = u.Close()
+	}
+	t.Fatalf("no port free for both UDP and TCP: %v", err)
+	return nil, nil
 }
 
 func listenUDP(t *testing.T) *net.UDPConn {

@@ -27,6 +27,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/ordo-relay/ordo/internal/tracing"
 	"github.com/ordo-relay/ordo/node"
 )
 
@@ -82,7 +83,13 @@ func (c cli) run(ctx context.Context, args []string) error {
 // error it returns is not printed again.
 func (c cli) serve(ctx context.Context, o options) error {
 	logger := newLogger(c.stderr, o.LogFormat, o.LogLevel).With("node", o.NodeName)
-	if err := node.Run(ctx, o.Config, node.Options{Logger: logger}); err != nil {
+	getenv := func(k string) string { v, _ := c.lookup(k); return v }
+	tp, flush, err := tracing.Start(ctx, "ordo-node", c.stdout, getenv, logger)
+	if err != nil {
+		return fmt.Errorf("node: %w", usageError(err))
+	}
+	defer flush()
+	if err := node.Run(ctx, o.Config, node.Options{Logger: logger, TracerProvider: tp}); err != nil {
 		logger.Error("node stopped", "err", err)
 		return &exitError{status: 1, err: err, logged: true}
 	}

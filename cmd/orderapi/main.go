@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ordo-relay/ordo/internal/envflag"
+	"github.com/ordo-relay/ordo/internal/tracing"
 	"github.com/ordo-relay/ordo/orderapi"
 	"github.com/ordo-relay/ordo/outbox"
 )
@@ -142,6 +143,12 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	tp, flush, err := tracing.Start(ctx, "ordo-orderapi", os.Stdout, os.Getenv, logger)
+	if err != nil {
+		return err
+	}
+	defer flush()
+	cfg.api.TracerProvider = tp
 	handler, err := orderapi.New(cfg.api, pool, producer, logger)
 	if err != nil {
 		return err

@@ -18,10 +18,11 @@ import (
 	"github.com/ordo-relay/ordo/inbox"
 )
 
-// serveHTTP serves /metrics, /healthz and /readyz on addr until the
-// returned function is called (which shuts the server down and waits for
-// it); nothing when addr is empty.
-func serveHTTP(addr string, c *inbox.Consumer, pool *pgxpool.Pool, logger *slog.Logger) (stop func(), err error) {
+// serveHTTP serves /metrics, /healthz, /readyz and the admin API on
+// cfg.httpAddr until the returned function is called (which shuts the
+// server down and waits for it); nothing when the address is empty.
+func serveHTTP(cfg config, c *inbox.Consumer, pool *pgxpool.Pool, logger *slog.Logger) (stop func(), err error) {
+	addr := cfg.httpAddr
 	if addr == "" {
 		return func() {}, nil
 	}
@@ -29,7 +30,8 @@ func serveHTTP(addr string, c *inbox.Consumer, pool *pgxpool.Pool, logger *slog.
 	if err != nil {
 		return nil, fmt.Errorf("-http-addr: %w", err)
 	}
-	srv := &http.Server{Handler: newHTTP(c, pool, logger), ReadHeaderTimeout: 5 * time.Second}
+	admin := &adminAPI{pool: pool, name: cfg.inbox.Name, gapWait: cfg.inbox.GapWait, token: cfg.adminToken, logger: logger}
+	srv := &http.Server{Handler: newHTTP(c, pool, admin, logger), ReadHeaderTimeout: 5 * time.Second}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -46,7 +48,7 @@ func serveHTTP(addr string, c *inbox.Consumer, pool *pgxpool.Pool, logger *slog.
 	}, nil
 }
 
-func newHTTP(c *inbox.Consumer, pool *pgxpool.Pool, logger *slog.Logger) http.Handler {
+func newHTTP(c *inbox.Consumer, pool *pgxpool.Pool, admin *adminAPI, logger *slog.Logger) http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(c.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()
@@ -55,6 +57,7 @@ func newHTTP(c *inbox.Consumer, pool *pgxpool.Pool, logger *slog.Logger) http.Ha
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) { readyz(w, r, c, pool, logger) })
+	admin.mount(mux)
 	return mux
 }
 

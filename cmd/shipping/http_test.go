@@ -25,6 +25,9 @@ func TestHTTPMetricsAndReadiness(t *testing.T) {
 	if code, _ := get(t, base+"/healthz"); code != http.StatusOK {
 		t.Fatalf("/healthz: %d", code)
 	}
+	if code, body := get(t, base+"/admin/dead"); code != http.StatusForbidden {
+		t.Fatalf("/admin/dead without -admin-token: %d %s, want 403", code, body)
+	}
 	var rd readiness
 	if code, body := get(t, base+"/readyz"); code != http.StatusOK || json.Unmarshal([]byte(body), &rd) != nil || !rd.Ready || rd.Degraded {
 		t.Fatalf("/readyz before the poison order: %d %s", code, body)

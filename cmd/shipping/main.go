@@ -10,7 +10,12 @@
 //	shipping [flags] resolve ORDER   declare a stuck order's missing events skipped
 //	shipping [flags] retry ORDER     retry an order's dead-lettered event
 //	shipping [flags] skip ORDER      drop an order's dead-lettered event; the order goes on
+//	shipping [flags] audit           the last operator actions (CLI and HTTP), newest first
 //	shipping -shards N reshard       change S (every instance stopped): docs/consumer.md, "Changing S"
+//
+// With -http-addr and -admin-token, the same operator actions are served
+// over HTTP under /admin/ (admin.go). Every resolve, retry and skip, from
+// either side, is recorded in ordo_inbox_audit.
 //
 // Every flag has an environment equivalent (ORDO_POSTGRES_URL, ...);
 // see -h. The database named in -postgres-url is created if missing.
@@ -42,7 +47,9 @@ type config struct {
 	dbMaxConns   int           // pool size
 	handlerDelay time.Duration // simulated work per event
 	statsEvery   time.Duration // how often to log the inbox counters
-	httpAddr     string        // where /metrics, /healthz and /readyz are served; empty: not served
+	httpAddr     string        // where /metrics, /healthz, /readyz and /admin/ are served; empty: not served
+	adminToken   string        // the bearer token /admin/ requires; empty: admin actions off
+	operator     string        // who runs a CLI action, for the audit record
 	killAfter    int           // fault injection: SIGKILL itself after this many handled commits, before the ack
 	faults       faults        // fault injection: failing and panicking handler attempts, poison orders
 	logLevel     slog.Level
@@ -77,15 +84,23 @@ func parseConfig(args []string, lookup func(string) (string, bool), output io.Wr
 	fs.IntVar(&cfg.dbMaxConns, "db-max-conns", 0, "PostgreSQL pool size (0: shards + 4)")
 	fs.DurationVar(&cfg.handlerDelay, "handler-delay", 0, "simulated work per event (tests, bench)")
 	fs.DurationVar(&cfg.statsEvery, "stats-every", 30*time.Second, "how often to log the inbox counters (0: only at exit)")
-	fs.StringVar(&cfg.httpAddr, "http-addr", "", "serve /metrics, /healthz and /readyz here, e.g. 127.0.0.1:8082 (empty: not served)")
+	fs.StringVar(&cfg.httpAddr, "http-addr", "", "serve /metrics, /healthz, /readyz and /admin/ here, e.g. 127.0.0.1:8082 (empty: not served)")
+	fs.StringVar(&cfg.adminToken, "admin-token", "", "bearer token the /admin/ actions require (empty: they are off)")
+	fs.StringVar(&cfg.operator, "operator", "", "your name, recorded with resolve, retry and skip (default: $USER)")
 	fs.IntVar(&cfg.killAfter, "kill-after", 0, "fault injection: SIGKILL this process after N handled commits, before the ack")
 	cfg.faults.addFlags(fs)
 	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")
-	fs.Usage = envflag.Usage(fs, envPrefix, "usage: shipping [flags] [stuck | dead | resolve ORDER | retry ORDER | skip ORDER | reshard]")
+	fs.Usage = envflag.Usage(fs, envPrefix, "usage: shipping [flags] [stuck | dead | resolve ORDER | retry ORDER | skip ORDER | audit | reshard]")
 	if err := envflag.Parse(fs, envPrefix, args, lookup); err != nil {
 		return config{}, err
 	}
 	cfg.command = fs.Args()
+	if cfg.operator == "" {
+		cfg.operator, _ = lookup("USER")
+	}
+	if cfg.operator == "" {
+		cfg.operator = "unknown"
+	}
 	var err error
 	if ic.Mode, err = inbox.ParseMode(mode); err != nil {
 		return config{}, err

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/url"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -17,6 +18,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ordo-relay/ordo/inbox"
+	"github.com/ordo-relay/ordo/internal/tracing"
 )
 
 // run consumes until ctx is cancelled.
@@ -35,11 +37,17 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 		k := &killAfter{DB: pool, n: int64(cfg.killAfter), logger: logger}
 		db, h = k, k.handler(h)
 	}
+	tp, flush, err := tracing.Start(ctx, "ordo-shipping", os.Stdout, os.Getenv, logger)
+	if err != nil {
+		return err
+	}
+	defer flush()
+	cfg.inbox.TracerProvider = tp
 	c, err := inbox.New(cfg.inbox, db, h)
 	if err != nil {
 		return err
 	}
-	stopHTTP, err := serveHTTP(cfg.httpAddr, c, pool, logger)
+	stopHTTP, err := serveHTTP(cfg, c, pool, logger)
 	if err != nil {
 		return err
 	}
@@ -147,20 +155,21 @@ func runCommand(ctx context.Context, cfg config, out io.Writer) error {
 		return printStuck(ctx, pool, name, cfg.inbox.GapWait, out)
 	case "dead":
 		return printDead(ctx, pool, name, out)
+	case "audit":
+		return printAudit(ctx, pool, name, out)
 	case "resolve", "retry", "skip":
 		key, err := needKey()
 		if err != nil {
 			return err
 		}
-		action := map[string]func(context.Context, inbox.DB, string, string) error{
-			"resolve": inbox.Resolve, "retry": inbox.Retry, "skip": inbox.Skip}[cmd]
-		if err := action(ctx, pool, name, key); err != nil {
+		who := inbox.Actor{Operator: cfg.operator, RemoteAddr: "cli"}
+		if err := inbox.Act(ctx, pool, who, inbox.Action(cmd), name, key); err != nil {
 			return err
 		}
 		fmt.Fprintf(out, "%s %s: done; the owning instance picks it up within its retry poll\n", cmd, key)
 		return nil
 	}
-	return fmt.Errorf("unknown command %q (want stuck, dead, resolve, retry, skip or reshard)", cmd)
+	return fmt.Errorf("unknown command %q (want stuck, dead, resolve, retry, skip, audit or reshard)", cmd)
 }
 
 func printStuck(ctx context.Context, db inbox.DB, name string, gapWait time.Duration, out io.Writer) error {
@@ -186,6 +195,20 @@ func printDead(ctx context.Context, db inbox.DB, name string, out io.Writer) err
 	for _, m := range ms {
 		fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%d\t%s\t%s\n", m.Key, m.KeySeq, m.Type, m.Attempts, m.Waiting,
 			m.DeadAt.Format(time.RFC3339), strings.ReplaceAll(m.LastError, "\n", " "))
+	}
+	return w.Flush()
+}
+
+func printAudit(ctx context.Context, db inbox.DB, name string, out io.Writer) error {
+	list, err := inbox.Audit(ctx, db, name, 50)
+	if err != nil {
+		return err
+	}
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "AT\tOPERATOR\tFROM\tACTION\tORDER\tRESULT")
+	for _, a := range list {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", a.At.Format(time.RFC3339), a.Operator, a.RemoteAddr, a.Action, a.Key,
+			strings.ReplaceAll(a.Result, "\n", " "))
 	}
 	return w.Flush()
 }

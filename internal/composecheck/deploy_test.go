@@ -22,7 +22,7 @@ func TestComposeNamesExist(t *testing.T) {
 	for _, s := range svcs {
 		names[s.Name] = true
 	}
-	for _, want := range []string{"postgres", "rabbitmq", "node1", "node2", "node3", "orderapi", "prometheus", "grafana"} {
+	for _, want := range []string{"postgres", "rabbitmq", "node1", "node2", "node3", "orderapi", "prometheus", "grafana", "jaeger"} {
 		if !names[want] {
 			t.Errorf("no service %s", want)
 		}
@@ -98,6 +98,86 @@ func TestDeployMetricsExist(t *testing.T) {
 			if tg.Datasource.UID != uid[1] || tg.Expr == "" {
 				t.Errorf("panel %q: a target with datasource %q and expr %q", p.Title, tg.Datasource.UID, tg.Expr)
 			}
+		}
+	}
+}
+
+// TestPrometheusScrapesCompose checks that every target of
+// deploy/prometheus/prometheus.yml is a compose service serving HTTP on
+// that port (its ORDO_HTTP_ADDR), and that every service with an
+// ORDO_HTTP_ADDR is scraped: an instance added to compose without a
+// scrape target would be invisible to the alerts.
+func TestPrometheusScrapesCompose(t *testing.T) {
+	svcs, err := scanCompose(strings.NewReader(repoFile(t, "docker-compose.yml")))
+	if err != nil {
+		t.Fatalf("docker-compose.yml: %v", err)
+	}
+	httpAddr := regexp.MustCompile(`(?m)^ORDO_HTTP_ADDR:\s*"?[^"\s]*:(\d+)"?$`)
+	serving := map[string]string{} // service -> port
+	for _, s := range svcs {
+		if m := httpAddr.FindStringSubmatch(s.Props["environment"]); m != nil {
+			serving[s.Name] = m[1]
+		}
+	}
+	target := regexp.MustCompile(`"([a-z0-9-]+):(\d+)"`)
+	scraped := map[string]bool{}
+	for _, m := range target.FindAllStringSubmatch(repoFile(t, "deploy/prometheus/prometheus.yml"), -1) {
+		scraped[m[1]] = true
+		if port, ok := serving[m[1]]; !ok || port != m[2] {
+			t.Errorf("prometheus.yml scrapes %s:%s, but compose's %s serves HTTP on port %q", m[1], m[2], m[1], port)
+		}
+	}
+	for name := range serving {
+		if !scraped[name] {
+			t.Errorf("compose's %s serves HTTP (ORDO_HTTP_ADDR) but prometheus.yml does not scrape it", name)
+		}
+	}
+	if len(scraped) < 7 {
+		t.Errorf("found %d scrape targets; the pattern is probably broken", len(scraped))
+	}
+}
+
+// TestDashboardConsumerRow checks that the dashboard has a consumer row
+// querying every inbox family an operator watches (issue 25), and that
+// no two panels overlap (a panel added at a taken position hides another).
+func TestDashboardConsumerRow(t *testing.T) {
+	type grid struct{ X, Y, W, H int }
+	var dash struct {
+		Panels []struct {
+			Type, Title string
+			GridPos     grid
+			Targets     []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal([]byte(repoFile(t, "deploy/grafana/ordo.json")), &dash); err != nil {
+		t.Fatalf("deploy/grafana/ordo.json: %v", err)
+	}
+	var row bool
+	var exprs strings.Builder
+	for i, p := range dash.Panels {
+		if p.Type == "row" && strings.HasPrefix(p.Title, "Consumer") {
+			row = true
+		}
+		for _, tg := range p.Targets {
+			exprs.WriteString(tg.Expr + "\n")
+		}
+		for _, q := range dash.Panels[:i] {
+			a, b := p.GridPos, q.GridPos
+			if a.X < b.X+b.W && b.X < a.X+a.W && a.Y < b.Y+b.H && b.Y < a.Y+a.H {
+				t.Errorf("panels %q %+v and %q %+v overlap", p.Title, a, q.Title, b)
+			}
+		}
+	}
+	if !row {
+		t.Error("the dashboard has no row titled Consumer…")
+	}
+	for _, m := range []string{
+		"ordo_inbox_handled_total", "ordo_inbox_duplicates_total", "ordo_inbox_retries_total", "ordo_inbox_dead_lettered_total",
+		"ordo_inbox_stuck_keys", "ordo_inbox_dead_keys", "ordo_inbox_shards_owned",
+		"ordo_inbox_lag_seconds_bucket", "ordo_inbox_handler_duration_seconds_bucket",
+	} {
+		if !strings.Contains(exprs.String(), m) {
+			t.Errorf("no dashboard panel queries %s", m)
 		}
 	}
 }

@@ -38,6 +38,7 @@ func (p *Publisher) Publish(ctx context.Context, m *relay.Message, settle func(r
 		return err
 	}
 	attempt := p.attempt.Add(1)
+	annotateAttempt(ctx, attempt)
 	pub := publishing(m, attempt)
 	if p.cfg.CloudEvents {
 		addCloudEvents(pub.Headers, m, p.cfg.CloudEventsSource)

@@ -1,0 +1,124 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Actor is who asks for an operator action, for the audit trail.
+type Actor struct {
+	Operator   string // a person's or tool's name
+	RemoteAddr string // where the request came from ("cli" for the command line)
+}
+
+// Action is an operator action on a key: ActionResolve, ActionRetry or
+// ActionSkip.
+type Action string
+
+// The operator actions, as Act takes them and ordo_inbox_audit records
+// them.
+const (
+	ActionResolve Action = "resolve" // Resolve: a stuck key's missing messages skipped
+	ActionRetry   Action = "retry"   // Retry: a dead-lettered message gets new attempts
+	ActionSkip    Action = "skip"    // Skip: a dead-lettered message dropped, the key goes on
+)
+
+// ParseAction returns the Action named s, or an error naming the valid
+// ones.
+func ParseAction(s string) (Action, error) {
+	switch a := Action(s); a {
+	case ActionResolve, ActionRetry, ActionSkip:
+		return a, nil
+	}
+	return "", fmt.Errorf("unknown action %q (want resolve, retry or skip)", s)
+}
+
+// AuditEntry is one row of ordo_inbox_audit.
+type AuditEntry struct {
+	ID         int64     `json:"id"`
+	At         time.Time `json:"at"`
+	Operator   string    `json:"operator"`
+	RemoteAddr string    `json:"remoteAddr"`
+	Action     Action    `json:"action"`
+	Key        string    `json:"key"`
+	Result     string    `json:"result"` // "done", or "error: ..." when the action was refused or failed
+}
+
+const (
+	sqlAuditInsert = `
+INSERT INTO ordo_inbox_audit (consumer, operator, remote_addr, action, key, result)
+VALUES ($1, $2, $3, $4, $5, $6)`
+
+	sqlAuditList = `
+SELECT id, at, operator, remote_addr, action, key, result FROM ordo_inbox_audit
+WHERE consumer = $1 ORDER BY id DESC LIMIT $2`
+)
+
+// Act runs action (Resolve, Retry or Skip) on consumer's key and records
+// it in ordo_inbox_audit with who asked and its result, whatever the
+// outcome: a successful action and its record commit together (durably,
+// whatever the session's synchronous_commit); a refused or failed one
+// rolls back and its refusal is recorded on its own. It returns the
+// action's error (wrapping ErrNothingToResolve when there was nothing to
+// act on), joined with the audit's if that failed too.
+func Act(ctx context.Context, db TxBeginner, who Actor, action Action, consumer, key string) error {
+	run := map[Action]func(context.Context, DB, string, string) error{
+		ActionResolve: Resolve, ActionRetry: Retry, ActionSkip: Skip}[action]
+	if run == nil {
+		_, err := ParseAction(string(action))
+		return err
+	}
+	err := durable(ctx, db, func(tx pgx.Tx) error {
+		if err := run(ctx, tx, consumer, key); err != nil {
+			return err
+		}
+		return audit(ctx, tx, who, action, consumer, key, "done")
+	})
+	if err == nil {
+		return nil
+	}
+	if aerr := durable(ctx, db, func(tx pgx.Tx) error {
+		return audit(ctx, tx, who, action, consumer, key, "error: "+err.Error())
+	}); aerr != nil {
+		return errors.Join(err, aerr)
+	}
+	return err
+}
+
+// Audit returns consumer's last limit operator actions, newest first.
+func Audit(ctx context.Context, db DB, consumer string, limit int) ([]AuditEntry, error) {
+	rows, err := db.Query(ctx, sqlAuditList, consumer, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list operator actions: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (AuditEntry, error) {
+		var a AuditEntry
+		return a, r.Scan(&a.ID, &a.At, &a.Operator, &a.RemoteAddr, &a.Action, &a.Key, &a.Result)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list operator actions: %w", err)
+	}
+	return out, nil
+}
+
+// durable runs f in a transaction that commits synchronously: an action
+// reported done to an operator must survive a database crash.
+func durable(ctx context.Context, db TxBeginner, f func(pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = on`); err != nil {
+			return fmt.Errorf("commit synchronously: %w", err)
+		}
+		return f(tx)
+	})
+}
+
+func audit(ctx context.Context, tx pgx.Tx, who Actor, action Action, consumer, key, result string) error {
+	if _, err := tx.Exec(ctx, sqlAuditInsert, consumer, who.Operator, who.RemoteAddr, string(action), key, result); err != nil {
+		return fmt.Errorf("record operator action: %w", err)
+	}
+	return nil
+}
