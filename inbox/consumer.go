@@ -37,6 +37,10 @@ type Consumer struct {
 	invalid  atomic.Int64
 	tracer   trace.Tracer // nil: tracing off
 
+	// slots caps the lanes of all shards at work at once below the pool's
+	// size, so the lease loop always finds a connection (nil: no cap).
+	slots chan struct{}
+
 	mu      sync.Mutex
 	workers map[int]*worker // owned by Run's loop; read under mu by Owned
 }
@@ -61,7 +65,7 @@ func New(cfg Config, db DB, h Handler) (*Consumer, error) {
 		return nil, err
 	}
 	c := &Consumer{cfg: cfg, db: db, h: h, topo: TopologyOf(cfg), workers: map[int]*worker{}, ready: make(chan struct{}),
-		dbDown: outage.New(cfg.Logger, "inbox database")}
+		dbDown: outage.New(cfg.Logger, "inbox database"), slots: laneSlots(db)}
 	if cfg.TracerProvider != nil {
 		c.tracer = cfg.TracerProvider.Tracer(tracerName)
 		c.h = c.tracedHandler(h)

@@ -1,6 +1,10 @@
 package inbox
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
 
 // lanes runs one shard session's work, a job per delivery or per stored
 // message due for a retry, keyed by the message's key (its correlation
@@ -18,7 +22,8 @@ import "sync"
 // job: each finishes the one in hand; the deliveries not handled stay
 // unacknowledged and the broker requeues them when the channel closes.
 type lanes struct {
-	max int
+	max   int
+	slots chan struct{} // shared by every shard's lanes; nil: no cap
 
 	mu       sync.Mutex
 	queued   map[string][]func() error // keys in a lane or waiting for one
@@ -31,8 +36,8 @@ type lanes struct {
 	wg       sync.WaitGroup
 }
 
-func newLanes(max int) *lanes {
-	return &lanes{max: max, queued: map[string][]func() error{}, retrying: map[string]bool{}, errc: make(chan struct{})}
+func newLanes(max int, slots chan struct{}) *lanes {
+	return &lanes{max: max, slots: slots, queued: map[string][]func() error{}, retrying: map[string]bool{}, errc: make(chan struct{})}
 }
 
 // addRetry adds a retry job for key unless one is queued or running: the
@@ -90,7 +95,7 @@ func (l *lanes) run(key string) {
 		if job == nil {
 			continue
 		}
-		if err := job(); err != nil {
+		if err := l.runJob(job); err != nil {
 			l.fail(err)
 			return
 		}
@@ -120,6 +125,36 @@ func (l *lanes) take(key string) (job func() error, next string, ok bool) {
 	l.waiting = l.waiting[1:]
 	return nil, next, true
 }
+
+// runJob runs job in one of the instance's slots.
+func (l *lanes) runJob(job func() error) error {
+	if l.slots != nil {
+		l.slots <- struct{}{}
+		defer func() { <-l.slots }()
+	}
+	return job()
+}
+
+// poolSizer is what laneSlots reads from a *pgxpool.Pool.
+type poolSizer interface{ Stat() *pgxpool.Stat }
+
+// laneSlots returns the cap on an instance's lanes at work, of all its
+// shards together: the pool's size less laneReserve connections for the
+// lease loop and the retry polls. A busy lane holds a connection for its
+// handler's transaction; uncapped, lanes queued for connections would
+// make a renewal wait behind them and lose leases under load (measured:
+// 510 redeliveries in one bench run with 16 connections for 16 lanes).
+// nil (no cap) when db does not say its size.
+func laneSlots(db DB) chan struct{} {
+	p, ok := db.(poolSizer)
+	if !ok {
+		return nil
+	}
+	return make(chan struct{}, max(1, int(p.Stat().MaxConns())-laneReserve))
+}
+
+// laneReserve is the connections of a pool laneSlots keeps from lanes.
+const laneReserve = 2
 
 func (l *lanes) fail(err error) {
 	l.mu.Lock()

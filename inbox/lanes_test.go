@@ -253,3 +253,19 @@ func TestLanesShardLossWaitsForLanes(t *testing.T) {
 		t.Fatalf("handled under a lost lease: %v", got)
 	}
 }
+
+// TestLanesLeavePoolConnectionsForLeases: with more lanes than the pool
+// has connections (Lanes 8, a pool of 6), at most 6 − 2 handlers run at
+// once, so the lease loop always finds a connection.
+func TestLanesLeavePoolConnectionsForLeases(t *testing.T) {
+	pool := lanesDB(t)
+	cfg := consumerConfig(t, 1)
+	cfg.Lanes = 8
+	w := newKeyWatch()
+	r := startConsumer(t, cfg, "a", pool, w.wrap(sleepRecord(20*time.Millisecond)))
+	waitFor(t, 30*time.Second, "shard owned", func() bool { return len(r.c.Owned()) == 1 })
+	want := publishRuns(newPublisher(t, cfg.Exchange), 40, 1)
+	waitHandled(t, pool, want)
+	checkOnceInOrder(t, handledSeqs(t, pool), want)
+	w.check(t, int(pool.Stat().MaxConns())-2)
+}

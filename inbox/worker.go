@@ -81,7 +81,7 @@ func (c *Consumer) consumeShard(ctx context.Context, l shardLease) error {
 	// Every lane has stopped and been waited for before this returns, so
 	// before the channel closes and before the worker counts as stopped
 	// (its lease is released only after that).
-	ls := newLanes(c.cfg.Lanes)
+	ls := newLanes(c.cfg.Lanes, c.slots)
 	poll := time.NewTicker(c.cfg.RetryPoll)
 	defer poll.Stop()
 	for {
