@@ -115,8 +115,9 @@ type Config struct {
 	// a shard are handled concurrently, up to Lanes of them, while each key
 	// stays serial and in key_seq order. Each busy lane holds one pool
 	// connection for its handler's transaction, so size the pool at 2 +
-	// Lanes × the shards an instance may own (a smaller pool makes lanes
-	// wait for connections: correct, only slower). 1 handles a shard's
+	// Lanes × the shards an instance may own (with a *pgxpool.Pool the
+	// lanes of all shards together use at most MaxConns − 2 connections,
+	// keeping two for the lease loop: correct, only slower). 1 handles a shard's
 	// messages one at a time. At most Prefetch, since a lane needs an
 	// unacknowledged delivery to work on. Default 4: with handlers that
 	// wait on I/O (a downstream call) an instance's concurrency is then 4×

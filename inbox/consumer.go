@@ -53,8 +53,8 @@ type worker struct {
 }
 
 // New returns a Consumer of cfg's group that handles each message with h
-// in a transaction on db (normally a *pgxpool.Pool of at least 2 + the
-// shards one instance may own connections).
+// in a transaction on db (normally a *pgxpool.Pool of 2 + Lanes × the
+// shards one instance may own connections; see Config.Lanes).
 //
 // New fills the fields of cfg left zero from DefaultConfig(cfg.Name),
 // then returns every problem of the result (Config.Validate), each a
