@@ -3,15 +3,12 @@ package node_test
 import (
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/node"
@@ -64,7 +61,7 @@ func TestSteadyRateWaitsNoInterval(t *testing.T) {
 	var h *dto.Histogram
 	var fams map[string]*dto.MetricFamily
 	testkit.WaitFor(t, 30*time.Second, "every confirm in the histogram", func() bool {
-		fams = scrape(t, addr)
+		fams = scrapeMetrics(t, addr)
 		h = histogram(fams, "ordo_commit_to_confirm_seconds")
 		return h != nil && h.GetSampleCount() >= n
 	})
@@ -93,22 +90,6 @@ func TestSteadyRateWaitsNoInterval(t *testing.T) {
 		t.Fatalf("%.1f%% of messages at a steady %v took over 32 ms from commit to confirm (at most half may): "+
 			"the relay waits an interval before reading a commit; cumulative buckets: %s", over*100, every, strings.Join(shape, " "))
 	}
-}
-
-// scrape reads a node's /metrics.
-func scrape(t *testing.T, addr string) map[string]*dto.MetricFamily {
-	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fams
 }
 
 // histogram returns the histogram of family name, or nil.
