@@ -45,14 +45,7 @@ func TestPlanScheduleShortRunsEveryKindOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var kinds []Kind
-		var total time.Duration
-		for i, s := range plan {
-			kinds = append(kinds, s.Kind)
-			total += s.estimate()
-			checkStep(t, seed, i, s, holds(ProfileShort))
-		}
-		slices.Sort(kinds)
+		kinds, total := checkShortPlan(t, seed, plan)
 		want := slices.Clone(allKinds)
 		slices.Sort(want)
 		if !slices.Equal(kinds, want) {
@@ -469,14 +462,7 @@ func TestPlanConsumersShortRunsEveryKindOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var kinds []Kind
-		var total time.Duration
-		for i, s := range plan {
-			kinds = append(kinds, s.Kind)
-			total += s.estimate()
-			checkStep(t, seed, i, s, holds(ProfileShort))
-		}
-		slices.Sort(kinds)
+		kinds, total := checkShortPlan(t, seed, plan)
 		want := slices.Clone(consumerKinds)
 		slices.Sort(want)
 		if !slices.Equal(kinds, want) {
@@ -486,4 +472,19 @@ func TestPlanConsumersShortRunsEveryKindOnce(t *testing.T) {
 			t.Fatalf("seed %d: the short consumer plan is estimated at %v, want at most 90 s of faults", seed, total)
 		}
 	}
+}
+
+// checkShortPlan checks every step of a short plan and returns its kinds,
+// sorted, and its estimated length.
+func checkShortPlan(t *testing.T, seed int64, plan []plannedStep) ([]Kind, time.Duration) {
+	t.Helper()
+	var kinds []Kind
+	var total time.Duration
+	for i, s := range plan {
+		kinds = append(kinds, s.Kind)
+		total += s.estimate()
+		checkStep(t, seed, i, s, holds(ProfileShort))
+	}
+	slices.Sort(kinds)
+	return kinds, total
 }
