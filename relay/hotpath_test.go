@@ -39,14 +39,7 @@ func BenchmarkBatchBuilding(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		for p := range 64 {
-			r.apply(Assigned{Lease: Lease{Partition: p, Epoch: 1, Deadline: time.Now().Add(time.Hour)}})
-		}
-		r.mu.Lock()
-		for _, ps := range r.parts {
-			r.ingestLocked(ps, rows[ps.id*8:ps.id*8+8])
-		}
-		r.mu.Unlock()
+		assignAndIngest(r, rows)
 		n := 0
 		for f, _ := r.nextFlight(); f != nil; f, _ = r.nextFlight() {
 			r.settle(f, Result{Outcome: Confirmed})
@@ -70,3 +63,16 @@ func (allLeases) Lease(p int) (Lease, bool) {
 	return Lease{Partition: p, Epoch: 1, Deadline: time.Now().Add(time.Hour)}, true
 }
 func (allLeases) Events() <-chan Event { return nil }
+
+// assignAndIngest gives r all 64 partitions at epoch 1 and queues rows,
+// 8 a partition (rows[8p:8p+8] belong to partition p), as a read would.
+func assignAndIngest(r *Relay, rows []Row) {
+	for p := range 64 {
+		r.apply(Assigned{Lease: Lease{Partition: p, Epoch: 1, Deadline: time.Now().Add(time.Hour)}})
+	}
+	r.mu.Lock()
+	for _, ps := range r.parts {
+		r.ingestLocked(ps, rows[ps.id*8:ps.id*8+8])
+	}
+	r.mu.Unlock()
+}

@@ -38,14 +38,7 @@ func benchPublishPath(b *testing.B, cfg Config) {
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
-		for p := range 64 {
-			r.apply(Assigned{Lease: Lease{Partition: p, Epoch: 1, Deadline: time.Now().Add(time.Hour)}})
-		}
-		r.mu.Lock()
-		for _, ps := range r.parts {
-			r.ingestLocked(ps, rows[ps.id*8:ps.id*8+8])
-		}
-		r.mu.Unlock()
+		assignAndIngest(r, rows)
 		n := 0
 		for f, _ := r.nextFlight(); f != nil; f, _ = r.nextFlight() {
 			if err := r.publish(ctx, f); err != nil {
