@@ -76,7 +76,7 @@ func newCore(t *testing.T, ttl time.Duration, edit func(*relay.Config)) *core {
 	if edit != nil {
 		edit(&cfg)
 	}
-	r, err := relay.New(cfg, c.store, c.pub, c.own)
+	r, err := relay.New(cfg, c.store.ForNode(cfg.Node), c.pub, c.own)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -219,7 +219,7 @@ func (h *harness) startNode(o nodeOpts) *node {
 	if o.wrapPub != nil {
 		pub = o.wrapPub(pub)
 	}
-	var store relay.Store = pgstore.New(pool, o.logger)
+	var store relay.Store = pgstore.New(pool, o.name, o.logger)
 	if o.wrapStore != nil {
 		store = o.wrapStore(store)
 	}
@@ -368,8 +368,8 @@ type countingStore struct {
 	biggest int64
 }
 
-func (c *countingStore) DeleteProcessed(ctx context.Context, node string, partition int, epoch int64, olderThan time.Duration, limit int) (int64, error) {
-	n, err := c.Store.DeleteProcessed(ctx, node, partition, epoch, olderThan, limit)
+func (c *countingStore) DeleteProcessed(ctx context.Context, partition int, epoch int64, olderThan time.Duration, limit int) (int64, error) {
+	n, err := c.Store.DeleteProcessed(ctx, partition, epoch, olderThan, limit)
 	c.mu.Lock()
 	c.n++
 	c.biggest = max(c.biggest, n)

@@ -80,7 +80,7 @@ func TestCoreLeaseCheckedAgainAfterDeadRowLookup(t *testing.T) {
 		x.ReadTimeout = 10 * time.Second // the lookup's bound: longer than the test holds it
 		cfg = *x
 	})
-	store := &blockingPrev{Store: c.store, entered: make(chan struct{}, 1), proceed: make(chan struct{})}
+	store := &blockingPrev{Store: c.store.ForNode(cfg.Node), entered: make(chan struct{}, 1), proceed: make(chan struct{})}
 	r, err := relay.New(cfg, store, c.pub, c.own)
 	if err != nil {
 		t.Fatal(err)

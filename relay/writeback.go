@@ -120,7 +120,7 @@ func (r *Relay) markConfirmed(ctx context.Context, confirmed []settlement) error
 		rows[i] = Settled{ID: s.f.msg.ID, Partition: s.f.msg.Partition, Epoch: s.f.msg.Epoch}
 	}
 	began := time.Now()
-	marked, err := r.store.MarkPublished(ctx, r.cfg.Node, rows)
+	marked, err := r.store.MarkPublished(ctx, rows)
 	took := time.Since(began)
 	if err != nil {
 		return err
@@ -172,7 +172,7 @@ func (r *Relay) recordFailures(ctx context.Context, failed []settlement) error {
 		delays[i] = backoff.Attempt(s.f.attempts, r.cfg.RetryMin, r.cfg.RetryMax)
 		rows[i] = Settled{ID: s.f.msg.ID, Partition: s.f.msg.Partition, Epoch: s.f.msg.Epoch, Err: s.res.Err.Error(), Delay: delays[i]}
 	}
-	parked, err := r.store.RecordFailures(ctx, r.cfg.Node, rows, r.cfg.MaxAttempts)
+	parked, err := r.store.RecordFailures(ctx, rows, r.cfg.MaxAttempts)
 	if err != nil {
 		return err
 	}
