@@ -34,11 +34,11 @@ func TestCoreNothingSentAfterLapseAndClaim(t *testing.T) {
 	const keys = 8
 	c.insert(keys, 3)
 	c.start()
-	waitFor(t, "every key's first message held", func() bool { now, _ := c.pub.Held(); return now == keys })
+	testkit.WaitFor(t, waitTimeout, "every key's first message held", func() bool { now, _ := c.pub.Held(); return now == keys })
 	c.own.Expire()
 	c.table.Steal("n2", 0, 1, 2, 3)
 	c.pub.Release(-1, relay.Result{Outcome: relay.Confirmed})
-	waitFor(t, "every key's next message refused for its lease, three times over, or sent", func() bool {
+	testkit.WaitFor(t, waitTimeout, "every key's next message refused for its lease, three times over, or sent", func() bool {
 		return c.r.Stats().LeaseSkipped >= 3*keys || len(c.pub.Sent()) > keys
 	})
 	if sent := c.pub.Sent(); len(sent) != keys {
@@ -98,7 +98,7 @@ func TestCoreLeaseCheckedAgainAfterDeadRowLookup(t *testing.T) {
 	c.own.Expire()
 	c.table.Steal("n2", 0)
 	close(store.proceed)
-	waitFor(t, "the row refused for its lease, or sent", func() bool {
+	testkit.WaitFor(t, waitTimeout, "the row refused for its lease, or sent", func() bool {
 		return c.r.Stats().LeaseSkipped > 0 || len(c.pub.Sent()) > 0
 	})
 	if sent := c.pub.Sent(); len(sent) != 0 {
