@@ -31,6 +31,7 @@ type core struct {
 	store *relaytest.Store
 	pub   *relaytest.Publisher
 	r     *relay.Relay
+	cfg   relay.Config // r's
 	logs  *syncBuffer
 	// perKeyLimit, when above 1, is the per-key limit start runs the relay
 	// with (internal/relayhook); tests set it to show what breaks.
@@ -77,12 +78,20 @@ func newCore(t *testing.T, ttl time.Duration, edit func(*relay.Config)) *core {
 	if edit != nil {
 		edit(&cfg)
 	}
-	r, err := relay.New(cfg, c.store.ForNode(cfg.Node), c.pub, c.own)
+	c.cfg = cfg
+	c.withStore(c.store.ForNode(cfg.Node))
+	return c
+}
+
+// withStore replaces c's relay (not started yet) with one on store, a
+// wrapper of c.store.ForNode(c.cfg.Node).
+func (c *core) withStore(store relay.Store) {
+	c.t.Helper()
+	r, err := relay.New(c.cfg, store, c.pub, c.own)
 	if err != nil {
-		t.Fatal(err)
+		c.t.Fatal(err)
 	}
 	c.r = r
-	return c
 }
 
 // start runs the relay until the test ends.

@@ -75,17 +75,11 @@ func (b *blockingPrev) PrevKeySeq(ctx context.Context, key string, keySeq int64)
 // The lease lapses and is claimed elsewhere during that lookup: the row is
 // not sent ("a check followed by a wait is not a check").
 func TestCoreLeaseCheckedAgainAfterDeadRowLookup(t *testing.T) {
-	var cfg relay.Config
 	c := newCore(t, time.Hour, func(x *relay.Config) {
 		x.ReadTimeout = 10 * time.Second // the lookup's bound: longer than the test holds it
-		cfg = *x
 	})
-	store := &blockingPrev{Store: c.store.ForNode(cfg.Node), entered: make(chan struct{}, 1), proceed: make(chan struct{})}
-	r, err := relay.New(cfg, store, c.pub, c.own)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.r = r
+	store := &blockingPrev{Store: c.store.ForNode(c.cfg.Node), entered: make(chan struct{}, 1), proceed: make(chan struct{})}
+	c.withStore(store)
 	ids := c.store.Insert(0, "k", "k", "k")
 	c.store.Update(ids[0], func(r *relaytest.StoredRow) { r.Processed = true })
 	c.store.Update(ids[1], func(r *relaytest.StoredRow) { r.Processed, r.Dead = true, true })

@@ -64,18 +64,12 @@ func TestCoreStaleReadDoesNotUndoWrites(t *testing.T) {
 			func(row relaytest.StoredRow, st relay.Stats) bool { return row.Processed && st.Marked == 1 }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			var cfg relay.Config
 			co := newCore(t, time.Hour, func(x *relay.Config) {
 				x.RetryMin, x.RetryMax = time.Hour, time.Hour
 				x.ReadTimeout = 10 * time.Second // longer than the test holds a read
-				cfg = *x
 			})
-			store := &staleReads{Store: co.store.ForNode(cfg.Node), held: make(chan struct{}, 1), release: make(chan struct{})}
-			r, err := relay.New(cfg, store, co.pub, co.own)
-			if err != nil {
-				t.Fatal(err)
-			}
-			co.r = r
+			store := &staleReads{Store: co.store.ForNode(co.cfg.Node), held: make(chan struct{}, 1), release: make(chan struct{})}
+			co.withStore(store)
 			co.pub.Hold(true)
 			id := co.store.Insert(0, "k")[0]
 			co.start()
