@@ -177,7 +177,7 @@ func TestAdminHTTPActions(t *testing.T) {
 
 	cli = exec.Command(e.bin, "-postgres-url", e.dbURL, "-name", e.name, "-shards", strconv.Itoa(testShards),
 		"-partitions", strconv.Itoa(testPartitions), "audit")
-	if out, err := cli.CombinedOutput(); err != nil || !regexp.MustCompile(`(?m)^\S+\s+dave\s+cli\s+retry\s+poison-2\s+done$`).Match(out) {
+	if out, err := cli.CombinedOutput(); err != nil || !regexp.MustCompile(`(?m)^\S+\s+dave\s+cli\s+retry\s+default\s+poison-2\s+done$`).Match(out) {
 		t.Fatalf("shipping audit: %v\n%s", err, out)
 	}
 	last := auditTrail(t, baseB, []string{"alice resolve gap-1 done", "alice resolve gap-1 error", "bob skip poison-2 done",
