@@ -14,6 +14,7 @@ import (
 
 	"github.com/ordo-relay/ordo/inbox"
 	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/wire"
 )
 
 const testToken = "test-admin-token"
@@ -124,6 +125,14 @@ func TestAdminHTTPActions(t *testing.T) {
 		adminList(t, base+"/admin/stuck", &stuck)
 		return len(stuck) == 1 && stuck[0].Key == "gap-1" && stuck[0].Last == 0 && stuck[0].Prev == 1
 	})
+	// The key actions name the source: billing's gap-1 is not stuck, and
+	// an invalid source name is refused before anything is done.
+	if code, body := admin(t, http.MethodPost, base+"/admin/keys/gap-1/resolve?source=billing", testToken, "alice"); code != http.StatusConflict {
+		t.Fatalf("resolve billing's gap-1: %d %s, want 409 (only default's gap-1 is stuck)", code, body)
+	}
+	if code, body := admin(t, http.MethodPost, base+"/admin/keys/gap-1/resolve?source=Billing", testToken, "alice"); code != http.StatusBadRequest {
+		t.Fatalf("resolve with source Billing: %d %s, want 400", code, body)
+	}
 	if code, body := admin(t, http.MethodPost, base+"/admin/keys/gap-1/resolve", testToken, "alice"); code != http.StatusOK {
 		t.Fatalf("resolve gap-1: %d %s", code, body)
 	}
@@ -180,7 +189,7 @@ func TestAdminHTTPActions(t *testing.T) {
 	if out, err := cli.CombinedOutput(); err != nil || !regexp.MustCompile(`(?m)^\S+\s+dave\s+cli\s+retry\s+default\s+poison-2\s+done$`).Match(out) {
 		t.Fatalf("shipping audit: %v\n%s", err, out)
 	}
-	last := auditTrail(t, baseB, []string{"alice resolve gap-1 done", "alice resolve gap-1 error", "bob skip poison-2 done",
+	last := auditTrail(t, baseB, []string{"alice resolve billing/gap-1 error", "alice resolve gap-1 done", "alice resolve gap-1 error", "bob skip poison-2 done",
 		"carol retry poison-1 done", "dave retry poison-2 done"})
 	if last.RemoteAddr != "cli" {
 		t.Fatalf("the CLI's action is recorded from %q, want cli", last.RemoteAddr)
@@ -188,8 +197,9 @@ func TestAdminHTTPActions(t *testing.T) {
 }
 
 // auditTrail checks the audit, oldest first, as "operator action key
-// done|error" lines against want, and that each entry has an address; it
-// returns the newest entry.
+// done|error" lines against want (a key of a source other than default
+// as source/key), and that each entry has an address; it returns the
+// newest entry.
 func auditTrail(tb testing.TB, base string, want []string) inbox.AuditEntry {
 	tb.Helper()
 	var audit []inbox.AuditEntry
@@ -204,7 +214,11 @@ func auditTrail(tb testing.TB, base string, want []string) inbox.AuditEntry {
 		if strings.HasPrefix(res, "error: ") {
 			res = "error"
 		}
-		got = append(got, fmt.Sprintf("%s %s %s %s", x.Operator, x.Action, x.Key, res))
+		key := x.Key
+		if x.Source != wire.DefaultSource {
+			key = x.Source + "/" + key
+		}
+		got = append(got, fmt.Sprintf("%s %s %s %s", x.Operator, x.Action, key, res))
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		tb.Fatalf("audit, oldest first:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
