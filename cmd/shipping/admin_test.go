@@ -125,14 +125,7 @@ func TestAdminHTTPActions(t *testing.T) {
 		adminList(t, base+"/admin/stuck", &stuck)
 		return len(stuck) == 1 && stuck[0].Key == "gap-1" && stuck[0].Last == 0 && stuck[0].Prev == 1
 	})
-	// The key actions name the source: billing's gap-1 is not stuck, and
-	// an invalid source name is refused before anything is done.
-	if code, body := admin(t, http.MethodPost, base+"/admin/keys/gap-1/resolve?source=billing", testToken, "alice"); code != http.StatusConflict {
-		t.Fatalf("resolve billing's gap-1: %d %s, want 409 (only default's gap-1 is stuck)", code, body)
-	}
-	if code, body := admin(t, http.MethodPost, base+"/admin/keys/gap-1/resolve?source=Billing", testToken, "alice"); code != http.StatusBadRequest {
-		t.Fatalf("resolve with source Billing: %d %s, want 400", code, body)
-	}
+	resolveOtherSources(t, base, "gap-1")
 	if code, body := admin(t, http.MethodPost, base+"/admin/keys/gap-1/resolve", testToken, "alice"); code != http.StatusOK {
 		t.Fatalf("resolve gap-1: %d %s", code, body)
 	}
@@ -193,6 +186,20 @@ func TestAdminHTTPActions(t *testing.T) {
 		"carol retry poison-1 done", "dave retry poison-2 done"})
 	if last.RemoteAddr != "cli" {
 		t.Fatalf("the CLI's action is recorded from %q, want cli", last.RemoteAddr)
+	}
+}
+
+// resolveOtherSources checks that the key actions name the source: key is
+// stuck in the default source only, so resolving billing's key finds
+// nothing (recorded as refused by alice), and an invalid source name is
+// refused before anything is done (not recorded).
+func resolveOtherSources(tb testing.TB, base, key string) {
+	tb.Helper()
+	if code, body := admin(tb, http.MethodPost, base+"/admin/keys/"+key+"/resolve?source=billing", testToken, "alice"); code != http.StatusConflict {
+		tb.Fatalf("resolve billing's %s: %d %s, want 409 (only default's is stuck)", key, code, body)
+	}
+	if code, body := admin(tb, http.MethodPost, base+"/admin/keys/"+key+"/resolve?source=Billing", testToken, "alice"); code != http.StatusBadRequest {
+		tb.Fatalf("resolve with source Billing: %d %s, want 400", code, body)
 	}
 }
 
