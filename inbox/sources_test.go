@@ -170,7 +170,8 @@ func TestOperatorActionsNameTheSource(t *testing.T) {
 // TestUpgradeToSources installs the inbox schema as the release before
 // sources left it (migrations 0001-0002) with a key and a stored gap,
 // migrates, and checks that both became the source default and that a
-// message without x-ordo-source continues the key at its next key_seq.
+// message without x-ordo-source continues the key at its next key_seq;
+// then that the previous release's inserts still work and mean default.
 func TestUpgradeToSources(t *testing.T) {
 	_, pool := testkit.NewTestDB(t, 4)
 	ctx := testkit.Context(t, 30*time.Second)
@@ -223,6 +224,26 @@ func TestUpgradeToSources(t *testing.T) {
 	}
 	if audit, err := inbox.Audit(ctx, pool, "t", 10); err != nil || len(audit) != 1 || audit[0].Source != "default" || audit[0].Key != "k" {
 		t.Fatalf("audit after the upgrade: %+v, %v", audit, err)
+	}
+
+	// An instance of the previous release, still running during the
+	// rolling upgrade, writes without a source: its rows are default's.
+	for _, sql := range []string{
+		`INSERT INTO ordo_inbox_keys (consumer, correlation_id, last_seq) VALUES ('t', 'old', 1) ON CONFLICT DO NOTHING`,
+		`INSERT INTO ordo_inbox_keys (consumer, correlation_id, last_seq) VALUES ('t', 'k', 0) ON CONFLICT DO NOTHING`,
+		`INSERT INTO ordo_inbox_retention AS r (consumer, low_water) VALUES ('t', now() - interval '1 day')
+		 ON CONFLICT (consumer) DO UPDATE SET low_water = greatest(r.low_water, excluded.low_water)`,
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatalf("the previous release's %s: %v", sql, err)
+		}
+	}
+	m, err := inbox.FromDelivery(deliveryOf("old", sourceHeaders("", 2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := handle(t, s, inbox.Fence{}, m, sourceHandler); out != inbox.Handled {
+		t.Fatalf("old/2 after the previous release created old at 1: %v, want handled", out)
 	}
 }
 
