@@ -101,11 +101,9 @@ func AssignSources(members []string, sources []Source) (SourceAssignment, error)
 	if err != nil {
 		return nil, fmt.Errorf("assign sources: %w", err)
 	}
-	ms := slices.Clone(members)
-	slices.Sort(ms)
-	ms = slices.Compact(ms)
-	if len(ms) > 0 && ms[0] == "" {
-		return nil, fmt.Errorf("assign sources: %w", ErrEmptyMember)
+	ms, err := memberSet(members)
+	if err != nil {
+		return nil, fmt.Errorf("assign sources: %w", err)
 	}
 	out := make(SourceAssignment, len(srcs))
 	extras := make(map[string]int, len(ms)) // places at q_s+1 each member got so far
