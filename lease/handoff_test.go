@@ -33,7 +33,7 @@ func startRelay(t *testing.T, pool *pgxpool.Pool, own relay.Ownership, pub relay
 	cfg := relay.DefaultConfig()
 	cfg.Node = "n1"
 	cfg.PollInterval, cfg.SettleTimeout, cfg.RetentionAge, cfg.Logger = 50*time.Millisecond, 200*time.Millisecond, 0, logger
-	r, err := relay.New(cfg, pgstore.New(pool, logger), pub, own)
+	r, err := relay.New(cfg, pgstore.New(pool, cfg.Node, logger), pub, own)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -150,7 +150,7 @@ func build(cfg Config, opts Options, logger *slog.Logger, pool *pgxpool.Pool, le
 	pub := observedPublisher{Publisher: opts.hooks.publisher(b.pub), m: pm}
 	rc := cfg.relayConfig(logger)
 	rc.TracerProvider = opts.TracerProvider
-	if b.relay, err = relay.New(rc, pgstore.New(pool, logger), pub, b.leaser); err != nil {
+	if b.relay, err = relay.New(rc, pgstore.New(pool, rc.Node, logger), pub, b.leaser); err != nil {
 		return nil, b.abandon(err) // Config.Validate checked it: not expected
 	}
 	b.backlog = NewBacklog(pool, cfg.BacklogInterval, logger)

@@ -20,7 +20,7 @@ type memStore struct {
 	store *relaytest.Store
 }
 
-func (m *memStore) Store() relay.Store { return m.store }
+func (m *memStore) Store() relay.Store { return m.store.ForNode("n1") }
 func (m *memStore) Insert(_ testing.TB, partition int, keys ...string) []uuid.UUID {
 	return m.store.Insert(partition, keys...)
 }

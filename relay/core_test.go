@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/ordo-relay/ordo/internal/relayhook"
+	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/relay"
 	"github.com/ordo-relay/ordo/relay/relaytest"
 )
@@ -30,6 +31,7 @@ type core struct {
 	store *relaytest.Store
 	pub   *relaytest.Publisher
 	r     *relay.Relay
+	cfg   relay.Config // r's
 	logs  *syncBuffer
 	// perKeyLimit, when above 1, is the per-key limit start runs the relay
 	// with (internal/relayhook); tests set it to show what breaks.
@@ -76,12 +78,20 @@ func newCore(t *testing.T, ttl time.Duration, edit func(*relay.Config)) *core {
 	if edit != nil {
 		edit(&cfg)
 	}
-	r, err := relay.New(cfg, c.store, c.pub, c.own)
+	c.cfg = cfg
+	c.withStore(c.store.ForNode(cfg.Node))
+	return c
+}
+
+// withStore replaces c's relay (not started yet) with one on store, a
+// wrapper of c.store.ForNode(c.cfg.Node).
+func (c *core) withStore(store relay.Store) {
+	c.t.Helper()
+	r, err := relay.New(c.cfg, store, c.pub, c.own)
 	if err != nil {
-		t.Fatal(err)
+		c.t.Fatal(err)
 	}
 	c.r = r
-	return c
 }
 
 // start runs the relay until the test ends.
@@ -120,21 +130,12 @@ func (c *core) insert(keys, perKey int) []uuid.UUID {
 	return ids
 }
 
-// waitFor waits until cond holds, failing the test after 10 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
+// waitTimeout bounds every wait of the tests on fakes (testkit.WaitFor).
+const waitTimeout = 10 * time.Second
 
 func (c *core) waitDrained() {
 	c.t.Helper()
-	waitFor(c.t, "every row marked", func() bool { return c.store.Pending() == 0 })
+	testkit.WaitFor(c.t, waitTimeout, "every row marked", func() bool { return c.store.Pending() == 0 })
 	if err := relaytest.CheckOrder(c.pub.Delivered()); err != nil {
 		c.t.Fatal(err)
 	}
@@ -170,7 +171,7 @@ func TestCoreDeliversEveryKeyInOrder(t *testing.T) {
 			c.start()
 			c.waitDrained()
 			// The store has the marks a moment before the stats do.
-			waitFor(t, "240 marked", func() bool { return c.r.Stats().Marked == 240 })
+			testkit.WaitFor(t, waitTimeout, "240 marked", func() bool { return c.r.Stats().Marked == 240 })
 			st := c.r.Stats()
 			if outcome == relay.Unsent && st.Failed != 0 {
 				t.Fatalf("unsent publishes counted %d failed attempts, want 0", st.Failed)
@@ -202,7 +203,7 @@ func TestCorePerKeyRuleIsWhatKeepsOrder(t *testing.T) {
 			})
 			c.insert(20, 3)
 			c.start()
-			waitFor(t, "every row marked", func() bool { return c.store.Pending() == 0 })
+			testkit.WaitFor(t, waitTimeout, "every row marked", func() bool { return c.store.Pending() == 0 })
 			err := relaytest.CheckOrder(c.pub.Delivered())
 			if limit == 1 && err != nil {
 				t.Fatal(err)
@@ -220,7 +221,7 @@ func TestCorePerKeyRuleIsWhatKeepsOrder(t *testing.T) {
 func (c *core) probe(partition int, held bool) {
 	c.t.Helper()
 	id := c.store.Insert(partition, "probe-"+uuid.NewString())[0]
-	waitFor(c.t, "the probe published", func() bool {
+	testkit.WaitFor(c.t, waitTimeout, "the probe published", func() bool {
 		for _, m := range c.pub.Sent() {
 			if m.ID == id {
 				return true
@@ -238,7 +239,7 @@ func TestCoreOneUnconfirmedPerKeyAndWindow(t *testing.T) {
 	c.pub.Hold(true)
 	c.insert(3, 10) // 3 keys: at most 3 in flight
 	c.start()
-	waitFor(t, "3 held", func() bool { now, _ := c.pub.Held(); return now == 3 })
+	testkit.WaitFor(t, waitTimeout, "3 held", func() bool { now, _ := c.pub.Held(); return now == 3 })
 	c.probe(1, true)
 	if now, most := c.pub.Held(); now != 4 || most != 4 {
 		t.Fatalf("held %d (most %d), want 4: one per key", now, most)
@@ -254,7 +255,7 @@ func TestCoreOneUnconfirmedPerKeyAndWindow(t *testing.T) {
 	for k := range 50 {
 		c.store.Insert(k%coreParts, fmt.Sprintf("wide-%d", k))
 	}
-	waitFor(t, "window full", func() bool { now, _ := c.pub.Held(); return now == 7 })
+	testkit.WaitFor(t, waitTimeout, "window full", func() bool { now, _ := c.pub.Held(); return now == 7 })
 	for range 20 {
 		c.pub.Release(-1, relay.Result{Outcome: relay.Confirmed})
 		if _, most := c.pub.Held(); most > 7 {
@@ -276,7 +277,7 @@ func TestCoreConfirmsOutOfOrderKeepKeyOrder(t *testing.T) {
 	c.insert(30, 4)
 	c.start()
 	for c.store.Pending() > 0 {
-		waitFor(t, "held", func() bool { now, _ := c.pub.Held(); return now > 0 || c.store.Pending() == 0 })
+		testkit.WaitFor(t, waitTimeout, "held", func() bool { now, _ := c.pub.Held(); return now > 0 || c.store.Pending() == 0 })
 		c.pub.ReleaseReversed(relay.Result{Outcome: relay.Confirmed})
 	}
 	c.waitDrained()
@@ -293,8 +294,8 @@ func TestCoreParksAfterMaxAttemptsAndOnlyItsKeyWaits(t *testing.T) {
 	poison := c.store.Insert(1, "poison", "poison")
 	others := c.insert(12, 3)
 	c.start()
-	waitFor(t, "poison parked", func() bool { r, _ := c.store.Get(poison[0]); return r.Parked })
-	waitFor(t, "other keys marked", func() bool {
+	testkit.WaitFor(t, waitTimeout, "poison parked", func() bool { r, _ := c.store.Get(poison[0]); return r.Parked })
+	testkit.WaitFor(t, waitTimeout, "other keys marked", func() bool {
 		for _, id := range others {
 			if r, _ := c.store.Get(id); !r.Processed {
 				return false
@@ -323,9 +324,9 @@ func TestCoreUnsentIsRetriedWithoutAnAttempt(t *testing.T) {
 	c.pub.Hold(true)
 	ids := c.insert(5, 1)
 	c.start()
-	waitFor(t, "5 held", func() bool { now, _ := c.pub.Held(); return now == 5 })
+	testkit.WaitFor(t, waitTimeout, "5 held", func() bool { now, _ := c.pub.Held(); return now == 5 })
 	c.pub.Close(false)
-	waitFor(t, "republished", func() bool { now, _ := c.pub.Held(); return now == 5 })
+	testkit.WaitFor(t, waitTimeout, "republished", func() bool { now, _ := c.pub.Held(); return now == 5 })
 	c.pub.Hold(false)
 	c.pub.Release(-1, relay.Result{Outcome: relay.Confirmed})
 	c.waitDrained()
@@ -360,10 +361,10 @@ func TestCoreMarkRefusedAtStaleEpoch(t *testing.T) {
 	c.pub.Hold(true)
 	ids := c.store.Insert(2, "k")
 	c.start()
-	waitFor(t, "held", func() bool { now, _ := c.pub.Held(); return now == 1 })
+	testkit.WaitFor(t, waitTimeout, "held", func() bool { now, _ := c.pub.Held(); return now == 1 })
 	c.table.Steal("n2", 2)
 	c.pub.Release(-1, relay.Result{Outcome: relay.Confirmed})
-	waitFor(t, "mark refused", func() bool { return c.r.Stats().Refused == 1 })
+	testkit.WaitFor(t, waitTimeout, "mark refused", func() bool { return c.r.Stats().Refused == 1 })
 	if r, _ := c.store.Get(ids[0]); r.Processed {
 		t.Fatal("a mark at a stale epoch was accepted")
 	}
@@ -377,9 +378,9 @@ func TestCoreHandoffWaitsForFlights(t *testing.T) {
 	c.pub.Hold(true)
 	ids := c.store.Insert(3, "a", "b")
 	c.start()
-	waitFor(t, "2 held", func() bool { now, _ := c.pub.Held(); return now == 2 })
+	testkit.WaitFor(t, waitTimeout, "2 held", func() bool { now, _ := c.pub.Held(); return now == 2 })
 	acked := c.own.Revoke(3)
-	waitFor(t, "revoke applied", func() bool { return c.r.Stats().Revoked == 1 })
+	testkit.WaitFor(t, waitTimeout, "revoke applied", func() bool { return c.r.Stats().Revoked == 1 })
 	c.store.Insert(3, "a", "c")
 	c.probe(0, true)
 	if len(c.pub.Sent()) != 3 {
@@ -414,11 +415,11 @@ func TestCoreHandoffAcksFailuresAndUnsent(t *testing.T) {
 	nacked := c.store.Insert(1, "n")
 	c.store.Insert(2, "u")
 	c.start()
-	waitFor(t, "2 held", func() bool { now, _ := c.pub.Held(); return now == 2 })
+	testkit.WaitFor(t, waitTimeout, "2 held", func() bool { now, _ := c.pub.Held(); return now == 2 })
 	idle := c.own.Revoke(0)
 	waitClosed(t, "revoke of an idle partition acknowledged", idle)
 	one, two := c.own.Revoke(1), c.own.Revoke(2)
-	waitFor(t, "revokes applied", func() bool { return c.r.Stats().Revoked == 3 })
+	testkit.WaitFor(t, waitTimeout, "revokes applied", func() bool { return c.r.Stats().Revoked == 3 })
 	for _, m := range c.pub.HeldMessages() {
 		res := relay.Result{Outcome: relay.Unsent}
 		if m.ID == nacked[0] {
@@ -451,7 +452,7 @@ func TestCorePrevKeySeqStepsOverDeadRows(t *testing.T) {
 		c.store.Update(id, func(r *relaytest.StoredRow) { r.Processed, r.Dead = true, true })
 	}
 	c.start()
-	waitFor(t, "marked", func() bool { return c.store.Pending() == 0 })
+	testkit.WaitFor(t, waitTimeout, "marked", func() bool { return c.store.Pending() == 0 })
 	d := c.pub.Delivered()
 	if len(d) != 1 || d[0].KeySeq != 4 || d[0].PrevKeySeq != 1 {
 		t.Fatalf("delivered %+v, want key_seq 4 with prev 1", d)
@@ -464,8 +465,8 @@ func TestCoreUnpublishableRowIsParked(t *testing.T) {
 	c.store.Update(ids[0], func(r *relaytest.StoredRow) { r.Headers = []byte(`{"x": {"nested": 1}}`) })
 	good := c.store.Insert(1, "good")
 	c.start()
-	waitFor(t, "bad row parked", func() bool { r, _ := c.store.Get(ids[0]); return r.Parked })
-	waitFor(t, "good row marked", func() bool { r, _ := c.store.Get(good[0]); return r.Processed })
+	testkit.WaitFor(t, waitTimeout, "bad row parked", func() bool { r, _ := c.store.Get(ids[0]); return r.Parked })
+	testkit.WaitFor(t, waitTimeout, "good row marked", func() bool { r, _ := c.store.Get(good[0]); return r.Processed })
 	if r, _ := c.store.Get(ids[0]); !strings.Contains(r.LastError, "unpublishable") {
 		t.Fatalf("last error %q", r.LastError)
 	}
@@ -507,11 +508,11 @@ func TestCoreLeaseLostDuringReadIsCounted(t *testing.T) {
 	c.start()
 	time.Sleep(20 * time.Millisecond) // inside the first read
 	c.table.Grant("n2", 0)
-	waitFor(t, "lease skips counted", func() bool { return c.r.Stats().LeaseSkipped == 3 })
+	testkit.WaitFor(t, waitTimeout, "lease skips counted", func() bool { return c.r.Stats().LeaseSkipped == 3 })
 	if n := len(c.pub.Sent()); n != 0 {
 		t.Fatalf("%d rows published after their lease changed hands", n)
 	}
-	waitFor(t, "lease skip logged", func() bool { return strings.Contains(c.logs.String(), "lease lapsed or changed hands") })
+	testkit.WaitFor(t, waitTimeout, "lease skip logged", func() bool { return strings.Contains(c.logs.String(), "lease lapsed or changed hands") })
 }
 
 // TestCoreStallIsLoud: reads that keep failing (a plan too slow for the
@@ -522,7 +523,7 @@ func TestCoreStallIsLoud(t *testing.T) {
 	c.store.SetReadDelay(time.Second)
 	c.insert(3, 1)
 	c.start()
-	waitFor(t, "stall logged", func() bool { return strings.Contains(c.logs.String(), "outbox publishing unavailable") })
+	testkit.WaitFor(t, waitTimeout, "stall logged", func() bool { return strings.Contains(c.logs.String(), "outbox publishing unavailable") })
 	if st := c.r.Stats(); st.StalledSeconds < 2 || st.Published != 0 {
 		t.Fatalf("stalled %.1fs (want >= 2) with %d published", st.StalledSeconds, st.Published)
 	}
@@ -531,7 +532,7 @@ func TestCoreStallIsLoud(t *testing.T) {
 	}
 	c.store.SetReadDelay(0)
 	c.waitDrained()
-	waitFor(t, "recovery logged", func() bool { return strings.Contains(c.logs.String(), "outbox publishing available again") })
+	testkit.WaitFor(t, waitTimeout, "recovery logged", func() bool { return strings.Contains(c.logs.String(), "outbox publishing available again") })
 	if st := c.r.Stats(); st.StalledSeconds != 0 {
 		t.Fatalf("still stalled %.1fs after draining", st.StalledSeconds)
 	}
@@ -545,17 +546,17 @@ func TestCoreLapsedLeaseIsAStall(t *testing.T) {
 	c.pub.Hold(true)
 	c.store.Insert(2, "a", "a", "b", "b")
 	c.start()
-	waitFor(t, "2 held", func() bool { now, _ := c.pub.Held(); return now == 2 })
+	testkit.WaitFor(t, waitTimeout, "2 held", func() bool { now, _ := c.pub.Held(); return now == 2 })
 	c.own.Expire()
 	c.pub.Release(-1, relay.Result{Outcome: relay.Confirmed})
-	waitFor(t, "stall logged", func() bool { return strings.Contains(c.logs.String(), "outbox publishing unavailable") })
+	testkit.WaitFor(t, waitTimeout, "stall logged", func() bool { return strings.Contains(c.logs.String(), "outbox publishing unavailable") })
 	if st := c.r.Stats(); st.LeaseSkipped == 0 || st.IdleReads == 0 || st.StalledSeconds < 2 {
 		t.Fatalf("stats during the stall: %+v", st)
 	}
 	c.pub.Hold(false)
 	c.own.Renew()
 	c.waitDrained()
-	waitFor(t, "recovery logged", func() bool { return strings.Contains(c.logs.String(), "outbox publishing available again") })
+	testkit.WaitFor(t, waitTimeout, "recovery logged", func() bool { return strings.Contains(c.logs.String(), "outbox publishing available again") })
 }
 
 // TestCoreBlockedPublisherStopsCleanly: a publish blocked by the broker

@@ -3,6 +3,8 @@ package relay_test
 import (
 	"testing"
 	"time"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
 )
 
 // TestCoreLeaseLapsesDuringPublish: a publish that waits for the broker
@@ -15,7 +17,7 @@ func TestCoreLeaseLapsesDuringPublish(t *testing.T) {
 	ids := c.store.Insert(1, "k", "k")
 	c.pub.Block() // every publish waits, as for a broker answering late
 	c.start()
-	waitFor(t, "the publish to give up at the lease deadline", func() bool { return c.r.Stats().LeaseSkipped > 0 })
+	testkit.WaitFor(t, waitTimeout, "the publish to give up at the lease deadline", func() bool { return c.r.Stats().LeaseSkipped > 0 })
 	if sent := c.pub.Sent(); len(sent) != 0 {
 		t.Fatalf("%d messages sent past the lease deadline", len(sent))
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/relay"
 )
 
@@ -25,7 +26,7 @@ func TestCoreSynchronousUnsentWaits(t *testing.T) {
 	})
 	ids := c.store.Insert(1, "k")
 	c.start()
-	waitFor(t, "the row published twice", func() bool { return len(c.pub.Sent()) >= 2 })
+	testkit.WaitFor(t, waitTimeout, "the row published twice", func() bool { return len(c.pub.Sent()) >= 2 })
 	before := len(c.pub.Sent())
 	time.Sleep(500 * time.Millisecond) // the window publishes are counted over
 	n := len(c.pub.Sent()) - before
@@ -53,6 +54,6 @@ func TestCoreRunStopsWhileDispatching(t *testing.T) {
 	})
 	c.store.Insert(1, "k")
 	c.start()
-	waitFor(t, "publishes refused", func() bool { return refused.Load() >= 100 })
+	testkit.WaitFor(t, waitTimeout, "publishes refused", func() bool { return refused.Load() >= 100 })
 	c.stop() // fails the test if Run does not return within 10 s
 }

@@ -113,12 +113,12 @@ type failingMarks struct {
 	attempted atomic.Int64
 }
 
-func (f *failingMarks) MarkPublished(ctx context.Context, node string, rows []relay.Settled) ([]uuid.UUID, error) {
+func (f *failingMarks) MarkPublished(ctx context.Context, rows []relay.Settled) ([]uuid.UUID, error) {
 	if f.armed.Load() {
 		f.attempted.Add(int64(len(rows)))
 		return nil, errors.New("injected: node died before marking")
 	}
-	return f.Store.MarkPublished(ctx, node, rows)
+	return f.Store.MarkPublished(ctx, rows)
 }
 
 // TestCrashBetweenConfirmAndMark: rows confirmed but never marked are
@@ -287,14 +287,14 @@ type stealBeforeMark struct {
 	stole atomic.Bool
 }
 
-func (s *stealBeforeMark) MarkPublished(ctx context.Context, node string, rows []relay.Settled) ([]uuid.UUID, error) {
+func (s *stealBeforeMark) MarkPublished(ctx context.Context, rows []relay.Settled) ([]uuid.UUID, error) {
 	if s.stole.CompareAndSwap(false, true) {
 		if _, err := s.pool.Exec(ctx, `UPDATE ordo_leases SET owner = 'thief', epoch = epoch + 1,
 			expires_at = clock_timestamp() + interval '1 hour'`); err != nil {
 			return nil, err
 		}
 	}
-	return s.Store.MarkPublished(ctx, node, rows)
+	return s.Store.MarkPublished(ctx, rows)
 }
 
 // TestStaleEpochMarkRefused: a mark under an epoch that is no longer

@@ -3,6 +3,7 @@ package relay_test
 import (
 	"testing"
 
+	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/relay"
 )
 
@@ -36,9 +37,9 @@ func TestCoreHandoffFlapWaitsForEveryFlight(t *testing.T) {
 			c.pub.Hold(true)
 			ids := c.store.Insert(3, "a", "b")
 			c.start()
-			waitFor(t, "2 held", func() bool { now, _ := c.pub.Held(); return now == 2 })
+			testkit.WaitFor(t, waitTimeout, "2 held", func() bool { now, _ := c.pub.Held(); return now == 2 })
 			first := c.own.Revoke(3)
-			waitFor(t, "first revoke applied", func() bool { return c.r.Stats().Revoked == 1 })
+			testkit.WaitFor(t, waitTimeout, "first revoke applied", func() bool { return c.r.Stats().Revoked == 1 })
 			tc.again(c)
 			second := c.own.Revoke(3)
 			// Events are applied in order: once the idle partition's revoke

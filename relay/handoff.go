@@ -17,10 +17,10 @@ import "context"
 // its release, or it is lost and claimed again), and revoked again. So the
 // count that Done waits for is kept per partition, not per partState: the
 // flights of every state of the partition, old and new
-// (Relay.flightsOf). Each flight that ends (marked, recorded failed, or
+// (flightBook.perPart). Each flight that ends (marked, recorded failed, or
 // unsent) counts it down, and the last one calls every Done waiting on the
-// partition (Relay.revoked). With nothing of the partition in flight,
-// Done is called at once.
+// partition (flightBook.waitFor, flightBook.move). With nothing of the
+// partition in flight, Done is called at once.
 
 // handoffLoop applies the Ownership's events until ctx ends.
 func (r *Relay) handoffLoop(ctx context.Context) {
@@ -53,14 +53,8 @@ func (r *Relay) apply(ev Event) {
 			r.dropPartLocked(ps)
 			r.stats.Revoked++
 		}
-		switch {
-		case ev.Done == nil:
-		case r.flightsOf[p] == 0:
+		if ev.Done != nil && r.flights.waitFor(p, ev.Done) {
 			done = ev.Done
-		default:
-			// Flights of p may belong to this state or to one it replaced
-			// (revoked, then taken up again): Done waits for them all.
-			r.revoked[p] = append(r.revoked[p], ev.Done)
 		}
 	}
 	r.mu.Unlock()
@@ -68,36 +62,4 @@ func (r *Relay) apply(ev Event) {
 		done()
 	}
 	signal(r.wakeRead)
-}
-
-// startFlightLocked registers f as published.
-func (r *Relay) startFlightLocked(f *flight) {
-	r.flights[f.msg.ID] = f
-	f.key.flights++
-	r.flightsOf[f.msg.Partition]++
-}
-
-// endFlightLocked forgets f, which was marked, recorded failed, or not
-// sent after all. If f was the last flight of its partition, it returns
-// a function calling the Revoked.Done of every revoke waiting for the
-// partition (call it after unlocking), else nil.
-func (r *Relay) endFlightLocked(f *flight) (done func()) {
-	delete(r.flights, f.msg.ID)
-	r.bytes -= f.size
-	f.key.flights--
-	p := f.msg.Partition
-	if r.flightsOf[p]--; r.flightsOf[p] > 0 {
-		return nil
-	}
-	delete(r.flightsOf, p)
-	dones := r.revoked[p]
-	delete(r.revoked, p)
-	if len(dones) == 0 {
-		return nil
-	}
-	return func() {
-		for _, d := range dones {
-			d()
-		}
-	}
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -180,7 +179,7 @@ func (h *harness) startNode(o nodeOpts) *node {
 		o.amqpURL = testkit.AMQPURL()
 	}
 	if o.logger == nil {
-		o.logger = testLogger(h.t).With("node", o.name)
+		o.logger = testkit.Logger(h.t, slog.LevelWarn).With("node", o.name)
 	}
 	pool := h.pool
 	if o.dbURL != "" {
@@ -219,7 +218,7 @@ func (h *harness) startNode(o nodeOpts) *node {
 	if o.wrapPub != nil {
 		pub = o.wrapPub(pub)
 	}
-	var store relay.Store = pgstore.New(pool, o.logger)
+	var store relay.Store = pgstore.New(pool, o.name, o.logger)
 	if o.wrapStore != nil {
 		store = o.wrapStore(store)
 	}
@@ -281,23 +280,6 @@ func (n *node) stop() {
 // leaser releases the leases, so the next owner claims them at once. A
 // crash that leaves them to expire is crashNode in crash_test.go.
 func (n *node) crash() { n.stop() }
-
-func testLogger(t *testing.T) *slog.Logger {
-	level := slog.LevelWarn
-	if os.Getenv("ORDO_TEST_DEBUG") != "" {
-		level = slog.LevelDebug
-	}
-	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: level}))
-}
-
-type tWriter struct{ t *testing.T }
-
-func (w tWriter) Write(b []byte) (int, error) {
-	w.t.Helper()
-	defer func() { _ = recover() }() // a late log line after the test ended
-	w.t.Log(string(b))
-	return len(b), nil
-}
 
 // faultyPublisher makes about rate of first attempts fail: half are not
 // sent at all and reported as nacked, half are sent with a routing key
@@ -368,8 +350,8 @@ type countingStore struct {
 	biggest int64
 }
 
-func (c *countingStore) DeleteProcessed(ctx context.Context, node string, partition int, epoch int64, olderThan time.Duration, limit int) (int64, error) {
-	n, err := c.Store.DeleteProcessed(ctx, node, partition, epoch, olderThan, limit)
+func (c *countingStore) DeleteProcessed(ctx context.Context, partition int, epoch int64, olderThan time.Duration, limit int) (int64, error) {
+	n, err := c.Store.DeleteProcessed(ctx, partition, epoch, olderThan, limit)
 	c.mu.Lock()
 	c.n++
 	c.biggest = max(c.biggest, n)

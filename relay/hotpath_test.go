@@ -49,9 +49,11 @@ func BenchmarkBatchBuilding(b *testing.B) {
 			b.Fatalf("%d flights, want %d", n, len(rows))
 		}
 		r.mu.Lock()
-		clear(r.flights)
+		clear(r.flights.byID)
+		clear(r.flights.perPart)
+		r.flights.n = flightCounts{}
 		clear(r.parts)
-		r.queue, r.bytes = nil, 0
+		r.settled, r.bytes = nil, 0
 		r.mu.Unlock()
 	}
 }

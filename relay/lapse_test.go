@@ -34,11 +34,11 @@ func TestCoreNothingSentAfterLapseAndClaim(t *testing.T) {
 	const keys = 8
 	c.insert(keys, 3)
 	c.start()
-	waitFor(t, "every key's first message held", func() bool { now, _ := c.pub.Held(); return now == keys })
+	testkit.WaitFor(t, waitTimeout, "every key's first message held", func() bool { now, _ := c.pub.Held(); return now == keys })
 	c.own.Expire()
 	c.table.Steal("n2", 0, 1, 2, 3)
 	c.pub.Release(-1, relay.Result{Outcome: relay.Confirmed})
-	waitFor(t, "every key's next message refused for its lease, three times over, or sent", func() bool {
+	testkit.WaitFor(t, waitTimeout, "every key's next message refused for its lease, three times over, or sent", func() bool {
 		return c.r.Stats().LeaseSkipped >= 3*keys || len(c.pub.Sent()) > keys
 	})
 	if sent := c.pub.Sent(); len(sent) != keys {
@@ -75,17 +75,11 @@ func (b *blockingPrev) PrevKeySeq(ctx context.Context, key string, keySeq int64)
 // The lease lapses and is claimed elsewhere during that lookup: the row is
 // not sent ("a check followed by a wait is not a check").
 func TestCoreLeaseCheckedAgainAfterDeadRowLookup(t *testing.T) {
-	var cfg relay.Config
 	c := newCore(t, time.Hour, func(x *relay.Config) {
 		x.ReadTimeout = 10 * time.Second // the lookup's bound: longer than the test holds it
-		cfg = *x
 	})
-	store := &blockingPrev{Store: c.store, entered: make(chan struct{}, 1), proceed: make(chan struct{})}
-	r, err := relay.New(cfg, store, c.pub, c.own)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.r = r
+	store := &blockingPrev{Store: c.store.ForNode(c.cfg.Node), entered: make(chan struct{}, 1), proceed: make(chan struct{})}
+	c.withStore(store)
 	ids := c.store.Insert(0, "k", "k", "k")
 	c.store.Update(ids[0], func(r *relaytest.StoredRow) { r.Processed = true })
 	c.store.Update(ids[1], func(r *relaytest.StoredRow) { r.Processed, r.Dead = true, true })
@@ -98,7 +92,7 @@ func TestCoreLeaseCheckedAgainAfterDeadRowLookup(t *testing.T) {
 	c.own.Expire()
 	c.table.Steal("n2", 0)
 	close(store.proceed)
-	waitFor(t, "the row refused for its lease, or sent", func() bool {
+	testkit.WaitFor(t, waitTimeout, "the row refused for its lease, or sent", func() bool {
 		return c.r.Stats().LeaseSkipped > 0 || len(c.pub.Sent()) > 0
 	})
 	if sent := c.pub.Sent(); len(sent) != 0 {

@@ -1,15 +1,12 @@
 package relay
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
@@ -24,8 +21,9 @@ import (
 // time, into per-key queues in memory (bounded by ReadAheadBytes), and
 // publishes a key's next row the moment the previous one is confirmed,
 // without waiting for the mark or for another read. Marks and failure
-// records are written in batches by a separate loop. See read.go for how
-// reads find rows committed late, and memory.go for the per-key rule.
+// records are written in batches by a separate loop. state.go says which
+// piece of state has which owner; pass.go how reads find rows committed
+// late, keyrule.go the per-key rule, flight.go a message's lifecycle.
 type Relay struct {
 	cfg   Config
 	store Store
@@ -43,20 +41,14 @@ type Relay struct {
 	wakeMark chan struct{} // coalesced: settlements are queued
 
 	mu             sync.Mutex
-	parts          map[int]*partState    // held partitions, as last synced with the leases
-	flights        map[uuid.UUID]*flight // published and not yet marked or recorded failed
-	unconfirmed    int                   // flights not yet settled by the publisher
-	ready          []*keyState           // keys whose head may be publishable
-	blocked        map[*keyState]bool    // keys whose head backs off until a time
-	leaseWait      map[*keyState]bool    // keys whose partition's lease was not valid when they were due
-	bytes          int64                 // queued rows and flights, for ReadAheadBytes
-	queue          []settlement          // confirmed or failed, not yet written
-	marked         map[uuid.UUID]bool    // marked since the current read began
-	markedKeys     map[string]int64      // highest key_seq marked per key since the current read began
-	flightsOf      map[int]int           // flights per partition, whichever partState published them (handoff.go)
-	revoked        map[int][]func()      // Revoked.Done calls waiting for their partition's flights to end
-	writes         uint64                // failure records written so far
-	readFrom       uint64                // writes when the current read began
+	parts          map[int]*partState // held partitions, as last synced with the leases
+	flights        flightBook         // published and not yet marked or recorded failed (flight.go)
+	gen            readGen            // what reads may overwrite (readgen.go)
+	ready          []*keyState        // keys whose head may be publishable
+	backingOff     map[*keyState]bool // keys whose head backs off until a time
+	leaseWait      map[*keyState]bool // keys whose partition's lease was not valid when they were due
+	bytes          int64              // queued rows and flights, for ReadAheadBytes
+	settled        []settlement       // confirmed or failed, not yet written (writeback.go)
 	lastPublish    time.Time
 	lastStallCheck time.Time
 	lastNew        time.Time // when a read last found new rows or a commit was notified
@@ -124,13 +116,10 @@ func New(cfg Config, store Store, pub Publisher, own Ownership) (*Relay, error) 
 		wakeRead:   make(chan struct{}, 1),
 		wakeMark:   make(chan struct{}, 1),
 		parts:      map[int]*partState{},
-		flights:    map[uuid.UUID]*flight{},
-		blocked:    map[*keyState]bool{},
+		flights:    newFlightBook(),
+		gen:        newReadGen(),
+		backingOff: map[*keyState]bool{},
 		leaseWait:  map[*keyState]bool{},
-		marked:     map[uuid.UUID]bool{},
-		markedKeys: map[string]int64{},
-		flightsOf:  map[int]int{},
-		revoked:    map[int][]func(){},
 		progress:   newProgress(cfg.Logger),
 	}, nil
 }
@@ -140,7 +129,7 @@ func (r *Relay) Stats() Stats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := r.stats
-	s.InFlight, s.Unconfirmed, s.Revoking = len(r.flights), r.unconfirmed, len(r.revoked)
+	s.InFlight, s.Unconfirmed, s.Revoking = r.flights.live(), r.flights.unconfirmed(), r.flights.revoking()
 	for _, ps := range r.parts {
 		s.ReadAhead += len(ps.queued)
 	}
@@ -201,7 +190,7 @@ func (r *Relay) settleBeforeStop() {
 	deadline := time.Now().Add(r.cfg.SettleTimeout)
 	for {
 		r.mu.Lock()
-		n := r.unconfirmed
+		n := r.flights.unconfirmed()
 		r.mu.Unlock()
 		if n == 0 {
 			return
@@ -212,34 +201,4 @@ func (r *Relay) settleBeforeStop() {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-}
-
-// decodeHeaders turns the row's JSON headers into AMQP table values:
-// integers become int64, other numbers float64.
-func decodeHeaders(raw []byte) (map[string]any, error) {
-	if len(raw) == 0 || bytes.Equal(raw, []byte("{}")) {
-		return nil, nil
-	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	var m map[string]any
-	if err := dec.Decode(&m); err != nil {
-		return nil, err
-	}
-	for k, v := range m {
-		switch v := v.(type) {
-		case json.Number:
-			if i, err := v.Int64(); err == nil {
-				m[k] = i
-			} else if f, err := v.Float64(); err == nil {
-				m[k] = f
-			} else {
-				return nil, fmt.Errorf("header %q: %w", k, err)
-			}
-		case string, bool:
-		default:
-			return nil, fmt.Errorf("header %q: value of type %T is not allowed", k, v)
-		}
-	}
-	return m, nil
 }

@@ -50,7 +50,7 @@ func (r *Relay) retentionOnce(ctx context.Context) error {
 			continue
 		}
 		for ctx.Err() == nil && lease.Valid(time.Now()) {
-			n, err := r.store.DeleteProcessed(ctx, r.cfg.Node, p, lease.Epoch, r.cfg.RetentionAge, r.cfg.RetentionChunk)
+			n, err := r.store.DeleteProcessed(ctx, p, lease.Epoch, r.cfg.RetentionAge, r.cfg.RetentionChunk)
 			if err != nil {
 				return err
 			}

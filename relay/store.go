@@ -51,11 +51,23 @@ type Settled struct {
 	Delay     time.Duration // wait before the next attempt, for RecordFailures
 }
 
-// Store is the relay's view of the outbox. Every write checks, in its own
-// transaction, that node still holds each row's partition at the epoch the
-// row was published under (docs/design.md, invariant 3). Implementations are safe
-// for concurrent use.
+// Store is the relay's view of the outbox, in three concerns: the hot
+// path (Outbox), Retention, and Notifications. A Store is bound to one
+// node at construction, the lease owner every write is checked against;
+// it must be the relay's Config.Node. Implementations are safe for
+// concurrent use. relaytest.StoreSuite states the contract as tests.
 type Store interface {
+	Outbox
+	Retention
+	Notifications
+}
+
+// Outbox is the relay's hot path: reading pending rows, writing what
+// became of the published ones, and the dead-row lookup a publish may
+// need. Every write checks, in its own transaction, that the Store's node
+// still holds each row's partition at the epoch the row was published
+// under (docs/design.md, invariant 3).
+type Outbox interface {
 	// ReadPending returns, for each cursor, up to limit pending rows of its
 	// partition whose seq is above After, in seq order: every pending row,
 	// parked and backing-off ones included (they say so in Parked and
@@ -64,20 +76,30 @@ type Store interface {
 	ReadPending(ctx context.Context, cursors []Cursor, limit int) ([]Row, error)
 	// MarkPublished marks rows processed and returns the ids it marked.
 	// Rows whose lease is no longer held at their epoch are left pending.
-	MarkPublished(ctx context.Context, node string, rows []Settled) ([]uuid.UUID, error)
+	MarkPublished(ctx context.Context, rows []Settled) ([]uuid.UUID, error)
 	// RecordFailures adds one attempt, the error text and the time of the
 	// next attempt (now + Delay) to each row whose lease is still held, and
 	// parks the rows that have now failed maxAttempts times. It returns the
 	// ids it parked.
-	RecordFailures(ctx context.Context, node string, rows []Settled, maxAttempts int) ([]uuid.UUID, error)
+	RecordFailures(ctx context.Context, rows []Settled, maxAttempts int) ([]uuid.UUID, error)
 	// PrevKeySeq returns the highest key_seq of key below keySeq that is
-	// not dead, or 0.
+	// not dead, or 0: x-ordo-prev-key-seq of a row whose row below is
+	// dead (Row.PrevDead), looked up right before its publish.
 	PrevKeySeq(ctx context.Context, key string, keySeq int64) (int64, error)
+}
+
+// Retention deletes what the relay no longer needs.
+type Retention interface {
 	// DeleteProcessed deletes up to limit processed, not dead, rows of
 	// partition processed more than olderThan ago (by the database's
-	// clock), if node holds the partition at epoch, and returns how many it
-	// deleted.
-	DeleteProcessed(ctx context.Context, node string, partition int, epoch int64, olderThan time.Duration, limit int) (int64, error)
+	// clock), if the Store's node holds the partition at epoch, and
+	// returns how many it deleted.
+	DeleteProcessed(ctx context.Context, partition int, epoch int64, olderThan time.Duration, limit int) (int64, error)
+}
+
+// Notifications tell the relay of commits, for the partitions it arms
+// (wake.go).
+type Notifications interface {
 	// Listen calls wake with the partition of every outbox notification
 	// until ctx ends, re-listening after every reconnect and calling wake
 	// with partition -1 (any) once after each (re)connect, so a

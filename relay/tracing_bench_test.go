@@ -50,9 +50,11 @@ func benchPublishPath(b *testing.B, cfg Config) {
 			b.Fatalf("%d flights, want %d", n, len(rows))
 		}
 		r.mu.Lock()
-		clear(r.flights)
+		clear(r.flights.byID)
+		clear(r.flights.perPart)
+		r.flights.n = flightCounts{}
 		clear(r.parts)
-		r.queue, r.bytes = nil, 0
+		r.settled, r.bytes = nil, 0
 		r.mu.Unlock()
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(rows)), "ns/msg")

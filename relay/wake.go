@@ -59,9 +59,11 @@ func (r *Relay) notified(p int) {
 	for id, ps := range r.parts {
 		switch {
 		case p < 0:
-			ps.armed, ps.hot, ps.dirty, hit = false, true, true, true
+			ps.rd.listenLost()
+			hit = true
 		case id == p:
-			ps.hot, ps.notified, hit = true, true, true
+			ps.rd.notify()
+			hit = true
 		}
 	}
 	if p < 0 {
@@ -79,7 +81,7 @@ func (r *Relay) notified(p int) {
 // unarmedLocked reports whether some held partition is not armed.
 func (r *Relay) unarmedLocked() bool {
 	for _, ps := range r.parts {
-		if !ps.armed {
+		if !ps.rd.isArmed() {
 			return true
 		}
 	}
@@ -107,9 +109,7 @@ func (r *Relay) pollDueLocked(now time.Time) {
 		return
 	}
 	for _, ps := range r.parts {
-		if !ps.armed {
-			ps.hot = true
-		}
+		ps.rd.pollTail()
 	}
 	r.armDue = true
 	r.lastPoll = now
@@ -138,10 +138,10 @@ func (r *Relay) syncArms(ctx context.Context, idle bool) bool {
 	var arm []int
 	for p, ps := range r.parts {
 		switch {
-		case busy && ps.armed:
-			ps.armed = false
+		case busy && ps.rd.isArmed():
+			ps.rd.disarm()
 			disarm = append(disarm, p)
-		case idle && !busy && !ps.armed && r.armDue:
+		case idle && !busy && !ps.rd.isArmed() && r.armDue:
 			arm = append(arm, p)
 		}
 	}
@@ -182,12 +182,7 @@ func (r *Relay) syncArms(ctx context.Context, idle bool) bool {
 			r.strays = append(r.strays, p) // revoked meanwhile
 			continue
 		}
-		// Read once more: a commit may have come between the last read
-		// and the arm. If polls found new rows since the last pass, by a
-		// pass: a producer that did not notify has committed by now, and
-		// its row may lie below the cursor.
-		ps.armed, ps.hot = true, true
-		ps.dirty = ps.dirty || ps.polledNew
+		ps.rd.armedNow() // and read once more
 		n++
 	}
 	return n > 0

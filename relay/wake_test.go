@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/relay"
 )
 
@@ -33,7 +34,7 @@ func TestCoreBusyRelayIsNotNotified(t *testing.T) {
 	t.Parallel()
 	c := newCore(t, time.Hour, func(cfg *relay.Config) { cfg.PollInterval = time.Minute })
 	c.start()
-	waitFor(t, "every partition armed", c.allArmed)
+	testkit.WaitFor(t, waitTimeout, "every partition armed", c.allArmed)
 	// The relay needs a read and a disarm to notice the rate (longer on
 	// a loaded machine): what counts is the second half of the burst.
 	const n = 4000
@@ -55,7 +56,7 @@ func TestCoreBusyRelayIsNotNotified(t *testing.T) {
 	if notified > n/2/5 {
 		t.Fatalf("%d of the last %d commits of a burst notified: a busy relay must poll, not keep its partitions armed", notified, n/2)
 	}
-	waitFor(t, "the partitions armed again once the burst is over", c.allArmed)
+	testkit.WaitFor(t, waitTimeout, "the partitions armed again once the burst is over", c.allArmed)
 }
 
 // TestCoreArmReadsOnceMore: a commit that lands between the relay's last
@@ -72,7 +73,7 @@ func TestCoreArmReadsOnceMore(t *testing.T) {
 	})
 	c.start()
 	id := <-ids
-	waitFor(t, "the commit made just before the arm delivered", func() bool { return c.delivered(id) })
+	testkit.WaitFor(t, waitTimeout, "the commit made just before the arm delivered", func() bool { return c.delivered(id) })
 }
 
 // TestCoreLateCommitBelowCursor: a row whose transaction commits after a
@@ -91,20 +92,20 @@ func TestCoreLateCommitBelowCursor(t *testing.T) {
 			}
 			c.start()
 			if armed {
-				waitFor(t, "every partition armed", c.allArmed)
+				testkit.WaitFor(t, waitTimeout, "every partition armed", c.allArmed)
 			}
 			late, commit := c.store.Reserve(0, "late")
 			later := c.store.Insert(0, "later")[0]
-			waitFor(t, "the later row delivered", func() bool { return c.delivered(later) })
+			testkit.WaitFor(t, waitTimeout, "the later row delivered", func() bool { return c.delivered(later) })
 			if armed {
 				// Past the follow-up passes after the later row (10 and 80
 				// ms), and armed again: only the notification
 				// can lead to the late row now.
 				time.Sleep(time.Second)
-				waitFor(t, "partition 0 armed again", func() bool { return c.store.Armed(0) })
+				testkit.WaitFor(t, waitTimeout, "partition 0 armed again", func() bool { return c.store.Armed(0) })
 			}
 			commit()
-			waitFor(t, "the row committed late delivered", func() bool { return c.delivered(late) })
+			testkit.WaitFor(t, waitTimeout, "the row committed late delivered", func() bool { return c.delivered(late) })
 		})
 	}
 }

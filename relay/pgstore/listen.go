@@ -45,12 +45,12 @@ type armReply struct {
 	err   error
 }
 
-// Arm implements relay.Store.
+// Arm implements relay.Notifications.
 func (s *Store) Arm(ctx context.Context, partitions []int) ([]int, error) {
 	return s.request(ctx, armRequest{arm: true, parts: partitions})
 }
 
-// Disarm implements relay.Store.
+// Disarm implements relay.Notifications.
 func (s *Store) Disarm(ctx context.Context, partitions []int) error {
 	_, err := s.request(ctx, armRequest{parts: partitions})
 	return err
@@ -80,7 +80,7 @@ func (s *Store) request(ctx context.Context, req armRequest) ([]int, error) {
 	}
 }
 
-// Listen implements relay.Store. It serves Arm and Disarm on its own
+// Listen implements relay.Notifications. It serves Arm and Disarm on its own
 // connection while it waits.
 func (s *Store) Listen(ctx context.Context, wake func(partition int)) error {
 	down := outage.New(s.logger, "PostgreSQL listener")

@@ -38,7 +38,7 @@ func BenchmarkReadPending(b *testing.B) {
 	if _, err := pool.Exec(ctx, "ANALYZE outbox"); err != nil {
 		b.Fatal(err)
 	}
-	store := pgstore.New(pool, nil)
+	store := pgstore.New(pool, "bench", nil)
 	cursors := make([]relay.Cursor, 64)
 	for i := range cursors {
 		cursors[i] = relay.Cursor{Partition: i}

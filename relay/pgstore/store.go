@@ -33,9 +33,10 @@ import (
 // statement, and each statement handles a batch.
 const planFresh = pgx.QueryExecModeCacheDescribe
 
-// Store is the PostgreSQL relay.Store.
+// Store is the PostgreSQL relay.Store of one node.
 type Store struct {
 	pool   *pgxpool.Pool
+	node   string // the lease owner every write is checked against
 	logger *slog.Logger
 	arms   chan armRequest // served by Listen on its connection
 
@@ -44,16 +45,17 @@ type Store struct {
 
 var _ relay.Store = (*Store)(nil)
 
-// New returns a Store on pool. Listen uses a connection of its own
-// from the pool's configuration, outside the pool.
-func New(pool *pgxpool.Pool, logger *slog.Logger) *Store {
+// New returns the Store of node (the relay's Config.Node: every write is
+// checked against its leases) on pool. Listen uses a connection of its
+// own from the pool's configuration, outside the pool.
+func New(pool *pgxpool.Pool, node string, logger *slog.Logger) *Store {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Store{pool: pool, logger: logger, arms: make(chan armRequest)}
+	return &Store{pool: pool, node: node, logger: logger, arms: make(chan armRequest)}
 }
 
-// ReadPending implements relay.Store.
+// ReadPending implements relay.Outbox.
 func (s *Store) ReadPending(ctx context.Context, cursors []relay.Cursor, limit int) ([]relay.Row, error) {
 	parts := make([]int32, len(cursors))
 	after := make([]int64, len(cursors))
@@ -105,10 +107,10 @@ func rawUUIDs(ids []uuid.UUID) [][16]byte {
 	return out
 }
 
-// MarkPublished implements relay.Store.
-func (s *Store) MarkPublished(ctx context.Context, node string, rows []relay.Settled) ([]uuid.UUID, error) {
+// MarkPublished implements relay.Outbox.
+func (s *Store) MarkPublished(ctx context.Context, rows []relay.Settled) ([]uuid.UUID, error) {
 	ids, parts, epochs, _, _ := settledArrays(rows)
-	r, err := s.pool.Query(ctx, sqlMarkPublished, planFresh, node, rawUUIDs(ids), parts, epochs)
+	r, err := s.pool.Query(ctx, sqlMarkPublished, planFresh, s.node, rawUUIDs(ids), parts, epochs)
 	if err != nil {
 		return nil, fmt.Errorf("mark %d row(s) published: %w", len(rows), err)
 	}
@@ -119,10 +121,10 @@ func (s *Store) MarkPublished(ctx context.Context, node string, rows []relay.Set
 	return marked, nil
 }
 
-// RecordFailures implements relay.Store.
-func (s *Store) RecordFailures(ctx context.Context, node string, rows []relay.Settled, maxAttempts int) ([]uuid.UUID, error) {
+// RecordFailures implements relay.Outbox.
+func (s *Store) RecordFailures(ctx context.Context, rows []relay.Settled, maxAttempts int) ([]uuid.UUID, error) {
 	ids, parts, epochs, errs, delays := settledArrays(rows)
-	r, err := s.pool.Query(ctx, sqlRecordFailures, planFresh, node, rawUUIDs(ids), parts, epochs, errs, delays, maxAttempts)
+	r, err := s.pool.Query(ctx, sqlRecordFailures, planFresh, s.node, rawUUIDs(ids), parts, epochs, errs, delays, maxAttempts)
 	if err != nil {
 		return nil, fmt.Errorf("record %d failure(s): %w", len(rows), err)
 	}
@@ -133,7 +135,7 @@ func (s *Store) RecordFailures(ctx context.Context, node string, rows []relay.Se
 	return parked, nil
 }
 
-// PrevKeySeq implements relay.Store.
+// PrevKeySeq implements relay.Outbox.
 func (s *Store) PrevKeySeq(ctx context.Context, key string, keySeq int64) (int64, error) {
 	var prev int64
 	if err := s.pool.QueryRow(ctx, sqlPrevKeySeq, planFresh, key, keySeq).Scan(&prev); err != nil {
@@ -142,9 +144,9 @@ func (s *Store) PrevKeySeq(ctx context.Context, key string, keySeq int64) (int64
 	return prev, nil
 }
 
-// DeleteProcessed implements relay.Store.
-func (s *Store) DeleteProcessed(ctx context.Context, node string, partition int, epoch int64, olderThan time.Duration, limit int) (int64, error) {
-	tag, err := s.pool.Exec(ctx, sqlRetention, planFresh, node, partition, limit, olderThan.Seconds(), epoch)
+// DeleteProcessed implements relay.Retention.
+func (s *Store) DeleteProcessed(ctx context.Context, partition int, epoch int64, olderThan time.Duration, limit int) (int64, error) {
+	tag, err := s.pool.Exec(ctx, sqlRetention, planFresh, s.node, partition, limit, olderThan.Seconds(), epoch)
 	if err != nil {
 		return 0, fmt.Errorf("delete processed rows of partition %d: %w", partition, err)
 	}

@@ -32,7 +32,7 @@ func newPGHarness(t *testing.T) relaytest.StoreHarness {
 	if err := lease.Migrate(testkit.Context(t, 30*time.Second), pool, 8); err != nil {
 		t.Fatal(err)
 	}
-	return &pgHarness{pool: pool, store: pgstore.New(pool, nil)}
+	return &pgHarness{pool: pool, store: pgstore.New(pool, "n1", nil)}
 }
 
 func (h *pgHarness) Store() relay.Store { return h.store }

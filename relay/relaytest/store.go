@@ -12,7 +12,7 @@ import (
 	"github.com/ordo-relay/ordo/relay"
 )
 
-// Store is an in-memory relay.Store that keeps the PostgreSQL store's
+// Store is an in-memory outbox whose NodeStores (ForNode) keep the PostgreSQL store's
 // contract: key heads in seq order, the per-key rule within a key by
 // key_seq, backoff and parking, dead rows stepped over for
 // x-ordo-prev-key-seq, and every write checked against the lease table (the
@@ -63,7 +63,33 @@ type StoredRow struct {
 	LastError     string
 }
 
-var _ relay.Store = (*Store)(nil)
+// NodeStore is the relay.Store of one node over a Store: its writes are
+// fenced by that node's leases. Several nodes' relays share one Store,
+// as they share one database. Its other methods are the Store's.
+type NodeStore struct {
+	*Store
+	node string
+}
+
+var _ relay.Store = (*NodeStore)(nil)
+
+// ForNode returns the relay.Store of node over s.
+func (s *Store) ForNode(node string) *NodeStore { return &NodeStore{Store: s, node: node} }
+
+// MarkPublished implements relay.Outbox.
+func (n *NodeStore) MarkPublished(ctx context.Context, rows []relay.Settled) ([]uuid.UUID, error) {
+	return n.markPublished(ctx, n.node, rows)
+}
+
+// RecordFailures implements relay.Outbox.
+func (n *NodeStore) RecordFailures(ctx context.Context, rows []relay.Settled, maxAttempts int) ([]uuid.UUID, error) {
+	return n.recordFailures(ctx, n.node, rows, maxAttempts)
+}
+
+// DeleteProcessed implements relay.Retention.
+func (n *NodeStore) DeleteProcessed(ctx context.Context, partition int, epoch int64, olderThan time.Duration, limit int) (int64, error) {
+	return n.deleteProcessed(n.node, partition, epoch, olderThan, limit)
+}
 
 // NewStore returns an empty store whose writes are fenced by leases.
 func NewStore(leases *LeaseTable) *Store {
@@ -201,7 +227,7 @@ func (s *Store) SetReadDelay(d time.Duration) {
 	s.delay = d
 }
 
-// ReadPending implements relay.Store.
+// ReadPending implements relay.Outbox.
 func (s *Store) ReadPending(ctx context.Context, cursors []relay.Cursor, limit int) ([]relay.Row, error) {
 	s.mu.Lock()
 	delay := s.delay
@@ -250,8 +276,7 @@ func (s *Store) findLocked(key string, keySeq int64) *StoredRow {
 	return nil
 }
 
-// MarkPublished implements relay.Store.
-func (s *Store) MarkPublished(ctx context.Context, node string, rows []relay.Settled) ([]uuid.UUID, error) {
+func (s *Store) markPublished(ctx context.Context, node string, rows []relay.Settled) ([]uuid.UUID, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -269,8 +294,7 @@ func (s *Store) MarkPublished(ctx context.Context, node string, rows []relay.Set
 	return marked, nil
 }
 
-// RecordFailures implements relay.Store.
-func (s *Store) RecordFailures(ctx context.Context, node string, rows []relay.Settled, maxAttempts int) ([]uuid.UUID, error) {
+func (s *Store) recordFailures(ctx context.Context, node string, rows []relay.Settled, maxAttempts int) ([]uuid.UUID, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -293,7 +317,7 @@ func (s *Store) RecordFailures(ctx context.Context, node string, rows []relay.Se
 	return parked, nil
 }
 
-// PrevKeySeq implements relay.Store.
+// PrevKeySeq implements relay.Outbox.
 func (s *Store) PrevKeySeq(ctx context.Context, key string, keySeq int64) (int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -312,8 +336,7 @@ func (s *Store) PrevKeySeq(ctx context.Context, key string, keySeq int64) (int64
 	return k, nil
 }
 
-// DeleteProcessed implements relay.Store.
-func (s *Store) DeleteProcessed(ctx context.Context, node string, partition int, epoch int64, olderThan time.Duration, limit int) (int64, error) {
+func (s *Store) deleteProcessed(node string, partition int, epoch int64, olderThan time.Duration, limit int) (int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.leases.Holds(node, partition, epoch) {
@@ -336,7 +359,7 @@ func (s *Store) DeleteProcessed(ctx context.Context, node string, partition int,
 	return int64(len(doomed)), nil
 }
 
-// Listen implements relay.Store: it wakes once at once, then for every
+// Listen implements relay.Notifications: it wakes once at once, then for every
 // Insert into an armed partition, until ctx ends. Listening disarms every
 // partition, as a reconnect does.
 func (s *Store) Listen(ctx context.Context, wake func(partition int)) error {
@@ -353,7 +376,7 @@ func (s *Store) Listen(ctx context.Context, wake func(partition int)) error {
 	return nil
 }
 
-// Arm implements relay.Store. It refuses the partitions RefuseArm names.
+// Arm implements relay.Notifications. It refuses the partitions RefuseArm names.
 func (s *Store) Arm(_ context.Context, partitions []int) ([]int, error) {
 	s.mu.Lock()
 	f := s.onArm
@@ -373,7 +396,7 @@ func (s *Store) Arm(_ context.Context, partitions []int) ([]int, error) {
 	return armed, nil
 }
 
-// Disarm implements relay.Store.
+// Disarm implements relay.Notifications.
 func (s *Store) Disarm(_ context.Context, partitions []int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -21,7 +21,7 @@ type RowState struct {
 // StoreHarness is what the Store conformance suite needs of one
 // implementation, on storage of its own (a fresh database, say).
 type StoreHarness interface {
-	// Store is the implementation under test.
+	// Store is the implementation under test, bound to node "n1".
 	Store() relay.Store
 	// Insert commits one pending row per key, in order, in partition, as
 	// a producer's transaction would, and returns their ids.
@@ -147,7 +147,7 @@ func storeCursorAndLimit(t *testing.T, h StoreHarness) {
 func storeMarkReleasesKey(t *testing.T, h StoreHarness) {
 	e := h.Grant(t, "n1", 1)
 	id := h.Insert(t, 1, "a", "a")
-	marked, err := h.Store().MarkPublished(ctxFor(t), "n1", settled(1, e, id[0]))
+	marked, err := h.Store().MarkPublished(ctxFor(t), settled(1, e, id[0]))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +160,7 @@ func storeMarkReleasesKey(t *testing.T, h StoreHarness) {
 	if rows[0].PrevPending {
 		t.Fatal("the row above a marked one still says the row below is pending")
 	}
-	again, err := h.Store().MarkPublished(ctxFor(t), "n1", settled(1, e, id[0]))
+	again, err := h.Store().MarkPublished(ctxFor(t), settled(1, e, id[0]))
 	if err != nil || len(again) != 0 {
 		t.Fatalf("marking a processed row again: %v, %v", again, err)
 	}
@@ -172,13 +172,13 @@ func storeMarkRefusedAtStaleEpoch(t *testing.T, h StoreHarness) {
 	// The same node, a newer epoch: the epoch alone refuses (a paused
 	// process of the same name, say).
 	e2 := h.Grant(t, "n1", 1)
-	marked, err := h.Store().MarkPublished(ctxFor(t), "n1", settled(1, e1, id[0]))
+	marked, err := h.Store().MarkPublished(ctxFor(t), settled(1, e1, id[0]))
 	if err != nil || len(marked) != 0 {
 		t.Fatalf("mark at epoch %d after epoch %d was claimed: %v, %v", e1, e2, marked, err)
 	}
 	// Another node now: the owner refuses.
 	h.Grant(t, "n2", 1)
-	marked, err = h.Store().MarkPublished(ctxFor(t), "n1", settled(1, e2, id[1]))
+	marked, err = h.Store().MarkPublished(ctxFor(t), settled(1, e2, id[1]))
 	if err != nil || len(marked) != 0 {
 		t.Fatalf("mark by a node that lost the lease: %v, %v", marked, err)
 	}
@@ -192,7 +192,7 @@ func storeFailuresBackOffAndPark(t *testing.T, h StoreHarness) {
 	id := h.Insert(t, 1, "a", "a", "b")
 	s := settled(1, e, id[0])
 	s[0].Delay = time.Hour
-	parked, err := h.Store().RecordFailures(ctxFor(t), "n1", s, 2)
+	parked, err := h.Store().RecordFailures(ctxFor(t), s, 2)
 	if err != nil || len(parked) != 0 {
 		t.Fatalf("first failure: parked %v, %v", parked, err)
 	}
@@ -205,7 +205,7 @@ func storeFailuresBackOffAndPark(t *testing.T, h StoreHarness) {
 		t.Fatalf("a backing off for an hour reads as %+v (next attempt in %v)", rows[0], wait)
 	}
 	s[0].Delay = 0
-	parked, err = h.Store().RecordFailures(ctxFor(t), "n1", s, 2)
+	parked, err = h.Store().RecordFailures(ctxFor(t), s, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +223,7 @@ func storeFailureRefusedAtStaleEpoch(t *testing.T, h StoreHarness) {
 	e := h.Grant(t, "n1", 1)
 	id := h.Insert(t, 1, "a")
 	h.Grant(t, "n1", 1)
-	if _, err := h.Store().RecordFailures(ctxFor(t), "n1", settled(1, e, id...), 1); err != nil {
+	if _, err := h.Store().RecordFailures(ctxFor(t), settled(1, e, id...), 1); err != nil {
 		t.Fatal(err)
 	}
 	if st := h.State(t, id[0]); st.Attempts != 0 || st.Parked {
@@ -234,7 +234,7 @@ func storeFailureRefusedAtStaleEpoch(t *testing.T, h StoreHarness) {
 func storePrevKeySeqOverDead(t *testing.T, h StoreHarness) {
 	e := h.Grant(t, "n1", 1)
 	id := h.Insert(t, 1, "a", "a", "a", "a")
-	if _, err := h.Store().MarkPublished(ctxFor(t), "n1", settled(1, e, id[0])); err != nil {
+	if _, err := h.Store().MarkPublished(ctxFor(t), settled(1, e, id[0])); err != nil {
 		t.Fatal(err)
 	}
 	h.Skip(t, id[1])
@@ -256,22 +256,22 @@ func storePrevKeySeqOverDead(t *testing.T, h StoreHarness) {
 func storeRetention(t *testing.T, h StoreHarness) {
 	e := h.Grant(t, "n1", 1)
 	id := h.Insert(t, 1, "a", "b", "c")
-	if _, err := h.Store().MarkPublished(ctxFor(t), "n1", settled(1, e, id[0], id[1])); err != nil {
+	if _, err := h.Store().MarkPublished(ctxFor(t), settled(1, e, id[0], id[1])); err != nil {
 		t.Fatal(err)
 	}
 	h.Skip(t, id[2])
 	time.Sleep(20 * time.Millisecond) // processed "more than 10ms ago" by the store's clock
-	if n, err := h.Store().DeleteProcessed(ctxFor(t), "n1", 1, e+1, 10*time.Millisecond, 10); err != nil || n != 0 {
+	if n, err := h.Store().DeleteProcessed(ctxFor(t), 1, e+1, 10*time.Millisecond, 10); err != nil || n != 0 {
 		t.Fatalf("retention at a stale epoch deleted %d (%v)", n, err)
 	}
-	if n, err := h.Store().DeleteProcessed(ctxFor(t), "n1", 1, e, time.Hour, 10); err != nil || n != 0 {
+	if n, err := h.Store().DeleteProcessed(ctxFor(t), 1, e, time.Hour, 10); err != nil || n != 0 {
 		t.Fatalf("retention of rows younger than its age deleted %d (%v)", n, err)
 	}
-	n, err := h.Store().DeleteProcessed(ctxFor(t), "n1", 1, e, 10*time.Millisecond, 1)
+	n, err := h.Store().DeleteProcessed(ctxFor(t), 1, e, 10*time.Millisecond, 1)
 	if err != nil || n != 1 {
 		t.Fatalf("retention with limit 1 deleted %d (%v)", n, err)
 	}
-	n, err = h.Store().DeleteProcessed(ctxFor(t), "n1", 1, e, 10*time.Millisecond, 10)
+	n, err = h.Store().DeleteProcessed(ctxFor(t), 1, e, 10*time.Millisecond, 10)
 	if err != nil || n != 1 {
 		t.Fatalf("second retention pass deleted %d (%v), want the other processed row", n, err)
 	}

@@ -10,90 +10,9 @@ import (
 	"github.com/ordo-relay/ordo/internal/outage"
 )
 
-// settle is the Publisher's callback. It never blocks. A confirm lets the
-// key's next row go at once; the mark follows in a batch. A failure puts
-// the row back at its key's head, backing off, until the failure is
-// recorded. Unsent puts it back as it was, to go again at once the first
-// time and after unsentDelay when it is Unsent again (no attempt counted).
-func (r *Relay) settle(f *flight, res Result) {
-	spanSettled(f, res)
-	var done func()
-	r.mu.Lock()
-	r.unconfirmed--
-	k := f.key
-	k.inFlight--
-	switch res.Outcome {
-	case Confirmed:
-		f.confirmed = true
-		k.confirmed = max(k.confirmed, f.msg.KeySeq)
-		r.queue = append(r.queue, settlement{f, res})
-	case Unsent:
-		r.stats.Unsent++
-		done = r.endFlightLocked(f)
-		f.e.unsent++
-		r.requeueLocked(f, time.Now().Add(r.unsentDelay(f.e.unsent)))
-	default:
-		f.e.unsent = 0
-		k.writing++
-		r.queue = append(r.queue, settlement{f, res})
-	}
-	r.pushReadyLocked(k)
-	r.mu.Unlock()
-	if done != nil {
-		done()
-	}
-	if res.Outcome != Unsent {
-		signal(r.wakeMark)
-	}
-	signal(r.wakeRead)
-}
-
-// unsentMaxDelay caps the wait of a row Unsent again and again.
-const unsentMaxDelay = time.Second
-
-// unsentDelay is how long a row waits before going again after its n-th
-// Unsent in a row: nothing the first time (a channel closed under
-// innocent messages, which go again as soon as the publisher is back),
-// then RetryMin doubling, up to RetryMax or unsentMaxDelay. A Publisher
-// may settle Unsent inside Publish; without the wait the relay would
-// publish the row again at once, in the same dispatch, forever.
-func (r *Relay) unsentDelay(n int) time.Duration {
-	if n <= 1 {
-		return 0
-	}
-	return backoff.Attempt(n-2, r.cfg.RetryMin, min(r.cfg.RetryMax, unsentMaxDelay))
-}
-
-// unsend takes back a flight that was never sent.
-func (r *Relay) unsend(f *flight) {
-	r.mu.Lock()
-	r.unconfirmed--
-	f.key.inFlight--
-	r.stats.Published--
-	done := r.endFlightLocked(f)
-	r.requeueLocked(f, time.Time{})
-	r.mu.Unlock()
-	if done != nil {
-		done()
-	}
-}
-
-// requeueLocked puts f's row back at the head of its key's queue (if its
-// partition is still held at the same epoch), not to be tried before
-// notBefore.
-func (r *Relay) requeueLocked(f *flight, notBefore time.Time) {
-	k := f.key
-	if !r.currentLocked(k) {
-		return
-	}
-	e := f.e
-	e.seen = k.part.pass
-	e.row.NextAttemptAt = notBefore
-	k.queue = append([]*entry{e}, k.queue...)
-	k.part.queued[e.row.ID] = e
-	r.bytes += e.size
-	r.pushReadyLocked(k)
-}
+// The write-back: settlements (confirmed, or failed) are written to the
+// Store in batches by their own loop, so publishing never waits for a
+// mark. Each write ends its flights and tells the read generation.
 
 // markLoop writes settlements to the store until ctx ends; then it
 // flushes once more.
@@ -147,7 +66,7 @@ func (r *Relay) gather(ctx context.Context) {
 	deadline := time.Now().Add(markLinger)
 	for time.Now().Before(deadline) {
 		r.mu.Lock()
-		n := len(r.queue)
+		n := len(r.settled)
 		r.mu.Unlock()
 		if n >= markBatch || ctx.Err() != nil {
 			return
@@ -160,8 +79,8 @@ func (r *Relay) gather(ctx context.Context) {
 // records for the rest. What it could not write stays queued.
 func (r *Relay) flush(ctx context.Context) error {
 	r.mu.Lock()
-	q := r.queue
-	r.queue = nil
+	q := r.settled
+	r.settled = nil
 	r.mu.Unlock()
 	var confirmed, failed []settlement
 	for _, s := range q {
@@ -186,7 +105,7 @@ func (r *Relay) requeueSettlements(lists ...[]settlement) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, l := range lists {
-		r.queue = append(r.queue, l...)
+		r.settled = append(r.settled, l...)
 	}
 }
 
@@ -201,7 +120,7 @@ func (r *Relay) markConfirmed(ctx context.Context, confirmed []settlement) error
 		rows[i] = Settled{ID: s.f.msg.ID, Partition: s.f.msg.Partition, Epoch: s.f.msg.Epoch}
 	}
 	began := time.Now()
-	marked, err := r.store.MarkPublished(ctx, r.cfg.Node, rows)
+	marked, err := r.store.MarkPublished(ctx, rows)
 	took := time.Since(began)
 	if err != nil {
 		return err
@@ -217,8 +136,7 @@ func (r *Relay) markConfirmed(ctx context.Context, confirmed []settlement) error
 		if !ok[s.f.msg.ID] {
 			refused++
 		}
-		r.marked[s.f.msg.ID] = true
-		r.markedKeys[s.f.msg.CorrelationID] = max(r.markedKeys[s.f.msg.CorrelationID], s.f.msg.KeySeq)
+		r.gen.mark(s.f.msg.ID, s.f.msg.CorrelationID, s.f.msg.KeySeq)
 		if done := r.endFlightLocked(s.f); done != nil {
 			handedOff = append(handedOff, done)
 		}
@@ -254,7 +172,7 @@ func (r *Relay) recordFailures(ctx context.Context, failed []settlement) error {
 		delays[i] = backoff.Attempt(s.f.attempts, r.cfg.RetryMin, r.cfg.RetryMax)
 		rows[i] = Settled{ID: s.f.msg.ID, Partition: s.f.msg.Partition, Epoch: s.f.msg.Epoch, Err: s.res.Err.Error(), Delay: delays[i]}
 	}
-	parked, err := r.store.RecordFailures(ctx, r.cfg.Node, rows, r.cfg.MaxAttempts)
+	parked, err := r.store.RecordFailures(ctx, rows, r.cfg.MaxAttempts)
 	if err != nil {
 		return err
 	}
@@ -265,14 +183,13 @@ func (r *Relay) recordFailures(ctx context.Context, failed []settlement) error {
 	now := time.Now()
 	var handedOff []func()
 	r.mu.Lock()
-	r.writes++
+	gen := r.gen.failuresRecorded()
 	for i, s := range failed {
 		f := s.f
-		f.key.lastWrite = r.writes
+		f.key.failGen = gen
 		if done := r.endFlightLocked(f); done != nil {
 			handedOff = append(handedOff, done)
 		}
-		f.key.writing--
 		f.e.row.Attempts = f.attempts + 1
 		f.e.row.Parked = isParked[f.msg.ID]
 		spanRecorded(f, f.e.row.Parked, f.e.row.Attempts, r.cfg.MaxAttempts)

@@ -1,0 +1,104 @@
+package relay
+
+import (
+	"github.com/google/uuid"
+)
+
+// The relay's state, and who owns each piece of it. Everything below is
+// guarded by Relay.mu.
+//
+//   - Relay.parts holds a partState per held partition, for one lease
+//     epoch (handoff.go makes and drops them). A partState owns its keys
+//     and the rows read ahead of them (partState.queued, keyState.rows),
+//     and a partReader (pass.go): the cursor, the passes and the wake-up
+//     flags of the partition. Only partReader's methods change those.
+//   - A keyState is one key's rows read ahead, in key_seq order, and its
+//     place in the per-key rule (keyrule.go): what it published and had
+//     confirmed in this epoch, and how many of its flights stand in each
+//     state (keyState.flights, kept by flightBook.move alone).
+//   - A flight (flight.go) is one published message, from nextFlight
+//     until it is marked, its failure recorded, or it turns out unsent.
+//     Relay.flights owns them all and moves each through its states in one
+//     function; every count of flights (per key, per partition, the
+//     node's unconfirmed and in flight) follows from those moves.
+//   - Relay.gen, a readGen (readgen.go), says whether a row a read
+//     returned is newer than what memory holds: whether marks or failure
+//     records were written since the read began.
+//   - Relay.settled holds the settlements waiting to be written
+//     (writeback.go); Relay.ready, backingOff and leaseWait hold keys
+//     waiting to be looked at by dispatch, for a time, or for a lease.
+//   - Relay.bytes counts the memory of rows read ahead and of flights.
+//     The wake-up state (rate, busy, polls, arming) is wake.go's.
+
+// partState is what the relay holds in memory of one partition, for one
+// lease epoch: its keys' rows and where its reading stands.
+type partState struct {
+	id     int
+	epoch  int64
+	keys   map[string]*keyState
+	queued map[uuid.UUID]*entry // read ahead, not in flight
+	rd     partReader           // cursor, passes and wake-ups (pass.go)
+}
+
+// keyState is one key's rows read ahead and its place in the per-key rule.
+type keyState struct {
+	part      *partState
+	name      string
+	rows      []*entry     // read ahead, not in flight, ascending key_seq
+	flights   flightCounts // its flights by state (flightBook.move)
+	published int64        // highest key_seq published in this epoch
+	confirmed int64        // highest key_seq confirmed in this epoch
+	failGen   uint64       // readGen after its last failure record (readgen.go)
+	inReady   bool
+}
+
+// entry is one row held in memory.
+type entry struct {
+	row    Row
+	seen   uint64 // the pass of its partition that last read it
+	size   int64
+	unsent int // publishes in a row settled Unsent (see Relay.unsentDelay)
+}
+
+func rowSize(r *Row) int64 {
+	return int64(len(r.Payload)+len(r.Headers)+len(r.CorrelationID)+len(r.Exchange)+len(r.RoutingKey)+len(r.Type)) + 400 // the Row, its entry, map slots and key state, roughly
+}
+
+func newPartState(p int, epoch int64) *partState {
+	return &partState{id: p, epoch: epoch, keys: map[string]*keyState{}, queued: map[uuid.UUID]*entry{}, rd: newPartReader()}
+}
+
+func (ps *partState) key(name string) *keyState {
+	k := ps.keys[name]
+	if k == nil {
+		k = &keyState{part: ps, name: name}
+		ps.keys[name] = k
+	}
+	return k
+}
+
+func (r *Relay) dropPartLocked(ps *partState) {
+	if ps.rd.isArmed() {
+		r.strays = append(r.strays, ps.id) // disarmed by the next syncArms
+	}
+	for _, e := range ps.queued {
+		r.bytes -= e.size
+	}
+	for _, k := range ps.keys {
+		delete(r.backingOff, k)
+		delete(r.leaseWait, k)
+	}
+	delete(r.parts, ps.id)
+}
+
+// currentLocked reports whether k's partition is still the one in memory.
+func (r *Relay) currentLocked(k *keyState) bool {
+	return r.parts[k.part.id] == k.part
+}
+
+func (r *Relay) pushReadyLocked(k *keyState) {
+	if !k.inReady && len(k.rows) > 0 {
+		k.inReady = true
+		r.ready = append(r.ready, k)
+	}
+}
