@@ -89,16 +89,17 @@ func runConsume(ctx context.Context, o options, emit func(*result.Result)) error
 // consumeRig is a rig plus the consume scenario's durable exchange and
 // handled table.
 type consumeRig struct {
-	*rig
+	*harness.Rig
+	o        options
 	exchange string
 }
 
 func newConsumeRig(ctx context.Context, o options, label string) (*consumeRig, error) {
-	r, err := newRig(ctx, o, "consume", int32(o.Workers+4))
+	r, err := harness.New(ctx, o.harness(), "consume", int32(o.Workers+4))
 	if err != nil {
 		return nil, err
 	}
-	cr := &consumeRig{rig: r, exchange: r.Name + ".orders"}
+	cr := &consumeRig{Rig: r, o: o, exchange: r.Name + ".orders"}
 	err = testkit.Channel(ctx, o.AMQPURL, func(ch *amqp.Channel) error {
 		return ch.ExchangeDeclare(cr.exchange, "topic", true, false, false, false, nil)
 	})
@@ -121,16 +122,16 @@ func newConsumeRig(ctx context.Context, o options, label string) (*consumeRig, e
 // the producer and waits until the node has published every row.
 func (r *consumeRig) load(ctx context.Context, orders, rate int, sys *harness.Node) (*producer, error) {
 	p, err := newProducer(producerConfig{Rate: rate, Workers: r.o.Workers, Payload: 100, Exchange: r.exchange,
-		Orders: true, Max: int64(orders)}, r.Pool, r.o.Partitions)
+		Orders: true, Max: int64(orders)}, r.Pool, r.Config.Partitions)
 	if err != nil {
 		return nil, err
 	}
-	pctx, cancel := context.WithTimeout(ctx, r.o.Timeout)
+	pctx, cancel := context.WithTimeout(ctx, r.Config.Timeout)
 	defer cancel()
 	if err := p.run(pctx); err != nil {
 		return nil, err
 	}
-	if _, err := r.waitPending(ctx, sys.Failed); err != nil {
+	if _, err := r.WaitPending(ctx, sys.Failed, nil); err != nil {
 		return nil, err
 	}
 	return p, nil
