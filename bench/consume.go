@@ -38,10 +38,7 @@ func defaultConsumeOptions() consumeOptions {
 // addConsumeFlags registers the consume scenario's -consume-* flags on fs,
 // with c's values as their defaults.
 func addConsumeFlags(fs *flag.FlagSet, c *consumeOptions) {
-	listVar(fs, "consume-instances", joinInts(c.Instances), "comma-separated inbox consumer instance counts, one run each", func(s string) (err error) {
-		c.Instances, err = parseCounts("consume-instances", s)
-		return err
-	})
+	countsVar(fs, "consume-instances", &c.Instances, "comma-separated inbox consumer instance counts, one run each")
 	fs.IntVar(&c.Orders, "consume-orders", c.Orders, "orders in the drained backlog, two messages each")
 	fs.IntVar(&c.Rate, "consume-rate", c.Rate, "orders per second of the latency phase")
 	fs.DurationVar(&c.Latency, "consume-latency", c.Latency, "length of the latency phase")

@@ -145,6 +145,15 @@ func listVar(fs *flag.FlagSet, name, def, usage string, set func(string) error) 
 	fs.Var(&listFlag{text: def, set: set}, name, usage)
 }
 
+// countsVar registers a flag of comma-separated counts from 1 to 8
+// (parseCounts) bound to p, with *p as its default.
+func countsVar(fs *flag.FlagSet, name string, p *[]int, usage string) {
+	listVar(fs, name, joinInts(*p), usage, func(s string) (err error) {
+		*p, err = parseCounts(name, s)
+		return err
+	})
+}
+
 // joinInts is "1,2,3".
 func joinInts(ns []int) string {
 	s := make([]string, len(ns))
@@ -187,16 +196,10 @@ var flagDefs = map[string]func(fs *flag.FlagSet, o *options, name string){
 		fs.DurationVar(&o.Outage, n, o.Outage, "how long the broker link stays cut")
 	},
 	"nodes": func(fs *flag.FlagSet, o *options, n string) {
-		listVar(fs, n, joinInts(o.Nodes), "comma-separated Ordo node counts, one run each", func(s string) (err error) {
-			o.Nodes, err = parseCounts(n, s)
-			return err
-		})
+		countsVar(fs, n, &o.Nodes, "comma-separated Ordo node counts, one run each")
 	},
 	"instances": func(fs *flag.FlagSet, o *options, n string) {
-		listVar(fs, n, joinInts(o.Instances), "comma-separated classic instance counts, one run each; classic-latency uses the first", func(s string) (err error) {
-			o.Instances, err = parseCounts(n, s)
-			return err
-		})
+		countsVar(fs, n, &o.Instances, "comma-separated classic instance counts, one run each; classic-latency uses the first")
 	},
 	"reps": func(fs *flag.FlagSet, o *options, n string) { fs.IntVar(&o.Reps, n, o.Reps, "repetitions") },
 	"orders": func(fs *flag.FlagSet, o *options, n string) {
@@ -232,10 +235,7 @@ var flagDefs = map[string]func(fs *flag.FlagSet, o *options, name string){
 		fs.DurationVar(&o.ShapeSteady, n, o.ShapeSteady, "steady run per shape for the producers' commit latency (0 skips it)")
 	},
 	"scale-nodes": func(fs *flag.FlagSet, o *options, n string) {
-		listVar(fs, n, joinInts(o.ScaleNodes), "comma-separated node counts", func(s string) (err error) {
-			o.ScaleNodes, err = parseCounts(n, s)
-			return err
-		})
+		countsVar(fs, n, &o.ScaleNodes, "comma-separated node counts")
 	},
 	"scale-cap": func(fs *flag.FlagSet, o *options, n string) {
 		fs.Float64Var(&o.ScaleCap, n, o.ScaleCap, "CPU cap per node, in cores")
