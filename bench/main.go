@@ -26,8 +26,9 @@
 //	nemesis          3 nodes and the order API under a seeded schedule of faults, checked from the deliveries (never in all or compare: it restarts the servers)
 //
 // Every flag also reads ORDO_BENCH_<FLAG> (e.g. ORDO_BENCH_ROWS) when not
-// given (a scenario's flags only for the scenarios that have them). Each scenario prints a table, one "RESULT key=value ..." line and
-// the checker's counts, and writes every figure to a JSON file under -out.
+// given (a scenario's flag only in the scenarios that have it). Each
+// scenario prints a table, one "RESULT key=value ..." line and the
+// checker's counts, and writes every figure to a JSON file under -out.
 // The exit status is 1 when a scenario failed or the checker found a lost,
 // reordered or skipped message (reorders of the classic baseline are
 // expected and only reported).
