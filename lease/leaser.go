@@ -268,10 +268,7 @@ func (l *Leaser) renew(ctx context.Context, conn *pgx.Conn) error {
 	if len(lostParts) == 0 {
 		return nil
 	}
-	l.cfg.Logger.Warn("leases lost: another node holds them now", "partitions", lostParts)
-	if _, err := conn.Exec(ctx, sqlRenewFailed, l.cfg.Node, lostParts, lostEpochs); err != nil {
-		return fmt.Errorf("audit lost leases: %w", err)
-	}
+	l.cfg.Logger.Warn("leases lost: another node holds them now", "partitions", lostParts, "epochs", lostEpochs)
 	return nil
 }
 

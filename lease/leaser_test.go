@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/lease"
 	"github.com/ordo-relay/ordo/partition"
@@ -154,5 +156,57 @@ func TestStuckRevokeDoesNotDelayRenewals(t *testing.T) {
 				t.Errorf("stats %+v, want 2 handoffs, both timed out", st)
 			}
 		})
+	}
+}
+
+// TestLostLeaseAuditedByTheRenewal: a renewal that finds a lease held by
+// another node or epoch records one renew-failed row at the epoch the node
+// held, in the renewal's own statement, and the node drops the lease. The
+// leases it still holds are renewed and not audited as lost.
+func TestLostLeaseAuditedByTheRenewal(t *testing.T) {
+	pool := newDB(t)
+	n1 := startLeaser(t, pool, "n1", time.Second, all, nil)
+	testkit.WaitFor(t, 30*time.Second, "n1 holds every partition", func() bool { return len(n1.Leases()) == parts })
+	held, _ := n1.Lease(3)
+
+	ctx := testkit.Context(t, 10*time.Second)
+	if _, err := pool.Exec(ctx, `UPDATE ordo_leases SET owner = 'thief', epoch = epoch + 1,
+		expires_at = clock_timestamp() + interval '1 hour' WHERE partition = 3`); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, 30*time.Second, "n1 drops partition 3", func() bool {
+		_, ok := n1.Lease(3)
+		return !ok
+	})
+	// Two more renewal rounds: the kept leases must not be audited as lost.
+	last, rounds := leaseRow(t, pool, 0).expires, 0
+	testkit.WaitFor(t, 30*time.Second, "n1 renews partition 0 twice more", func() bool {
+		if e := leaseRow(t, pool, 0).expires; e.After(last) {
+			last, rounds = e, rounds+1
+		}
+		return rounds >= 2
+	})
+
+	rows, err := pool.Query(ctx, `SELECT partition, epoch FROM ordo_lease_audit
+		WHERE node = 'n1' AND event = 'renew-failed' ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type lost struct {
+		p     int
+		epoch int64
+	}
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (lost, error) {
+		var l lost
+		return l, r.Scan(&l.p, &l.epoch)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []lost{{3, held.Epoch}}; !slices.Equal(got, want) {
+		t.Fatalf("renew-failed audit rows %v, want %v (partition 3 at the epoch n1 held)", got, want)
+	}
+	if st := n1.Stats(); st.Losses != 1 {
+		t.Errorf("n1 counted %d losses, want 1", st.Losses)
 	}
 }

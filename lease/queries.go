@@ -29,19 +29,26 @@ WITH prev AS (
 )
 SELECT partition, epoch FROM claimed`
 
-	// sqlRenew extends leases still held at the same epoch.
+	// sqlRenew extends leases still held at the same epoch, returning
+	// them, and records the others as lost in the same statement, so that
+	// a renewal that ran always leaves its audit (a second statement could
+	// be lost with the connection).
 	sqlRenew = `
-UPDATE ordo_leases AS l
-SET expires_at = clock_timestamp() + make_interval(secs => $2)
-FROM unnest($3::int[], $4::bigint[]) AS h(partition, epoch)
-WHERE l.partition = h.partition AND l.epoch = h.epoch AND l.owner = $1
-RETURNING l.partition`
-
-	// sqlRenewFailed records leases a renewal found gone.
-	sqlRenewFailed = `
-INSERT INTO ordo_lease_audit (node, partition, epoch, event, detail)
-SELECT $1, p, e, 'renew-failed', 'held by another node or epoch now'
-FROM unnest($2::int[], $3::bigint[]) AS h(p, e)`
+WITH held AS (
+    SELECT * FROM unnest($3::int[], $4::bigint[]) AS h(partition, epoch)
+), renewed AS (
+    UPDATE ordo_leases AS l
+    SET expires_at = clock_timestamp() + make_interval(secs => $2)
+    FROM held AS h
+    WHERE l.partition = h.partition AND l.epoch = h.epoch AND l.owner = $1
+    RETURNING l.partition
+), lost AS (
+    INSERT INTO ordo_lease_audit (node, partition, epoch, event, detail)
+    SELECT $1, h.partition, h.epoch, 'renew-failed', 'held by another node or epoch now'
+    FROM held AS h
+    WHERE h.partition NOT IN (SELECT partition FROM renewed)
+)
+SELECT partition FROM renewed`
 
 	// sqlRelease frees leases still held at the same epoch and records it.
 	sqlRelease = `
