@@ -1,6 +1,8 @@
 package main
 
 import (
+	"errors"
+	"flag"
 	"io"
 	"slices"
 	"strconv"
@@ -72,24 +74,89 @@ func TestResultLine(t *testing.T) {
 	}
 }
 
-func TestParseOptions(t *testing.T) {
-	env := map[string]string{"ORDO_BENCH_ROWS": "500", "ORDO_BENCH_RATE": "200"}
+// parseOne parses args, which must name one scenario, and returns its
+// options.
+func parseOne(t *testing.T, lookup func(string) (string, bool), args ...string) options {
+	t.Helper()
+	invs, err := parseArgs(args, lookup, io.Discard)
+	if err != nil || len(invs) != 1 {
+		t.Fatalf("parseArgs(%q) = %d scenarios, %v; want one", args, len(invs), err)
+	}
+	return invs[0].o
+}
+
+func TestParseArgs(t *testing.T) {
+	env := map[string]string{"ORDO_BENCH_ROWS": "500", "ORDO_BENCH_RATE": "200", "ORDO_BENCH_TIMEOUT": "1m"}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
-	o, names, err := parseOptions([]string{"-rate", "300", "drain", "latency"}, lookup, io.Discard)
+	invs, err := parseArgs([]string{"-partitions", "16", "latency", "-rate", "300", "drain", "-nodes", "1,2"}, lookup, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.Rows != 500 || o.Rate != 300 || strings.Join(names, ",") != "drain,latency" {
-		t.Fatalf("rows=%d rate=%d names=%v; want 500 (env), 300 (flag beats env), drain,latency", o.Rows, o.Rate, names)
+	if len(invs) != 2 || invs[0].s.name != "latency" || invs[1].s.name != "drain" {
+		t.Fatalf("%d scenarios, want latency then drain", len(invs))
 	}
-	if o.keysOr(10000) != 10000 || o.rateOr(1000) != 300 {
-		t.Fatal("scenario defaults")
+	lat, drain := invs[0].o, invs[1].o
+	if lat.Rate != 300 || lat.rateOr(1000) != 300 || lat.keysOr(10000) != 10000 {
+		t.Fatalf("latency: rate %d, want 300 (its flag beats the environment)", lat.Rate)
 	}
-	if _, _, err := parseOptions([]string{"nosuch"}, lookup, io.Discard); err == nil {
-		t.Fatal("unknown scenario accepted")
+	if drain.Rows != 500 || drain.Rate != 0 || len(drain.Nodes) != 2 {
+		t.Fatalf("drain: rows %d rate %d nodes %v; want 500 (environment), 0 (not a drain flag), 1,2", drain.Rows, drain.Rate, drain.Nodes)
 	}
-	if _, names, err := parseOptions([]string{"all"}, lookup, io.Discard); err != nil || len(names) != len(scenarios) {
-		t.Fatalf("all = %v, %v", names, err)
+	for _, o := range []options{lat, drain} {
+		if o.Partitions != 16 || o.Timeout != time.Minute {
+			t.Fatalf("common flags: partitions %d timeout %v, want 16 (flag) and 1m (environment)", o.Partitions, o.Timeout)
+		}
+	}
+	for _, bad := range [][]string{
+		{"nosuch"},
+		{"drain", "-rate", "300"},     // not a flag of drain
+		{"-rows", "1000", "drain"},    // a scenario flag before the scenario
+		{"drain", "-nodes", "0"},      // out of range
+		{"latency", "-warmup", "40s"}, // longer than the duration
+	} {
+		if _, err := parseArgs(bad, lookup, io.Discard); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	if _, err := parseArgs([]string{"-rows", "1"}, lookup, io.Discard); !errors.Is(err, errNoScenarioFlag) {
+		t.Errorf("a scenario flag before any scenario: %v, want errNoScenarioFlag", err)
+	}
+	if invs, err := parseArgs([]string{"all"}, lookup, io.Discard); err != nil || len(invs) != len(scenarios) {
+		t.Fatalf("all = %d scenarios, %v", len(invs), err)
+	}
+}
+
+// TestScenarioHelpListsItsOwnFlags: -h after a scenario lists its flags
+// and no other scenario's; every scenario's flags are defined, and every
+// defined flag belongs to some scenario.
+func TestScenarioHelpListsItsOwnFlags(t *testing.T) {
+	var b strings.Builder
+	if _, err := parseArgs([]string{"drain", "-h"}, nil, &b); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("drain -h: %v", err)
+	}
+	for _, want := range []string{"-rows", "-nodes", "ORDO_BENCH_ROWS"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("drain -h lacks %s:\n%s", want, b.String())
+		}
+	}
+	for _, other := range []string{"-shapes", "-rate", "-produce-reps", "-postgres-url"} {
+		if strings.Contains(b.String(), other+" ") {
+			t.Errorf("drain -h lists %s:\n%s", other, b.String())
+		}
+	}
+	used := map[string]bool{}
+	for _, s := range append([]scenario{compareScenario, nemesisScenario}, scenarios...) {
+		for _, n := range s.flagNames() {
+			if flagDefs[n] == nil {
+				t.Errorf("scenario %s names flag %q, which flagDefs lacks", s.name, n)
+			}
+			used[n] = true
+		}
+	}
+	for n := range flagDefs {
+		if !used[n] {
+			t.Errorf("flag %q belongs to no scenario", n)
+		}
 	}
 }
 
@@ -153,18 +220,19 @@ func TestParseCounts(t *testing.T) {
 
 func TestDefaultScenarioAndQuick(t *testing.T) {
 	none := func(string) (string, bool) { return "", false }
-	o, names, err := parseOptions([]string{"-quick", "-rows", "5000"}, none, io.Discard)
-	if err != nil {
-		t.Fatal(err)
+	invs, err := parseArgs([]string{"-quick"}, none, io.Discard)
+	if err != nil || len(invs) != 1 || invs[0].s.name != "compare" {
+		t.Fatalf("no scenario runs %d scenarios (%v), want compare", len(invs), err)
 	}
-	if len(names) != 1 || names[0] != "compare" {
-		t.Fatalf("no scenario runs %v, want compare", names)
-	}
+	o := parseOne(t, none, "-quick", "compare", "-rows", "5000")
 	if o.Rows != 5000 || o.Keys != 2000 || o.Reps != 1 || o.Orders != 1000 || o.Duration != 10*time.Second {
 		t.Fatalf("-quick with -rows 5000: rows=%d keys=%d reps=%d orders=%d duration=%v", o.Rows, o.Keys, o.Reps, o.Orders, o.Duration)
 	}
-	if _, names, err := parseOptions([]string{"all"}, none, io.Discard); err != nil || len(names) != len(scenarios) {
-		t.Fatalf("all = %v, %v", names, err)
+	if c := parseOne(t, none, "-quick", "consume").Consume; c.Orders != 300 || c.Latency != 3*time.Second {
+		t.Fatalf("-quick consume: orders %d latency %v, want 300 and 3s", c.Orders, c.Latency)
+	}
+	if o := parseOne(t, none, "-quick", "broker"); o.Reps != 3 {
+		t.Fatalf("-quick changed broker's reps (not its flag) to %d", o.Reps)
 	}
 }
 

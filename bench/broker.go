@@ -47,12 +47,12 @@ func brokerOnce(ctx context.Context, o options) (*result.Result, error) {
 	res.Param("window", o.BrokerWindow)
 	res.Param("payload_bytes", o.Payload)
 
-	c, err := r.startConsumer(ctx)
+	c, err := startRigConsumer(ctx, r, false)
 	if err != nil {
 		return nil, err
 	}
 	cpu0 := sampleCPU()
-	pub, err := publishBare(ctx, o, r.exchange, o.Rows, keys)
+	pub, err := publishBare(ctx, o, r.Exchange, o.Rows, keys)
 	if err != nil {
 		return nil, err
 	}

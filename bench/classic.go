@@ -53,7 +53,7 @@ FOR UPDATE SKIP LOCKED`
 const sqlClassicIndex = `CREATE INDEX IF NOT EXISTS bench_classic_pending ON outbox (seq) WHERE processed_at IS NULL`
 
 // classicIndex creates the classic relay's index on the rig's outbox.
-func classicIndex(ctx context.Context, r *rig) error {
+func classicIndex(ctx context.Context, r *harness.Rig) error {
 	sctx, cancel := context.WithTimeout(ctx, harness.SetupTimeout)
 	defer cancel()
 	if _, err := r.Pool.Exec(sctx, sqlClassicIndex); err != nil {
@@ -291,13 +291,13 @@ type classicSystem struct {
 
 // startClassic starts n instances on the rig's database; stop (or the
 // rig's close) stops them and waits.
-func startClassic(r *rig, n int) *classicSystem {
+func startClassic(r *harness.Rig, o options, n int) *classicSystem {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &classicSystem{cancel: cancel}
 	for i := range n {
 		c := &classicRelay{cfg: classicConfig{
-			Name: fmt.Sprintf("c%d", i+1), DBURL: r.DBURL, AMQPURL: r.o.AMQPURL,
-			Batch: r.o.ClassicBatch, Interval: r.o.ClassicEvery,
+			Name: fmt.Sprintf("c%d", i+1), DBURL: r.DBURL, AMQPURL: r.Config.AMQPURL,
+			Batch: o.ClassicBatch, Interval: o.ClassicEvery,
 		}}
 		s.relays = append(s.relays, c)
 		s.wg.Add(1)

@@ -30,22 +30,9 @@ func runCompare(ctx context.Context, o options, emit func(*result.Result)) error
 		got = append(got, res)
 		emit(res)
 	}
-	steps := []struct {
-		name string
-		run  func(context.Context, options, func(*result.Result)) error
-	}{
-		{"broker", runBroker},
-		{"classic", runClassic},
-		{"drain", runDrain},
-		{"latency", runLatency},
-		{"classic-latency", runClassicLatency},
-		{"race", runRace},
-		{"failover", runFailover},
-		{"join", runJoin},
-	}
 	start := time.Now()
 	var errs []error
-	for _, s := range steps {
+	for _, s := range compareSteps {
 		if ctx.Err() != nil {
 			errs = append(errs, ctx.Err())
 			break
@@ -75,6 +62,21 @@ func runCompare(ctx context.Context, o options, emit func(*result.Result)) error
 	printComparison(os.Stdout, cmp)
 	emit(res)
 	return errors.Join(errs...)
+}
+
+// compareSteps are the scenarios compare runs, in order.
+var compareSteps = []struct {
+	name string
+	run  func(context.Context, options, func(*result.Result)) error
+}{
+	{"broker", runBroker},
+	{"classic", runClassic},
+	{"drain", runDrain},
+	{"latency", runLatency},
+	{"classic-latency", runClassicLatency},
+	{"race", runRace},
+	{"failover", runFailover},
+	{"join", runJoin},
 }
 
 // comparisonRow is one line of the final table.

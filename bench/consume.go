@@ -2,9 +2,8 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
-	"os"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -17,9 +16,8 @@ import (
 	"github.com/ordo-relay/ordo/internal/testkit"
 )
 
-// consumeOptions are the consume scenario's knobs. They are read from the
-// environment (ORDO_BENCH_CONSUME_*) so that the scenario needs no flags of
-// its own in main.go.
+// consumeOptions are the consume scenario's knobs, its -consume-* flags
+// (each also read from ORDO_BENCH_CONSUME_*, as before they were flags).
 type consumeOptions struct {
 	Instances []int         // instance counts, one run each (ORDO_BENCH_CONSUME_INSTANCES, default 1,2,3)
 	Orders    int           // orders in the drained backlog, two messages each (ORDO_BENCH_CONSUME_ORDERS, default 1000)
@@ -31,40 +29,30 @@ type consumeOptions struct {
 	Shards    int           // S (ORDO_BENCH_CONSUME_SHARDS, default 12)
 }
 
-func consumeOptionsFromEnv(o options) (consumeOptions, error) {
-	c := consumeOptions{Instances: []int{1, 2, 3}, Orders: 1000, Rate: 50, Latency: 5 * time.Second,
+// defaultConsumeOptions returns the consume scenario's defaults.
+func defaultConsumeOptions() consumeOptions {
+	return consumeOptions{Instances: []int{1, 2, 3}, Orders: 1000, Rate: 50, Latency: 5 * time.Second,
 		Delay: 20 * time.Millisecond, Conns: 16, Lanes: inbox.DefaultConfig("").Lanes, Shards: 12}
-	if o.Quick {
-		c.Orders, c.Latency = 300, 3*time.Second
-	}
-	env := func(name string, set func(string) error) error {
-		if v, ok := os.LookupEnv("ORDO_BENCH_CONSUME_" + name); ok {
-			if err := set(v); err != nil {
-				return fmt.Errorf("ORDO_BENCH_CONSUME_%s=%q: %w", name, v, err)
-			}
-		}
-		return nil
-	}
-	atoi := func(p *int) func(string) error {
-		return func(s string) (err error) { *p, err = strconv.Atoi(s); return err }
-	}
-	dur := func(p *time.Duration) func(string) error {
-		return func(s string) (err error) { *p, err = time.ParseDuration(s); return err }
-	}
-	for _, e := range []error{
-		env("INSTANCES", func(s string) (err error) { c.Instances, err = parseCounts("instances", s); return err }),
-		env("ORDERS", atoi(&c.Orders)), env("RATE", atoi(&c.Rate)), env("LATENCY", dur(&c.Latency)),
-		env("DELAY", dur(&c.Delay)), env("CONNS", atoi(&c.Conns)), env("SHARDS", atoi(&c.Shards)),
-		env("LANES", atoi(&c.Lanes)),
-	} {
-		if e != nil {
-			return c, e
-		}
-	}
+}
+
+// addConsumeFlags registers the consume scenario's -consume-* flags on fs,
+// with c's values as their defaults.
+func addConsumeFlags(fs *flag.FlagSet, c *consumeOptions) {
+	countsVar(fs, "consume-instances", &c.Instances, "comma-separated inbox consumer instance counts, one run each")
+	fs.IntVar(&c.Orders, "consume-orders", c.Orders, "orders in the drained backlog, two messages each")
+	fs.IntVar(&c.Rate, "consume-rate", c.Rate, "orders per second of the latency phase")
+	fs.DurationVar(&c.Latency, "consume-latency", c.Latency, "length of the latency phase")
+	fs.DurationVar(&c.Delay, "consume-delay", c.Delay, "simulated handler work per message")
+	fs.IntVar(&c.Conns, "consume-conns", c.Conns, "PostgreSQL connections per instance: its handler concurrency")
+	fs.IntVar(&c.Lanes, "consume-lanes", c.Lanes, "inbox.Config.Lanes: keys handled at once per shard")
+	fs.IntVar(&c.Shards, "consume-shards", c.Shards, "inbox shards S")
+}
+
+func (c consumeOptions) validate() error {
 	if c.Orders < 1 || c.Rate < 1 || c.Latency <= 0 || c.Delay < 0 || c.Conns < 2 || c.Shards < 1 || c.Lanes < 1 {
-		return c, fmt.Errorf("consume options out of range: %+v", c)
+		return fmt.Errorf("consume options out of range: %+v", c)
 	}
-	return c, nil
+	return nil
 }
 
 // runConsume measures end-to-end ordered handling through the inbox: a
@@ -79,10 +67,7 @@ func consumeOptionsFromEnv(o options) (consumeOptions, error) {
 // competing consumers on one queue and counts the orders they handled out
 // of order.
 func runConsume(ctx context.Context, o options, emit func(*result.Result)) error {
-	co, err := consumeOptionsFromEnv(o)
-	if err != nil {
-		return err
-	}
+	co := o.Consume
 	for _, n := range co.Instances {
 		res, err := consumeOnce(ctx, o, co, n)
 		if err != nil {
@@ -101,16 +86,17 @@ func runConsume(ctx context.Context, o options, emit func(*result.Result)) error
 // consumeRig is a rig plus the consume scenario's durable exchange and
 // handled table.
 type consumeRig struct {
-	*rig
+	*harness.Rig
+	o        options
 	exchange string
 }
 
 func newConsumeRig(ctx context.Context, o options, label string) (*consumeRig, error) {
-	r, err := newRig(ctx, o, "consume", int32(o.Workers+4))
+	r, err := harness.New(ctx, o.harness(), "consume", int32(o.Workers+4))
 	if err != nil {
 		return nil, err
 	}
-	cr := &consumeRig{rig: r, exchange: r.Name + ".orders"}
+	cr := &consumeRig{Rig: r, o: o, exchange: r.Name + ".orders"}
 	err = testkit.Channel(ctx, o.AMQPURL, func(ch *amqp.Channel) error {
 		return ch.ExchangeDeclare(cr.exchange, "topic", true, false, false, false, nil)
 	})
@@ -133,16 +119,16 @@ func newConsumeRig(ctx context.Context, o options, label string) (*consumeRig, e
 // the producer and waits until the node has published every row.
 func (r *consumeRig) load(ctx context.Context, orders, rate int, sys *harness.Node) (*producer, error) {
 	p, err := newProducer(producerConfig{Rate: rate, Workers: r.o.Workers, Payload: 100, Exchange: r.exchange,
-		Orders: true, Max: int64(orders)}, r.Pool, r.o.Partitions)
+		Orders: true, Max: int64(orders)}, r.Pool, r.Config.Partitions)
 	if err != nil {
 		return nil, err
 	}
-	pctx, cancel := context.WithTimeout(ctx, r.o.Timeout)
+	pctx, cancel := context.WithTimeout(ctx, r.Config.Timeout)
 	defer cancel()
 	if err := p.run(pctx); err != nil {
 		return nil, err
 	}
-	if _, err := r.waitPending(ctx, sys.Failed); err != nil {
+	if _, err := r.WaitPending(ctx, sys.Failed, nil); err != nil {
 		return nil, err
 	}
 	return p, nil

@@ -39,7 +39,7 @@ func consumeOnce(ctx context.Context, o options, co consumeOptions, n int) (*res
 	if err := r.declareTopology(ctx, inbox.TopologyOf(cfg)); err != nil {
 		return nil, err
 	}
-	node, err := r.startNode(ctx, o.AMQPURL)
+	node, err := r.StartNextNode(ctx, o.AMQPURL)
 	if err != nil {
 		return nil, err
 	}
@@ -78,7 +78,7 @@ func consumeOnce(ctx context.Context, o options, co consumeOptions, n int) (*res
 // returns, for each of those messages, producer commit to handler insert.
 func (r *consumeRig) latencyPhase(ctx context.Context, co consumeOptions, node *harness.Node, already int) ([]time.Duration, error) {
 	p, err := newProducer(producerConfig{Rate: co.Rate, Workers: r.o.Workers, Payload: 100, Exchange: r.exchange,
-		Orders: true}, r.Pool, r.o.Partitions)
+		Orders: true}, r.Pool, r.Config.Partitions)
 	if err != nil {
 		return nil, err
 	}
@@ -139,11 +139,11 @@ func addConsumeParams(res *result.Result, o options, co consumeOptions) {
 
 // declareTopology declares topo and removes it at close.
 func (r *consumeRig) declareTopology(ctx context.Context, topo inbox.Topology) error {
-	if err := testkit.Channel(ctx, r.o.AMQPURL, topo.Declare); err != nil {
+	if err := testkit.Channel(ctx, r.Config.AMQPURL, topo.Declare); err != nil {
 		return fmt.Errorf("declare inbox topology: %w", err)
 	}
 	r.OnClose("delete inbox topology", func(ctx context.Context) error {
-		return testkit.Channel(ctx, r.o.AMQPURL, func(ch *amqp.Channel) error {
+		return testkit.Channel(ctx, r.Config.AMQPURL, func(ch *amqp.Channel) error {
 			var errs []error
 			for i := range topo.Shards {
 				_, err := ch.QueueDelete(topo.ShardQueue(i), false, false, false)
@@ -269,7 +269,7 @@ func competingOnce(ctx context.Context, o options, co consumeOptions, n int) (*r
 	r.OnClose("delete "+queue, func(ctx context.Context) error {
 		return testkit.Channel(ctx, o.AMQPURL, func(ch *amqp.Channel) error { _, err := ch.QueueDelete(queue, false, false, false); return err })
 	})
-	node, err := r.startNode(ctx, o.AMQPURL)
+	node, err := r.StartNextNode(ctx, o.AMQPURL)
 	if err != nil {
 		return nil, err
 	}
@@ -315,7 +315,7 @@ func startCompeting(ctx context.Context, r *consumeRig, queue string, co consume
 		wg.Wait()
 	}
 	for range n {
-		conn, err := amqp.Dial(r.o.AMQPURL)
+		conn, err := amqp.Dial(r.Config.AMQPURL)
 		if err != nil {
 			stop()
 			return nil, fmt.Errorf("competing consumer: %w", err)

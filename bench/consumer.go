@@ -270,7 +270,7 @@ func (c *consumer) waitAll(ctx context.Context, ids []string, timeout time.Durat
 // arrive.
 func (c *consumer) report(expected []string) result.Check {
 	c.rec.Expect(expected...)
-	return result.CheckFrom(c.rec.Report())
+	return c.rec.Report()
 }
 
 // close deletes the queue, closes the connection and waits for the

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/ordo-relay/ordo/bench/internal/harness"
 	"github.com/ordo-relay/ordo/bench/internal/result"
 )
 
@@ -74,7 +75,7 @@ type drainPlan struct {
 	// before, when set, runs right after the rows were committed, and
 	// after once they are drained (before the relays stop); both may add
 	// figures to the result.
-	before, after func(ctx context.Context, r *rig, sys system, res *result.Result) error
+	before, after func(ctx context.Context, r *harness.Rig, sys system, res *result.Result) error
 }
 
 // drainCosts is what a drain measured of PostgreSQL's work, for the shapes
@@ -102,7 +103,6 @@ func drainBacklog(ctx context.Context, o options, spec systemSpec, plan drainPla
 		return nil, costs, err
 	}
 	defer r.Close()
-	r.durableQueue = plan.durable
 	res := result.New(plan.scenario)
 	res.Label = plan.label
 	if res.Label == "" {
@@ -131,12 +131,12 @@ func drainBacklog(ctx context.Context, o options, spec systemSpec, plan drainPla
 		res.Param("durable_queue", true)
 	}
 
-	c, err := r.startConsumer(ctx)
+	c, err := startRigConsumer(ctx, r, plan.durable)
 	if err != nil {
 		return nil, costs, err
 	}
 	startAt := time.Now()
-	sys, err := spec.start(ctx, r)
+	sys, err := spec.start(ctx, r, o)
 	if err != nil {
 		return nil, costs, err
 	}
@@ -195,7 +195,7 @@ func drainBacklog(ctx context.Context, o options, spec systemSpec, plan drainPla
 	first, last, got := deliverySpan(ids, recv)
 	if costs.complete {
 		fmt.Printf("all %d delivered %v after the commit\n", len(ids), last.Sub(committed).Round(time.Millisecond))
-		if _, err := r.waitPendingWhere(ctx, sys.failed, poisonPrefixes(plan.groups)); err != nil {
+		if _, err := r.WaitPending(ctx, sys.failed, poisonPrefixes(plan.groups)); err != nil {
 			return nil, costs, err
 		}
 	} else {
@@ -214,7 +214,7 @@ func drainBacklog(ctx context.Context, o options, spec systemSpec, plan drainPla
 		return nil, costs, err
 	}
 	if poisoned > 0 {
-		n, err := r.parked(ctx)
+		n, err := r.Parked(ctx)
 		if err != nil {
 			return nil, costs, err
 		}

@@ -69,11 +69,11 @@ func failoverOnce(ctx context.Context, o options) (*result.Result, error) {
 	res.Param("partitions", o.Partitions)
 	res.Param("rejoin_interval", harness.RejoinInterval)
 
-	c, err := r.startConsumer(ctx)
+	c, err := startRigConsumer(ctx, r, false)
 	if err != nil {
 		return nil, err
 	}
-	cl, err := harness.NewCluster(r.Rig, o.AMQPURL, clusterSize, true)
+	cl, err := harness.NewCluster(r, o.AMQPURL, clusterSize, true)
 	if err != nil {
 		return nil, err
 	}
@@ -112,7 +112,7 @@ func failoverOnce(ctx context.Context, o options) (*result.Result, error) {
 	if err := c.waitAll(ctx, ids, o.Timeout, cl.Failed); err != nil {
 		return nil, err
 	}
-	if _, err := r.waitPending(ctx, cl.Failed); err != nil {
+	if _, err := r.WaitPending(ctx, cl.Failed, nil); err != nil {
 		return nil, err
 	}
 	sys := &ordoSystem{c: cl}
@@ -269,8 +269,8 @@ func publishLag(first map[int]epochFirst, claims map[int]time.Time, commits map[
 // startLoad starts a producer of rate commits a second over keys keys.
 // stop ends it and waits for its transactions; it is idempotent and
 // returns the producer's error.
-func startLoad(ctx context.Context, r *rig, o options, rate, keys int) (stop func() error, p *producer, err error) {
-	p, err = newProducer(producerConfig{Rate: rate, Workers: o.Workers, Keys: keys, Payload: o.Payload, Exchange: r.exchange}, r.Pool, o.Partitions)
+func startLoad(ctx context.Context, r *harness.Rig, o options, rate, keys int) (stop func() error, p *producer, err error) {
+	p, err = newProducer(producerConfig{Rate: rate, Workers: o.Workers, Keys: keys, Payload: o.Payload, Exchange: r.Exchange}, r.Pool, o.Partitions)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -54,11 +54,11 @@ func joinOnce(ctx context.Context, o options) (*result.Result, error) {
 	res.Param("partitions", o.Partitions)
 	res.Param("rejoin_interval", harness.RejoinInterval)
 
-	c, err := r.startConsumer(ctx)
+	c, err := startRigConsumer(ctx, r, false)
 	if err != nil {
 		return nil, err
 	}
-	cl, err := harness.NewCluster(r.Rig, o.AMQPURL, clusterSize, true)
+	cl, err := harness.NewCluster(r, o.AMQPURL, clusterSize, true)
 	if err != nil {
 		return nil, err
 	}
@@ -100,7 +100,7 @@ func joinOnce(ctx context.Context, o options) (*result.Result, error) {
 	if err := c.waitAll(ctx, ids, o.Timeout, cl.Failed); err != nil {
 		return nil, err
 	}
-	if _, err := r.waitPending(ctx, cl.Failed); err != nil {
+	if _, err := r.WaitPending(ctx, cl.Failed, nil); err != nil {
 		return nil, err
 	}
 	sys := &ordoSystem{c: cl}

@@ -63,15 +63,15 @@ func latencyOnce(ctx context.Context, o options, spec systemSpec) (*result.Resul
 		res.Param("confirm_window", o.ConfirmWindow)
 	}
 
-	c, err := r.startConsumer(ctx)
+	c, err := startRigConsumer(ctx, r, false)
 	if err != nil {
 		return nil, err
 	}
-	sys, err := spec.start(ctx, r)
+	sys, err := spec.start(ctx, r, o)
 	if err != nil {
 		return nil, err
 	}
-	p, err := newProducer(producerConfig{Rate: rate, Workers: o.Workers, Keys: keys, Payload: o.Payload, Exchange: r.exchange}, r.Pool, o.Partitions)
+	p, err := newProducer(producerConfig{Rate: rate, Workers: o.Workers, Keys: keys, Payload: o.Payload, Exchange: r.Exchange}, r.Pool, o.Partitions)
 	if err != nil {
 		return nil, err
 	}
@@ -110,7 +110,7 @@ func latencyOnce(ctx context.Context, o options, spec systemSpec) (*result.Resul
 	if err := c.waitAll(ctx, ids, o.Timeout, sys.failed); err != nil {
 		return nil, err
 	}
-	if _, err := r.waitPending(ctx, sys.failed); err != nil {
+	if _, err := r.WaitPending(ctx, sys.failed, nil); err != nil {
 		return nil, err
 	}
 	if err := sys.stop(); err != nil {

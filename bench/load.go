@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ordo-relay/ordo/bench/internal/harness"
 	"github.com/ordo-relay/ordo/partition"
 )
 
@@ -33,7 +34,7 @@ type loaded struct {
 // transaction's own rows), and commits. insertCPU is the CPU of the
 // bench's PostgreSQL backends during the COPY and the COMMIT, not the
 // ANALYZE.
-func loadGroups(ctx context.Context, r *rig, groups []rowGroup, payload int, analyze bool) (*loaded, error) {
+func loadGroups(ctx context.Context, r *harness.Rig, groups []rowGroup, payload int, analyze bool) (*loaded, error) {
 	out := &loaded{}
 	// Payload: {"key":"key-00042","n":123,"pad":"xxx..."} of about payload bytes.
 	pad := strings.Repeat("x", max(0, payload-len(`{"key":"key-00000","n":100000,"pad":""}`)))
@@ -58,7 +59,7 @@ func loadGroups(ctx context.Context, r *rig, groups []rowGroup, payload int, ana
 				if err != nil {
 					return nil, fmt.Errorf("message id: %w", err)
 				}
-				exchange := r.exchange
+				exchange := r.Exchange
 				if grp.poison {
 					out.held = append(out.held, id.String())
 					if i < grp.keys {
@@ -69,14 +70,14 @@ func loadGroups(ctx context.Context, r *rig, groups []rowGroup, payload int, ana
 				}
 				g++
 				body := fmt.Appendf(nil, `{"key":%q,"n":%d,"pad":%q}`, key, i, pad)
-				return []any{id, int32(partition.Of(key, r.o.Partitions)), key, exchange, "bench.event",
+				return []any{id, int32(partition.Of(key, r.Config.Partitions)), key, exchange, "bench.event",
 					"ordo.bench.event.v1", json.RawMessage(body), headers}, nil
 			}
 		}
 		return nil, nil
 	})
 	rows, _, _ := planSize(groups)
-	cctx, cancel := context.WithTimeout(ctx, r.o.Timeout)
+	cctx, cancel := context.WithTimeout(ctx, r.Config.Timeout)
 	defer cancel()
 	b0, err := listBackends(cctx, r.Probe, r.Name)
 	if err != nil {

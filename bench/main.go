@@ -3,7 +3,12 @@
 // bench's own to an exchange of its own, and a consumer checks every
 // delivery for loss and per-key order while timing it.
 //
-//	go run ./bench [flags] scenario...
+//	go run ./bench [common flags] [scenario [its flags]]...
+//
+// The common flags (servers, node binary, output directory, -quick) come
+// first; each scenario's own flags follow its name, and
+// go run ./bench <scenario> -h lists them: go run ./bench -quick drain
+// -nodes 1,2 latency -rate 500.
 //
 // Scenarios (see docs/bench.md for what each measures):
 //
@@ -21,8 +26,9 @@
 //	nemesis          3 nodes and the order API under a seeded schedule of faults, checked from the deliveries (never in all or compare: it restarts the servers)
 //
 // Every flag also reads ORDO_BENCH_<FLAG> (e.g. ORDO_BENCH_ROWS) when not
-// given. Each scenario prints a table, one "RESULT key=value ..." line and
-// the checker's counts, and writes every figure to a JSON file under -out.
+// given (a scenario's flag only in the scenarios that have it). Each
+// scenario prints a table, one "RESULT key=value ..." line and the
+// checker's counts, and writes every figure to a JSON file under -out.
 // The exit status is 1 when a scenario failed or the checker found a lost,
 // reordered or skipped message (reorders of the classic baseline are
 // expected and only reported).
@@ -37,7 +43,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"os/signal"
 	"strconv"
@@ -47,64 +52,9 @@ import (
 
 	"github.com/ordo-relay/ordo/bench/internal/result"
 	"github.com/ordo-relay/ordo/bench/nemesis"
-	"github.com/ordo-relay/ordo/internal/envflag"
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/partition"
 )
-
-// options are the bench's flags. Zero scenario-specific values mean "the
-// scenario's default", which the scenario's doc states.
-type options struct {
-	PostgresURL   string        // admin URL: the bench creates its databases through it
-	AMQPURL       string        // broker; the consumer always connects here directly
-	Out           string        // directory for the JSON results
-	Partitions    int           // P, given to the node and to outbox.Migrate
-	ConfirmWindow int           // W, given to the node
-	NodeBin       string        // a prebuilt node binary; empty builds ./cmd/node
-	Timeout       time.Duration // bound on every wait of a scenario
-
-	Rows     int           // drain, classic, broker: messages
-	Keys     int           // distinct correlation ids (0: the scenario's default)
-	Payload  int           // approximate payload size in bytes
-	Analyze  bool          // drain, classic: ANALYZE the outbox after loading it
-	Rate     int           // outage, latency, failover, join: commits per second; race: orders per second (0: the scenario's default)
-	Workers  int           // producer goroutines (connections)
-	Duration time.Duration // latency: how long producers run
-	Warmup   time.Duration // latency: commits in this first part are not measured
-	Before   time.Duration // outage: steady running before the cut
-	Outage   time.Duration // outage: how long the broker link stays cut
-
-	Nodes          []int         // drain: node counts, one run each
-	Instances      []int         // classic: instance counts, one run each; classic-latency uses the first
-	Reps           int           // failover, join: repetitions
-	Orders         int           // race: orders
-	RaceInstances  int           // race: classic instances
-	RaceNodes      int           // race: Ordo nodes
-	BrokerWindow   int           // broker: unconfirmed publishes in flight
-	ClassicBatch   int           // classic: rows per batch
-	ClassicEvery   time.Duration // classic: polling interval
-	Quick          bool          // smaller defaults for a quick look
-	FailoverTarget time.Duration // failover: the target the figures are judged against
-	JoinTarget     time.Duration // join: the target the figures are judged against
-
-	Shapes      []string      // shapes: the shapes to run (see shapeDefs)
-	ShapeLimit  time.Duration // shapes: a drain not finished by then is reported as incomplete
-	ShapeSteady time.Duration // shapes: the steady run per shape (commit latency); 0 skips it
-
-	ScaleNodes  []int         // scaleout: node counts
-	ScaleCap    float64       // scaleout: CPU cap per node, in cores
-	ScaleShape  []string      // scaleout: many, hot
-	ScaleRows   int           // scaleout: rows of the many-keys backlog
-	ScaleHot    int           // scaleout: rows of the hot-key (10 keys) backlog
-	Charts      string        // charts: the directory the PNGs go to
-	ScalePeriod time.Duration // scaleout: CFS period
-
-	Seed    int64          // nemesis: the schedule's seed (0: drawn and printed)
-	Profile string         // nemesis: short (about 2 minutes) or long (10 minutes or more)
-	Kinds   []nemesis.Kind // nemesis: the kinds of fault to run (the others' steps are left out of the plan)
-
-	Produce produceOptions // produce: its flags (produce.go)
-}
 
 // scenario is one benchmark. run owns everything it creates and removes it
 // before returning, on error and cancellation too. It hands every result
@@ -113,26 +63,27 @@ type options struct {
 type scenario struct {
 	name    string
 	summary string
+	flags   []string // its own flags: keys of flagDefs (flags.go)
 	run     func(ctx context.Context, o options, emit func(*result.Result)) error
 }
 
 // scenarios is every scenario, in the order "all" runs them. compare is
 // kept out of "all": it runs most of the others itself.
 var scenarios = []scenario{
-	{"drain", "a backlog of pending rows drained by -nodes Ordo nodes: msgs/s, node RSS", runDrain},
-	{"outage", "broker link cut under a steady producer: seconds to resume and to drain the backlog", runOutage},
-	{"latency", "commit-to-delivery latency at a fixed commit rate: p50, p99, max", runLatency},
-	{"broker", "a bare publisher with pipelined confirms and no database: the broker's ceiling in msgs/s", runBroker},
-	{"classic", "the article's relay (50 oldest rows a second, one confirm at a time) as -instances instances: msgs/s", runClassic},
-	{"classic-latency", "the classic relay's commit-to-delivery latency at the latency scenario's rate", runClassicLatency},
-	{"race", "OrderPlaced then OrderCancelled per order: reversed arrivals, classic (2 instances) vs Ordo (3 nodes)", runRace},
-	{"failover", "kill -9 of one of 3 nodes under load: seconds until its partitions publish again", runFailover},
-	{"join", "a 3rd node joins 2 under load: seconds until it publishes on each of its partitions", runJoin},
-	{"shapes", "classic vs Ordo in every backlog shape, with and without ANALYZE: msgs/s, ratios, whole cost per message", runShapes},
-	{"scaleout", "1..4 Ordo nodes, each capped to -scale-cap of a core in a CPU cgroup: msgs/s, efficiency, server busy", runScaleout},
-	{"consume", "inbox consumers, 1..3 instances: ordered handling msgs/s and commit-to-handled latency, vs competing consumers", runConsume},
-	{"produce", "producers' cost: Ordo's outbox INSERT (plain SQL, Enqueue) vs a classic outbox table and a trigger-less one: tps, commit p50/p99, PG CPU and WAL per message", runProduce},
-	{"charts", "draw the PNG charts (scale-out, shapes, latency) from the newest results under -out into -charts", runCharts},
+	{"drain", "a backlog of pending rows drained by -nodes Ordo nodes: msgs/s, node RSS", []string{"rows", "keys", "payload", "analyze", "nodes"}, runDrain},
+	{"outage", "broker link cut under a steady producer: seconds to resume and to drain the backlog", []string{"keys", "payload", "rate", "workers", "before", "outage"}, runOutage},
+	{"latency", "commit-to-delivery latency at a fixed commit rate: p50, p99, max", []string{"keys", "payload", "rate", "workers", "duration", "warmup"}, runLatency},
+	{"broker", "a bare publisher with pipelined confirms and no database: the broker's ceiling in msgs/s", []string{"rows", "keys", "payload", "broker-window"}, runBroker},
+	{"classic", "the article's relay (50 oldest rows a second, one confirm at a time) as -instances instances: msgs/s", []string{"rows", "keys", "payload", "analyze", "instances", "classic-batch", "classic-interval"}, runClassic},
+	{"classic-latency", "the classic relay's commit-to-delivery latency at the latency scenario's rate", []string{"keys", "payload", "rate", "workers", "duration", "warmup", "instances", "classic-batch", "classic-interval"}, runClassicLatency},
+	{"race", "OrderPlaced then OrderCancelled per order: reversed arrivals, classic (2 instances) vs Ordo (3 nodes)", []string{"orders", "race-instances", "race-nodes", "payload", "rate", "workers", "classic-batch", "classic-interval"}, runRace},
+	{"failover", "kill -9 of one of 3 nodes under load: seconds until its partitions publish again", []string{"keys", "payload", "rate", "workers", "reps", "failover-target"}, runFailover},
+	{"join", "a 3rd node joins 2 under load: seconds until it publishes on each of its partitions", []string{"keys", "payload", "rate", "workers", "reps", "join-target"}, runJoin},
+	{"shapes", "classic vs Ordo in every backlog shape, with and without ANALYZE: msgs/s, ratios, whole cost per message", []string{"shapes", "shape-limit", "shape-steady", "payload", "workers", "rate", "warmup", "classic-batch", "classic-interval"}, runShapes},
+	{"scaleout", "1..4 Ordo nodes, each capped to -scale-cap of a core in a CPU cgroup: msgs/s, efficiency, server busy", []string{"scale-nodes", "scale-cap", "scale-period", "scale-shapes", "scale-rows", "scale-hot-rows", "payload"}, runScaleout},
+	{"consume", "inbox consumers, 1..3 instances: ordered handling msgs/s and commit-to-handled latency, vs competing consumers", []string{"workers", "consume-*"}, runConsume},
+	{"produce", "producers' cost: Ordo's outbox INSERT (plain SQL, Enqueue) vs a classic outbox table and a trigger-less one: tps, commit p50/p99, PG CPU and WAL per message", []string{"payload", "keys", "produce-*"}, runProduce},
+	{"charts", "draw the PNG charts (scale-out, shapes, latency) from the newest results under -out into -charts", []string{"charts"}, runCharts},
 }
 
 // nemesisScenario is run only by name: it restarts the shared servers, so
@@ -140,6 +91,7 @@ var scenarios = []scenario{
 // (bench/cmd/nemesis) under the bench's flags.
 var nemesisScenario = scenario{"nemesis",
 	"3 nodes and the order API under a seeded schedule of faults, checked from the deliveries (go run ./bench/cmd/nemesis)",
+	[]string{"rate", "seed", "profile", "kinds"},
 	func(ctx context.Context, o options, _ func(*result.Result)) error {
 		return nemesis.Run(ctx, o.nemesis())
 	}}
@@ -152,125 +104,8 @@ func (o options) nemesis() nemesis.Config {
 }
 
 // compareScenario is the default: see runCompare.
-var compareScenario = scenario{"compare", "broker, classic, drain, latency, race, failover and join in one go, with a table of ratios", runCompare}
-
-func parseOptions(args []string, lookup func(string) (string, bool), out io.Writer) (options, []string, error) {
-	var o options
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.SetOutput(out)
-	fs.StringVar(&o.PostgresURL, "postgres-url", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "PostgreSQL admin URL (the bench creates and drops its own databases)")
-	fs.StringVar(&o.AMQPURL, "amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL")
-	fs.StringVar(&o.Out, "out", "bench/results", "directory for the JSON results")
-	fs.IntVar(&o.Partitions, "partitions", partition.DefaultCount, "partition count P")
-	fs.IntVar(&o.ConfirmWindow, "confirm-window", 512, "the node's confirm window W")
-	fs.StringVar(&o.NodeBin, "node-bin", "", "prebuilt node binary (default: go build ./cmd/node)")
-	fs.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "bound on every wait")
-	fs.IntVar(&o.Rows, "rows", 100000, "drain, classic, broker: messages")
-	fs.IntVar(&o.Keys, "keys", 0, "distinct correlation ids (0: drain, classic, broker, latency 10000; outage, failover, join 1000)")
-	fs.IntVar(&o.Payload, "payload", 300, "approximate JSON payload size in bytes")
-	fs.BoolVar(&o.Analyze, "analyze", true, "drain, classic: ANALYZE the outbox after loading it, as autovacuum would soon")
-	fs.IntVar(&o.Rate, "rate", 0, "commits per second (0: outage, failover, join 500, latency 1000); race: orders per second (0: 250)")
-	fs.IntVar(&o.Workers, "workers", 16, "producer goroutines, one connection each")
-	fs.DurationVar(&o.Duration, "duration", 30*time.Second, "latency: how long producers run")
-	fs.DurationVar(&o.Warmup, "warmup", 2*time.Second, "latency: commits in this first part are not measured")
-	fs.DurationVar(&o.Before, "before", 3*time.Second, "outage: steady running before the cut")
-	fs.DurationVar(&o.Outage, "outage", 10*time.Second, "outage: how long the broker link stays cut")
-	nodes := fs.String("nodes", "1", "drain: comma-separated Ordo node counts, one run each (compare: 1,2,3)")
-	instances := fs.String("instances", "1,2", "classic: comma-separated instance counts, one run each; classic-latency uses the first")
-	fs.IntVar(&o.Reps, "reps", 3, "failover, join: repetitions")
-	fs.IntVar(&o.Orders, "orders", 5000, "race: orders (two messages each)")
-	fs.IntVar(&o.RaceInstances, "race-instances", 2, "race: classic relay instances")
-	fs.IntVar(&o.RaceNodes, "race-nodes", 3, "race: Ordo nodes")
-	fs.IntVar(&o.BrokerWindow, "broker-window", 1024, "broker: most unconfirmed publishes in flight")
-	fs.IntVar(&o.ClassicBatch, "classic-batch", 50, "classic: rows per batch")
-	fs.DurationVar(&o.ClassicEvery, "classic-interval", time.Second, "classic: polling interval")
-	fs.BoolVar(&o.Quick, "quick", false, "smaller defaults for a quick look: rows 20000, keys 2000, duration 10s, orders 1000, reps 1 (flags given win)")
-	fs.DurationVar(&o.FailoverTarget, "failover-target", 3*time.Second, "failover: target")
-	fs.DurationVar(&o.JoinTarget, "join-target", 5*time.Second, "join: target")
-	shapes := fs.String("shapes", "all", "shapes: comma-separated shapes ("+strings.Join(shapeNames(), ", ")+") or all")
-	fs.DurationVar(&o.ShapeLimit, "shape-limit", 5*time.Minute, "shapes: a drain not finished by then is reported as incomplete")
-	fs.DurationVar(&o.ShapeSteady, "shape-steady", 10*time.Second, "shapes: steady run per shape for the producers' commit latency (0 skips it)")
-	scaleNodes := fs.String("scale-nodes", "1,2,3,4", "scaleout: comma-separated node counts")
-	fs.Float64Var(&o.ScaleCap, "scale-cap", 0.05, "scaleout: CPU cap per node, in cores")
-	fs.DurationVar(&o.ScalePeriod, "scale-period", 10*time.Millisecond, "scaleout: CFS period of the caps (raised to fit the kernel's 1 ms minimum quota: 20ms for 0.05 core)")
-	scaleShapes := fs.String("scale-shapes", "many,hot", "scaleout: many (many keys) and/or hot (10 keys)")
-	fs.IntVar(&o.ScaleRows, "scale-rows", 40000, "scaleout: rows of the many-keys backlog (over rows/10 keys)")
-	fs.IntVar(&o.ScaleHot, "scale-hot-rows", 5000, "scaleout: rows of the hot-key backlog (over 10 keys)")
-	fs.StringVar(&o.Charts, "charts", "docs", "charts: directory for the PNGs")
-	fs.Int64Var(&o.Seed, "seed", 0, "nemesis: seed of the fault schedule (0: draw one and print it)")
-	fs.StringVar(&o.Profile, "profile", "short", "nemesis: short (about 2 minutes) or long (10 minutes or more)")
-	kinds := fs.String("kinds", "all", "nemesis: comma-separated kinds of fault to run, or all")
-	produceLists := addProduceFlags(fs, &o.Produce)
-
-	var names []string
-	for _, s := range append([]scenario{compareScenario, nemesisScenario}, scenarios...) {
-		names = append(names, fmt.Sprintf("  %-16s %s", s.name, s.summary))
-	}
-	fs.Usage = envflag.Usage(fs, "ORDO_BENCH", "usage: go run ./bench [flags] [scenario... | all | compare]\n\nWithout a scenario, compare runs.\n\nScenarios:\n"+strings.Join(names, "\n"))
-	if err := envflag.Parse(fs, "ORDO_BENCH", args, lookup); err != nil {
-		return o, nil, err
-	}
-	var err error
-	if o.Nodes, err = parseCounts("nodes", *nodes); err != nil {
-		return o, nil, err
-	}
-	if o.Instances, err = parseCounts("instances", *instances); err != nil {
-		return o, nil, err
-	}
-	if o.Shapes, err = parseShapes(*shapes); err != nil {
-		return o, nil, err
-	}
-	if o.ScaleNodes, err = parseCounts("scale-nodes", *scaleNodes); err != nil {
-		return o, nil, err
-	}
-	if o.ScaleShape, err = parseScaleShapes(*scaleShapes); err != nil {
-		return o, nil, err
-	}
-	if o.Kinds, err = nemesis.ParseKinds(*kinds); err != nil {
-		return o, nil, err
-	}
-	if err := produceLists(); err != nil {
-		return o, nil, err
-	}
-	if o.Quick {
-		given := map[string]bool{}
-		fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-		for _, q := range []struct {
-			name string
-			set  func()
-		}{
-			{"rows", func() { o.Rows = 20000 }},
-			{"keys", func() { o.Keys = 2000 }},
-			{"duration", func() { o.Duration = 10 * time.Second }},
-			{"orders", func() { o.Orders = 1000 }},
-			{"reps", func() { o.Reps = 1 }},
-			{"scale-rows", func() { o.ScaleRows = 2000 }},
-			{"scale-hot-rows", func() { o.ScaleHot = 500 }},
-		} {
-			if !given[q.name] {
-				q.set()
-			}
-		}
-	}
-	var run []string
-	args = fs.Args()
-	if len(args) == 0 {
-		args = []string{compareScenario.name}
-	}
-	for _, a := range args {
-		if a == "all" {
-			for _, s := range scenarios {
-				run = append(run, s.name)
-			}
-			continue
-		}
-		if findScenario(a) == nil {
-			return o, nil, fmt.Errorf("unknown scenario %q", a)
-		}
-		run = append(run, a)
-	}
-	return o, run, o.validate()
-}
+// Its flags are those of the scenarios it runs (scenario.flagNames).
+var compareScenario = scenario{"compare", "broker, classic, drain, latency, race, failover and join in one go, with a table of ratios", nil, runCompare}
 
 // parseCounts parses "1,2,3" into positive counts of at most 8.
 func parseCounts(flagName, s string) ([]int, error) {
@@ -323,6 +158,9 @@ func (o options) validate() error {
 	if err := o.Produce.validate(); err != nil {
 		return err
 	}
+	if err := o.Consume.validate(); err != nil {
+		return err
+	}
 	return partition.ValidateCount(o.Partitions)
 }
 
@@ -358,7 +196,7 @@ func findScenario(name string) *scenario {
 }
 
 func main() {
-	o, names, err := parseOptions(os.Args[1:], os.LookupEnv, os.Stderr)
+	invs, err := parseArgs(os.Args[1:], os.LookupEnv, os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
 	}
@@ -367,28 +205,29 @@ func main() {
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	code := run(ctx, o, names)
+	code := run(ctx, invs)
 	stop()
 	testkit.RemoveBinaries()
 	os.Exit(code)
 }
 
-// run runs the named scenarios in order and returns the exit status.
-func run(ctx context.Context, o options, names []string) int {
+// run runs the scenarios in order and returns the exit status.
+func run(ctx context.Context, invs []invocation) int {
 	code := 0
-	emit := func(res *result.Result) {
-		if !report(res, o.Out) {
-			code = 1
-		}
-	}
-	for _, name := range names {
+	for _, inv := range invs {
 		if ctx.Err() != nil {
 			fmt.Fprintln(os.Stderr, "bench: interrupted")
 			return 1
 		}
-		s := findScenario(name)
+		out := inv.o.Out
+		emit := func(res *result.Result) {
+			if !report(res, out) {
+				code = 1
+			}
+		}
+		s := inv.s
 		fmt.Printf("\n=== %s: %s\n", s.name, s.summary)
-		if err := s.run(ctx, o, emit); err != nil {
+		if err := s.run(ctx, inv.o, emit); err != nil {
 			fmt.Fprintf(os.Stderr, "bench: %s: %v\n", s.name, err)
 			code = 1
 		}

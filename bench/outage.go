@@ -50,7 +50,7 @@ func outageOnce(ctx context.Context, o options) (*result.Result, error) {
 	res.Param("partitions", o.Partitions)
 	res.Param("confirm_window", o.ConfirmWindow)
 
-	c, err := r.startConsumer(ctx)
+	c, err := startRigConsumer(ctx, r, false)
 	if err != nil {
 		return nil, err
 	}
@@ -63,7 +63,7 @@ func outageOnce(ctx context.Context, o options) (*result.Result, error) {
 		return nil, err
 	}
 	viaProxy := px.URL(o.AMQPURL) // o.AMQPURL parsed above (hostPort)
-	n, err := r.startNode(ctx, viaProxy)
+	n, err := r.StartNextNode(ctx, viaProxy)
 	if err != nil {
 		return nil, err
 	}
@@ -71,7 +71,7 @@ func outageOnce(ctx context.Context, o options) (*result.Result, error) {
 		return nil, err
 	}
 
-	p, err := newProducer(producerConfig{Rate: rate, Workers: o.Workers, Keys: keys, Payload: o.Payload, Exchange: r.exchange}, r.Pool, o.Partitions)
+	p, err := newProducer(producerConfig{Rate: rate, Workers: o.Workers, Keys: keys, Payload: o.Payload, Exchange: r.Exchange}, r.Pool, o.Partitions)
 	if err != nil {
 		return nil, err
 	}
@@ -111,7 +111,7 @@ func outageOnce(ctx context.Context, o options) (*result.Result, error) {
 	if err := c.waitAll(ctx, ids, o.Timeout, n.Failed); err != nil {
 		return nil, err
 	}
-	if _, err := r.waitPending(ctx, n.Failed); err != nil {
+	if _, err := r.WaitPending(ctx, n.Failed, nil); err != nil {
 		return nil, err
 	}
 	detectedAt, detected := n.LineAfter("RabbitMQ unavailable", cutAt)

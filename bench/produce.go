@@ -50,27 +50,32 @@ type produceOptions struct {
 	WALInspect bool          // measure this database's WAL with pg_walinspect
 }
 
-// addProduceFlags registers the produce scenario's flags on fs and returns
-// the function that parses the list flags once fs has parsed.
-func addProduceFlags(fs *flag.FlagSet, p *produceOptions) func() error {
-	fs.DurationVar(&p.Duration, "produce-duration", 10*time.Second, "produce: measured time per run")
-	fs.DurationVar(&p.Warmup, "produce-warmup", time.Second, "produce: time per run before measuring starts")
-	producers := fs.String("produce-producers", "1,8,32", "produce: comma-separated producer counts (connections), 1 to 64")
-	rows := fs.String("produce-rows", "1,10", "produce: comma-separated rows per transaction, 1 to 1000")
-	fs.IntVar(&p.Reps, "produce-reps", 3, "produce: repetitions of every variant in every cell (alternating); medians are reported")
-	variants := fs.String("produce-variants", "all", "produce: comma-separated variants (classic, ordo-sql, ordo-sql-nonotify, ordo-enqueue, bare) or all; classic always runs")
-	fs.BoolVar(&p.WALInspect, "produce-wal-inspect", true, "produce: count the WAL of the run's own database with pg_walinspect (besides the server-wide LSN delta)")
-	return func() error {
-		var err error
-		if p.Producers, err = parseRange("produce-producers", *producers, 1, 64); err != nil {
-			return err
-		}
-		if p.Rows, err = parseRange("produce-rows", *rows, 1, 1000); err != nil {
-			return err
-		}
-		p.Variants, err = parseProduceVariants(*variants)
+// defaultProduceOptions returns the produce scenario's defaults.
+func defaultProduceOptions() produceOptions {
+	all, _ := parseProduceVariants("all")
+	return produceOptions{Duration: 10 * time.Second, Warmup: time.Second, Producers: []int{1, 8, 32}, Rows: []int{1, 10},
+		Reps: 3, Variants: all, WALInspect: true}
+}
+
+// addProduceFlags registers the produce scenario's -produce-* flags on fs,
+// with p's values as their defaults.
+func addProduceFlags(fs *flag.FlagSet, p *produceOptions) {
+	fs.DurationVar(&p.Duration, "produce-duration", p.Duration, "measured time per run")
+	fs.DurationVar(&p.Warmup, "produce-warmup", p.Warmup, "time per run before measuring starts")
+	listVar(fs, "produce-producers", joinInts(p.Producers), "comma-separated producer counts (connections), 1 to 64", func(s string) (err error) {
+		p.Producers, err = parseRange("produce-producers", s, 1, 64)
 		return err
-	}
+	})
+	listVar(fs, "produce-rows", joinInts(p.Rows), "comma-separated rows per transaction, 1 to 1000", func(s string) (err error) {
+		p.Rows, err = parseRange("produce-rows", s, 1, 1000)
+		return err
+	})
+	fs.IntVar(&p.Reps, "produce-reps", p.Reps, "repetitions of every variant in every cell (alternating); medians are reported")
+	listVar(fs, "produce-variants", "all", "comma-separated variants (classic, ordo-sql, ordo-sql-nonotify, ordo-enqueue, bare) or all; classic always runs", func(s string) (err error) {
+		p.Variants, err = parseProduceVariants(s)
+		return err
+	})
+	fs.BoolVar(&p.WALInspect, "produce-wal-inspect", p.WALInspect, "count the WAL of the run's own database with pg_walinspect (besides the server-wide LSN delta)")
 }
 
 func (p produceOptions) validate() error {

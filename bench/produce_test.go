@@ -14,25 +14,22 @@ import (
 
 func TestProduceFlags(t *testing.T) {
 	none := func(string) (string, bool) { return "", false }
-	o, names, err := parseOptions([]string{"-produce-producers", "2,4", "-produce-rows", "1,5", "-produce-variants", "ordo-sql,bare", "produce"}, none, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
+	o := parseOne(t, none, "produce", "-produce-producers", "2,4", "-produce-rows", "1,5", "-produce-variants", "ordo-sql,bare")
 	p := o.Produce
-	if strings.Join(names, ",") != "produce" || len(p.Producers) != 2 || p.Producers[1] != 4 || p.Rows[1] != 5 {
-		t.Fatalf("names %v, producers %v, rows %v", names, p.Producers, p.Rows)
+	if len(p.Producers) != 2 || p.Producers[1] != 4 || p.Rows[1] != 5 {
+		t.Fatalf("producers %v, rows %v", p.Producers, p.Rows)
 	}
 	if strings.Join(p.Variants, ",") != "classic,ordo-sql,bare" {
 		t.Fatalf("variants %v: want classic first, then the ones asked for", p.Variants)
 	}
-	if o, _, _ := parseOptions([]string{"produce"}, none, io.Discard); len(o.Produce.Variants) != len(produceVariants) || o.Produce.Reps != 3 {
+	if o := parseOne(t, none, "produce"); len(o.Produce.Variants) != len(produceVariants) || o.Produce.Reps != 3 {
 		t.Fatalf("defaults: variants %v, reps %d", o.Produce.Variants, o.Produce.Reps)
 	}
 	for _, bad := range [][]string{
 		{"-produce-producers", "0"}, {"-produce-producers", "65"}, {"-produce-rows", "x"},
 		{"-produce-variants", "nosuch"}, {"-produce-reps", "0"}, {"-produce-duration", "0s"},
 	} {
-		if _, _, err := parseOptions(append(bad, "produce"), none, io.Discard); err == nil {
+		if _, err := parseArgs(append([]string{"produce"}, bad...), none, io.Discard); err == nil {
 			t.Errorf("%v accepted", bad)
 		}
 	}
@@ -100,7 +97,8 @@ func TestProduceEndToEnd(t *testing.T) {
 	}
 	testkit.RequirePostgres(t)
 	o := options{
-		PostgresURL: testkit.PostgresURL(), Out: t.TempDir(), Partitions: 8, Keys: 50, Payload: 300, Timeout: time.Minute,
+		common: common{PostgresURL: testkit.PostgresURL(), Out: t.TempDir(), Partitions: 8, Timeout: time.Minute},
+		Keys:   50, Payload: 300,
 		Produce: produceOptions{Duration: 400 * time.Millisecond, Warmup: 100 * time.Millisecond, Producers: []int{2},
 			Rows: []int{1, 3}, Reps: 1, WALInspect: true},
 	}

@@ -42,16 +42,16 @@ func raceOnce(ctx context.Context, o options, spec systemSpec) (*result.Result, 
 	res.Param("workers", o.Workers)
 	res.Param("partitions", o.Partitions)
 
-	c, err := r.startConsumer(ctx)
+	c, err := startRigConsumer(ctx, r, false)
 	if err != nil {
 		return nil, err
 	}
-	sys, err := spec.start(ctx, r)
+	sys, err := spec.start(ctx, r, o)
 	if err != nil {
 		return nil, err
 	}
 	p, err := newProducer(producerConfig{Rate: rate, Workers: o.Workers, Payload: o.Payload,
-		Exchange: r.exchange, Orders: true, Max: int64(o.Orders)}, r.Pool, o.Partitions)
+		Exchange: r.Exchange, Orders: true, Max: int64(o.Orders)}, r.Pool, o.Partitions)
 	if err != nil {
 		return nil, err
 	}
@@ -69,7 +69,7 @@ func raceOnce(ctx context.Context, o options, spec systemSpec) (*result.Result, 
 	if err := c.waitAll(ctx, ids, o.Timeout, sys.failed); err != nil {
 		return nil, err
 	}
-	if _, err := r.waitPending(ctx, sys.failed); err != nil {
+	if _, err := r.WaitPending(ctx, sys.failed, nil); err != nil {
 		return nil, err
 	}
 	if err := sys.stop(); err != nil {

@@ -99,7 +99,7 @@ func scaleoutOnce(ctx context.Context, o options, shape string, n int, one float
 	var rebalances int
 	plan := drainPlan{
 		scenario: "scaleout", label: fmt.Sprintf("%s-%d", shape, n), groups: scaleGroups(o, shape), analyze: true,
-		before: func(ctx context.Context, r *rig, sys system, _ *result.Result) error {
+		before: func(ctx context.Context, r *harness.Rig, sys system, _ *result.Result) error {
 			committed = time.Now()
 			if throttled0, err = caps.throttled(); err != nil {
 				return err
@@ -107,7 +107,7 @@ func scaleoutOnce(ctx context.Context, o options, shape string, n int, one float
 			spread, err = keySpreadLimit(ctx, sys, o.Partitions, shape)
 			return err
 		},
-		after: func(ctx context.Context, r *rig, _ system, _ *result.Result) error {
+		after: func(ctx context.Context, r *harness.Rig, _ system, _ *result.Result) error {
 			rebalances, err = claimsSince(ctx, r, committed)
 			return err
 		},
@@ -208,7 +208,7 @@ func spreadLimit(assignment []string, partitions int, prefix string, keys int) f
 
 // claimsSince counts the lease claims recorded in ordo_lease_audit since
 // t: each is a partition changing hands (or being taken again).
-func claimsSince(ctx context.Context, r *rig, t time.Time) (int, error) {
+func claimsSince(ctx context.Context, r *harness.Rig, t time.Time) (int, error) {
 	var n int
 	err := r.Pool.QueryRow(ctx, `SELECT count(*) FROM ordo_lease_audit WHERE event = 'claim' AND at >= $1`, t).Scan(&n)
 	if err != nil {

@@ -278,6 +278,7 @@ func sumChecks(rs []*result.Result) result.Check {
 		c.Total += r.Check.Total
 		c.Distinct += r.Check.Distinct
 		c.Duplicates += r.Check.Duplicates
+		c.Redeliveries += r.Check.Redeliveries
 		c.Lost += r.Check.Lost
 		c.Reorders += r.Check.Reorders
 		c.Gaps += r.Check.Gaps

@@ -65,12 +65,12 @@ func (s systemSpec) addParams(res *result.Result) {
 // start starts the relays on the rig and returns once they are ready:
 // Ordo nodes converged on a map with every lease held, classic instances
 // started (they connect on their own).
-func (s systemSpec) start(ctx context.Context, r *rig) (system, error) {
+func (s systemSpec) start(ctx context.Context, r *harness.Rig, o options) (system, error) {
 	if s.classic {
 		if err := classicIndex(ctx, r); err != nil {
 			return nil, err
 		}
-		return startClassic(r, s.n), nil
+		return startClassic(r, o, s.n), nil
 	}
 	return startOrdoWith(ctx, r, s.n, s.env, s.onStart)
 }
@@ -107,14 +107,14 @@ type ordoSystem struct {
 
 // startOrdo starts n nodes and waits until they have converged (one node:
 // until it holds every lease).
-func startOrdo(ctx context.Context, r *rig, n int) (*ordoSystem, error) {
+func startOrdo(ctx context.Context, r *harness.Rig, n int) (*ordoSystem, error) {
 	return startOrdoWith(ctx, r, n, nil, nil)
 }
 
 // startOrdoWith is startOrdo with extra node environment and a hook
 // called with every node right after it started (see cluster.onStart).
-func startOrdoWith(ctx context.Context, r *rig, n int, env []string, onStart func(int, *harness.Node) error) (*ordoSystem, error) {
-	c, err := harness.NewCluster(r.Rig, r.o.AMQPURL, n, n > 1)
+func startOrdoWith(ctx context.Context, r *harness.Rig, n int, env []string, onStart func(int, *harness.Node) error) (*ordoSystem, error) {
+	c, err := harness.NewCluster(r, r.Config.AMQPURL, n, n > 1)
 	if err != nil {
 		return nil, err
 	}
@@ -125,7 +125,7 @@ func startOrdoWith(ctx context.Context, r *rig, n int, env []string, onStart fun
 		}
 	}
 	all := c.Running()
-	if _, _, err := c.WaitConverged(ctx, all, min(r.o.Timeout, harness.ConvergeTimeout)); err != nil {
+	if _, _, err := c.WaitConverged(ctx, all, min(r.Config.Timeout, harness.ConvergeTimeout)); err != nil {
 		return nil, err
 	}
 	return &ordoSystem{c: c}, nil

@@ -54,7 +54,7 @@ func TestCloudEventsAccepted(t *testing.T) {
 	m2 := relay.Message{ID: id2, Partition: int(part), Epoch: 1, CorrelationID: key, KeySeq: 2, PrevKeySeq: 1,
 		Exchange: cfg.Exchange, RoutingKey: "order.placed", Type: "ce.type", Payload: []byte(`{}`), OccurredAt: time.Now()}
 	settled := make(chan relay.Result, 1)
-	waitFor(t, 30*time.Second, "the CloudEvents publish accepted", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the CloudEvents publish accepted", func() bool {
 		return ce.Publish(ctx, &m2, func(r relay.Result) { settled <- r }) == nil
 	})
 	if r := <-settled; r.Outcome != relay.Confirmed {

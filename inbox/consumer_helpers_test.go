@@ -27,7 +27,7 @@ func consumerConfig(tb testing.TB, shards int) inbox.Config {
 	cfg.Exchange = testkit.NewExchange(tb)
 	cfg.Shards = shards
 	cfg.Partitions = testPartitions
-	cfg.Logger = slog.New(slog.NewTextHandler(testWriter{tb}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	cfg.Logger = testkit.Logger(tb, slog.LevelInfo)
 	topo := inbox.TopologyOf(cfg)
 	tb.Cleanup(func() { deleteTopology(tb, topo) })
 	return cfg
@@ -46,13 +46,6 @@ func deleteTopology(tb testing.TB, t inbox.Topology) {
 			ch.ExchangeDelete(t.UnroutableExchange(), false, false))
 		return errors.Join(errs...)
 	})
-}
-
-type testWriter struct{ tb testing.TB }
-
-func (w testWriter) Write(b []byte) (int, error) {
-	w.tb.Log(string(b))
-	return len(b), nil
 }
 
 // running is a Consumer started by startConsumer.
@@ -131,7 +124,7 @@ func queueDepth(tb testing.TB, queue string) int {
 // waitHandled waits until every key in want was handled up to want[key].
 func waitHandled(tb testing.TB, pool *pgxpool.Pool, want map[string]int64) {
 	tb.Helper()
-	waitFor(tb, 30*time.Second, "all messages handled", func() bool {
+	testkit.WaitFor(tb, 30*time.Second, "all messages handled", func() bool {
 		got := handledSeqs(tb, pool)
 		for k, n := range want {
 			if int64(len(got[k])) < n {

@@ -25,14 +25,14 @@ func TestRepublishedAndReversed(t *testing.T) {
 	pub.publish("k1", 1) // republished: same id, same key_seq
 	pub.publish("k1", 2)
 	pub.publish("k2", 2) // k+1 before k
-	waitFor(t, 30*time.Second, "k2/2 stored", func() bool { return r.c.Stats().GapsStored == 1 })
+	testkit.WaitFor(t, 30*time.Second, "k2/2 stored", func() bool { return r.c.Stats().GapsStored == 1 })
 	if got := handledSeqs(t, pool)["k2"]; len(got) != 0 {
 		t.Fatalf("k2 handled %v before its first message", got)
 	}
 	pub.publish("k2", 1)
 	pub.publish("k1", 2)
 	waitHandled(t, pool, map[string]int64{"k1": 2, "k2": 2})
-	waitFor(t, 30*time.Second, "duplicates counted", func() bool { return r.c.Stats().Duplicates == 2 })
+	testkit.WaitFor(t, 30*time.Second, "duplicates counted", func() bool { return r.c.Stats().Duplicates == 2 })
 	checkOnceInOrder(t, handledSeqs(t, pool), map[string]int64{"k1": 2, "k2": 2})
 	if st := r.c.Stats(); st.Handled != 4 || st.ShardsOwned != 4 {
 		t.Fatalf("stats %+v", st)
@@ -59,7 +59,7 @@ func TestThreeInstancesBalance(t *testing.T) {
 		rs = append(rs, startConsumer(t, cfg, name, pool, recordHandler(name)))
 		publishRound(i)
 		n := len(rs)
-		waitFor(t, 30*time.Second, fmt.Sprintf("%d instances own 9/%d shards each", n, n), func() bool {
+		testkit.WaitFor(t, 30*time.Second, fmt.Sprintf("%d instances own 9/%d shards each", n, n), func() bool {
 			total := 0
 			for _, r := range rs {
 				o := len(r.c.Owned())
@@ -107,14 +107,14 @@ func TestInvalidMessagesDeadLettered(t *testing.T) {
 	_, pool := newDB(t)
 	cfg := consumerConfig(t, 2)
 	r := startConsumer(t, cfg, "a", pool, recordHandler("a"))
-	waitFor(t, 30*time.Second, "shards owned", func() bool { return len(r.c.Owned()) == 2 })
+	testkit.WaitFor(t, 30*time.Second, "shards owned", func() bool { return len(r.c.Owned()) == 2 })
 	pub := newPublisher(t, cfg.Exchange)
 	pub.publishRaw("", amqp.Table{"x-ordo-key-seq": int64(1), "x-ordo-prev-key-seq": int64(0), "x-ordo-partition": int32(3)}, "no-corr")
 	pub.publishRaw("k", amqp.Table{"x-ordo-partition": int32(3)}, "no-seq")
 	pub.publishRaw("k", amqp.Table{"x-ordo-key-seq": int64(1), "x-ordo-prev-key-seq": int64(0)}, "no-partition")
 	pub.publish("k", 1)
 	waitHandled(t, pool, map[string]int64{"k": 1})
-	waitFor(t, 30*time.Second, "3 dead letters", func() bool { return queueDepth(t, r.c.Topology().DeadQueue()) == 3 })
+	testkit.WaitFor(t, 30*time.Second, "3 dead letters", func() bool { return queueDepth(t, r.c.Topology().DeadQueue()) == 3 })
 	if st := r.c.Stats(); st.Invalid != 2 {
 		t.Fatalf("invalid %d, want 2", st.Invalid)
 	}
@@ -139,7 +139,7 @@ func TestCrashLoopingHandlerDeadLetters(t *testing.T) {
 	for i := range 5 {
 		pub.publish(fmt.Sprintf("ok%d", i), 1)
 	}
-	waitFor(t, 30*time.Second, "poison dead-lettered", func() bool { return queueDepth(t, r.c.Topology().DeadQueue()) == 1 })
+	testkit.WaitFor(t, 30*time.Second, "poison dead-lettered", func() bool { return queueDepth(t, r.c.Topology().DeadQueue()) == 1 })
 	want := map[string]int64{}
 	for i := range 5 {
 		key := fmt.Sprintf("ok%d", i)
@@ -152,7 +152,7 @@ func TestCrashLoopingHandlerDeadLetters(t *testing.T) {
 	if err != nil || len(dead) != 1 || dead[0].Key != "poison" || dead[0].Attempts != 3 || dead[0].Waiting != 1 {
 		t.Fatalf("dead %+v %v", dead, err)
 	}
-	waitFor(t, 30*time.Second, "dead key gauge", func() bool { return r.c.Stats().DeadKeys == 1 })
+	testkit.WaitFor(t, 30*time.Second, "dead key gauge", func() bool { return r.c.Stats().DeadKeys == 1 })
 	if st := r.c.Stats(); st.DeadLettered != 1 {
 		t.Fatalf("stats %+v", st)
 	}
@@ -169,7 +169,7 @@ func TestStuckGapResolved(t *testing.T) {
 	pub := newPublisher(t, cfg.Exchange)
 	pub.publish("k", 1)
 	pub.publish("k", 3)
-	waitFor(t, 30*time.Second, "key stuck", func() bool { return r.c.Stats().StuckKeys == 1 })
+	testkit.WaitFor(t, 30*time.Second, "key stuck", func() bool { return r.c.Stats().StuckKeys == 1 })
 	ctx := testkit.Context(t, 30*time.Second)
 	stuck, err := inbox.Stuck(ctx, pool, cfg.Name, cfg.GapWait)
 	if err != nil || len(stuck) != 1 || stuck[0].Key != "k" || stuck[0].Last != 1 || stuck[0].Waiting != 3 || stuck[0].Prev != 2 {
@@ -178,10 +178,10 @@ func TestStuckGapResolved(t *testing.T) {
 	if err := inbox.Resolve(ctx, pool, cfg.Name, "default", "k"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "k/3 handled", func() bool { return len(handledSeqs(t, pool)["k"]) == 2 })
+	testkit.WaitFor(t, 30*time.Second, "k/3 handled", func() bool { return len(handledSeqs(t, pool)["k"]) == 2 })
 	before := r.c.Stats().Duplicates
 	pub.publish("k", 2)
-	waitFor(t, 30*time.Second, "late k/2 dropped", func() bool { return r.c.Stats().Duplicates == before+1 })
+	testkit.WaitFor(t, 30*time.Second, "late k/2 dropped", func() bool { return r.c.Stats().Duplicates == before+1 })
 	if got := handledSeqs(t, pool)["k"]; !equal(got, []int64{1, 3}) {
 		t.Fatalf("handled %v, want [1 3]", got)
 	}
@@ -214,8 +214,8 @@ func TestRetentionThenOldRedelivery(t *testing.T) {
 	}
 	pub.publish("old", 1) // the old messages, redelivered
 	pub.publish("old", 2)
-	waitFor(t, 30*time.Second, "old redeliveries held", func() bool { return r.c.Stats().DeadLettered == 2 })
-	waitFor(t, 30*time.Second, "held copies in the dead-letter queue", func() bool { return queueDepth(t, r.c.Topology().DeadQueue()) == 2 })
+	testkit.WaitFor(t, 30*time.Second, "old redeliveries held", func() bool { return r.c.Stats().DeadLettered == 2 })
+	testkit.WaitFor(t, 30*time.Second, "held copies in the dead-letter queue", func() bool { return queueDepth(t, r.c.Topology().DeadQueue()) == 2 })
 	if dead, err := inbox.Dead(ctx, pool, cfg.Name); err != nil || len(dead) != 2 || dead[0].Key != "old" {
 		t.Fatalf("dead %+v %v, want old/1 and old/2 held", dead, err)
 	}
@@ -228,7 +228,7 @@ func TestRetentionThenOldRedelivery(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT low_water FROM ordo_inbox_retention WHERE consumer = $1`, cfg.Name).Scan(&mark); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the clock past the low-water mark", func() bool { return !time.Now().Truncate(time.Second).Before(mark) })
+	testkit.WaitFor(t, 30*time.Second, "the clock past the low-water mark", func() bool { return !time.Now().Truncate(time.Second).Before(mark) })
 	pub.publish("old", 3)
 	waitHandled(t, pool, map[string]int64{"old": 3})
 	checkOnceInOrder(t, handledSeqs(t, pool), map[string]int64{"old": 3})

@@ -45,14 +45,14 @@ func TestStalledDeadLetterKeepsLeases(t *testing.T) {
 	}
 	inbox.SetDeadLetterURL(c, proxy.URL(cfg.AMQPURL))
 	r := runConsumer(t, c)
-	waitFor(t, 30*time.Second, "shards owned", func() bool { return len(r.c.Owned()) == 2 })
+	testkit.WaitFor(t, 30*time.Second, "shards owned", func() bool { return len(r.c.Owned()) == 2 })
 	pub := newPublisher(t, cfg.Exchange)
 	pub.publish("poison", 1) // dials the dead-letter connection
-	waitFor(t, 30*time.Second, "first dead letter", func() bool { return queueDepth(t, c.Topology().DeadQueue()) == 1 })
+	testkit.WaitFor(t, 30*time.Second, "first dead letter", func() bool { return queueDepth(t, c.Topology().DeadQueue()) == 1 })
 
 	proxy.Stall()
 	pub.publish("poison2", 1)
-	waitFor(t, 30*time.Second, "poison2 run", func() bool { return poisonRuns.Load() == 2 })
+	testkit.WaitFor(t, 30*time.Second, "poison2 run", func() bool { return poisonRuns.Load() == 2 })
 	// The dead-letter publish now waits for a confirm that cannot come.
 	// For three lease TTLs, every lease must stay renewed and other keys
 	// must be handled (on both shards: the one whose worker waits for the
@@ -77,7 +77,7 @@ func TestStalledDeadLetterKeepsLeases(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	proxy.Resume()
-	waitFor(t, 30*time.Second, "second dead letter", func() bool { return queueDepth(t, c.Topology().DeadQueue()) == 2 })
+	testkit.WaitFor(t, 30*time.Second, "second dead letter", func() bool { return queueDepth(t, c.Topology().DeadQueue()) == 2 })
 	waitHandled(t, pool, want)
 	checkOnceInOrder(t, handledSeqs(t, pool), want)
 	if len(r.c.Owned()) != 2 {
@@ -125,7 +125,7 @@ func TestAMQPConfigUsedByEveryConnection(t *testing.T) {
 	pub.publish("poison", 1)
 	pub.publish("k", 1)
 	waitHandled(t, pool, map[string]int64{"k": 1})
-	waitFor(t, 30*time.Second, "dead letter", func() bool { return queueDepth(t, r.c.Topology().DeadQueue()) == 1 })
+	testkit.WaitFor(t, 30*time.Second, "dead letter", func() bool { return queueDepth(t, r.c.Topology().DeadQueue()) == 1 })
 	if n := dials.Load(); n != 2 {
 		t.Fatalf("%d dials through AMQPConfig.Dial, want 2 (consumers, dead letters)", n)
 	}

@@ -234,7 +234,7 @@ func TestMaxAttemptsOne(t *testing.T) {
 			m.Redelivered = tc.redelivered
 			handle(t, s, inbox.Fence{}, m, h)
 			ctx := testkit.Context(t, 30*time.Second)
-			waitFor(t, 30*time.Second, "k/1 settled", func() bool {
+			testkit.WaitFor(t, 30*time.Second, "k/1 settled", func() bool {
 				if _, err := s.RetryDue(ctx, inbox.Fence{}, 0, 10, h); err != nil {
 					t.Fatal(err)
 				}
@@ -318,7 +318,7 @@ func TestBootstrapRedeliveredFirstMessage(t *testing.T) {
 		t.Fatalf("redelivered k/5: %v", out)
 	}
 	ctx := testkit.Context(t, 30*time.Second)
-	waitFor(t, 30*time.Second, "k/5 handled", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "k/5 handled", func() bool {
 		if _, err := s.RetryDue(ctx, inbox.Fence{}, 0, 10, recordHandler("")); err != nil {
 			t.Fatal(err)
 		}

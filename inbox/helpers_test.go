@@ -119,19 +119,6 @@ func (f *fakeDead) list() []string {
 	return append([]string(nil), f.msgs...)
 }
 
-// waitFor polls cond every 20 ms until it is true, failing tb after d.
-func waitFor(tb testing.TB, d time.Duration, what string, cond func() bool) {
-	tb.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > d {
-			tb.Fatalf("%s: not true after %v", what, d)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	tb.Logf("%s after %v", what, time.Since(start).Round(time.Millisecond))
-}
-
 func deliveryOf(corr string, headers map[string]any) *amqp.Delivery {
 	return &amqp.Delivery{MessageId: "m1", CorrelationId: corr, Headers: amqp.Table(headers), Body: []byte("{}")}
 }

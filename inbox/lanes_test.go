@@ -138,11 +138,11 @@ func TestLanesKeepEachKeySerialInOrder(t *testing.T) {
 			cfg.Mode, cfg.Lanes = mode, 4
 			w := newKeyWatch()
 			r := startConsumer(t, cfg, "a", pool, w.wrap(sleepRecord(5*time.Millisecond)))
-			waitFor(t, 30*time.Second, "shard owned", func() bool { return len(r.c.Owned()) == 1 })
+			testkit.WaitFor(t, 30*time.Second, "shard owned", func() bool { return len(r.c.Owned()) == 1 })
 			want := publishRuns(newPublisher(t, cfg.Exchange), 12, 8)
 			// Every delivery settled: handled, or dropped (which, with no
 			// redelivery, only a key run out of order does).
-			waitFor(t, 30*time.Second, "96 messages settled", func() bool {
+			testkit.WaitFor(t, 30*time.Second, "96 messages settled", func() bool {
 				st := r.c.Stats()
 				return st.Handled+st.Duplicates >= 96
 			})
@@ -182,7 +182,7 @@ func TestLanesRetryKeepsOrder(t *testing.T) {
 	}
 	w := newKeyWatch()
 	r := startConsumer(t, cfg, "a", pool, w.wrap(flaky))
-	waitFor(t, 30*time.Second, "shard owned", func() bool { return len(r.c.Owned()) == 1 })
+	testkit.WaitFor(t, 30*time.Second, "shard owned", func() bool { return len(r.c.Owned()) == 1 })
 	want := publishRuns(newPublisher(t, cfg.Exchange), 10, 6)
 	waitHandled(t, pool, want)
 	checkOnceInOrder(t, handledSeqs(t, pool), want)
@@ -231,16 +231,16 @@ func TestLanesShardLossWaitsForLanes(t *testing.T) {
 	}
 	r := startConsumer(t, cfg, "a", pool, h)
 	c.Store(r.c)
-	waitFor(t, 30*time.Second, "shard owned", func() bool { return len(r.c.Owned()) == 1 })
+	testkit.WaitFor(t, 30*time.Second, "shard owned", func() bool { return len(r.c.Owned()) == 1 })
 	publishRuns(newPublisher(t, cfg.Exchange), 8, 2)
-	waitFor(t, 30*time.Second, "4 lanes in a handler", func() bool { return inFlight.Load() == 4 })
+	testkit.WaitFor(t, 30*time.Second, "4 lanes in a handler", func() bool { return inFlight.Load() == 4 })
 	ctx := testkit.Context(t, 30*time.Second)
 	if _, err := pool.Exec(ctx, `UPDATE ordo_inbox_leases SET owner = 'thief', epoch = epoch + 1,
 		expires_at = now() + interval '1 hour' WHERE consumer = $1`, cfg.Name); err != nil {
 		t.Fatal(err)
 	}
 	close(stolen)
-	waitFor(t, 30*time.Second, "shard given up", func() bool { return len(r.c.Owned()) == 0 })
+	testkit.WaitFor(t, 30*time.Second, "shard given up", func() bool { return len(r.c.Owned()) == 0 })
 	if n := inFlight.Load(); n != 0 {
 		t.Fatalf("shard given up with %d handlers still running", n)
 	}
@@ -263,7 +263,7 @@ func TestLanesLeavePoolConnectionsForLeases(t *testing.T) {
 	cfg.Lanes = 8
 	w := newKeyWatch()
 	r := startConsumer(t, cfg, "a", pool, w.wrap(sleepRecord(20*time.Millisecond)))
-	waitFor(t, 30*time.Second, "shard owned", func() bool { return len(r.c.Owned()) == 1 })
+	testkit.WaitFor(t, 30*time.Second, "shard owned", func() bool { return len(r.c.Owned()) == 1 })
 	want := publishRuns(newPublisher(t, cfg.Exchange), 40, 1)
 	waitHandled(t, pool, want)
 	checkOnceInOrder(t, handledSeqs(t, pool), want)

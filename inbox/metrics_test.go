@@ -10,6 +10,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/ordo-relay/ordo/inbox"
+	"github.com/ordo-relay/ordo/internal/testkit"
 )
 
 // TestConsumerCollector: the collector exports the inbox's counters and
@@ -27,7 +28,7 @@ func TestConsumerCollector(t *testing.T) {
 	pub.publish("f", 1)
 	want := map[string]int64{"a": 2, "f": 1}
 	waitHandled(t, pool, want)
-	waitFor(t, 30*time.Second, "metrics", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "metrics", func() bool {
 		m := gather(t, reg, cfg.Name)
 		return m["ordo_inbox_handled_total"] == 3 && m["ordo_inbox_retries_total"] == 1 &&
 			m["ordo_inbox_shards_owned"] == 2 && m["ordo_inbox_handler_duration_seconds"] == 4 &&

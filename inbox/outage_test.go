@@ -20,7 +20,7 @@ func TestDatabaseOutageKeepsDeliveryInHand(t *testing.T) {
 	cfg := consumerConfig(t, 2)
 	cfg.LeaseTTL = 4 * time.Second
 	r := startConsumer(t, cfg, "a", pool, recordHandler("a"))
-	waitFor(t, 30*time.Second, "shards owned", func() bool { return len(r.c.Owned()) == 2 })
+	testkit.WaitFor(t, 30*time.Second, "shards owned", func() bool { return len(r.c.Owned()) == 2 })
 	pub := newPublisher(t, cfg.Exchange)
 	want := map[string]int64{}
 	publish := func(seq int64) {
@@ -61,7 +61,7 @@ func TestBrokerCutOffInstanceHandsOver(t *testing.T) {
 	cutCfg.AMQPURL = proxy.URL(cfg.AMQPURL)
 	a := startConsumer(t, cutCfg, "a", pool, recordHandler("a"))
 	b := startConsumer(t, cfg, "b", pool, recordHandler("b"))
-	waitFor(t, 30*time.Second, "shards split", func() bool { return len(a.c.Owned()) == 2 && len(b.c.Owned()) == 2 })
+	testkit.WaitFor(t, 30*time.Second, "shards split", func() bool { return len(a.c.Owned()) == 2 && len(b.c.Owned()) == 2 })
 	pub := newPublisher(t, cfg.Exchange)
 	want := map[string]int64{}
 	publish := func(seq int64) {
@@ -74,11 +74,11 @@ func TestBrokerCutOffInstanceHandsOver(t *testing.T) {
 	publish(1)
 	waitHandled(t, pool, want)
 	proxy.Cut()
-	waitFor(t, 30*time.Second, "b owns every shard", func() bool { return len(b.c.Owned()) == 4 && len(a.c.Owned()) == 0 })
+	testkit.WaitFor(t, 30*time.Second, "b owns every shard", func() bool { return len(b.c.Owned()) == 4 && len(a.c.Owned()) == 0 })
 	publish(2)
 	waitHandled(t, pool, want)
 	proxy.Restore()
-	waitFor(t, 30*time.Second, "a takes its share back", func() bool { return len(a.c.Owned()) == 2 && len(b.c.Owned()) == 2 })
+	testkit.WaitFor(t, 30*time.Second, "a takes its share back", func() bool { return len(a.c.Owned()) == 2 && len(b.c.Owned()) == 2 })
 	publish(3)
 	waitHandled(t, pool, want)
 	checkOnceInOrder(t, handledSeqs(t, pool), want)

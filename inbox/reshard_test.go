@@ -51,7 +51,7 @@ func TestReshardUnderLoad(t *testing.T) {
 		}
 		r := startConsumer(t, c, fmt.Sprintf("a%d", i), pool, recordHandler("a"))
 		r2 := startConsumer(t, c, fmt.Sprintf("b%d", i), pool, recordHandler("b"))
-		waitFor(t, 30*time.Second, "some handled", func() bool { return r.c.Stats().Handled+r2.c.Stats().Handled > 30 })
+		testkit.WaitFor(t, 30*time.Second, "some handled", func() bool { return r.c.Stats().Handled+r2.c.Stats().Handled > 30 })
 		r.stop(t)
 		r2.stop(t)
 	}

@@ -46,7 +46,7 @@ func TestTwoSourcesSameKeyAreTwoKeys(t *testing.T) {
 	_, pool := newDB(t)
 	cfg := consumerConfig(t, 2)
 	r := startConsumer(t, cfg, "a", pool, sourceHandler)
-	waitFor(t, 30*time.Second, "shards owned", func() bool { return len(r.c.Owned()) == 2 })
+	testkit.WaitFor(t, 30*time.Second, "shards owned", func() bool { return len(r.c.Owned()) == 2 })
 	pub := newPublisher(t, cfg.Exchange)
 	for _, m := range []struct {
 		source string
@@ -59,7 +59,7 @@ func TestTwoSourcesSameKeyAreTwoKeys(t *testing.T) {
 	pub.publishRaw("k", sourceHeaders("Billing!", 1), "bad-source")
 	want := map[string]int64{"default/k": 4, "billing/k": 3}
 	waitHandled(t, pool, want)
-	waitFor(t, 30*time.Second, "1 dead letter", func() bool { return queueDepth(t, r.c.Topology().DeadQueue()) == 1 })
+	testkit.WaitFor(t, 30*time.Second, "1 dead letter", func() bool { return queueDepth(t, r.c.Topology().DeadQueue()) == 1 })
 	checkOnceInOrder(t, handledSeqs(t, pool), want)
 	if st := r.c.Stats(); st.Invalid != 1 || st.Duplicates != 0 {
 		t.Fatalf("stats %+v, want 1 invalid and no duplicate", st)

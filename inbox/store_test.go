@@ -121,7 +121,7 @@ func TestHandlerErrorRollsBackAndRetries(t *testing.T) {
 	handle(t, s, inbox.Fence{}, msg("poison", 2, 0), failing) // waits behind 1
 	handle(t, s, inbox.Fence{}, msg("ok", 1, 0), failing)
 	ctx := testkit.Context(t, 30*time.Second)
-	waitFor(t, 30*time.Second, "poison dead-lettered", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "poison dead-lettered", func() bool {
 		if _, err := s.RetryDue(ctx, inbox.Fence{}, 0, 10, failing); err != nil {
 			t.Fatal(err)
 		}
@@ -172,7 +172,7 @@ func TestRedeliveryCountsAttempt(t *testing.T) {
 		t.Fatalf("redelivery: %v", out)
 	}
 	ctx := testkit.Context(t, 30*time.Second)
-	waitFor(t, 30*time.Second, "dead-lettered", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "dead-lettered", func() bool {
 		if _, err := s.RetryDue(ctx, inbox.Fence{}, 0, 10, crash); err != nil {
 			t.Fatal(err)
 		}

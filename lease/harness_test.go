@@ -14,7 +14,6 @@ import (
 
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/lease"
-	"github.com/ordo-relay/ordo/outbox"
 	"github.com/ordo-relay/ordo/relay"
 )
 
@@ -25,15 +24,11 @@ const parts = 8
 // outbox) installed.
 func newDB(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	_, pool := testkit.NewTestDB(t, 4)
-	ctx := testkit.Context(t, 30*time.Second)
-	if err := outbox.Migrate(ctx, pool, parts); err != nil {
+	ob := testkit.NewOutbox(t, parts, 4)
+	if err := lease.Migrate(testkit.Context(t, 30*time.Second), ob.Pool, parts); err != nil {
 		t.Fatal(err)
 	}
-	if err := lease.Migrate(ctx, pool, parts); err != nil {
-		t.Fatal(err)
-	}
-	return pool
+	return ob.Pool
 }
 
 // wanted is a Want the test changes as it goes.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -51,18 +52,13 @@ func (r *running) stop() error {
 	return err
 }
 
+// waitAlive waits until r sees exactly want alive and returns how long
+// that took.
 func waitAlive(t *testing.T, r *running, want []string, timeout time.Duration) time.Duration {
 	t.Helper()
-	start := time.Now()
-	for {
-		if slices.Equal(r.m.Alive(), want) {
-			return time.Since(start)
-		}
-		if time.Since(start) > timeout {
-			t.Fatalf("%s sees %v, want %v", r.m.cfg.NodeName, r.m.Alive(), want)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	return testkit.WaitFor(t, timeout, fmt.Sprintf("%s sees %v alive", r.m.cfg.NodeName, want), func() bool {
+		return slices.Equal(r.m.Alive(), want)
+	})
 }
 
 func TestJoinLeave(t *testing.T) {

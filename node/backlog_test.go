@@ -10,7 +10,6 @@ import (
 
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/lease"
-	"github.com/ordo-relay/ordo/outbox"
 )
 
 // explain returns the plan of the backlog query, planned as
@@ -23,11 +22,8 @@ import (
 // speed.
 func explain(t *testing.T, analyzed bool) string {
 	t.Helper()
-	_, pool := testkit.NewTestDB(t, 2)
+	pool := testkit.NewOutbox(t, 64, 2).Pool
 	ctx := testkit.Context(t, 60*time.Second)
-	if err := outbox.Migrate(ctx, pool, 64); err != nil {
-		t.Fatal(err)
-	}
 	if err := lease.Migrate(ctx, pool, 64); err != nil {
 		t.Fatal(err)
 	}

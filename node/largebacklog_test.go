@@ -15,7 +15,6 @@ import (
 
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/node"
-	"github.com/ordo-relay/ordo/outbox"
 	"github.com/ordo-relay/ordo/partition"
 )
 
@@ -99,12 +98,10 @@ func metricSum(fams map[string]*dto.MetricFamily, name string) (sum float64, sam
 // age, and the alerts on them could not fire.
 func TestBacklogMetricsDuringLargeDrain(t *testing.T) {
 	testkit.RequireRabbitMQ(t)
-	dbURL, pool := testkit.NewTestDB(t, 2)
-	ctx := testkit.Context(t, 2*time.Minute)
 	const partitions = 64
-	if err := outbox.Migrate(ctx, pool, partitions); err != nil {
-		t.Fatal(err)
-	}
+	ob := testkit.NewOutbox(t, partitions, 2)
+	dbURL, pool := ob.URL, ob.Pool
+	ctx := testkit.Context(t, 2*time.Minute)
 	// No statistics, whatever the server's autovacuum settings.
 	if _, err := pool.Exec(ctx, `ALTER TABLE outbox SET (autovacuum_enabled = false)`); err != nil {
 		t.Fatal(err)

@@ -46,12 +46,9 @@ type traceEnv struct {
 func newTraceEnv(t *testing.T) *traceEnv {
 	t.Helper()
 	testkit.RequireRabbitMQ(t)
-	dbURL, pool := testkit.NewTestDB(t, 4)
-	ctx := testkit.Context(t, 30*time.Second)
-	if err := outbox.Migrate(ctx, pool, tracePartitions); err != nil {
-		t.Fatal(err)
-	}
-	if err := orderapi.Migrate(ctx, pool); err != nil {
+	ob := testkit.NewOutbox(t, tracePartitions, 4)
+	dbURL, pool := ob.URL, ob.Pool
+	if err := orderapi.Migrate(testkit.Context(t, 30*time.Second), pool); err != nil {
 		t.Fatal(err)
 	}
 	e := &traceEnv{t: t, dbURL: dbURL, pool: pool, ex: testkit.NewExchange(t), spans: tracetest.NewInMemoryExporter(),

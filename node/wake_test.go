@@ -28,15 +28,12 @@ import (
 func TestSteadyRateWaitsNoInterval(t *testing.T) {
 	t.Parallel()
 	testkit.RequireRabbitMQ(t)
-	dbURL, pool := testkit.NewTestDB(t, 3)
-	ctx := testkit.Context(t, 2*time.Minute)
 	const partitions, n, every = 1, 300, 10 * time.Millisecond
-	if err := outbox.Migrate(ctx, pool, partitions); err != nil {
-		t.Fatal(err)
-	}
+	ob := testkit.NewOutbox(t, partitions, 3)
+	dbURL, pool, prod := ob.URL, ob.Pool, ob.Producer
+	ctx := testkit.Context(t, 2*time.Minute)
 	ex := testkit.NewExchange(t)
 	checker := testkit.NewChecker(t, testkit.AMQPURL(), ex, "order.*")
-	prod, _ := outbox.NewProducer(partitions)
 	addr := startNodeWith(t, dbURL, partitions, nil, node.Options{})
 	tick := time.NewTicker(every)
 	defer tick.Stop()

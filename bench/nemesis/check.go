@@ -24,13 +24,6 @@ type promise struct {
 	At   time.Time // when the answer (or the commit) came
 }
 
-// skipKey is a row skipped on purpose (by the nemesis, through the
-// operator CLI): a key_seq that is never delivered.
-type skipKey struct {
-	Key    string
-	KeySeq int64
-}
-
 // stepWindow is one nemesis step as it ran, for the attribution of
 // duplicates and stale publishes: a delivery belongs to the step whose
 // [Start, End) holds its arrival; the first window is the warm-up before
@@ -91,46 +84,36 @@ func (v *historyVerdict) problem(format string, args ...any) {
 	}
 }
 
-// keyHistory is one correlation id's deliveries so far.
-type keyHistory struct {
-	last      int64 // highest key_seq delivered
-	delivered map[int64]bool
-}
-
 // checkHistory checks deliveries (in arrival order) against the promises,
-// the rows skipped on purpose and the steps, by these rules, over first
-// deliveries (the first of each message id) unless said otherwise:
+// the rows skipped on purpose and the steps. Loss, duplicates,
+// redeliveries, reorders and gaps (x-ordo-prev-key-seq included) are the
+// test kit's History with the skips known (testkit.NewHistoryWithSkips
+// states the rules); a promise with an id is expected by id, one without
+// by correlation id and type. On top of it, per step:
 //
-//   - lost: a promise whose message never arrived;
-//   - duplicate: a delivery of a message id delivered before, not flagged
-//     redelivered (a redelivered one is the broker handing the checker's
-//     own unacknowledged delivery back after its connection dropped);
-//   - reorder: a key_seq below the highest already delivered for its key;
-//   - gap: a key_seq at or below the highest delivered for its key that
-//     never arrived and was not skipped on purpose; and a delivery whose
-//     x-ordo-prev-key-seq is not the highest key_seq below it that was not
-//     skipped on purpose (a consumer would wait for a message that never
-//     comes, or take a skip that did not happen);
 //   - stale publish: a delivery (duplicates included, redeliveries not)
 //     stamped with an x-ordo-epoch below one already delivered for its
 //     partition: published by an owner after the first message of a
 //     newer lease arrived. Counted per step; a step with more than its
-//     Bound is over the bound.
+//     Bound is over the bound;
+//   - duplicates are attributed to the step whose window holds them, and
+//     those outside every fault window are quiet.
 //
 // It needs nothing but the deliveries, the promises (what the order API
 // and the bench were told was committed) and what the nemesis skipped.
-func checkHistory(ds []testkit.Delivery, promises []promise, skipped []skipKey, steps []stepWindow) historyVerdict {
+func checkHistory(ds []testkit.Delivery, promises []promise, skipped []testkit.Skip, steps []stepWindow) historyVerdict {
 	v := historyVerdict{Deliveries: len(ds), Steps: make([]stepTally, len(steps)), Promised: len(promises)}
-	skip := map[string][]int64{} // key -> skipped key_seqs, ascending
-	for _, s := range skipped {
-		skip[s.Key] = append(skip[s.Key], s.KeySeq)
+	h := testkit.NewHistoryWithSkips(problemCap, skipped)
+	at := map[string]time.Time{} // what LostIDs names -> when it was promised
+	for _, p := range promises {
+		if p.ID != "" {
+			h.Expect(p.ID)
+			at[p.ID] = p.At
+		} else {
+			h.ExpectEvent(p.Key, p.Type)
+			at[p.Key+"/"+p.Type] = p.At
+		}
 	}
-	for _, s := range skip {
-		slices.Sort(s)
-	}
-	seen := map[string]bool{}
-	byKeyType := map[[2]string]bool{}
-	keys := map[string]*keyHistory{}
 	epochs := map[int]int64{} // partition -> highest epoch delivered
 	for _, d := range ds {
 		w := windowOf(steps, d.Received)
@@ -144,32 +127,22 @@ func checkHistory(ds []testkit.Delivery, promises []promise, skipped []skipKey, 
 				epochs[d.Partition] = d.Epoch
 			}
 		}
-		if seen[d.MessageID] {
-			if d.Redelivered {
-				v.Redeliveries++
-				continue
-			}
-			v.Duplicates++
-			if w >= 0 {
-				v.Steps[w].Duplicates++
-				if q := steps[w].Quiet; w == 0 || (!q.IsZero() && !d.Received.Before(q)) {
-					v.QuietDuplicates++
-				}
-			}
+		if h.Add(d) != testkit.Duplicate || w < 0 {
 			continue
 		}
-		seen[d.MessageID] = true
-		byKeyType[[2]string{d.CorrelationID, d.Type}] = true
-		v.Distinct++
-		v.checkOrder(keys, skip, d)
-	}
-	v.Keys = len(keys)
-	v.endGaps(keys, skip)
-	for _, p := range promises {
-		if (p.ID != "" && !seen[p.ID]) || (p.ID == "" && !byKeyType[[2]string{p.Key, p.Type}]) {
-			v.Lost++
-			v.problem("lost: key %s type %s id %q promised at %s never arrived", p.Key, p.Type, p.ID, p.At.Format("15:04:05.000"))
+		v.Steps[w].Duplicates++
+		if q := steps[w].Quiet; w == 0 || (!q.IsZero() && !d.Received.Before(q)) {
+			v.QuietDuplicates++
 		}
+	}
+	r := h.Report()
+	v.Distinct, v.Duplicates, v.Redeliveries, v.Keys = r.Distinct, r.Duplicates, r.Redeliveries, r.Keys
+	v.Lost, v.Reorders, v.Gaps = r.Lost, r.Reorders, r.Gaps
+	for _, id := range r.LostIDs {
+		v.problem("lost: %s promised at %s never arrived", id, at[id].Format("15:04:05.000"))
+	}
+	for _, p := range r.Problems {
+		v.problem("%s", p)
 	}
 	for i, st := range steps {
 		if v.Steps[i].Stale > st.Bound {
@@ -179,62 +152,6 @@ func checkHistory(ds []testkit.Delivery, promises []promise, skipped []skipKey, 
 		}
 	}
 	return v
-}
-
-// checkOrder checks one first delivery against its key's history.
-func (v *historyVerdict) checkOrder(keys map[string]*keyHistory, skip map[string][]int64, d testkit.Delivery) {
-	k := keys[d.CorrelationID]
-	if k == nil {
-		k = &keyHistory{delivered: map[int64]bool{}}
-		keys[d.CorrelationID] = k
-	}
-	if d.KeySeq < k.last {
-		v.Reorders++
-		v.problem("reorder: key %s key_seq %d (message %s) arrived after key_seq %d", d.CorrelationID, d.KeySeq, d.MessageID, k.last)
-	}
-	if want := prevNotSkipped(skip[d.CorrelationID], d.KeySeq); !d.HasPrevKeySeq || d.PrevKeySeq != want {
-		v.Gaps++
-		v.problem("gap: key %s key_seq %d (message %s) says x-ordo-prev-key-seq %d (present %v), want %d",
-			d.CorrelationID, d.KeySeq, d.MessageID, d.PrevKeySeq, d.HasPrevKeySeq, want)
-	}
-	k.delivered[d.KeySeq] = true
-	k.last = max(k.last, d.KeySeq)
-}
-
-// endGaps counts every key_seq at or below its key's highest delivered one
-// that never arrived and was not skipped on purpose.
-func (v *historyVerdict) endGaps(keys map[string]*keyHistory, skip map[string][]int64) {
-	names := make([]string, 0, len(keys))
-	for name := range keys {
-		names = append(names, name)
-	}
-	sort.Strings(names) // problems in a stable order
-	for _, name := range names {
-		k := keys[name]
-		for s := int64(1); s < k.last; s++ {
-			if !k.delivered[s] && !slices.Contains(skip[name], s) {
-				v.Gaps++
-				v.problem("gap: key %s key_seq %d never arrived (key_seq %d did)", name, s, k.last)
-			}
-		}
-	}
-}
-
-// prevNotSkipped returns the highest key_seq below keySeq that is not in
-// skipped (ascending), or 0: what x-ordo-prev-key-seq must say.
-func prevNotSkipped(skipped []int64, keySeq int64) int64 {
-	prev := keySeq - 1
-	for i := len(skipped) - 1; i >= 0 && prev > 0; i-- {
-		switch {
-		case skipped[i] > prev:
-			continue
-		case skipped[i] == prev:
-			prev--
-		default:
-			return prev
-		}
-	}
-	return prev
 }
 
 // windowOf returns the index of the window holding t, or -1.

@@ -134,26 +134,6 @@ func TestProbeKeysHashToTheirPartition(t *testing.T) {
 	}
 }
 
-func TestPrevNotSkipped(t *testing.T) {
-	for _, tc := range []struct {
-		skipped []int64
-		keySeq  int64
-		want    int64
-	}{
-		{nil, 1, 0},
-		{nil, 5, 4},
-		{[]int64{4}, 5, 3},
-		{[]int64{3, 4}, 5, 2},
-		{[]int64{1, 2, 3, 4}, 5, 0},
-		{[]int64{2}, 5, 4},
-		{[]int64{7}, 5, 4},
-	} {
-		if got := prevNotSkipped(tc.skipped, tc.keySeq); got != tc.want {
-			t.Errorf("prevNotSkipped(%v, %d) = %d, want %d", tc.skipped, tc.keySeq, got, tc.want)
-		}
-	}
-}
-
 // hist builds a history: each delivery d(...) arrives a millisecond after
 // the one before it.
 type hist struct {
@@ -191,7 +171,7 @@ func TestCheckHistory(t *testing.T) {
 		name     string
 		h        *hist
 		promises []promise
-		skipped  []skipKey
+		skipped  []testkit.Skip
 		steps    []stepWindow
 		want     historyVerdict // only the counts below are compared
 	}{
@@ -209,11 +189,11 @@ func TestCheckHistory(t *testing.T) {
 			historyVerdict{Distinct: 2, Reorders: 1}},
 		{"gap never delivered", h().d("a", "k", 1, 0, 0, 1).d("c", "k", 3, 2, 0, 1), nil, nil, one,
 			historyVerdict{Distinct: 2, Gaps: 1}},
-		{"skipped on purpose", h().d("a", "k", 1, 0, 0, 1).d("c", "k", 3, 1, 0, 1), nil, []skipKey{{"k", 2}}, one,
+		{"skipped on purpose", h().d("a", "k", 1, 0, 0, 1).d("c", "k", 3, 1, 0, 1), nil, []testkit.Skip{{Key: "k", KeySeq: 2}}, one,
 			historyVerdict{Distinct: 2}},
 		{"a skip nobody made", h().d("a", "k", 1, 0, 0, 1).d("c", "k", 3, 1, 0, 1), nil, nil, one,
 			historyVerdict{Distinct: 2, Gaps: 2}},
-		{"sent past a row later skipped (per-key limit 2)", h().d("a", "k", 1, 0, 0, 1).d("c", "k", 3, 2, 0, 1), nil, []skipKey{{"k", 2}}, one,
+		{"sent past a row later skipped (per-key limit 2)", h().d("a", "k", 1, 0, 0, 1).d("c", "k", 3, 2, 0, 1), nil, []testkit.Skip{{Key: "k", KeySeq: 2}}, one,
 			historyVerdict{Distinct: 2, Gaps: 1}},
 		{"no prev header", h().d("a", "k", 1, 0, 0, 1).d("b", "k", 2, 1, 0, 1), nil, nil, one,
 			historyVerdict{Distinct: 2, Gaps: 1}},

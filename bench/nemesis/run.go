@@ -45,7 +45,7 @@ type nemesis struct {
 	missingExchange string // never declared
 
 	active  healFunc // the heal of the fault in progress, if any
-	skipped []skipKey
+	skipped []testkit.Skip
 	windows []stepWindow
 	results []stepResult
 	steps   []stepReport

@@ -114,22 +114,15 @@ func allNodes(n int) []int {
 // waitHeld waits until the nodes at urls hold want partitions between them.
 func waitHeld(t *testing.T, urls []string, want int) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	testkit.WaitFor(t, 60*time.Second, fmt.Sprintf("the nodes hold %d partitions", want), func() bool {
 		held := 0
 		for _, u := range urls {
 			var st node.Status
 			getJSON(t, u+"/status", &st)
 			held += len(st.Held)
 		}
-		if held == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nodes hold %d partitions after 60s, want %d", held, want)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return held == want
+	})
 }
 
 // TestIdleThenBurst: nodes that sat idle on an empty outbox, their

@@ -82,3 +82,35 @@ func contains(fields []string, s string) bool {
 	}
 	return false
 }
+
+// TestToolsModuleLoadsAlone loads every package of the tools module
+// (bench/go.mod), tests included, outside the workspace, as the
+// Dockerfile's GOWORK=off build and a plain `go -C bench build` do. In the
+// workspace go.work.sum and the library's go.sum hide a bench/go.sum that
+// lacks a checksum (the library's OpenTelemetry went missing from it once);
+// outside it the go command stops with "missing go.sum entry". The fix is
+// `GOWORK=off go -C bench mod tidy`.
+func TestToolsModuleLoadsAlone(t *testing.T) {
+	bench, err := filepath.Abs(filepath.Join("..", "..", "bench"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "go", "list", "-deps", "-test", "./...")
+	cmd.Dir = bench
+	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("GOWORK=off go list -deps -test ./... in bench: %v (run GOWORK=off go -C bench mod tidy)\n%s", err, lastLines(out, 20))
+	}
+}
+
+// lastLines returns at most n trailing lines of out.
+func lastLines(out []byte, n int) string {
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

@@ -59,23 +59,30 @@ func DeliveryFromAMQP(d amqp.Delivery) Delivery {
 	return out
 }
 
-// Report summarises what a Checker has seen.
+// Report summarises what a History (or a Checker) has seen. The bench
+// writes it into its JSON results as is (bench/internal/result.Check).
 type Report struct {
-	Total      int      // deliveries, redeliveries and duplicates included
-	Distinct   int      // distinct message ids
-	Duplicates int      // deliveries whose message id had been delivered before
-	Lost       int      // expected ids (see Checker.Expect) never delivered
-	Reorders   int      // first deliveries with a key_seq below the key's highest so far
-	Gaps       int      // first deliveries that skip a message of their key not skipped on purpose
-	Keys       int      // distinct correlation ids
-	LostIDs    []string // the first lost ids, at most 20, in Expect order
-	Problems   []string // the first reorders and gaps, at most 20, described
+	Total        int      `json:"total"`                  // deliveries, redeliveries and duplicates included
+	Distinct     int      `json:"distinct"`               // distinct message ids
+	Duplicates   int      `json:"duplicates"`             // deliveries whose message id had been delivered before, not flagged redelivered: published again
+	Redeliveries int      `json:"redeliveries,omitempty"` // deliveries whose message id had been delivered before, flagged redelivered by the broker
+	Lost         int      `json:"lost"`                   // expected messages (History.Expect, ExpectEvent) never delivered
+	Reorders     int      `json:"reorders"`               // first deliveries with a key_seq below the key's highest so far
+	Gaps         int      `json:"gaps"`                   // first deliveries that skip a message of their key not skipped on purpose
+	Keys         int      `json:"keys"`                   // distinct correlation ids
+	LostIDs      []string `json:"lostIds,omitempty"`      // the first lost ids (key/type for an ExpectEvent), at most the History's cap, in Expect order
+	Problems     []string `json:"problems,omitempty"`     // the first reorders and gaps, at most the History's cap, described
 }
 
-// String returns all counts on one line.
+// String returns all counts on one line (redeliveries only when there are
+// any).
 func (r Report) String() string {
-	return fmt.Sprintf("total=%d distinct=%d duplicates=%d lost=%d reorders=%d gaps=%d keys=%d",
+	s := fmt.Sprintf("total=%d distinct=%d duplicates=%d lost=%d reorders=%d gaps=%d keys=%d",
 		r.Total, r.Distinct, r.Duplicates, r.Lost, r.Reorders, r.Gaps, r.Keys)
+	if r.Redeliveries > 0 {
+		s += fmt.Sprintf(" redeliveries=%d", r.Redeliveries)
+	}
+	return s
 }
 
 // Detail returns String followed by the lost ids and the problems, one per
@@ -97,19 +104,11 @@ func (r Report) Detail() string {
 // allowed: delivery is at least once.
 func (r Report) OK() bool { return r.Lost == 0 && r.Reorders == 0 && r.Gaps == 0 }
 
-// Checker records deliveries and checks them for loss and per-key order, by
-// the rules of docs/design.md, "Ordering, precisely". Per correlation id, over
-// first deliveries only (a delivery whose message id was seen before is a
-// duplicate and nothing else), with last the highest key_seq delivered so
-// far for the key (0 initially):
-//
-//   - key_seq < last is a reorder;
-//   - otherwise, with an x-ordo-prev-key-seq header, prev_key_seq != last is
-//     a gap, and without it key_seq != last+1 is a gap;
-//   - then last = max(last, key_seq).
-//
-// Messages without Ordo headers are checked as key_seq 0 and will be
-// reported as gaps. A Checker is safe for concurrent use. One made by
+// Checker records deliveries and checks them for loss and per-key order
+// with a History (see there for the rules), which does not know the skips:
+// x-ordo-prev-key-seq is taken at its word as long as it agrees with what
+// arrived. Messages without Ordo headers are checked as key_seq 0 and will
+// be reported as gaps. A Checker is safe for concurrent use. One made by
 // NewChecker consumes from RabbitMQ until its test ends; one made by
 // NewRecorder is fed with Record and owns no goroutines.
 type Checker struct {
@@ -118,24 +117,14 @@ type Checker struct {
 
 	mu         sync.Mutex
 	deliveries []Delivery
-	seen       map[string]struct{} // delivered message ids
-	last       map[string]int64    // correlation id -> highest key_seq delivered
-	expected   []string            // in Expect order, without repeats
-	expectSet  map[string]struct{}
-	pending    int // expected ids not delivered yet
-	report     Report
+	h          *History
 	changed    chan struct{} // closed and replaced on every change
 }
 
 // NewRecorder returns a Checker fed only by Record, for checks in memory or
 // of deliveries received some other way.
 func NewRecorder() *Checker {
-	return &Checker{
-		seen:      map[string]struct{}{},
-		last:      map[string]int64{},
-		expectSet: map[string]struct{}{},
-		changed:   make(chan struct{}),
-	}
+	return &Checker{h: NewHistory(reportListCap), changed: make(chan struct{})}
 }
 
 // NewChecker connects to amqpURL and records every message routed to
@@ -214,16 +203,7 @@ func (c *Checker) Queue() string { return c.queue }
 func (c *Checker) Expect(ids ...string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, id := range ids {
-		if _, ok := c.expectSet[id]; ok {
-			continue
-		}
-		c.expectSet[id] = struct{}{}
-		c.expected = append(c.expected, id)
-		if _, ok := c.seen[id]; !ok {
-			c.pending++
-		}
-	}
+	c.h.Expect(ids...)
 	c.notifyLocked()
 }
 
@@ -232,44 +212,8 @@ func (c *Checker) Record(d Delivery) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.deliveries = append(c.deliveries, d)
-	c.report.Total++
-	defer c.notifyLocked()
-
-	if _, dup := c.seen[d.MessageID]; dup {
-		c.report.Duplicates++
-		return
-	}
-	c.seen[d.MessageID] = struct{}{}
-	c.report.Distinct++
-	if _, ok := c.expectSet[d.MessageID]; ok {
-		c.pending--
-	}
-
-	last, known := c.last[d.CorrelationID]
-	if !known {
-		c.report.Keys++
-	}
-	switch {
-	case d.KeySeq < last:
-		c.report.Reorders++
-		c.problemLocked("reorder: key %q message %s key_seq %d arrived after key_seq %d",
-			d.CorrelationID, d.MessageID, d.KeySeq, last)
-	case d.HasPrevKeySeq && d.PrevKeySeq != last:
-		c.report.Gaps++
-		c.problemLocked("gap: key %q message %s key_seq %d has prev_key_seq %d but the last delivered is %d",
-			d.CorrelationID, d.MessageID, d.KeySeq, d.PrevKeySeq, last)
-	case !d.HasPrevKeySeq && d.KeySeq != last+1:
-		c.report.Gaps++
-		c.problemLocked("gap: key %q message %s key_seq %d follows key_seq %d (no prev_key_seq header)",
-			d.CorrelationID, d.MessageID, d.KeySeq, last)
-	}
-	c.last[d.CorrelationID] = max(last, d.KeySeq)
-}
-
-func (c *Checker) problemLocked(format string, args ...any) {
-	if len(c.report.Problems) < reportListCap {
-		c.report.Problems = append(c.report.Problems, fmt.Sprintf(format, args...))
-	}
+	c.h.Add(d)
+	c.notifyLocked()
 }
 
 // notifyLocked wakes everyone waiting for a change.
@@ -282,25 +226,7 @@ func (c *Checker) notifyLocked() {
 func (c *Checker) Report() Report {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.reportLocked()
-}
-
-func (c *Checker) reportLocked() Report {
-	r := c.report
-	r.Problems = append([]string(nil), c.report.Problems...)
-	r.Lost = c.pending
-	if r.Lost > 0 {
-		want := min(r.Lost, reportListCap)
-		for _, id := range c.expected {
-			if _, ok := c.seen[id]; !ok {
-				r.LostIDs = append(r.LostIDs, id)
-				if len(r.LostIDs) == want {
-					break
-				}
-			}
-		}
-	}
-	return r
+	return c.h.Report()
 }
 
 // Deliveries returns a copy of every delivery recorded, in arrival order.
@@ -331,7 +257,7 @@ func (c *Checker) WaitFor(tb testing.TB, timeout time.Duration, cond func(Report
 	defer deadline.Stop()
 	for {
 		c.mu.Lock()
-		r := c.reportLocked()
+		r := c.h.Report()
 		changed := c.changed
 		c.mu.Unlock()
 		if cond(r) {

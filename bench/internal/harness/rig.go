@@ -4,11 +4,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/lease"
@@ -50,8 +52,12 @@ type Rig struct {
 	DBURL  string
 	Pool   *pgxpool.Pool // the bench's own statements (loads, producers, waits): application_name AppBench
 	Probe  *pgxpool.Pool // the samplers' pg_stat_activity queries: application_name AppProbe
+	// Exchange is the rig's topic exchange, named Name: declared by
+	// DeclareExchange, empty before.
+	Exchange string
 
 	cleanups []cleanup
+	nodes    int // nodes started by StartNextNode, for their names
 }
 
 type cleanup struct {
@@ -142,6 +148,38 @@ func (r *Rig) StartNode(ctx context.Context, name, amqpURL string, env ...string
 	return n, nil
 }
 
+// StartNextNode starts a node named <Name>-<k>, k counting the nodes it
+// started, as StartNode does.
+func (r *Rig) StartNextNode(ctx context.Context, amqpURL string, env ...string) (*Node, error) {
+	r.nodes++
+	return r.StartNode(ctx, fmt.Sprintf("%s-%d", r.Name, r.nodes), amqpURL, env...)
+}
+
+// DeclareExchange declares the rig's topic exchange, Exchange, deleted at
+// Close. It is auto-delete, so RabbitMQ removes it with the last queue
+// bound to it even if the bench dies before its cleanup.
+func (r *Rig) DeclareExchange(ctx context.Context) error {
+	name := r.Name
+	err := testkit.Channel(ctx, r.Config.AMQPURL, func(ch *amqp.Channel) error {
+		return ch.ExchangeDeclare(name, "topic", false, true, false, false, nil)
+	})
+	if err != nil {
+		return fmt.Errorf("declare exchange %s: %w", name, err)
+	}
+	r.Exchange = name
+	r.OnClose("delete exchange "+name, func(ctx context.Context) error {
+		err := testkit.Channel(ctx, r.Config.AMQPURL, func(ch *amqp.Channel) error {
+			return ch.ExchangeDelete(name, false, false)
+		})
+		var aerr *amqp.Error
+		if errors.As(err, &aerr) && aerr.Code == amqp.NotFound {
+			return nil // auto-deleted with the queue already
+		}
+		return err
+	})
+	return nil
+}
+
 // StartProxy starts a TCP proxy in front of target ("host:port"), closed at
 // Close.
 func (r *Rig) StartProxy(target string) (*testkit.Proxy, error) {
@@ -157,6 +195,51 @@ func (r *Rig) StartProxy(target string) (*testkit.Proxy, error) {
 func (r *Rig) Pending(ctx context.Context) (int, error) {
 	var n int
 	if err := r.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE processed_at IS NULL`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count pending rows: %w", err)
+	}
+	return n, nil
+}
+
+// Parked returns how many outbox rows are parked.
+func (r *Rig) Parked(ctx context.Context) (int, error) {
+	var n int
+	if err := r.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE parked_at IS NOT NULL AND processed_at IS NULL`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count parked rows: %w", err)
+	}
+	return n, nil
+}
+
+// WaitPending waits, within Config.Timeout, until no outbox row is
+// pending but those whose key starts with one of skip (the poison groups'
+// prefixes, whose rows stay pending), and returns when that was first
+// seen. abort (a relay that died, say) is checked on every poll.
+func (r *Rig) WaitPending(ctx context.Context, abort func() error, skip []string) (time.Time, error) {
+	var at time.Time
+	what := "no pending rows"
+	if len(skip) > 0 {
+		what = "no pending rows but the parked keys'"
+	}
+	err := WaitUntil(ctx, r.Config.Timeout, 50*time.Millisecond, what, func() (bool, error) {
+		if err := abort(); err != nil {
+			return false, err
+		}
+		n, err := r.pendingBut(ctx, skip)
+		at = time.Now()
+		return n == 0, err
+	})
+	return at, err
+}
+
+// pendingBut is Pending without the rows whose key starts with one of
+// skip; with none, the plain count (which the pending rows' index serves).
+func (r *Rig) pendingBut(ctx context.Context, skip []string) (int, error) {
+	if len(skip) == 0 {
+		return r.Pending(ctx)
+	}
+	var n int
+	err := r.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE processed_at IS NULL
+AND NOT correlation_id LIKE ANY (SELECT p || '%' FROM unnest($1::text[]) AS p)`, skip).Scan(&n)
+	if err != nil {
 		return 0, fmt.Errorf("count pending rows: %w", err)
 	}
 	return n, nil

@@ -55,29 +55,10 @@ type Figure struct {
 	Unit  string // "s", "ms", "msg/s", "MiB", ...; empty for counts
 }
 
-// Check is the checker's verdict on every delivery of the run.
-type Check struct {
-	Total      int      `json:"total"`
-	Distinct   int      `json:"distinct"`
-	Duplicates int      `json:"duplicates"`
-	Lost       int      `json:"lost"`
-	Reorders   int      `json:"reorders"`
-	Gaps       int      `json:"gaps"`
-	Keys       int      `json:"keys"`
-	Problems   []string `json:"problems,omitempty"`
-	LostIDs    []string `json:"lostIds,omitempty"`
-}
-
-// CheckFrom copies a testkit report.
-func CheckFrom(r testkit.Report) Check {
-	return Check{
-		Total: r.Total, Distinct: r.Distinct, Duplicates: r.Duplicates, Lost: r.Lost,
-		Reorders: r.Reorders, Gaps: r.Gaps, Keys: r.Keys, Problems: r.Problems, LostIDs: r.LostIDs,
-	}
-}
-
-// OK reports whether nothing was lost, reordered or skipped.
-func (c Check) OK() bool { return c.Lost == 0 && c.Reorders == 0 && c.Gaps == 0 }
+// Check is the order checker's verdict on every delivery of the run: the
+// test kit's Report (the one order checker, testkit.History), written into
+// the JSON as is.
+type Check = testkit.Report
 
 // Passed reports whether the run should count as a success: nothing lost,
 // and for Ordo nothing reordered or skipped either.
