@@ -88,7 +88,8 @@ func Assign(members []string, count int) (Assignment, error) {
 	if len(ms) == 0 {
 		return out, nil
 	}
-	d := newAssignDraft(ms, count)
+	d := newAssignDraft(ms, count, nil)
+	d.lowCap = d.r
 	for p, m := range d.run() {
 		out[p] = ms[m]
 	}
@@ -109,13 +110,22 @@ type assignDraft struct {
 	prefs [][]assignChoice
 	// q and r: every member may own q partitions, and r of them q+1.
 	q, r int
-	// load[m] is the number of partitions member m owns so far; big is
-	// how many members own q+1.
+	// load[m] is the number of partitions member m owns so far.
 	load []int
-	big  int
+	// The r places at q+1 (the "extras") go to the first members to reach
+	// q+1, at most lowCap of them among the members not in high and at
+	// most highCap among those in high; bigLow and bigHigh count them.
+	// lowCap+highCap = r. Assign has high nil and lowCap r; AssignSources
+	// uses high to spread the extras of many sources evenly.
+	high            []bool
+	lowCap, highCap int
+	bigLow, bigHigh int
 }
 
-func newAssignDraft(members []string, count int) *assignDraft {
+// newAssignDraft prepares a draft of count partitions over members, with
+// the weights assignWeight gives for suffix (nil for Assign's weights).
+// The caller sets lowCap (and high, highCap) before run.
+func newAssignDraft(members []string, count int, suffix []byte) *assignDraft {
 	n := len(members)
 	d := &assignDraft{
 		n:     n,
@@ -128,10 +138,11 @@ func newAssignDraft(members []string, count int) *assignDraft {
 	all := make([]assignChoice, n*count)
 	for m, name := range members {
 		pref := all[m*count : (m+1)*count : (m+1)*count]
-		buf := make([]byte, len(name)+4)
+		buf := make([]byte, len(name)+4, len(name)+4+len(suffix))
 		copy(buf, name)
+		buf = append(buf, suffix...)
 		for p := range pref {
-			pref[p] = assignChoice{weight: assignWeight(buf, p), partition: p}
+			pref[p] = assignChoice{weight: assignWeight(buf, len(name), p), partition: p}
 		}
 		slices.SortFunc(pref, func(a, b assignChoice) int {
 			if c := cmp.Compare(b.weight, a.weight); c != 0 {
@@ -145,18 +156,41 @@ func newAssignDraft(members []string, count int) *assignDraft {
 }
 
 // assignWeight is the rendezvous weight of member and partition p:
-// XXH64(seed 0) of utf8(member) followed by p as 4 little-endian bytes.
-// buf holds the member's bytes and 4 spare bytes at the end, which it
-// overwrites. The fixed-width suffix keeps (member, p) -> input one-to-one.
-func assignWeight(buf []byte, p int) uint64 {
-	binary.LittleEndian.PutUint32(buf[len(buf)-4:], uint32(p))
+// XXH64(seed 0) of utf8(member) followed by p as 4 little-endian bytes,
+// followed by the source suffix of AssignSources, if any. buf holds the
+// member's bytes, 4 spare bytes at offset at, which it overwrites, and the
+// suffix. The fixed-width p keeps (member, p) -> input one-to-one for one
+// suffix.
+func assignWeight(buf []byte, at, p int) uint64 {
+	binary.LittleEndian.PutUint32(buf[at:at+4], uint32(p))
 	return xxhash.Sum64(buf)
 }
 
 // room reports whether member m may take one more partition: anyone below
-// q may, and a member at q may while fewer than r members hold q+1.
+// q may, and a member at q may while its group (high or not) has extras
+// left.
 func (d *assignDraft) room(m int) bool {
-	return d.load[m] < d.q || (d.load[m] == d.q && d.big < d.r)
+	switch {
+	case d.load[m] < d.q:
+		return true
+	case d.load[m] > d.q:
+		return false
+	case d.high != nil && d.high[m]:
+		return d.bigHigh < d.highCap
+	}
+	return d.bigLow < d.lowCap
+}
+
+// take gives member m one more partition.
+func (d *assignDraft) take(m int) {
+	if d.load[m] == d.q {
+		if d.high != nil && d.high[m] {
+			d.bigHigh++
+		} else {
+			d.bigLow++
+		}
+	}
+	d.load[m]++
 }
 
 // run performs the draft and returns the owner index of every partition.
@@ -197,10 +231,7 @@ func (d *assignDraft) run() []int {
 			if owner[p] >= 0 || !d.room(m) {
 				continue
 			}
-			if d.load[m] == d.q {
-				d.big++
-			}
-			d.load[m]++
+			d.take(m)
 			owner[p] = m
 			left--
 		}

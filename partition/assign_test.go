@@ -274,7 +274,7 @@ func TestMovementHRWIsExact(t *testing.T) {
 		for _, m := range members {
 			buf := append([]byte(m), 0, 0, 0, 0)
 			for p := range a {
-				if w := assignWeight(buf, p); a[p] == "" || w > best[p] || (w == best[p] && m < a[p]) {
+				if w := assignWeight(buf, len(m), p); a[p] == "" || w > best[p] || (w == best[p] && m < a[p]) {
 					a[p], best[p] = m, w
 				}
 			}

@@ -14,4 +14,9 @@
 // each) and moves few of them when a member comes or goes (see
 // docs/assignment.md); every node computes the same map from the same
 // member set. Assignment.Owned is what a lease.Config's Want returns.
+//
+// AssignSources does the same over (source, partition) pairs when one
+// cluster serves several outbox databases: balanced per source and over
+// all pairs, and exactly Assign's map for the one source named
+// wire.DefaultSource.
 package partition

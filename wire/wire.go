@@ -43,6 +43,12 @@ const (
 	// in a basic.return, which is how a return is matched to the publish it
 	// answers. Consumers may ignore it.
 	HeaderAttempt = "x-ordo-attempt"
+	// HeaderSource names the outbox database (the source) the message was
+	// read from (a string that passes ValidateSource). Keys, and so
+	// key_seq, are per source: a consumer keeps its state per (source,
+	// correlation id). A message without it belongs to DefaultSource, so
+	// messages published before sources existed keep their meaning.
+	HeaderSource = "x-ordo-source"
 )
 
 // CloudEvents (https://cloudevents.io), AMQP protocol binding 1.0, binary
