@@ -23,6 +23,11 @@ type Message struct {
 	Payload       []byte
 	Headers       map[string]any // the row's own headers, already decoded
 	OccurredAt    time.Time
+	// Source names the outbox database the row was read from; a
+	// publisher sends it as wire.HeaderSource when it is not empty. Empty
+	// means wire.DefaultSource (the one-source form), which is sent
+	// without the header.
+	Source string
 	// Deadline is the local deadline of the lease m is published under
 	// (Lease.Deadline, as the relay last checked it): the publisher must
 	// not write m to the broker after it. Zero: no deadline.
