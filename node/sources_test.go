@@ -131,7 +131,7 @@ func TestTwoSourcesThreeNodes(t *testing.T) {
 		cfg.HTTPAddr, cfg.Partitions, cfg.DBMaxConns = "127.0.0.1:0", partitions, 3
 		cfg.Gossip.BindAddr, cfg.Gossip.Join, cfg.Gossip.RejoinInterval = gossip[i], gossip, time.Second
 		cfg.Gossip.Insecure = true
-		cfg.LeaseTTL = time.Second
+		cfg.LeaseTTL = 3 * time.Second // the shared machine is loaded: no flapping
 		cfg.Relay.PollInterval = 200 * time.Millisecond
 		ready := make(chan string, 1)
 		opts := node.Options{Logger: testkit.Logger(t, slog.LevelWarn).With("node", name), Ready: func(a string) { ready <- a }}
@@ -183,9 +183,9 @@ func TestTwoSourcesThreeNodes(t *testing.T) {
 		return held("billing", 0, 1) == partitions
 	})
 	t.Logf("billing moved off n3 %v after its link was cut", time.Since(cutAt).Round(time.Millisecond))
-	if got := len(sourceStatus(httpAddrs[2])[wire.DefaultSource].Held); got != n3default {
-		t.Fatalf("n3 holds %d default partitions after its billing link was cut, want the %d it held", got, n3default)
-	}
+	testkit.WaitFor(t, 30*time.Second, "n3 holds its default share while cut off from billing", func() bool {
+		return held(wire.DefaultSource, 2) == n3default
+	})
 	if st := sourceStatus(httpAddrs[2]); st["billing"].Reachable || !st[wire.DefaultSource].Reachable {
 		t.Fatalf("n3's /status: billing reachable %v, default reachable %v; want false, true",
 			st["billing"].Reachable, st[wire.DefaultSource].Reachable)
