@@ -46,6 +46,10 @@ func (c Config) validateSources(ck *confcheck.Checker) {
 	ck.Require(len(c.Sources) <= MaxSources, "Sources", "%d sources, at most %d (they are gossiped)", len(c.Sources), MaxSources)
 	var seen []string
 	for _, s := range c.Sources {
+		if s.Name == "" || s.PostgresURL == "" {
+			ck.Require(false, "Sources", "a source without a name or a URL: want NAME=POSTGRES_URL")
+			continue
+		}
 		if err := wire.ValidateSource(s.Name); err != nil {
 			ck.Require(false, "Sources", "%v", err)
 		} else if slices.Contains(seen, s.Name) {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/ordo-relay/ordo/internal/confcheck"
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/node"
 	"github.com/ordo-relay/ordo/outbox"
@@ -271,5 +274,34 @@ func TestSourceHeader(t *testing.T) {
 		if got, err := wire.Source(d.Headers); err != nil || got != source {
 			t.Errorf("source %s: wire.Source reads %q, %v", source, got, err)
 		}
+	}
+}
+
+// TestConfigValidateSources: Validate reports every problem of Sources at
+// once, each at the field Sources: a bad name, a repeated one, an item
+// without a name or URL, and more sources than gossip carries.
+func TestConfigValidateSources(t *testing.T) {
+	c := node.DefaultConfig()
+	c.Sources = []node.Source{{Name: "a", PostgresURL: "postgres://h/a"}, {Name: "b", PostgresURL: "postgres://h/b"}}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("two good sources refused: %v", err)
+	}
+	c.Sources = []node.Source{{Name: "Bad", PostgresURL: "postgres://h/a"}, {Name: "a", PostgresURL: "postgres://h/a"},
+		{Name: "a", PostgresURL: "postgres://h/b"}, {Name: "", PostgresURL: ""}}
+	err := c.Validate()
+	for _, want := range []string{`source "Bad"`, `source "a" is given twice`, "want NAME=POSTGRES_URL"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate does not say %q: %v", want, err)
+		}
+	}
+	if got := confcheck.Fields(err); !slices.Equal(got, []string{"Sources", "Sources", "Sources"}) {
+		t.Errorf("fields %v, want Sources three times", got)
+	}
+	c.Sources = nil
+	for i := range node.MaxSources + 1 {
+		c.Sources = append(c.Sources, node.Source{Name: fmt.Sprintf("s%d", i), PostgresURL: "postgres://h/x"})
+	}
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "at most 12") {
+		t.Errorf("%d sources: %v", len(c.Sources), err)
 	}
 }

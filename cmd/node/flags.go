@@ -330,11 +330,14 @@ func (l *sourceList) String() string {
 }
 
 func (l *sourceList) Set(v string) error {
-	for i, pair := range strings.Fields(v) {
-		name, url, ok := strings.Cut(pair, "=")
-		if !ok || name == "" || url == "" {
-			// Not quoted: it may be a URL with a password.
-			return fmt.Errorf("item %d is not NAME=POSTGRES_URL", i+1)
+	for _, pair := range strings.Fields(v) {
+		// An item that is not NAME=URL becomes a source without a name,
+		// which node.Config.Validate reports: an error from Set would be
+		// printed by the flag package with the item, which may be a URL
+		// with a password.
+		name, url, _ := strings.Cut(pair, "=")
+		if url == "" {
+			name = ""
 		}
 		*l = append(*l, node.Source{Name: name, PostgresURL: url})
 	}

@@ -212,7 +212,7 @@ func TestFlagDefaults(t *testing.T) {
 	fs := newNodeFlagSet(&d, io.Discard)
 	for _, f := range nodeFlags {
 		def := fs.Lookup(f.name).DefValue
-		line := fmt.Sprintf("-%s  (%s)\n", f.name, envflag.Name(envPrefix, f.name))
+		line := fmt.Sprintf("-%s  (%s)\n", f.name, envOf(f.name))
 		i := strings.Index(help.String(), line)
 		if i < 0 {
 			t.Errorf("-h does not list %q", line)
