@@ -134,7 +134,7 @@ func TestTwoSourcesThreeNodes(t *testing.T) {
 		cfg.HTTPAddr, cfg.Partitions, cfg.DBMaxConns = "127.0.0.1:0", partitions, 3
 		cfg.Gossip.BindAddr, cfg.Gossip.Join, cfg.Gossip.RejoinInterval = gossip[i], gossip, time.Second
 		cfg.Gossip.Insecure = true
-		cfg.LeaseTTL = 3 * time.Second // the shared machine is loaded: no flapping
+		cfg.LeaseTTL = 5 * time.Second // the shared machine is loaded: no flapping
 		cfg.Relay.PollInterval = 200 * time.Millisecond
 		ready := make(chan string, 1)
 		opts := node.Options{Logger: testkit.Logger(t, slog.LevelWarn).With("node", name), Ready: func(a string) { ready <- a }}
