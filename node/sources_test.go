@@ -305,3 +305,68 @@ func TestConfigValidateSources(t *testing.T) {
 		t.Errorf("%d sources: %v", len(c.Sources), err)
 	}
 }
+
+// TestBusySourceDoesNotDelayAnother: with a deep backlog in default and a
+// small confirm window, messages committed to billing are published
+// while default is still draining, each within seconds of its commit:
+// billing's relay has its own share of W (W/2), so it never queues
+// behind default's backlog.
+func TestBusySourceDoesNotDelayAnother(t *testing.T) {
+	t.Parallel()
+	testkit.RequireRabbitMQ(t)
+	const partitions, backlog, trickle = 4, 20000, 20
+	r := newSourceRig(t, partitions)
+	def := r.dbs[wire.DefaultSource]
+	msgs := make([]outbox.Message, 500)
+	for i := 0; i < backlog; i += len(msgs) {
+		for j := range msgs {
+			msgs[j] = outbox.Message{CorrelationID: fmt.Sprintf("k%d", (i+j)%200), Exchange: r.exchanges[wire.DefaultSource],
+				RoutingKey: "m", Type: "t", Payload: json.RawMessage(`{}`)}
+		}
+		def.Enqueue(t, r.checkers[wire.DefaultSource], msgs...)
+	}
+	cfg := node.DefaultConfig()
+	cfg.Sources = []node.Source{
+		{Name: wire.DefaultSource, PostgresURL: def.URL},
+		{Name: "billing", PostgresURL: r.dbs["billing"].URL},
+	}
+	cfg.AMQP.URL, cfg.NodeName, cfg.HTTPAddr, cfg.Partitions, cfg.DBMaxConns = testkit.AMQPURL(), "busy", "127.0.0.1:0", partitions, 4
+	cfg.Relay.Window = 16
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := node.Run(ctx, cfg, node.Options{Logger: testkit.Logger(t, slog.LevelWarn)}); err != nil {
+			t.Errorf("node: %v", err)
+		}
+	}()
+	defer func() { stop(); wg.Wait() }()
+
+	r.checkers[wire.DefaultSource].WaitFor(t, 30*time.Second, func(rep testkit.Report) bool { return rep.Distinct >= 500 })
+	committed := map[string]time.Time{}
+	for i := range trickle {
+		key := fmt.Sprintf("b%d", i)
+		if err := r.enqueue(testkit.Context(t, 10*time.Second), "billing", key); err != nil {
+			t.Fatal(err)
+		}
+		committed[key] = time.Now()
+		time.Sleep(20 * time.Millisecond)
+	}
+	rep := r.checkers["billing"].WaitFor(t, 30*time.Second, func(rep testkit.Report) bool { return rep.Lost == 0 })
+	left := def.Pending(t)
+	var worst time.Duration
+	for _, d := range r.checkers["billing"].Deliveries() {
+		worst = max(worst, d.Received.Sub(committed[d.CorrelationID]))
+	}
+	t.Logf("billing: %s; slowest commit to delivery %v; default still had %d of %d pending", rep, worst.Round(time.Millisecond), left, backlog)
+	if !rep.OK() {
+		t.Fatalf("billing: %s", rep.Detail())
+	}
+	if left == 0 {
+		t.Fatalf("default drained before billing's %d messages were all delivered: the test shows nothing", trickle)
+	}
+	if worst > 10*time.Second {
+		t.Fatalf("a billing message took %v from commit to delivery behind default's backlog", worst)
+	}
+}
