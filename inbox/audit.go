@@ -44,45 +44,46 @@ type AuditEntry struct {
 	Operator   string    `json:"operator"`
 	RemoteAddr string    `json:"remoteAddr"`
 	Action     Action    `json:"action"`
+	Source     string    `json:"source"` // the key's source
 	Key        string    `json:"key"`
 	Result     string    `json:"result"` // "done", or "error: ..." when the action was refused or failed
 }
 
 const (
 	sqlAuditInsert = `
-INSERT INTO ordo_inbox_audit (consumer, operator, remote_addr, action, key, result)
-VALUES ($1, $2, $3, $4, $5, $6)`
+INSERT INTO ordo_inbox_audit (consumer, operator, remote_addr, action, key, result, source)
+VALUES ($1, $2, $3, $4, $5, $6, $7)`
 
 	sqlAuditList = `
-SELECT id, at, operator, remote_addr, action, key, result FROM ordo_inbox_audit
+SELECT id, at, operator, remote_addr, action, source, key, result FROM ordo_inbox_audit
 WHERE consumer = $1 ORDER BY id DESC LIMIT $2`
 )
 
-// Act runs action (Resolve, Retry or Skip) on consumer's key and records
+// Act runs action (Resolve, Retry or Skip) on consumer's key of source and records
 // it in ordo_inbox_audit with who asked and its result, whatever the
 // outcome: a successful action and its record commit together (durably,
 // whatever the session's synchronous_commit); a refused or failed one
 // rolls back and its refusal is recorded on its own. It returns the
 // action's error (wrapping ErrNothingToResolve when there was nothing to
 // act on), joined with the audit's if that failed too.
-func Act(ctx context.Context, db TxBeginner, who Actor, action Action, consumer, key string) error {
-	run := map[Action]func(context.Context, DB, string, string) error{
+func Act(ctx context.Context, db TxBeginner, who Actor, action Action, consumer, source, key string) error {
+	run := map[Action]func(context.Context, DB, string, string, string) error{
 		ActionResolve: Resolve, ActionRetry: Retry, ActionSkip: Skip}[action]
 	if run == nil {
 		_, err := ParseAction(string(action))
 		return err
 	}
 	err := durable(ctx, db, func(tx pgx.Tx) error {
-		if err := run(ctx, tx, consumer, key); err != nil {
+		if err := run(ctx, tx, consumer, source, key); err != nil {
 			return err
 		}
-		return audit(ctx, tx, who, action, consumer, key, "done")
+		return audit(ctx, tx, who, action, consumer, source, key, "done")
 	})
 	if err == nil {
 		return nil
 	}
 	if aerr := durable(ctx, db, func(tx pgx.Tx) error {
-		return audit(ctx, tx, who, action, consumer, key, "error: "+err.Error())
+		return audit(ctx, tx, who, action, consumer, source, key, "error: "+err.Error())
 	}); aerr != nil {
 		return errors.Join(err, aerr)
 	}
@@ -97,7 +98,7 @@ func Audit(ctx context.Context, db DB, consumer string, limit int) ([]AuditEntry
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (AuditEntry, error) {
 		var a AuditEntry
-		return a, r.Scan(&a.ID, &a.At, &a.Operator, &a.RemoteAddr, &a.Action, &a.Key, &a.Result)
+		return a, r.Scan(&a.ID, &a.At, &a.Operator, &a.RemoteAddr, &a.Action, &a.Source, &a.Key, &a.Result)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list operator actions: %w", err)
@@ -116,8 +117,8 @@ func durable(ctx context.Context, db TxBeginner, f func(pgx.Tx) error) error {
 	})
 }
 
-func audit(ctx context.Context, tx pgx.Tx, who Actor, action Action, consumer, key, result string) error {
-	if _, err := tx.Exec(ctx, sqlAuditInsert, consumer, who.Operator, who.RemoteAddr, string(action), key, result); err != nil {
+func audit(ctx context.Context, tx pgx.Tx, who Actor, action Action, consumer, source, key, result string) error {
+	if _, err := tx.Exec(ctx, sqlAuditInsert, consumer, who.Operator, who.RemoteAddr, string(action), key, result, source); err != nil {
 		return fmt.Errorf("record operator action: %w", err)
 	}
 	return nil

@@ -175,7 +175,7 @@ func TestStuckGapResolved(t *testing.T) {
 	if err != nil || len(stuck) != 1 || stuck[0].Key != "k" || stuck[0].Last != 1 || stuck[0].Waiting != 3 || stuck[0].Prev != 2 {
 		t.Fatalf("stuck %+v %v", stuck, err)
 	}
-	if err := inbox.Resolve(ctx, pool, cfg.Name, "k"); err != nil {
+	if err := inbox.Resolve(ctx, pool, cfg.Name, "default", "k"); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 30*time.Second, "k/3 handled", func() bool { return len(handledSeqs(t, pool)["k"]) == 2 })
@@ -185,7 +185,7 @@ func TestStuckGapResolved(t *testing.T) {
 	if got := handledSeqs(t, pool)["k"]; !equal(got, []int64{1, 3}) {
 		t.Fatalf("handled %v, want [1 3]", got)
 	}
-	if err := inbox.Resolve(ctx, pool, cfg.Name, "k"); !errors.Is(err, inbox.ErrNothingToResolve) {
+	if err := inbox.Resolve(ctx, pool, cfg.Name, "default", "k"); !errors.Is(err, inbox.ErrNothingToResolve) {
 		t.Fatalf("second resolve: %v", err)
 	}
 }
@@ -219,7 +219,7 @@ func TestRetentionThenOldRedelivery(t *testing.T) {
 	if dead, err := inbox.Dead(ctx, pool, cfg.Name); err != nil || len(dead) != 2 || dead[0].Key != "old" {
 		t.Fatalf("dead %+v %v, want old/1 and old/2 held", dead, err)
 	}
-	if err := inbox.Skip(ctx, pool, cfg.Name, "old"); err != nil {
+	if err := inbox.Skip(ctx, pool, cfg.Name, "default", "old"); err != nil {
 		t.Fatal(err)
 	}
 	// The key goes on with a message newer than the mark (the last

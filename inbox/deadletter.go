@@ -56,7 +56,8 @@ func (d *deadLetters) DeadLetter(ctx context.Context, m *Message, reason string,
 	if err := h.Validate(); err != nil {
 		// Headers read back from JSON may hold types AMQP cannot carry.
 		h = amqp.Table{HeaderDeadReason: truncate(reason, 1000), HeaderDeadAttempts: int32(attempts), HeaderDeadConsumer: d.cfg.Name,
-			wire.HeaderKeySeq: m.KeySeq, wire.HeaderPrevKeySeq: m.PrevKeySeq, wire.HeaderPartition: int32(m.Partition)}
+			wire.HeaderKeySeq: m.KeySeq, wire.HeaderPrevKeySeq: m.PrevKeySeq, wire.HeaderPartition: int32(m.Partition),
+			wire.HeaderSource: m.Source}
 	}
 	return d.publish(ctx, amqp.Publishing{
 		Headers: h, ContentType: "application/json", DeliveryMode: amqp.Persistent,

@@ -7,8 +7,11 @@
 //
 // Every Ordo message carries its key (the AMQP correlation-id), its
 // x-ordo-key-seq (1, 2, 3, ... per key) and x-ordo-prev-key-seq (the
-// previous key_seq the producer did not skip). The inbox keeps one row per
-// key with the last handled key_seq, and decides under that row's lock:
+// previous key_seq the producer did not skip). A key belongs to a source,
+// the outbox database named by x-ordo-source (wire.DefaultSource when
+// absent): key_seq counts per (source, key), and so does the inbox. The
+// inbox keeps one row per key with the last handled key_seq, and decides
+// under that row's lock:
 //
 //   - key_seq <= last: a duplicate (a republish, a redelivery): dropped.
 //   - prev <= last:    the next message: the handler runs in the same

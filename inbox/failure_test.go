@@ -140,7 +140,7 @@ func TestPartialKeepsFailedMessage(t *testing.T) {
 			}
 			ctx := testkit.Context(t, 30*time.Second)
 			if tc.want == inbox.DeadLettered {
-				if err := inbox.Retry(ctx, pool, "t", "k"); err != nil {
+				if err := inbox.Retry(ctx, pool, "t", "default", "k"); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -179,7 +179,7 @@ func TestSkippedHeadsDoNotBlockRetries(t *testing.T) {
 		if out := handle(t, once, inbox.Fence{}, msg(key, 3, 0), fail); out != inbox.Stored {
 			t.Fatalf("%s/3: %v", key, out)
 		}
-		if err := inbox.Skip(ctx, pool, "t", key); err != nil { // k/3 still waits for k/2
+		if err := inbox.Skip(ctx, pool, "t", "default", key); err != nil { // k/3 still waits for k/2
 			t.Fatal(err)
 		}
 	}
@@ -287,10 +287,10 @@ func TestBelowLowWaterHeldNotDropped(t *testing.T) {
 	if err != nil || len(dl) != 3 || len(dead.list()) != 3 {
 		t.Fatalf("dead %+v %v, dead-letter queue %v: want the three held", dl, err, dead.list())
 	}
-	if err := inbox.Retry(ctx, pool, "t", "late"); err != nil {
+	if err := inbox.Retry(ctx, pool, "t", "default", "late"); err != nil {
 		t.Fatal(err)
 	}
-	if err := inbox.Skip(ctx, pool, "t", "old"); err != nil {
+	if err := inbox.Skip(ctx, pool, "t", "default", "old"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.RetryDue(ctx, inbox.Fence{}, 0, 10, ok); err != nil {

@@ -7,8 +7,8 @@ import (
 )
 
 // lanes runs one shard session's work, a job per delivery or per stored
-// message due for a retry, keyed by the message's key (its correlation
-// id; an invalid delivery without one has the empty key): up to max keys
+// message due for a retry, keyed by the message's key (laneKey: its
+// source and correlation id; an invalid delivery may have an empty one): up to max keys
 // at once, each key's jobs strictly one after another in the order they
 // were added (the broker's delivery order, which for one key is key_seq
 // order). A key is in a lane from its first queued job until its queue is

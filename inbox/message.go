@@ -19,7 +19,9 @@ const (
 
 // ErrInvalidMessage is returned (wrapped) by FromDelivery when a delivery
 // lacks a correlation id, or usable ordering headers (wire.ParseOrder:
-// x-ordo-key-seq, x-ordo-prev-key-seq, x-ordo-partition). The consumer dead-letters such a message and counts it.
+// x-ordo-key-seq, x-ordo-prev-key-seq, x-ordo-partition), or carries an
+// x-ordo-source that is not a source name (wire.Source). The consumer
+// dead-letters such a message and counts it.
 var ErrInvalidMessage = errors.New("not an Ordo message")
 
 // Message is one delivery as the inbox sees it: the ordering fields parsed
@@ -29,7 +31,8 @@ var ErrInvalidMessage = errors.New("not an Ordo message")
 // are float64: use the typed fields for the Ordo headers.
 type Message struct {
 	ID            string     // AMQP message-id
-	CorrelationID string     // the ordering key
+	Source        string     // x-ordo-source: the outbox database, wire.DefaultSource when absent (Store.Handle reads "" as that too)
+	CorrelationID string     // the ordering key, within Source
 	KeySeq        int64      // x-ordo-key-seq: 1, 2, 3, ... per key
 	PrevKeySeq    int64      // x-ordo-prev-key-seq: the previous key_seq not skipped by the producer, 0 if none
 	Partition     int        // x-ordo-partition
@@ -69,6 +72,21 @@ func FromDelivery(d *amqp.Delivery) (*Message, error) {
 	if err != nil {
 		return nil, fmt.Errorf("message %q: %w: %w", d.MessageId, err, ErrInvalidMessage)
 	}
+	if m.Source, err = wire.Source(d.Headers); err != nil {
+		return nil, fmt.Errorf("message %q: %w: %w", d.MessageId, err, ErrInvalidMessage)
+	}
 	m.KeySeq, m.PrevKeySeq, m.Partition = o.KeySeq, o.PrevKeySeq, o.Partition
 	return m, nil
+}
+
+// laneKey is the key a message's jobs are serialised on in a shard's
+// lanes: its source and correlation id. A key's deliveries and its
+// retries (retryKey) must map to the same lane key.
+func laneKey(source, correlationID string) string { return source + "\x00" + correlationID }
+
+// deliveryLaneKey is laneKey of a delivery not parsed yet; an invalid
+// x-ordo-source gives the empty source (the delivery is dead-lettered).
+func deliveryLaneKey(d *amqp.Delivery) string {
+	source, _ := wire.Source(d.Headers)
+	return laneKey(source, d.CorrelationId)
 }

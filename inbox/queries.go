@@ -1,6 +1,7 @@
 package inbox
 
-// Every SQL statement of the package. $1 is always the consumer name.
+// Every SQL statement of the package. $1 is always the consumer name; a
+// key is (source, correlation id), the source always the last parameter.
 //
 // The fence: a write made under a shard lease checks, in the same
 // statement, that the lease row still names this owner at this epoch, and
@@ -16,32 +17,32 @@ const (
 	// has never handled a message (no row, or one only held or moved by an
 	// operator), and the retention low-water mark. It also bounds how long this transaction may sit
 	// idle, so a paused process cannot hold the key's lock past its lease.
-	// $2 key, $3 key_seq, $4 idle timeout (ms, text).
+	// $2 key, $3 key_seq, $4 idle timeout (ms, text), $5 source.
 	sqlDecide = `
 SELECT set_config('idle_in_transaction_session_timeout', $4, true),
        k.last_seq, coalesce(k.last_message_id, ''),
-       EXISTS (SELECT 1 FROM ordo_inbox_messages WHERE consumer = $1 AND correlation_id = $2 AND key_seq = $3),
-       EXISTS (SELECT 1 FROM ordo_inbox_messages WHERE consumer = $1 AND correlation_id = $2 AND key_seq < $3),
+       EXISTS (SELECT 1 FROM ordo_inbox_messages WHERE consumer = $1 AND source = $5 AND correlation_id = $2 AND key_seq = $3),
+       EXISTS (SELECT 1 FROM ordo_inbox_messages WHERE consumer = $1 AND source = $5 AND correlation_id = $2 AND key_seq < $3),
        k.last_message_id IS NULL,
        (SELECT low_water FROM ordo_inbox_retention WHERE consumer = $1)
 FROM (SELECT 1) AS one
 LEFT JOIN LATERAL (
     SELECT last_seq, last_message_id FROM ordo_inbox_keys
-    WHERE consumer = $1 AND correlation_id = $2 FOR UPDATE
+    WHERE consumer = $1 AND source = $5 AND correlation_id = $2 FOR UPDATE
 ) AS k ON true`
 
 	// sqlNewKey creates a key's row at last_seq $3 (0, or in Bootstrap
 	// mode the first message's prev); RETURNING is empty if another
-	// transaction created it first.
+	// transaction created it first. $2 key, $4 source.
 	sqlNewKey = `
-INSERT INTO ordo_inbox_keys (consumer, correlation_id, last_seq) VALUES ($1, $2, $3)
+INSERT INTO ordo_inbox_keys (consumer, source, correlation_id, last_seq) VALUES ($1, $4, $2, $3)
 ON CONFLICT DO NOTHING RETURNING last_seq`
 
-	// sqlLockKey locks an existing key row. $2 key.
-	sqlLockKey = `SELECT last_seq FROM ordo_inbox_keys WHERE consumer = $1 AND correlation_id = $2 FOR UPDATE`
+	// sqlLockKey locks an existing key row. $2 key, $3 source.
+	sqlLockKey = `SELECT last_seq FROM ordo_inbox_keys WHERE consumer = $1 AND source = $3 AND correlation_id = $2 FOR UPDATE`
 
 	// sqlAdvance records a handled message, fenced. $2 key, $3 key_seq,
-	// $4 message id, $5 occurred_at, $6 shard, $7 owner, $8 epoch.
+	// $4 message id, $5 occurred_at, $6 shard, $7 owner, $8 epoch, $9 source.
 	sqlAdvance = `
 WITH fence AS (
     SELECT 1 FROM ordo_inbox_leases
@@ -50,11 +51,11 @@ WITH fence AS (
 ), upd AS (
     UPDATE ordo_inbox_keys
     SET last_seq = $3, last_message_id = $4, last_occurred_at = $5, handled_at = now()
-    WHERE consumer = $1 AND correlation_id = $2 AND ($8 = 0 OR EXISTS (SELECT 1 FROM fence))
+    WHERE consumer = $1 AND source = $9 AND correlation_id = $2 AND ($8 = 0 OR EXISTS (SELECT 1 FROM fence))
     RETURNING 1
 ), del AS (
     DELETE FROM ordo_inbox_messages
-    WHERE consumer = $1 AND correlation_id = $2 AND key_seq <= $3 AND EXISTS (SELECT 1 FROM upd)
+    WHERE consumer = $1 AND source = $9 AND correlation_id = $2 AND key_seq <= $3 AND EXISTS (SELECT 1 FROM upd)
 )
 SELECT count(*) FROM upd`
 
@@ -66,20 +67,20 @@ SELECT count(*) FROM upd`
 	// $2.. the message, $16 seconds until due (NULL: a gap, due when its
 	// predecessor is handled), $17 shard, $18 owner, $19 epoch (the lease),
 	// $20 a new key's last_seq, $21 NULL or the reason the message is
-	// stored dead (held for an operator).
+	// stored dead (held for an operator), $22 source.
 	sqlStore = `
 WITH fence AS (
     SELECT 1 FROM ordo_inbox_leases
     WHERE consumer = $1 AND shard = $17 AND owner = $18 AND epoch = $19 AND $19 > 0
     FOR SHARE
 ), key AS (
-    INSERT INTO ordo_inbox_keys (consumer, correlation_id, last_seq)
-    SELECT $1, $2, $20 WHERE $19 = 0 OR EXISTS (SELECT 1 FROM fence)
+    INSERT INTO ordo_inbox_keys (consumer, source, correlation_id, last_seq)
+    SELECT $1, $22, $2, $20 WHERE $19 = 0 OR EXISTS (SELECT 1 FROM fence)
     ON CONFLICT DO NOTHING
 ), ins AS (
-    INSERT INTO ordo_inbox_messages (consumer, correlation_id, key_seq, prev_seq, partition, shard,
+    INSERT INTO ordo_inbox_messages (consumer, source, correlation_id, key_seq, prev_seq, partition, shard,
         message_id, type, exchange, routing_key, occurred_at, headers, body, attempts, last_error, next_attempt_at, dead_at)
-    SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, coalesce($21::text, $15::text),
+    SELECT $1, $22, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, coalesce($21::text, $15::text),
         CASE WHEN $16::float8 IS NULL THEN 'infinity'::timestamptz ELSE now() + make_interval(secs => $16::float8) END,
         CASE WHEN $21::text IS NULL THEN NULL ELSE now() END
     WHERE $19 = 0 OR EXISTS (SELECT 1 FROM fence)
@@ -90,7 +91,8 @@ SELECT ($19 = 0 OR EXISTS (SELECT 1 FROM fence)), EXISTS (SELECT 1 FROM ins)`
 
 	// sqlStartAttempt counts an attempt of a stored message before its
 	// handler runs, in its own transaction, so a crash inside the handler
-	// still counts. $2 key, $3 key_seq, $4 shard, $5 owner, $6 epoch.
+	// still counts. $2 key, $3 key_seq, $4 shard, $5 owner, $6 epoch,
+	// $7 source.
 	sqlStartAttempt = `
 WITH fence AS (
     SELECT 1 FROM ordo_inbox_leases
@@ -98,12 +100,13 @@ WITH fence AS (
     FOR SHARE
 )
 UPDATE ordo_inbox_messages SET attempts = attempts + 1
-WHERE consumer = $1 AND correlation_id = $2 AND key_seq = $3 AND dead_at IS NULL
+WHERE consumer = $1 AND source = $7 AND correlation_id = $2 AND key_seq = $3 AND dead_at IS NULL
   AND ($6 = 0 OR EXISTS (SELECT 1 FROM fence))
 RETURNING attempts`
 
 	// sqlFailed records a failed attempt and when to try again. $2 key,
-	// $3 key_seq, $4 error, $5 backoff (seconds), $6 shard, $7 owner, $8 epoch.
+	// $3 key_seq, $4 error, $5 backoff (seconds), $6 shard, $7 owner, $8 epoch,
+	// $9 source.
 	sqlFailed = `
 WITH fence AS (
     SELECT 1 FROM ordo_inbox_leases
@@ -112,10 +115,11 @@ WITH fence AS (
 )
 UPDATE ordo_inbox_messages
 SET last_error = $4, next_attempt_at = now() + make_interval(secs => $5)
-WHERE consumer = $1 AND correlation_id = $2 AND key_seq = $3 AND ($8 = 0 OR EXISTS (SELECT 1 FROM fence))`
+WHERE consumer = $1 AND source = $9 AND correlation_id = $2 AND key_seq = $3 AND ($8 = 0 OR EXISTS (SELECT 1 FROM fence))`
 
 	// sqlDead marks a stored message dead-lettered: its key waits for an
-	// operator. $2 key, $3 key_seq, $4 reason, $5 shard, $6 owner, $7 epoch.
+	// operator. $2 key, $3 key_seq, $4 reason, $5 shard, $6 owner, $7 epoch,
+	// $8 source.
 	sqlDead = `
 WITH fence AS (
     SELECT 1 FROM ordo_inbox_leases
@@ -124,22 +128,23 @@ WITH fence AS (
 )
 UPDATE ordo_inbox_messages
 SET dead_at = now(), last_error = $4, next_attempt_at = 'infinity'
-WHERE consumer = $1 AND correlation_id = $2 AND key_seq = $3 AND dead_at IS NULL
+WHERE consumer = $1 AND source = $8 AND correlation_id = $2 AND key_seq = $3 AND dead_at IS NULL
   AND ($7 = 0 OR EXISTS (SELECT 1 FROM fence))`
 
 	// storedCols is the column list scanStored reads.
-	storedCols = `m.correlation_id, m.key_seq, m.prev_seq, m.partition, m.message_id, m.type, m.exchange,
+	storedCols = `m.source, m.correlation_id, m.key_seq, m.prev_seq, m.partition, m.message_id, m.type, m.exchange,
     m.routing_key, m.occurred_at, m.headers, m.body, m.attempts, coalesce(m.last_error, ''), m.next_attempt_at,
     m.next_attempt_at <= now(), k.last_seq, m.dead_at IS NOT NULL,
     NOT EXISTS (SELECT 1 FROM ordo_inbox_messages b
-                WHERE b.consumer = m.consumer AND b.correlation_id = m.correlation_id AND b.key_seq < m.key_seq)`
+                WHERE b.consumer = m.consumer AND b.source = m.source AND b.correlation_id = m.correlation_id
+                  AND b.key_seq < m.key_seq)`
 
 	// sqlKeyHead returns a key's lowest stored message, dead-lettered or
-	// not, with the key's last handled key_seq. $2 key.
+	// not, with the key's last handled key_seq. $2 key, $3 source.
 	sqlKeyHead = `
 SELECT ` + storedCols + `
-FROM ordo_inbox_messages m JOIN ordo_inbox_keys k USING (consumer, correlation_id)
-WHERE m.consumer = $1 AND m.correlation_id = $2
+FROM ordo_inbox_messages m JOIN ordo_inbox_keys k USING (consumer, source, correlation_id)
+WHERE m.consumer = $1 AND m.source = $3 AND m.correlation_id = $2
 ORDER BY m.key_seq LIMIT 1`
 
 	// sqlDue returns a shard's stored messages whose retry is due. The
@@ -148,7 +153,7 @@ ORDER BY m.key_seq LIMIT 1`
 	// $3 limit.
 	sqlDue = `
 SELECT ` + storedCols + `
-FROM ordo_inbox_messages m JOIN ordo_inbox_keys k USING (consumer, correlation_id)
+FROM ordo_inbox_messages m JOIN ordo_inbox_keys k USING (consumer, source, correlation_id)
 WHERE m.consumer = $1 AND m.shard = $2 AND m.dead_at IS NULL AND m.next_attempt_at <= now()
 ORDER BY m.next_attempt_at LIMIT $3`
 
@@ -157,7 +162,7 @@ ORDER BY m.next_attempt_at LIMIT $3`
 	// operator's Skip makes the following message due whether or not it is
 	// next), so that it does not stay in the due range, taking the place of
 	// real retries. Handling its predecessor makes it next (follow). $2 key,
-	// $3 key_seq, $4 shard, $5 owner, $6 epoch.
+	// $3 key_seq, $4 shard, $5 owner, $6 epoch, $7 source.
 	sqlWaitAgain = `
 WITH fence AS (
     SELECT 1 FROM ordo_inbox_leases
@@ -165,9 +170,10 @@ WITH fence AS (
     FOR SHARE
 )
 UPDATE ordo_inbox_messages SET next_attempt_at = 'infinity'
-WHERE consumer = $1 AND correlation_id = $2 AND key_seq = $3 AND dead_at IS NULL
+WHERE consumer = $1 AND source = $7 AND correlation_id = $2 AND key_seq = $3 AND dead_at IS NULL
   AND ($6 = 0 OR EXISTS (SELECT 1 FROM fence))`
 
-	// sqlDeleteStored drops a stored message found to be a duplicate.
-	sqlDeleteStored = `DELETE FROM ordo_inbox_messages WHERE consumer = $1 AND correlation_id = $2 AND key_seq = $3`
+	// sqlDeleteStored drops a stored message found to be a duplicate. $2
+	// key, $3 key_seq, $4 source.
+	sqlDeleteStored = `DELETE FROM ordo_inbox_messages WHERE consumer = $1 AND source = $4 AND correlation_id = $2 AND key_seq = $3`
 )

@@ -19,17 +19,17 @@ const retentionChunk = 1000
 // seconds.
 const sqlRetain = `
 WITH victims AS (
-    SELECT correlation_id FROM ordo_inbox_keys k
+    SELECT source, correlation_id FROM ordo_inbox_keys k
     WHERE consumer = $1 AND handled_at < now() - make_interval(secs => $2)
       AND last_occurred_at IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM ordo_inbox_messages m
-                      WHERE m.consumer = k.consumer AND m.correlation_id = k.correlation_id)
+                      WHERE m.consumer = k.consumer AND m.source = k.source AND m.correlation_id = k.correlation_id)
     ORDER BY handled_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 ), del AS (
     DELETE FROM ordo_inbox_keys k USING victims v
-    WHERE k.consumer = $1 AND k.correlation_id = v.correlation_id
+    WHERE k.consumer = $1 AND k.source = v.source AND k.correlation_id = v.correlation_id
     RETURNING k.last_occurred_at
 ), mark AS (
     INSERT INTO ordo_inbox_retention AS r (consumer, low_water, deleted)

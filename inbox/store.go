@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/ordo-relay/ordo/wire"
 )
 
 // DB is what the inbox needs from PostgreSQL; *pgxpool.Pool satisfies it.
@@ -124,8 +126,12 @@ func (s *Store) shardOf(partition int) int { return partition % s.cfg.Shards }
 // the lease f moved, and other errors when the database failed; in both
 // cases nothing about m was committed and the caller must not acknowledge
 // it. A handler error is not returned: it becomes Retrying or
-// DeadLettered.
+// DeadLettered. An empty m.Source is set to wire.DefaultSource (a Message
+// built by a program written before sources).
 func (s *Store) Handle(ctx context.Context, f Fence, m *Message, h Handler) (Outcome, error) {
+	if m.Source == "" {
+		m.Source = wire.DefaultSource
+	}
 	out, err := s.handle(ctx, f, m, h)
 	if err != nil {
 		if errors.Is(err, ErrFenced) {
@@ -135,9 +141,9 @@ func (s *Store) Handle(ctx context.Context, f Fence, m *Message, h Handler) (Out
 	}
 	s.stats.count(out)
 	if out == Handled || out == Retrying {
-		if err := s.follow(ctx, f, m.CorrelationID, h); err != nil {
+		if err := s.follow(ctx, f, m.Source, m.CorrelationID, h); err != nil {
 			// m itself is settled; what follows is retried by the poll.
-			s.cfg.Logger.Warn("inbox: handle stored messages", "key", m.CorrelationID, "err", err)
+			s.cfg.Logger.Warn("inbox: handle stored messages", "source", m.Source, "key", m.CorrelationID, "err", err)
 		}
 	}
 	return out, nil
@@ -214,9 +220,9 @@ func (s *Store) decide(ctx context.Context, tx pgx.Tx, m *Message) (decision, in
 		lowWater *time.Time
 		ignore   string
 	)
-	if err := tx.QueryRow(ctx, sqlDecide, s.cfg.Name, m.CorrelationID, m.KeySeq, s.idle).
+	if err := tx.QueryRow(ctx, sqlDecide, s.cfg.Name, m.CorrelationID, m.KeySeq, s.idle, m.Source).
 		Scan(&ignore, &last, &lastID, &stored, &behind, &never, &lowWater); err != nil {
-		return 0, 0, fmt.Errorf("decide %s/%d: %w", m.CorrelationID, m.KeySeq, err)
+		return 0, 0, fmt.Errorf("decide %s/%s/%d: %w", m.Source, m.CorrelationID, m.KeySeq, err)
 	}
 	if last != nil && m.KeySeq == *last && lastID != "" && m.ID != "" && m.ID != lastID {
 		s.rewound(m, lastID)
@@ -238,7 +244,7 @@ func (s *Store) decide(ctx context.Context, tx pgx.Tx, m *Message) (decision, in
 		return decHold, base, nil
 	}
 	if last == nil {
-		l, err := s.createKey(ctx, tx, m.CorrelationID, base)
+		l, err := s.createKey(ctx, tx, m.Source, m.CorrelationID, base)
 		if err != nil {
 			return 0, 0, err
 		}
@@ -267,7 +273,7 @@ func (s *Store) rewound(m *Message, lastID string) {
 	s.stats.rewinds.Add(1)
 	s.cfg.Logger.Error("inbox: key_seq reused by a different message: the producer's key_seq went back; "+
 		"newer messages of this key are being dropped as duplicates",
-		"key", m.CorrelationID, "key_seq", m.KeySeq, "message_id", m.ID, "handled_message_id", lastID)
+		"source", m.Source, "key", m.CorrelationID, "key_seq", m.KeySeq, "message_id", m.ID, "handled_message_id", lastID)
 }
 
 // heldReason is the reason a message below the low-water mark is held.
@@ -289,24 +295,24 @@ func (s *Store) hold(ctx context.Context, tx pgx.Tx, f Fence, m *Message, last i
 		return 0, err
 	}
 	s.cfg.Logger.Warn("inbox: message below the retention low-water mark held for an operator (dead-lettered); its key waits",
-		"key", m.CorrelationID, "key_seq", m.KeySeq, "message_id", m.ID, "timestamp", m.Timestamp)
+		"source", m.Source, "key", m.CorrelationID, "key_seq", m.KeySeq, "message_id", m.ID, "timestamp", m.Timestamp)
 	if s.dead != nil {
 		if err := s.dead.DeadLetter(ctx, m, heldReason, 0); err != nil {
 			// The table is the record (Dead lists it); the copy is extra.
-			s.cfg.Logger.Warn("inbox: held message not copied to the dead-letter queue", "key", m.CorrelationID, "key_seq", m.KeySeq, "err", err)
+			s.cfg.Logger.Warn("inbox: held message not copied to the dead-letter queue", "source", m.Source, "key", m.CorrelationID, "key_seq", m.KeySeq, "err", err)
 		}
 	}
 	return DeadLettered, nil
 }
 
-func (s *Store) createKey(ctx context.Context, tx pgx.Tx, key string, base int64) (int64, error) {
+func (s *Store) createKey(ctx context.Context, tx pgx.Tx, source, key string, base int64) (int64, error) {
 	var last int64
-	err := tx.QueryRow(ctx, sqlNewKey, s.cfg.Name, key, base).Scan(&last)
+	err := tx.QueryRow(ctx, sqlNewKey, s.cfg.Name, key, base, source).Scan(&last)
 	if errors.Is(err, pgx.ErrNoRows) {
-		err = tx.QueryRow(ctx, sqlLockKey, s.cfg.Name, key).Scan(&last)
+		err = tx.QueryRow(ctx, sqlLockKey, s.cfg.Name, key, source).Scan(&last)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("create key %s: %w", key, err)
+		return 0, fmt.Errorf("create key %s/%s: %w", source, key, err)
 	}
 	return last, nil
 }
@@ -315,11 +321,11 @@ func (s *Store) createKey(ctx context.Context, tx pgx.Tx, key string, base int64
 func (s *Store) advance(ctx context.Context, tx pgx.Tx, f Fence, m *Message) error {
 	var n int
 	if err := tx.QueryRow(ctx, sqlAdvance, s.cfg.Name, m.CorrelationID, m.KeySeq, m.ID,
-		nullTime(m.Timestamp), f.Shard, f.Owner, f.Epoch).Scan(&n); err != nil {
-		return fmt.Errorf("advance %s to %d: %w", m.CorrelationID, m.KeySeq, err)
+		nullTime(m.Timestamp), f.Shard, f.Owner, f.Epoch, m.Source).Scan(&n); err != nil {
+		return fmt.Errorf("advance %s/%s to %d: %w", m.Source, m.CorrelationID, m.KeySeq, err)
 	}
 	if n == 0 {
-		return fmt.Errorf("advance %s to %d under shard %d epoch %d: %w", m.CorrelationID, m.KeySeq, f.Shard, f.Epoch, ErrFenced)
+		return fmt.Errorf("advance %s/%s to %d under shard %d epoch %d: %w", m.Source, m.CorrelationID, m.KeySeq, f.Shard, f.Epoch, ErrFenced)
 	}
 	return nil
 }
@@ -360,7 +366,7 @@ func (s *Store) storeAndCommit(ctx context.Context, tx pgx.Tx, f Fence, m *store
 		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("commit stored %s/%d: %w", m.CorrelationID, m.KeySeq, err)
+		return fmt.Errorf("commit stored %s/%s/%d: %w", m.Source, m.CorrelationID, m.KeySeq, err)
 	}
 	return nil
 }

@@ -140,11 +140,11 @@ func TestHandlerErrorRollsBackAndRetries(t *testing.T) {
 	if stuck, err := inbox.Stuck(ctx, pool, "t", 0); err != nil || len(stuck) != 0 {
 		t.Fatalf("stuck %+v %v, want none: the key is dead-lettered, not missing a message", stuck, err)
 	}
-	if err := inbox.Resolve(ctx, pool, "t", "poison"); !errors.Is(err, inbox.ErrNothingToResolve) {
+	if err := inbox.Resolve(ctx, pool, "t", "default", "poison"); !errors.Is(err, inbox.ErrNothingToResolve) {
 		t.Fatalf("resolve of a dead key: %v", err)
 	}
 	// The operator retries it with a fixed handler: both messages go.
-	if err := inbox.Retry(ctx, pool, "t", "poison"); err != nil {
+	if err := inbox.Retry(ctx, pool, "t", "default", "poison"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.RetryDue(ctx, inbox.Fence{}, 0, 10, recordHandler("")); err != nil {

@@ -55,20 +55,20 @@ func (s *Store) store(ctx context.Context, q querier, f Fence, m *storedMessage,
 	var fenceOK, inserted bool
 	if err := q.QueryRow(ctx, sqlStore, s.cfg.Name, m.CorrelationID, m.KeySeq, m.PrevKeySeq, m.Partition,
 		s.shardOf(m.Partition), m.ID, m.Type, m.Exchange, m.RoutingKey, nullTime(m.Timestamp), headers,
-		nonNil(m.Body), m.attempts, lastErr, dueIn, f.Shard, f.Owner, f.Epoch, m.keyBase, held).Scan(&fenceOK, &inserted); err != nil {
-		return fmt.Errorf("store %s/%d: %w", m.CorrelationID, m.KeySeq, err)
+		nonNil(m.Body), m.attempts, lastErr, dueIn, f.Shard, f.Owner, f.Epoch, m.keyBase, held, m.Source).Scan(&fenceOK, &inserted); err != nil {
+		return fmt.Errorf("store %s/%s/%d: %w", m.Source, m.CorrelationID, m.KeySeq, err)
 	}
 	if !fenceOK {
-		return fmt.Errorf("store %s/%d under shard %d epoch %d: %w", m.CorrelationID, m.KeySeq, f.Shard, f.Epoch, ErrFenced)
+		return fmt.Errorf("store %s/%s/%d under shard %d epoch %d: %w", m.Source, m.CorrelationID, m.KeySeq, f.Shard, f.Epoch, ErrFenced)
 	}
 	return nil
 }
 
-// follow handles, in key_seq order, key's stored messages that are next
-// and due, until one is not.
-func (s *Store) follow(ctx context.Context, f Fence, key string, h Handler) error {
+// follow handles, in key_seq order, the stored messages of source's key
+// that are next and due, until one is not.
+func (s *Store) follow(ctx context.Context, f Fence, source, key string, h Handler) error {
 	for ctx.Err() == nil {
-		m, err := s.keyHead(ctx, key)
+		m, err := s.keyHead(ctx, source, key)
 		if err != nil || m == nil {
 			return err
 		}
@@ -140,7 +140,7 @@ func (s *Store) retryStored(ctx context.Context, f Fence, m *storedMessage, h Ha
 		return true, err
 	}
 	if out == Handled || out == Duplicate {
-		return true, s.follow(ctx, f, m.CorrelationID, h)
+		return true, s.follow(ctx, f, m.Source, m.CorrelationID, h)
 	}
 	return true, nil
 }
@@ -150,7 +150,7 @@ func (s *Store) retryStored(ctx context.Context, f Fence, m *storedMessage, h Ha
 // handled in the lane meanwhile may have handled m, failed it again (no
 // longer due) or put a message before it.
 func (s *Store) retryKey(ctx context.Context, f Fence, m *storedMessage, h Handler) error {
-	head, err := s.keyHead(ctx, m.CorrelationID)
+	head, err := s.keyHead(ctx, m.Source, m.CorrelationID)
 	switch {
 	case err != nil || head == nil || head.KeySeq > m.KeySeq:
 		return err // or m is handled or dropped
@@ -170,14 +170,14 @@ func (s *Store) attempt(ctx context.Context, f Fence, m *storedMessage, h Handle
 		return Duplicate, s.dropStored(ctx, m)
 	}
 	var attempts int
-	err := s.db.QueryRow(ctx, sqlStartAttempt, s.cfg.Name, m.CorrelationID, m.KeySeq, f.Shard, f.Owner, f.Epoch).Scan(&attempts)
+	err := s.db.QueryRow(ctx, sqlStartAttempt, s.cfg.Name, m.CorrelationID, m.KeySeq, f.Shard, f.Owner, f.Epoch, m.Source).Scan(&attempts)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// Handled, skipped or dead-lettered meanwhile, or the lease moved
 		// (then the next fenced write, or the lease loop, stops the worker).
 		return 0, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("start attempt of %s/%d: %w", m.CorrelationID, m.KeySeq, err)
+		return 0, fmt.Errorf("start attempt of %s/%s/%d: %w", m.Source, m.CorrelationID, m.KeySeq, err)
 	}
 	m.attempts = attempts
 	if attempts > s.cfg.MaxAttempts {
@@ -203,12 +203,12 @@ func (s *Store) handleStored(ctx context.Context, f Fence, m *storedMessage, h H
 	var last *int64
 	var stored, behind, neverHandled bool
 	var lowWater *time.Time
-	if err := tx.QueryRow(ctx, sqlDecide, s.cfg.Name, m.CorrelationID, m.KeySeq, s.idle).
+	if err := tx.QueryRow(ctx, sqlDecide, s.cfg.Name, m.CorrelationID, m.KeySeq, s.idle, m.Source).
 		Scan(&ignore, &last, &lastID, &stored, &behind, &neverHandled, &lowWater); err != nil {
-		return 0, fmt.Errorf("lock key %s: %w", m.CorrelationID, err)
+		return 0, fmt.Errorf("lock key %s/%s: %w", m.Source, m.CorrelationID, err)
 	}
 	if last == nil || !stored {
-		return 0, fmt.Errorf("stored %s/%d: key or message row vanished", m.CorrelationID, m.KeySeq)
+		return 0, fmt.Errorf("stored %s/%s/%d: key or message row vanished", m.Source, m.CorrelationID, m.KeySeq)
 	}
 	m.keyLast = *last
 	if m.KeySeq <= m.keyLast {
@@ -240,12 +240,12 @@ func (s *Store) retryLater(ctx context.Context, f Fence, m *storedMessage, herr 
 		return s.deadLetter(ctx, f, m)
 	}
 	backoff := s.cfg.backoff(m.attempts, rand.Float64()).Seconds()
-	tag, err := s.db.Exec(ctx, sqlFailed, s.cfg.Name, m.CorrelationID, m.KeySeq, m.lastError, backoff, f.Shard, f.Owner, f.Epoch)
+	tag, err := s.db.Exec(ctx, sqlFailed, s.cfg.Name, m.CorrelationID, m.KeySeq, m.lastError, backoff, f.Shard, f.Owner, f.Epoch, m.Source)
 	if err != nil {
-		return 0, fmt.Errorf("record failure of %s/%d: %w", m.CorrelationID, m.KeySeq, err)
+		return 0, fmt.Errorf("record failure of %s/%s/%d: %w", m.Source, m.CorrelationID, m.KeySeq, err)
 	}
 	if tag.RowsAffected() == 0 {
-		return 0, fmt.Errorf("record failure of %s/%d: %w", m.CorrelationID, m.KeySeq, ErrFenced)
+		return 0, fmt.Errorf("record failure of %s/%s/%d: %w", m.Source, m.CorrelationID, m.KeySeq, ErrFenced)
 	}
 	return Retrying, nil
 }
@@ -259,18 +259,18 @@ func (s *Store) deadLetter(ctx context.Context, f Fence, m *storedMessage) (Outc
 	}
 	if s.dead != nil {
 		if err := s.dead.DeadLetter(ctx, &m.Message, reason, m.attempts); err != nil {
-			return 0, fmt.Errorf("dead-letter %s/%d: %w", m.CorrelationID, m.KeySeq, err)
+			return 0, fmt.Errorf("dead-letter %s/%s/%d: %w", m.Source, m.CorrelationID, m.KeySeq, err)
 		}
 	}
-	tag, err := s.db.Exec(ctx, sqlDead, s.cfg.Name, m.CorrelationID, m.KeySeq, reason, f.Shard, f.Owner, f.Epoch)
+	tag, err := s.db.Exec(ctx, sqlDead, s.cfg.Name, m.CorrelationID, m.KeySeq, reason, f.Shard, f.Owner, f.Epoch, m.Source)
 	if err != nil {
-		return 0, fmt.Errorf("mark %s/%d dead: %w", m.CorrelationID, m.KeySeq, err)
+		return 0, fmt.Errorf("mark %s/%s/%d dead: %w", m.Source, m.CorrelationID, m.KeySeq, err)
 	}
 	if tag.RowsAffected() == 0 {
-		return 0, fmt.Errorf("mark %s/%d dead: %w", m.CorrelationID, m.KeySeq, ErrFenced)
+		return 0, fmt.Errorf("mark %s/%s/%d dead: %w", m.Source, m.CorrelationID, m.KeySeq, ErrFenced)
 	}
 	s.cfg.Logger.Warn("inbox: message dead-lettered; its key waits for an operator",
-		"key", m.CorrelationID, "key_seq", m.KeySeq, "message_id", m.ID, "reason", reason)
+		"source", m.Source, "key", m.CorrelationID, "key_seq", m.KeySeq, "message_id", m.ID, "reason", reason)
 	return DeadLettered, nil
 }
 
@@ -280,27 +280,27 @@ func (s *Store) waitAgain(ctx context.Context, f Fence, m *storedMessage) error 
 	// No row updated: handled, dropped or dead-lettered meanwhile, or the
 	// lease moved (the next fenced write, or the lease loop, stops the
 	// worker).
-	if _, err := s.db.Exec(ctx, sqlWaitAgain, s.cfg.Name, m.CorrelationID, m.KeySeq, f.Shard, f.Owner, f.Epoch); err != nil {
-		return fmt.Errorf("put %s/%d back to waiting: %w", m.CorrelationID, m.KeySeq, err)
+	if _, err := s.db.Exec(ctx, sqlWaitAgain, s.cfg.Name, m.CorrelationID, m.KeySeq, f.Shard, f.Owner, f.Epoch, m.Source); err != nil {
+		return fmt.Errorf("put %s/%s/%d back to waiting: %w", m.Source, m.CorrelationID, m.KeySeq, err)
 	}
 	return nil
 }
 
 func (s *Store) dropStored(ctx context.Context, m *storedMessage) error {
-	if _, err := s.db.Exec(ctx, sqlDeleteStored, s.cfg.Name, m.CorrelationID, m.KeySeq); err != nil {
-		return fmt.Errorf("drop stored duplicate %s/%d: %w", m.CorrelationID, m.KeySeq, err)
+	if _, err := s.db.Exec(ctx, sqlDeleteStored, s.cfg.Name, m.CorrelationID, m.KeySeq, m.Source); err != nil {
+		return fmt.Errorf("drop stored duplicate %s/%s/%d: %w", m.Source, m.CorrelationID, m.KeySeq, err)
 	}
 	return nil
 }
 
-func (s *Store) keyHead(ctx context.Context, key string) (*storedMessage, error) {
-	rows, err := s.db.Query(ctx, sqlKeyHead, s.cfg.Name, key)
+func (s *Store) keyHead(ctx context.Context, source, key string) (*storedMessage, error) {
+	rows, err := s.db.Query(ctx, sqlKeyHead, s.cfg.Name, key, source)
 	if err != nil {
-		return nil, fmt.Errorf("read stored head of %s: %w", key, err)
+		return nil, fmt.Errorf("read stored head of %s/%s: %w", source, key, err)
 	}
 	ms, err := pgx.CollectRows(rows, scanStored)
 	if err != nil {
-		return nil, fmt.Errorf("read stored head of %s: %w", key, err)
+		return nil, fmt.Errorf("read stored head of %s/%s: %w", source, key, err)
 	}
 	if len(ms) == 0 {
 		return nil, nil
@@ -313,7 +313,7 @@ func scanStored(row pgx.CollectableRow) (*storedMessage, error) {
 	var occurred *time.Time
 	var headers []byte
 	var next pgtype.Timestamptz
-	if err := row.Scan(&m.CorrelationID, &m.KeySeq, &m.PrevKeySeq, &m.Partition, &m.ID, &m.Type, &m.Exchange,
+	if err := row.Scan(&m.Source, &m.CorrelationID, &m.KeySeq, &m.PrevKeySeq, &m.Partition, &m.ID, &m.Type, &m.Exchange,
 		&m.RoutingKey, &occurred, &headers, &m.Body, &m.attempts, &m.lastError, &next, &m.due, &m.keyLast, &m.dead, &m.head); err != nil {
 		return nil, err
 	}

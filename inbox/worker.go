@@ -98,7 +98,7 @@ func (c *Consumer) consumeShard(ctx context.Context, l shardLease) error {
 				}
 				return errors.New("channel closed by the broker")
 			}
-			ls.add(d.CorrelationId, func() error { return c.deliver(ctx, fence, &d) })
+			ls.add(deliveryLaneKey(&d), func() error { return c.deliver(ctx, fence, &d) })
 		case <-poll.C:
 			if !c.leaseValid(l.Shard, l.Epoch) {
 				_ = ls.stop()
@@ -122,7 +122,7 @@ func (c *Consumer) queueRetries(ctx context.Context, f Fence, ls *lanes) {
 		return
 	}
 	for _, m := range due {
-		ls.addRetry(m.CorrelationID, func() error {
+		ls.addRetry(laneKey(m.Source, m.CorrelationID), func() error {
 			hctx, cancel := c.handleContext(ctx)
 			defer cancel()
 			err := c.store.retryKey(hctx, f, m, c.h)

@@ -78,11 +78,9 @@ func Assign(members []string, count int) (Assignment, error) {
 	if err := ValidateCount(count); err != nil {
 		return nil, fmt.Errorf("assign: %w", err)
 	}
-	ms := slices.Clone(members)
-	slices.Sort(ms)
-	ms = slices.Compact(ms)
-	if len(ms) > 0 && ms[0] == "" {
-		return nil, fmt.Errorf("assign: %w", ErrEmptyMember)
+	ms, err := memberSet(members)
+	if err != nil {
+		return nil, fmt.Errorf("assign: %w", err)
 	}
 	out := make(Assignment, count)
 	if len(ms) == 0 {
@@ -94,6 +92,18 @@ func Assign(members []string, count int) (Assignment, error) {
 		out[p] = ms[m]
 	}
 	return out, nil
+}
+
+// memberSet returns the distinct names of members, sorted, or
+// ErrEmptyMember if one is "".
+func memberSet(members []string) ([]string, error) {
+	ms := slices.Clone(members)
+	slices.Sort(ms)
+	ms = slices.Compact(ms)
+	if len(ms) > 0 && ms[0] == "" {
+		return nil, ErrEmptyMember
+	}
+	return ms, nil
 }
 
 // assignChoice is one entry of a member's preference list.

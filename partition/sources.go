@@ -17,6 +17,10 @@ var ErrDuplicateSource = errors.New("duplicate source name")
 type Source struct {
 	Name  string // wire.ValidateSource; wire.DefaultSource for the one-source form
 	Count int    // its partition count, 1..MaxCount (stored in that database)
+	// Without lists members left out of this source's draft only: the
+	// members not eligible for it (cut off from its database, or not
+	// configured with it). Names that are not members are ignored.
+	Without []string
 }
 
 // Pair names one partition of one source.
@@ -76,9 +80,10 @@ func (a SourceAssignment) Diff(b SourceAssignment) []Pair {
 //     and the set of sources (order and duplicate members are ignored).
 //     It is a pure function and safe for concurrent use.
 //   - Balanced per source: with N members, every member owns ⌊P_s/N⌋ or
-//     ⌈P_s/N⌉ partitions of each source s.
+//     ⌈P_s/N⌉ partitions of each source s (N counting the members not in
+//     s.Without; those own none of s).
 //   - Balanced over all pairs: with T = ΣP_s, every member owns ⌊T/N⌋ or
-//     ⌈T/N⌉ pairs.
+//     ⌈T/N⌉ pairs, when no source leaves a member out.
 //   - Near-minimal movement on a join or leave, as Assign (see
 //     docs/assignment.md for the measured figures). Adding or removing a
 //     source moves no pair of the sources drafted before it (the default
@@ -96,28 +101,30 @@ func AssignSources(members []string, sources []Source) (SourceAssignment, error)
 	if err != nil {
 		return nil, fmt.Errorf("assign sources: %w", err)
 	}
-	ms := slices.Clone(members)
-	slices.Sort(ms)
-	ms = slices.Compact(ms)
-	if len(ms) > 0 && ms[0] == "" {
-		return nil, fmt.Errorf("assign sources: %w", ErrEmptyMember)
+	ms, err := memberSet(members)
+	if err != nil {
+		return nil, fmt.Errorf("assign sources: %w", err)
 	}
 	out := make(SourceAssignment, len(srcs))
-	extras := make([]int, len(ms)) // places at q_s+1 each member got so far
+	extras := make(map[string]int, len(ms)) // places at q_s+1 each member got so far
 	for _, s := range srcs {
 		a := make(Assignment, s.Count)
 		out[s.Name] = a
-		if len(ms) == 0 {
+		draft := ms
+		if len(s.Without) > 0 {
+			draft = slices.DeleteFunc(slices.Clone(ms), func(m string) bool { return slices.Contains(s.Without, m) })
+		}
+		if len(draft) == 0 {
 			continue
 		}
-		d := newAssignDraft(ms, s.Count, sourceSuffix(s.Name))
-		spreadExtras(d, extras)
+		d := newAssignDraft(draft, s.Count, sourceSuffix(s.Name))
+		spreadExtras(d, draft, extras)
 		for p, m := range d.run() {
-			a[p] = ms[m]
+			a[p] = draft[m]
 		}
 		for m, l := range d.load {
 			if l > d.q {
-				extras[m]++
+				extras[draft[m]]++
 			}
 		}
 	}
@@ -165,17 +172,21 @@ func sourceSuffix(name string) []byte {
 }
 
 // spreadExtras sets d's caps so that the r extras of this source go to
-// the members with the fewest extras so far (extras[m], which differ by
-// at most one): all of them to those members when r is at most their
+// the members (of the draft, members) with the fewest extras so far
+// (extras[name], which differ by at most one while no source leaves a
+// member out): all of them to those members when r is at most their
 // number k, else k to them and r-k to the others. The extras then stay
 // within one of each other, and so do the members' total loads.
-func spreadExtras(d *assignDraft, extras []int) {
-	low := slices.Min(extras)
-	d.high = make([]bool, len(extras))
+func spreadExtras(d *assignDraft, members []string, extras map[string]int) {
+	low := extras[members[0]]
+	for _, m := range members {
+		low = min(low, extras[m])
+	}
+	d.high = make([]bool, len(members))
 	k := 0
-	for m, e := range extras {
-		d.high[m] = e > low
-		if !d.high[m] {
+	for i, m := range members {
+		d.high[i] = extras[m] > low
+		if !d.high[i] {
 			k++
 		}
 	}

@@ -21,7 +21,7 @@ func TestAssignSourcesDefaultIsAssign(t *testing.T) {
 		members := randomMemberSet(rng, rng.IntN(13))
 		count := 1 + rng.IntN(300)
 		want := mustAssign(t, members, count)
-		got := mustAssignSources(t, members, []Source{{wire.DefaultSource, count}})
+		got := mustAssignSources(t, members, []Source{{Name: wire.DefaultSource, Count: count}})
 		if len(got) != 1 || !slices.Equal(got[wire.DefaultSource], want) {
 			t.Fatalf("AssignSources(%q, default/%d) =\n%q\nAssign gives\n%q", members, count, got, want)
 		}
@@ -35,12 +35,12 @@ func TestAssignSourcesErrors(t *testing.T) {
 		sources []Source
 		want    error
 	}{
-		{"zero count", []string{"a"}, []Source{{"default", 0}}, ErrInvalidCount},
-		{"count above max", []string{"a"}, []Source{{"default", 8}, {"b", MaxCount + 1}}, ErrInvalidCount},
-		{"empty source name", []string{"a"}, []Source{{"", 8}}, wire.ErrInvalidSource},
-		{"bad source name", []string{"a"}, []Source{{"Billing", 8}}, wire.ErrInvalidSource},
-		{"duplicate source", []string{"a"}, []Source{{"b", 8}, {"default", 8}, {"b", 16}}, ErrDuplicateSource},
-		{"empty member", []string{"a", ""}, []Source{{"default", 8}}, ErrEmptyMember},
+		{"zero count", []string{"a"}, []Source{{Name: "default", Count: 0}}, ErrInvalidCount},
+		{"count above max", []string{"a"}, []Source{{Name: "default", Count: 8}, {Name: "b", Count: MaxCount + 1}}, ErrInvalidCount},
+		{"empty source name", []string{"a"}, []Source{{Name: "", Count: 8}}, wire.ErrInvalidSource},
+		{"bad source name", []string{"a"}, []Source{{Name: "Billing", Count: 8}}, wire.ErrInvalidSource},
+		{"duplicate source", []string{"a"}, []Source{{Name: "b", Count: 8}, {Name: "default", Count: 8}, {Name: "b", Count: 16}}, ErrDuplicateSource},
+		{"empty member", []string{"a", ""}, []Source{{Name: "default", Count: 8}}, ErrEmptyMember},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			a, err := AssignSources(c.members, c.sources)
@@ -55,7 +55,7 @@ func TestAssignSourcesEmpty(t *testing.T) {
 	if a := mustAssignSources(t, []string{"a"}, nil); len(a) != 0 {
 		t.Fatalf("no sources: %v, want an empty map", a)
 	}
-	a := mustAssignSources(t, nil, []Source{{"default", 4}, {"b", 3}})
+	a := mustAssignSources(t, nil, []Source{{Name: "default", Count: 4}, {Name: "b", Count: 3}})
 	if !slices.Equal(a["default"], Assignment{"", "", "", ""}) || !slices.Equal(a["b"], Assignment{"", "", ""}) {
 		t.Fatalf("no members: %q, want every pair without owner", a)
 	}
@@ -104,7 +104,7 @@ func TestAssignSourcesBalance(t *testing.T) {
 // TestAssignSourcesGolden pins the rule for two and three sources, like
 // TestAssignGolden for one: a change here is a protocol change.
 func TestAssignSourcesGolden(t *testing.T) {
-	got := mustAssignSources(t, []string{"node-c", "node-a", "node-b"}, []Source{{"billing", 5}, {"default", 4}})
+	got := mustAssignSources(t, []string{"node-c", "node-a", "node-b"}, []Source{{Name: "billing", Count: 5}, {Name: "default", Count: 4}})
 	want := SourceAssignment{
 		"default": {"node-b", "node-c", "node-c", "node-a"},
 		"billing": {"node-a", "node-c", "node-a", "node-b", "node-b"},
@@ -117,9 +117,9 @@ func TestAssignSourcesGolden(t *testing.T) {
 		sources []Source
 		sum     uint64
 	}{
-		{[]string{"node-a", "node-b", "node-c"}, []Source{{"default", 64}, {"billing", 64}}, 0xde713b83021a8aa7},
-		{[]string{"ordo-0", "ordo-1", "ordo-2", "ordo-3", "ordo-4"}, []Source{{"default", 64}, {"billing", 32}, {"eu-orders", 100}}, 0xd57e1b4e3086ee9f},
-		{[]string{"10.0.0.1:7946", "10.0.0.2:7946", "10.0.0.3:7946", "10.0.0.4:7946"}, []Source{{"a", 4096}, {"b", 7}, {"c", 1}}, 0x4803e6997f28f5d3},
+		{[]string{"node-a", "node-b", "node-c"}, []Source{{Name: "default", Count: 64}, {Name: "billing", Count: 64}}, 0xde713b83021a8aa7},
+		{[]string{"ordo-0", "ordo-1", "ordo-2", "ordo-3", "ordo-4"}, []Source{{Name: "default", Count: 64}, {Name: "billing", Count: 32}, {Name: "eu-orders", Count: 100}}, 0xd57e1b4e3086ee9f},
+		{[]string{"10.0.0.1:7946", "10.0.0.2:7946", "10.0.0.3:7946", "10.0.0.4:7946"}, []Source{{Name: "a", Count: 4096}, {Name: "b", Count: 7}, {Name: "c", Count: 1}}, 0x4803e6997f28f5d3},
 	} {
 		if sum := digestSources(mustAssignSources(t, c.members, c.sources)); sum != c.sum {
 			t.Errorf("AssignSources(%q, %v) digest = %#x, want %#x", c.members, c.sources, sum, c.sum)
@@ -138,10 +138,10 @@ func TestAssignSourcesMovement(t *testing.T) {
 		sources []Source
 		bound   float64
 	}{
-		{[]Source{{"default", 64}, {"billing", 64}}, movementBound},
-		{[]Source{{"default", 64}, {"billing", 32}, {"eu", 32}}, movementBound},
-		{[]Source{{"default", 256}, {"billing", 64}}, movementBound},
-		{[]Source{{"a", 16}, {"b", 16}, {"c", 16}, {"d", 16}}, 1.4},
+		{[]Source{{Name: "default", Count: 64}, {Name: "billing", Count: 64}}, movementBound},
+		{[]Source{{Name: "default", Count: 64}, {Name: "billing", Count: 32}, {Name: "eu", Count: 32}}, movementBound},
+		{[]Source{{Name: "default", Count: 256}, {Name: "billing", Count: 64}}, movementBound},
+		{[]Source{{Name: "a", Count: 16}, {Name: "b", Count: 16}, {Name: "c", Count: 16}, {Name: "d", Count: 16}}, 1.4},
 	} {
 		t.Run(fmt.Sprint(c.sources), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(27, uint64(len(c.sources))))
@@ -161,12 +161,12 @@ func TestAssignSourcesMovement(t *testing.T) {
 // default source (drafted first), and few pairs of the others.
 func TestAssignSourcesAddSource(t *testing.T) {
 	rng := rand.New(rand.NewPCG(27, 4))
-	before := []Source{{"default", 64}, {"orders", 64}}
+	before := []Source{{Name: "default", Count: 64}, {Name: "orders", Count: 64}}
 	moved, trials := 0, 500
 	for range trials {
 		members := randomMemberSet(rng, 1+rng.IntN(10))
 		a := mustAssignSources(t, members, before)
-		b := mustAssignSources(t, members, append(slices.Clone(before), Source{"billing", 32}))
+		b := mustAssignSources(t, members, append(slices.Clone(before), Source{Name: "billing", Count: 32}))
 		delete(b, "billing")
 		for _, p := range a.Diff(b) {
 			if p.Source == wire.DefaultSource {
@@ -223,10 +223,42 @@ func digestSources(a SourceAssignment) uint64 {
 func randomSources(rng *rand.Rand) []Source {
 	var ss []Source
 	if rng.IntN(2) == 0 {
-		ss = append(ss, Source{wire.DefaultSource, 1 + rng.IntN(200)})
+		ss = append(ss, Source{Name: wire.DefaultSource, Count: 1 + rng.IntN(200)})
 	}
 	for _, name := range []string{"billing", "eu-orders", "s3"}[:1+rng.IntN(3)] {
-		ss = append(ss, Source{name, 1 + rng.IntN(200)})
+		ss = append(ss, Source{Name: name, Count: 1 + rng.IntN(200)})
 	}
 	return ss
+}
+
+// TestAssignSourcesWithout: a member left out of one source owns none of
+// its partitions, the others share them evenly, and the other sources
+// still count it.
+func TestAssignSourcesWithout(t *testing.T) {
+	rng := rand.New(rand.NewPCG(27, 5))
+	for range 300 {
+		members := randomMemberSet(rng, 2+rng.IntN(9))
+		out := members[rng.IntN(len(members))]
+		sources := randomSources(rng)
+		cut := rng.IntN(len(sources))
+		sources[cut].Without = []string{out, "not-a-member"}
+		a := mustAssignSources(t, members, sources)
+		for i, s := range sources {
+			ms := members
+			if i == cut {
+				ms = slices.DeleteFunc(slices.Clone(members), func(m string) bool { return m == out })
+				if got := a[s.Name].Owned(out); got != nil {
+					t.Fatalf("%q, left out of %s, owns %v of it", out, s.Name, got)
+				}
+			}
+			checkAssignBalanced(t, ms, a[s.Name])
+		}
+	}
+	// Without nobody left out, Without changes nothing.
+	members := []string{"node-a", "node-b", "node-c"}
+	plain := mustAssignSources(t, members, []Source{{Name: "default", Count: 64}, {Name: "billing", Count: 64}})
+	with := mustAssignSources(t, members, []Source{{Name: "default", Count: 64}, {Name: "billing", Count: 64, Without: []string{"node-z"}}})
+	if d := plain.Diff(with); d != nil {
+		t.Fatalf("Without a non-member moved %v", d)
+	}
 }

@@ -44,7 +44,9 @@ const (
 	// answers. Consumers may ignore it.
 	HeaderAttempt = "x-ordo-attempt"
 	// HeaderSource names the outbox database (the source) the message was
-	// read from (a string that passes ValidateSource). Keys, and so
+	// read from (a string that passes ValidateSource). The relay sets it
+	// once it serves several sources (docs/design.md, "Sources"); the
+	// inbox reads it already. Keys, and so
 	// key_seq, are per source: a consumer keeps its state per (source,
 	// correlation id). A message without it belongs to DefaultSource, so
 	// messages published before sources existed keep their meaning.

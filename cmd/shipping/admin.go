@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ordo-relay/ordo/inbox"
+	"github.com/ordo-relay/ordo/wire"
 )
 
 // operatorHeader carries the operator's name with every admin request,
@@ -27,6 +28,9 @@ const operatorHeader = "X-Ordo-Operator"
 //	POST /admin/keys/{key}/retry    give a key's dead-lettered message new attempts
 //	POST /admin/keys/{key}/skip     drop a key's dead-lettered message; the key goes on
 //	GET  /admin/audit[?limit=N]     the last operator actions, newest first
+//
+// The key actions take ?source=NAME, the key's source (x-ordo-source),
+// "default" when absent; the listings name each key's source.
 //
 // Every request needs "Authorization: Bearer <token>"; with an empty token
 // every request is answered 403. Each action is recorded in
@@ -119,16 +123,24 @@ func (a *adminAPI) act(w http.ResponseWriter, r *http.Request, who inbox.Actor) 
 		return
 	}
 	key := r.PathValue("key")
-	err = inbox.Act(r.Context(), a.pool, who, action, a.name, key)
+	source := r.URL.Query().Get("source")
+	if source == "" {
+		source = wire.DefaultSource
+	}
+	if err := wire.ValidateSource(source); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	err = inbox.Act(r.Context(), a.pool, who, action, a.name, source, key)
 	switch {
 	case err == nil:
-		a.logger.Info("shipping operator action", "action", action, "key", key, "operator", who.Operator, "from", who.RemoteAddr)
-		writeJSON(w, http.StatusOK, map[string]string{"action": string(action), "key": key,
+		a.logger.Info("shipping operator action", "action", action, "source", source, "key", key, "operator", who.Operator, "from", who.RemoteAddr)
+		writeJSON(w, http.StatusOK, map[string]string{"action": string(action), "source": source, "key": key,
 			"result": "done; the owning instance picks it up within its retry poll"})
 	case errors.Is(err, inbox.ErrNothingToResolve):
 		writeError(w, http.StatusConflict, err.Error())
 	default:
-		a.logger.Error("shipping operator action", "action", action, "key", key, "err", err)
+		a.logger.Error("shipping operator action", "action", action, "source", source, "key", key, "err", err)
 		writeError(w, http.StatusInternalServerError, "internal error")
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ordo-relay/ordo/inbox"
 	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/wire"
 )
 
 const testToken = "test-admin-token"
@@ -124,6 +125,7 @@ func TestAdminHTTPActions(t *testing.T) {
 		adminList(t, base+"/admin/stuck", &stuck)
 		return len(stuck) == 1 && stuck[0].Key == "gap-1" && stuck[0].Last == 0 && stuck[0].Prev == 1
 	})
+	resolveOtherSources(t, base, "gap-1")
 	if code, body := admin(t, http.MethodPost, base+"/admin/keys/gap-1/resolve", testToken, "alice"); code != http.StatusOK {
 		t.Fatalf("resolve gap-1: %d %s", code, body)
 	}
@@ -177,19 +179,34 @@ func TestAdminHTTPActions(t *testing.T) {
 
 	cli = exec.Command(e.bin, "-postgres-url", e.dbURL, "-name", e.name, "-shards", strconv.Itoa(testShards),
 		"-partitions", strconv.Itoa(testPartitions), "audit")
-	if out, err := cli.CombinedOutput(); err != nil || !regexp.MustCompile(`(?m)^\S+\s+dave\s+cli\s+retry\s+poison-2\s+done$`).Match(out) {
+	if out, err := cli.CombinedOutput(); err != nil || !regexp.MustCompile(`(?m)^\S+\s+dave\s+cli\s+retry\s+default\s+poison-2\s+done$`).Match(out) {
 		t.Fatalf("shipping audit: %v\n%s", err, out)
 	}
-	last := auditTrail(t, baseB, []string{"alice resolve gap-1 done", "alice resolve gap-1 error", "bob skip poison-2 done",
+	last := auditTrail(t, baseB, []string{"alice resolve billing/gap-1 error", "alice resolve gap-1 done", "alice resolve gap-1 error", "bob skip poison-2 done",
 		"carol retry poison-1 done", "dave retry poison-2 done"})
 	if last.RemoteAddr != "cli" {
 		t.Fatalf("the CLI's action is recorded from %q, want cli", last.RemoteAddr)
 	}
 }
 
+// resolveOtherSources checks that the key actions name the source: key is
+// stuck in the default source only, so resolving billing's key finds
+// nothing (recorded as refused by alice), and an invalid source name is
+// refused before anything is done (not recorded).
+func resolveOtherSources(tb testing.TB, base, key string) {
+	tb.Helper()
+	if code, body := admin(tb, http.MethodPost, base+"/admin/keys/"+key+"/resolve?source=billing", testToken, "alice"); code != http.StatusConflict {
+		tb.Fatalf("resolve billing's %s: %d %s, want 409 (only default's is stuck)", key, code, body)
+	}
+	if code, body := admin(tb, http.MethodPost, base+"/admin/keys/"+key+"/resolve?source=Billing", testToken, "alice"); code != http.StatusBadRequest {
+		tb.Fatalf("resolve with source Billing: %d %s, want 400", code, body)
+	}
+}
+
 // auditTrail checks the audit, oldest first, as "operator action key
-// done|error" lines against want, and that each entry has an address; it
-// returns the newest entry.
+// done|error" lines against want (a key of a source other than default
+// as source/key), and that each entry has an address; it returns the
+// newest entry.
 func auditTrail(tb testing.TB, base string, want []string) inbox.AuditEntry {
 	tb.Helper()
 	var audit []inbox.AuditEntry
@@ -204,7 +221,11 @@ func auditTrail(tb testing.TB, base string, want []string) inbox.AuditEntry {
 		if strings.HasPrefix(res, "error: ") {
 			res = "error"
 		}
-		got = append(got, fmt.Sprintf("%s %s %s %s", x.Operator, x.Action, x.Key, res))
+		key := x.Key
+		if x.Source != wire.DefaultSource {
+			key = x.Source + "/" + key
+		}
+		got = append(got, fmt.Sprintf("%s %s %s %s", x.Operator, x.Action, key, res))
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		tb.Fatalf("audit, oldest first:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))

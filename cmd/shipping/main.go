@@ -10,6 +10,10 @@
 //	shipping [flags] resolve ORDER   declare a stuck order's missing events skipped
 //	shipping [flags] retry ORDER     retry an order's dead-lettered event
 //	shipping [flags] skip ORDER      drop an order's dead-lettered event; the order goes on
+//
+// resolve, retry and skip act on the order of the source named by -source
+// (the outbox database its events came from; default: "default").
+//
 //	shipping [flags] audit           the last operator actions (CLI and HTTP), newest first
 //	shipping -shards N reshard       change S (every instance stopped): docs/consumer.md, "Changing S"
 //
@@ -35,6 +39,7 @@ import (
 
 	"github.com/ordo-relay/ordo/inbox"
 	"github.com/ordo-relay/ordo/internal/envflag"
+	"github.com/ordo-relay/ordo/wire"
 )
 
 // envPrefix prefixes the environment variable of every flag: ORDO_, as
@@ -50,6 +55,7 @@ type config struct {
 	httpAddr     string        // where /metrics, /healthz, /readyz and /admin/ are served; empty: not served
 	adminToken   string        // the bearer token /admin/ requires; empty: admin actions off
 	operator     string        // who runs a CLI action, for the audit record
+	source       string        // the source of the key a CLI action names
 	killAfter    int           // fault injection: SIGKILL itself after this many handled commits, before the ack
 	faults       faults        // fault injection: failing and panicking handler attempts, poison orders
 	logLevel     slog.Level
@@ -87,6 +93,7 @@ func parseConfig(args []string, lookup func(string) (string, bool), output io.Wr
 	fs.StringVar(&cfg.httpAddr, "http-addr", "", "serve /metrics, /healthz, /readyz and /admin/ here, e.g. 127.0.0.1:8082 (empty: not served)")
 	fs.StringVar(&cfg.adminToken, "admin-token", "", "bearer token the /admin/ actions require (empty: they are off)")
 	fs.StringVar(&cfg.operator, "operator", "", "your name, recorded with resolve, retry and skip (default: $USER)")
+	fs.StringVar(&cfg.source, "source", wire.DefaultSource, "the source (x-ordo-source) of the order resolve, retry and skip act on")
 	fs.IntVar(&cfg.killAfter, "kill-after", 0, "fault injection: SIGKILL this process after N handled commits, before the ack")
 	cfg.faults.addFlags(fs)
 	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")
@@ -107,6 +114,9 @@ func parseConfig(args []string, lookup func(string) (string, bool), output io.Wr
 	}
 	if err := cfg.logLevel.UnmarshalText([]byte(level)); err != nil {
 		return config{}, fmt.Errorf("-log-level: %w", err)
+	}
+	if err := wire.ValidateSource(cfg.source); err != nil {
+		return config{}, fmt.Errorf("-source: %w", err)
 	}
 	if cfg.dbMaxConns == 0 {
 		cfg.dbMaxConns = ic.Shards + 4

@@ -163,10 +163,10 @@ func runCommand(ctx context.Context, cfg config, out io.Writer) error {
 			return err
 		}
 		who := inbox.Actor{Operator: cfg.operator, RemoteAddr: "cli"}
-		if err := inbox.Act(ctx, pool, who, inbox.Action(cmd), name, key); err != nil {
+		if err := inbox.Act(ctx, pool, who, inbox.Action(cmd), name, cfg.source, key); err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "%s %s: done; the owning instance picks it up within its retry poll\n", cmd, key)
+		fmt.Fprintf(out, "%s %s/%s: done; the owning instance picks it up within its retry poll\n", cmd, cfg.source, key)
 		return nil
 	}
 	return fmt.Errorf("unknown command %q (want stuck, dead, resolve, retry, skip, audit or reshard)", cmd)
@@ -178,9 +178,9 @@ func printStuck(ctx context.Context, db inbox.DB, name string, gapWait time.Dura
 		return err
 	}
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "ORDER\tLAST\tMISSING\tWAITING\tSTORED\tSINCE")
+	fmt.Fprintln(w, "SOURCE\tORDER\tLAST\tMISSING\tWAITING\tSTORED\tSINCE")
 	for _, k := range keys {
-		fmt.Fprintf(w, "%s\t%d\t%d..%d\t%d\t%d\t%s\n", k.Key, k.Last, k.Last+1, k.Prev, k.Waiting, k.Stored, k.Since.Format(time.RFC3339))
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d..%d\t%d\t%d\t%s\n", k.Source, k.Key, k.Last, k.Last+1, k.Prev, k.Waiting, k.Stored, k.Since.Format(time.RFC3339))
 	}
 	return w.Flush()
 }
@@ -191,9 +191,9 @@ func printDead(ctx context.Context, db inbox.DB, name string, out io.Writer) err
 		return err
 	}
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "ORDER\tKEY_SEQ\tTYPE\tATTEMPTS\tBEHIND\tDEAD_AT\tERROR")
+	fmt.Fprintln(w, "SOURCE\tORDER\tKEY_SEQ\tTYPE\tATTEMPTS\tBEHIND\tDEAD_AT\tERROR")
 	for _, m := range ms {
-		fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%d\t%s\t%s\n", m.Key, m.KeySeq, m.Type, m.Attempts, m.Waiting,
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%d\t%d\t%s\t%s\n", m.Source, m.Key, m.KeySeq, m.Type, m.Attempts, m.Waiting,
 			m.DeadAt.Format(time.RFC3339), strings.ReplaceAll(m.LastError, "\n", " "))
 	}
 	return w.Flush()
@@ -205,9 +205,9 @@ func printAudit(ctx context.Context, db inbox.DB, name string, out io.Writer) er
 		return err
 	}
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "AT\tOPERATOR\tFROM\tACTION\tORDER\tRESULT")
+	fmt.Fprintln(w, "AT\tOPERATOR\tFROM\tACTION\tSOURCE\tORDER\tRESULT")
 	for _, a := range list {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", a.At.Format(time.RFC3339), a.Operator, a.RemoteAddr, a.Action, a.Key,
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.At.Format(time.RFC3339), a.Operator, a.RemoteAddr, a.Action, a.Source, a.Key,
 			strings.ReplaceAll(a.Result, "\n", " "))
 	}
 	return w.Flush()
