@@ -17,7 +17,6 @@ import (
 	"github.com/ordo-relay/ordo/lease"
 	"github.com/ordo-relay/ordo/membership"
 	"github.com/ordo-relay/ordo/outbox"
-	"github.com/ordo-relay/ordo/partition"
 	"github.com/ordo-relay/ordo/relay"
 	"github.com/ordo-relay/ordo/relay/pgstore"
 	"github.com/ordo-relay/ordo/relay/rabbitmq"
@@ -74,7 +73,6 @@ type built struct {
 	pub     *rabbitmq.Publisher
 	health  *healthMonitor
 	srcs    []*source // in Config order; the first is the one-source form's
-	assign  []partition.Source
 	ln      net.Listener
 	srv     *http.Server
 }
@@ -118,9 +116,6 @@ func openPool(ctx context.Context, cfg Config, url string) (*pgxpool.Pool, *pgx.
 // only shut down by its Run, so a failure after it costs a leave.
 func build(cfg Config, opts Options, logger *slog.Logger, srcs []*source) (*built, error) {
 	b := &built{cfg: cfg, logger: logger, hooks: opts.hooks, srcs: srcs}
-	for _, s := range srcs {
-		b.assign = append(b.assign, partition.Source{Name: s.name, Count: cfg.Partitions})
-	}
 	lcfgs := make([]lease.Config, len(srcs))
 	for i, s := range srcs {
 		lcfg := lease.ConfigWithTTL(cfg.LeaseTTL)
@@ -185,11 +180,9 @@ func (b *built) abandon(err error) error {
 
 // want returns the leaser's Want of source s: every partition when the
 // node runs alone; in a cluster, this node's share of s in the
-// assignment over (source, partition) pairs (partition.AssignSources)
-// among the members eligible for s (live, relaying s, less those stepped
-// aside for a healthier peer), and nothing before it has joined. With
-// one source named default it is partition.Assign's share, as before
-// sources existed.
+// assignment over (source, partition) pairs (assignSources), and nothing
+// before it has joined. With one source named default it is
+// partition.Assign's share, as before sources existed.
 func (b *built) want(s *source) func() []int {
 	return func() []int {
 		if b.members == nil {
@@ -202,11 +195,7 @@ func (b *built) want(s *source) func() []int {
 		if !b.members.Joined() {
 			return nil
 		}
-		a, err := partition.AssignSources(b.members.EligibleFor(s.name), b.assign)
-		if err != nil {
-			return nil
-		}
-		return a[s.name].Owned(b.cfg.NodeName)
+		return assignSources(b.members, sourceNames(b.cfg.sources()), b.cfg.Partitions)[s.name].Owned(b.cfg.NodeName)
 	}
 }
 

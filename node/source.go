@@ -86,10 +86,10 @@ func share[T int | int64](total T, n int, least T) T {
 }
 
 // stampSource is the relay.Publisher of one source: it sets each
-// message's Source before the node's publisher sends it, so that the
-// message carries wire.HeaderSource. Messages of wire.DefaultSource carry
-// none (a consumer reads an absent header as that source), so the
-// one-source form sends exactly what it did before sources existed.
+// message's Source before the node's publisher sends it, so that every
+// message carries wire.HeaderSource, wire.DefaultSource's included
+// (docs/design.md, "Sources": explicit beats implied; a consumer reads an
+// absent header as default, which is what older nodes sent).
 type stampSource struct {
 	relay.Publisher
 	name string
@@ -99,8 +99,6 @@ var _ relay.Publisher = stampSource{}
 
 // Publish implements relay.Publisher.
 func (p stampSource) Publish(ctx context.Context, msg *relay.Message, settle func(relay.Result)) error {
-	if p.name != wire.DefaultSource {
-		msg.Source = p.name
-	}
+	msg.Source = p.name
 	return p.Publisher.Publish(ctx, msg, settle)
 }

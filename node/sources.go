@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ordo-relay/ordo/internal/confcheck"
+	"github.com/ordo-relay/ordo/partition"
 	"github.com/ordo-relay/ordo/wire"
 )
 
@@ -66,6 +67,41 @@ func (c Config) validateSources(ck *confcheck.Checker) {
 // of the URL (a password): pgx's parse errors name the URL.
 func redact(err error) string {
 	return fmt.Sprintf("the PostgreSQL URL does not parse (%T)", err)
+}
+
+// eligibleFor is what the assignment needs of membership: the members
+// eligible for each source (membership.Membership.EligibleFor).
+type eligibleFor interface {
+	EligibleFor(source string) []string
+}
+
+// assignSources returns the map over (source, partition) pairs of
+// sources, each of partitions partitions, as every node computes it from
+// its view of the members: partition.AssignSources over the members
+// eligible for at least one source, each source's draft without those
+// not eligible for it (partition.Source.Without). A node cut off from one
+// database is left out of that source only, and the balance over all
+// pairs holds whenever nobody is left out. With the one source default
+// it is partition.Assign over membership.Eligible, as before sources.
+func assignSources(m eligibleFor, sources []string, partitions int) partition.SourceAssignment {
+	eligible := make(map[string][]string, len(sources))
+	var all []string
+	for _, s := range sources {
+		eligible[s] = m.EligibleFor(s)
+		all = append(all, eligible[s]...)
+	}
+	slices.Sort(all)
+	all = slices.Compact(all)
+	srcs := make([]partition.Source, len(sources))
+	for i, s := range sources {
+		srcs[i] = partition.Source{Name: s, Count: partitions,
+			Without: slices.DeleteFunc(slices.Clone(all), func(m string) bool { return slices.Contains(eligible[s], m) })}
+	}
+	a, err := partition.AssignSources(all, srcs)
+	if err != nil {
+		return nil // Config.Validate checked names and counts: not expected
+	}
+	return a
 }
 
 // sourceNames returns the names of sources, in order.

@@ -214,9 +214,8 @@ func TestTwoSourcesThreeNodes(t *testing.T) {
 	}
 }
 
-// TestSourceHeader: a message of a source other than default carries
-// x-ordo-source with its name; one of default carries none (a consumer
-// reads its absence as default), as before sources existed.
+// TestSourceHeader: every message carries x-ordo-source with its
+// source's name, default's included, and wire.Source reads it back.
 func TestSourceHeader(t *testing.T) {
 	t.Parallel()
 	testkit.RequireRabbitMQ(t)
@@ -247,7 +246,7 @@ func TestSourceHeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]any{wire.DefaultSource: nil, "billing": "billing"}
+	want := map[string]any{wire.DefaultSource: wire.DefaultSource, "billing": "billing"}
 	for source, header := range want {
 		q, err := ch.QueueDeclare("", false, true, true, false, nil)
 		if err == nil {

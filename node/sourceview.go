@@ -56,18 +56,18 @@ func (v *view) sourcePrefix(s *source) string {
 }
 
 // adminHandler serves /admin/ for every source: the query parameter
-// source names it (the CLI's -source), and without one the first source,
-// the one-source form's. An unknown source is 404.
+// source names it (the CLI's -source); without one, wire.DefaultSource,
+// so that scripts of the one-source form keep working. A source the node
+// does not relay is 404.
 func (v *view) adminHandler() http.Handler {
 	handlers := map[string]http.Handler{}
 	for _, s := range v.srcs {
 		handlers[s.name] = admin.Handler(admin.NewStore(s.pool), v.cfg.AdminToken, s.logger)
 	}
-	first := v.srcs[0].name
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		name := r.URL.Query().Get("source")
 		if name == "" {
-			name = first
+			name = wire.DefaultSource
 		}
 		h, ok := handlers[name]
 		if !ok {

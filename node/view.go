@@ -51,12 +51,7 @@ func (v *view) assignment(s *source) partition.Assignment {
 		a, _ := partition.Assign([]string{v.cfg.NodeName}, v.cfg.Partitions)
 		return a
 	}
-	all := make([]partition.Source, len(v.srcs))
-	for i, x := range v.srcs {
-		all[i] = partition.Source{Name: x.name, Count: v.cfg.Partitions}
-	}
-	a, _ := partition.AssignSources(v.members.EligibleFor(s.name), all)
-	return a[s.name]
+	return assignSources(v.members, sourceNames(v.cfg.sources()), v.cfg.Partitions)[s.name]
 }
 
 // assigned returns how many partitions, of every source, are assigned to

@@ -24,9 +24,9 @@ type Message struct {
 	Headers       map[string]any // the row's own headers, already decoded
 	OccurredAt    time.Time
 	// Source names the outbox database the row was read from; a
-	// publisher sends it as wire.HeaderSource when it is not empty. Empty
-	// means wire.DefaultSource (the one-source form), which is sent
-	// without the header.
+	// publisher sends it as wire.HeaderSource when it is not empty (the
+	// node sets it for every source). Empty sends no header, which a
+	// consumer reads as wire.DefaultSource.
 	Source string
 	// Deadline is the local deadline of the lease m is published under
 	// (Lease.Deadline, as the relay last checked it): the publisher must

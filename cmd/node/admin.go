@@ -34,7 +34,7 @@ var adminUsage = map[string]string{
 // adminArgs is the parsed command line of an admin subcommand.
 type adminArgs struct {
 	addr, token, operator string
-	source                string   // the source whose messages (empty: the node's first)
+	source                string   // the source whose messages (empty: default)
 	key, errSub, prefix   string   // retry's selectors
 	args                  []string // positional arguments
 }
@@ -84,7 +84,7 @@ func parseAdminArgs(c cli, cmd string, args []string) (adminArgs, error) {
 	fs.StringVar(&a.token, "admin-token", "", "the node's admin bearer token")
 	fs.StringVar(&a.operator, "operator", currentUser(), "your name, recorded with the action")
 	if cmd != "gossip-key" {
-		fs.StringVar(&a.source, "source", "", "the source (outbox database) whose messages to act on; empty: the node's first, default in the one-source form")
+		fs.StringVar(&a.source, "source", "", "the source (outbox database) whose messages to act on; empty: default, the one-source form's")
 	}
 	fs.StringVar(&a.key, "key", "", "retry: the correlation id whose parked message to retry (instead of an id)")
 	fs.StringVar(&a.errSub, "error", "", "retry: every parked message whose last error contains this (bulk)")
