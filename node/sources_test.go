@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -80,6 +79,18 @@ func (r *sourceRig) load(ctx context.Context) map[string]int {
 	return n
 }
 
+// twoSources returns the config of a node named name relaying r's two
+// databases, billing's through billingURL.
+func twoSources(r *sourceRig, billingURL, name string, partitions int) node.Config {
+	cfg := node.DefaultConfig()
+	cfg.Sources = []node.Source{
+		{Name: wire.DefaultSource, PostgresURL: r.dbs[wire.DefaultSource].URL},
+		{Name: "billing", PostgresURL: billingURL},
+	}
+	cfg.AMQP.URL, cfg.NodeName, cfg.HTTPAddr, cfg.Partitions, cfg.DBMaxConns = testkit.AMQPURL(), name, "127.0.0.1:0", partitions, 3
+	return cfg
+}
+
 // sourceStatus fetches a node's /status and returns its sources by name.
 func sourceStatus(httpAddr string) map[string]node.SourceStatus {
 	resp, err := http.Get("http://" + httpAddr + "/status")
@@ -113,45 +124,22 @@ func TestTwoSourcesThreeNodes(t *testing.T) {
 	pgAddr := testkit.HostPort(t, r.dbs["billing"].URL)
 	cuts := make([]*testkit.Proxy, 3) // each node's own link to billing
 	httpAddrs := make([]string, 3)
-	stops := make([]context.CancelFunc, 3)
-	var wg sync.WaitGroup
+	stops := make([]func(), 3)
 	defer func() {
 		for _, stop := range stops {
 			if stop != nil {
 				stop()
 			}
 		}
-		wg.Wait()
 	}()
 	for i, name := range names {
 		cuts[i] = testkit.NewProxy(t, pgAddr)
-		cfg := node.DefaultConfig()
-		cfg.Sources = []node.Source{
-			{Name: wire.DefaultSource, PostgresURL: r.dbs[wire.DefaultSource].URL},
-			{Name: "billing", PostgresURL: cuts[i].URL(r.dbs["billing"].URL)},
-		}
-		cfg.AMQP.URL, cfg.NodeName = testkit.AMQPURL(), name
-		cfg.HTTPAddr, cfg.Partitions, cfg.DBMaxConns = "127.0.0.1:0", partitions, 3
+		cfg := twoSources(r, cuts[i].URL(r.dbs["billing"].URL), name, partitions)
 		cfg.Gossip.BindAddr, cfg.Gossip.Join, cfg.Gossip.RejoinInterval = gossip[i], gossip, time.Second
 		cfg.Gossip.Insecure = true
 		cfg.LeaseTTL = 5 * time.Second // the shared machine is loaded: no flapping
 		cfg.Relay.PollInterval = 200 * time.Millisecond
-		ready := make(chan string, 1)
-		opts := node.Options{Logger: testkit.Logger(t, slog.LevelWarn).With("node", name), Ready: func(a string) { ready <- a }}
-		ctx, stop := context.WithCancel(context.Background())
-		stops[i] = stop
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := node.Run(ctx, cfg, opts); err != nil {
-				t.Errorf("%s: %v", name, err)
-			}
-		}()
-		select {
-		case httpAddrs[i] = <-ready:
-		case <-time.After(30 * time.Second):
-			t.Fatalf("%s did not start", name)
-		}
+		httpAddrs[i], stops[i] = runNode(t, cfg, node.Options{Logger: testkit.Logger(t, slog.LevelWarn).With("node", name)})
 	}
 	// held returns how many partitions of source the nodes idx hold.
 	held := func(source string, idx ...int) int {
@@ -220,22 +208,8 @@ func TestSourceHeader(t *testing.T) {
 	t.Parallel()
 	testkit.RequireRabbitMQ(t)
 	r := newSourceRig(t, 4)
-	cfg := node.DefaultConfig()
-	cfg.Sources = []node.Source{
-		{Name: wire.DefaultSource, PostgresURL: r.dbs[wire.DefaultSource].URL},
-		{Name: "billing", PostgresURL: r.dbs["billing"].URL},
-	}
-	cfg.AMQP.URL, cfg.NodeName, cfg.HTTPAddr, cfg.Partitions, cfg.DBMaxConns = testkit.AMQPURL(), "h1", "127.0.0.1:0", 4, 3
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := node.Run(ctx, cfg, node.Options{Logger: testkit.Logger(t, slog.LevelWarn)}); err != nil {
-			t.Errorf("node: %v", err)
-		}
-	}()
-	defer func() { stop(); wg.Wait() }()
+	_, stop := runNode(t, twoSources(r, r.dbs["billing"].URL, "h1", 4), node.Options{Logger: testkit.Logger(t, slog.LevelWarn)})
+	defer stop()
 
 	conn, err := amqp.Dial(testkit.AMQPURL())
 	if err != nil {
@@ -324,23 +298,10 @@ func TestBusySourceDoesNotDelayAnother(t *testing.T) {
 		}
 		def.Enqueue(t, r.checkers[wire.DefaultSource], msgs...)
 	}
-	cfg := node.DefaultConfig()
-	cfg.Sources = []node.Source{
-		{Name: wire.DefaultSource, PostgresURL: def.URL},
-		{Name: "billing", PostgresURL: r.dbs["billing"].URL},
-	}
-	cfg.AMQP.URL, cfg.NodeName, cfg.HTTPAddr, cfg.Partitions, cfg.DBMaxConns = testkit.AMQPURL(), "busy", "127.0.0.1:0", partitions, 4
-	cfg.Relay.Window = 16
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := node.Run(ctx, cfg, node.Options{Logger: testkit.Logger(t, slog.LevelWarn)}); err != nil {
-			t.Errorf("node: %v", err)
-		}
-	}()
-	defer func() { stop(); wg.Wait() }()
+	cfg := twoSources(r, r.dbs["billing"].URL, "busy", partitions)
+	cfg.Relay.Window, cfg.DBMaxConns = 16, 4
+	_, stop := runNode(t, cfg, node.Options{Logger: testkit.Logger(t, slog.LevelWarn)})
+	defer stop()
 
 	r.checkers[wire.DefaultSource].WaitFor(t, 30*time.Second, func(rep testkit.Report) bool { return rep.Distinct >= 500 })
 	committed := map[string]time.Time{}
