@@ -171,7 +171,7 @@ func TestTwoSourcesThreeNodes(t *testing.T) {
 	n3default := len(sourceStatus(httpAddrs[2])[wire.DefaultSource].Held)
 	cuts[2].Cut()
 	cutAt := time.Now()
-	testkit.WaitFor(t, 30*time.Second, "n1 and n2 hold every billing partition", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "n1 and n2 hold every billing partition", func() bool {
 		return held("billing", 0, 1) == partitions
 	})
 	t.Logf("billing moved off n3 %v after its link was cut", time.Since(cutAt).Round(time.Millisecond))
