@@ -10,6 +10,7 @@ import (
 	"github.com/hashicorp/memberlist"
 
 	"github.com/ordo-relay/ordo/internal/confcheck"
+	"github.com/ordo-relay/ordo/wire"
 )
 
 // Config configures a Membership. Start from DefaultConfig, set NodeName
@@ -67,6 +68,10 @@ type Config struct {
 	// moves nothing; a fault of one node moves its partitions after it.
 	// The default is 1 s; the node sets it to half its lease TTL.
 	HealthHold time.Duration
+
+	// Sources are the names of the sources whose eligibility is kept
+	// (Membership.EligibleFor); empty means wire.DefaultSource alone.
+	Sources []string
 
 	// Transport replaces memberlist's network transport, as memberlist's
 	// own Config.Transport does (a custom network; the node's tests split
@@ -141,4 +146,12 @@ func splitHostPort(addr string) (host string, port int, err error) {
 		return "", 0, fmt.Errorf("port %q is not a number in 0..65535", p)
 	}
 	return host, port, nil
+}
+
+// sources returns Sources, or wire.DefaultSource alone.
+func (c Config) sources() []string {
+	if len(c.Sources) == 0 {
+		return []string{wire.DefaultSource}
+	}
+	return c.Sources
 }

@@ -3,7 +3,10 @@ package membership
 import (
 	"encoding/json"
 	"slices"
+	"strings"
 	"time"
+
+	"github.com/ordo-relay/ordo/wire"
 )
 
 // Health is what a node says of its own dependencies. It travels as the
@@ -12,8 +15,15 @@ import (
 type Health struct {
 	// Broker: the node can publish (connected, not blocked by an alarm).
 	Broker bool `json:"broker"`
-	// Database: the node reaches PostgreSQL (it can renew its leases).
+	// Database: the node reaches PostgreSQL (it can renew its leases);
+	// with several sources, every source's database.
 	Database bool `json:"db"`
+	// Sources lists the sources the node relays, space-separated, each
+	// prefixed with "!" while its database is unreachable: "default
+	// !billing". Empty, as the one-source form and nodes older than
+	// sources send it, means wire.DefaultSource alone, reachable as
+	// Database says (see For). Built by SourcesHealth.
+	Sources string `json:"src,omitempty"`
 }
 
 // Healthy is a node with every dependency reachable; a member whose
@@ -99,4 +109,46 @@ func (e *eligibility) update(now time.Time, health map[string]Health) (eligible 
 	}
 	slices.Sort(eligible)
 	return eligible, recheck
+}
+
+// SourceState is one source's database reachability, as a node with
+// several sources (or one not named wire.DefaultSource) reports it.
+type SourceState struct {
+	Name      string
+	Reachable bool
+}
+
+// SourcesHealth returns the Health a node relaying sources says of
+// itself: Broker as given, Database true when every source is reachable,
+// and Sources listing each (see Health.Sources).
+func SourcesHealth(broker bool, sources []SourceState) Health {
+	h := Health{Broker: broker, Database: true}
+	parts := make([]string, len(sources))
+	for i, s := range sources {
+		parts[i] = s.Name
+		if !s.Reachable {
+			parts[i] = "!" + s.Name
+			h.Database = false
+		}
+	}
+	h.Sources = strings.Join(parts, " ")
+	return h
+}
+
+// For returns the member's health as far as source concerns it (Broker,
+// and Database for that source's database alone), and whether the member
+// relays source at all. A member that lists no sources (the one-source
+// form, or a node older than sources) relays wire.DefaultSource only,
+// with Database as its health says.
+func (h Health) For(source string) (Health, bool) {
+	if h.Sources == "" {
+		return Health{Broker: h.Broker, Database: h.Database}, source == wire.DefaultSource
+	}
+	for _, s := range strings.Fields(h.Sources) {
+		name, down := strings.CutPrefix(s, "!")
+		if name == source {
+			return Health{Broker: h.Broker, Database: !down}, true
+		}
+	}
+	return Health{}, false
 }

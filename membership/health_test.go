@@ -131,3 +131,48 @@ func TestHealthGossiped(t *testing.T) {
 		}
 	}
 }
+
+// TestHealthForSource: a member's health for one source is its broker
+// and that source's database; a member that lists no sources relays
+// default only; a member cut off from billing steps aside for billing
+// only, and one that does not relay billing is never eligible for it.
+func TestHealthForSource(t *testing.T) {
+	cut := SourcesHealth(true, []SourceState{{"default", true}, {"billing", false}})
+	if cut.Sources != "default !billing" || cut.Database {
+		t.Fatalf("SourcesHealth = %+v", cut)
+	}
+	both := SourcesHealth(true, []SourceState{{"default", true}, {"billing", true}})
+	for _, c := range []struct {
+		name   string
+		h      Health
+		source string
+		want   Health
+		ok     bool
+	}{
+		{"cut from billing, for billing", cut, "billing", Health{Broker: true}, true},
+		{"cut from billing, for default", cut, "default", Healthy, true},
+		{"no sources, for default", Health{Broker: true}, "default", Health{Broker: true}, true},
+		{"no sources, for billing", Healthy, "billing", Health{}, false},
+		{"not listed", both, "orders", Health{}, false},
+	} {
+		got, ok := c.h.For(c.source)
+		if ok != c.ok || ok && got != c.want {
+			t.Errorf("%s: For(%s) = %+v, %v; want %+v, %v", c.name, c.source, got, ok, c.want, c.ok)
+		}
+	}
+	t0 := time.Unix(1000, 0)
+	members := map[string]Health{"a": both, "b": both, "c": cut, "old": Healthy}
+	for source, want := range map[string][]string{"default": {"a", "b", "c", "old"}, "billing": {"a", "b"}} {
+		e := eligibility{hold: time.Second}
+		e.update(t0, healthFor(members, source))
+		if got, _ := e.update(t0.Add(time.Second), healthFor(members, source)); !slices.Equal(got, want) {
+			t.Errorf("eligible for %s: %v, want %v", source, got, want)
+		}
+	}
+	if b := encodeMeta(cut); len(b) > 512 {
+		t.Errorf("metadata of %d bytes", len(b))
+	}
+	if got := decodeMeta(encodeMeta(cut)); got != cut {
+		t.Errorf("metadata round trip: %+v, want %+v", got, cut)
+	}
+}

@@ -72,8 +72,12 @@ type Membership struct {
 	health   Health // this node's own
 	elig     eligibility
 	eligible []string
-	recheck  time.Time // when eligibility may change with no new event
-	evSig    chan struct{}
+	// Per source (Config.Sources): its own eligibility, over the members
+	// that relay it.
+	eligBy     map[string]*eligibility
+	eligibleBy map[string][]string
+	recheck    time.Time // when eligibility may change with no new event
+	evSig      chan struct{}
 }
 
 // ErrJoin is returned (wrapped) when none of the seeds could be joined.
@@ -92,7 +96,11 @@ func New(cfg Config) (*Membership, error) {
 		return nil, fmt.Errorf("membership: gossip bind address %q: %w", cfg.BindAddr, err)
 	}
 	m := &Membership{cfg: cfg, changed: make(chan struct{}, 1), view: map[string]Member{}, evSig: make(chan struct{}, 1),
-		metaSig: make(chan struct{}, 1), health: Healthy, elig: eligibility{hold: cfg.HealthHold}}
+		metaSig: make(chan struct{}, 1), health: Healthy, elig: eligibility{hold: cfg.HealthHold},
+		eligBy: map[string]*eligibility{}, eligibleBy: map[string][]string{}}
+	for _, s := range cfg.sources() {
+		m.eligBy[s] = &eligibility{hold: cfg.HealthHold}
+	}
 	m.meta.Store(encodeMeta(Healthy))
 
 	mc := memberlist.DefaultLANConfig()
@@ -196,7 +204,7 @@ func (m *Membership) SetHealth(h Health) {
 		return
 	}
 	m.meta.Store(encodeMeta(h))
-	m.cfg.Logger.Info("this node's health changed; advertising it", "broker", h.Broker, "database", h.Database)
+	m.cfg.Logger.Info("this node's health changed; advertising it", "broker", h.Broker, "database", h.Database, "sources", h.Sources)
 	select {
 	case m.metaSig <- struct{}{}:
 	default:
@@ -215,6 +223,19 @@ func (m *Membership) Eligible() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return slices.Clone(m.eligible)
+}
+
+// EligibleFor returns the names of the live members that the partitions
+// of source are assigned to, sorted: those that relay source (see
+// Health.For), except those less healthy for source (the broker, and
+// source's database) than the healthiest for HealthHold or longer. A node
+// cut off from one source's database steps aside for that source only.
+// For a source not in Config.Sources it returns nil. With the one source
+// wire.DefaultSource, and members that gossip no sources, it is Eligible.
+func (m *Membership) EligibleFor(source string) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.eligibleBy[source])
 }
 
 // Alive returns the names of the live members (alive or suspect),
@@ -390,12 +411,21 @@ func (m *Membership) apply() time.Time {
 		}
 	}
 	slices.Sort(alive)
-	eligible, recheck := m.elig.update(time.Now(), health)
+	now := time.Now()
+	eligible, recheck := m.elig.update(now, health)
 	for name, x := range m.view {
 		x.Eligible = slices.Contains(eligible, name)
 		m.view[name] = x
 	}
 	changed := !slices.Equal(alive, m.alive) || !slices.Equal(eligible, m.eligible)
+	for src, e := range m.eligBy {
+		el, at := e.update(now, healthFor(health, src))
+		if !at.IsZero() && (recheck.IsZero() || at.Before(recheck)) {
+			recheck = at
+		}
+		changed = changed || !slices.Equal(el, m.eligibleBy[src])
+		m.eligibleBy[src] = el
+	}
 	m.alive, m.eligible, m.recheck = alive, eligible, recheck
 	m.mu.Unlock()
 	if changed {
@@ -406,6 +436,17 @@ func (m *Membership) apply() time.Time {
 		}
 	}
 	return recheck
+}
+
+// healthFor returns the health, for source, of the members that relay it.
+func healthFor(health map[string]Health, source string) map[string]Health {
+	out := make(map[string]Health, len(health))
+	for name, h := range health {
+		if hs, ok := h.For(source); ok {
+			out[name] = hs
+		}
+	}
+	return out
 }
 
 func stateName(s memberlist.NodeStateType) string {

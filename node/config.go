@@ -33,8 +33,21 @@ type Config struct {
 
 	// PostgresURL is the outbox database, as pgx parses it (multi-host
 	// URLs with target_session_attrs=read-write follow a failover). The
-	// default is the local server's postgres database.
+	// default is the local server's postgres database. It is the
+	// one-source form: the node relays it as the source named "default"
+	// (wire.DefaultSource), unless Sources is set, which replaces it.
 	PostgresURL string
+
+	// Sources are the outbox databases the node relays, at most
+	// MaxSources, each with a unique name (see Source). Empty, the
+	// default, means PostgresURL alone, named "default". When set,
+	// PostgresURL is not used; to add a source to a cluster that ran the
+	// one-source form, name its database "default" here, so that its
+	// keys keep their identity for consumers. Every node of a cluster
+	// should list the same sources; adding or removing one is a rolling
+	// restart (a node relays only the sources it lists, and gossip tells
+	// the others which those are).
+	Sources []Source
 
 	// HTTPAddr is where the node serves its page, /healthz, /readyz,
 	// /status, /metrics and /admin. The default is 127.0.0.1:8081; use
@@ -124,6 +137,7 @@ func DefaultConfig() Config {
 func (c Config) Validate() error {
 	ck := confcheck.New("node")
 	ck.Require(c.NodeName != "", "NodeName", "is empty; name the node, and keep the name across restarts")
+	c.validateSources(ck)
 	err := partition.ValidateCount(c.Partitions)
 	ck.Require(err == nil, "Partitions", "%v", err)
 	ck.Require(c.DBMaxConns >= 3, "DBMaxConns", "%d is below 3 (reads, marks, status)", c.DBMaxConns)

@@ -11,14 +11,17 @@ import (
 
 	"github.com/ordo-relay/ordo/membership"
 	"github.com/ordo-relay/ordo/relay/rabbitmq"
+	"github.com/ordo-relay/ordo/wire"
 )
 
 // healthMonitor watches this node's own dependencies and tells gossip, so
 // that a node cut off from its broker or its database steps aside for a
 // healthier peer (membership.Eligible), and takes its share back when it
-// is healthy again.
+// is healthy again. Each source's database is watched on its own: a node
+// cut off from one source steps aside for that source's partitions only
+// (membership.EligibleFor).
 //
-//   - The database is reachable while a ping on a connection of its own
+//   - A database is reachable while a ping on a connection of its own
 //     has succeeded within dbWindow (the lease TTL minus its margin): the
 //     node declares the database lost when its leases lapse, not later.
 //     A stalled link is caught by the ping's timeout, like a closed one.
@@ -32,30 +35,60 @@ import (
 //     that are about to be blocked too.
 type healthMonitor struct {
 	pub         *rabbitmq.Publisher
-	connect     func(ctx context.Context) (*pgx.Conn, error)
+	dbs         []*dbPing
+	perSource   bool                   // gossip each source's reachability (Health.Sources)
 	members     *membership.Membership // nil when the node runs alone
 	every       time.Duration          // how often to ping and look
 	dbWindow    time.Duration
 	brokerGrace time.Duration
 	logger      *slog.Logger
 
-	lastPing atomic.Int64 // unix nanoseconds when the last successful ping was sent
-
 	mu     sync.Mutex
 	health membership.Health
 }
 
-func newHealthMonitor(cfg Config, pub *rabbitmq.Publisher, connect func(context.Context) (*pgx.Conn, error),
+// dbPing is the database half of one source's health.
+type dbPing struct {
+	name     string
+	connect  func(ctx context.Context) (*pgx.Conn, error)
+	lastPing atomic.Int64 // unix nanoseconds when the last successful ping was sent
+}
+
+func newHealthMonitor(cfg Config, pub *rabbitmq.Publisher, srcs []*source,
 	members *membership.Membership, logger *slog.Logger) *healthMonitor {
 	h := &healthMonitor{
-		pub: pub, connect: connect, members: members, logger: logger,
+		pub: pub, members: members, logger: logger,
 		every:       max(cfg.LeaseTTL/8, 20*time.Millisecond),
 		dbWindow:    cfg.LeaseTTL - cfg.LeaseTTL/4,
 		brokerGrace: cfg.LeaseTTL / 4,
 		health:      membership.Healthy,
+		perSource:   len(srcs) > 1 || srcs[0].name != wire.DefaultSource,
 	}
-	h.lastPing.Store(time.Now().UnixNano()) // healthy until shown otherwise
-	return h
+	for _, s := range srcs {
+		d := &dbPing{name: s.name, connect: s.connect}
+		d.lastPing.Store(time.Now().UnixNano()) // healthy until shown otherwise
+		h.dbs = append(h.dbs, d)
+	}
+	return h // the first tick advertises the sources, as a change from Healthy
+}
+
+// compute returns the node's health at now, the broker as given.
+func (h *healthMonitor) compute(now time.Time, broker bool) membership.Health {
+	states := make([]membership.SourceState, len(h.dbs))
+	for i, d := range h.dbs {
+		states[i] = membership.SourceState{Name: d.name, Reachable: now.Sub(time.Unix(0, d.lastPing.Load())) < h.dbWindow}
+	}
+	if !h.perSource {
+		return membership.Health{Broker: broker, Database: states[0].Reachable}
+	}
+	return membership.SourcesHealth(broker, states)
+}
+
+// Reachable reports whether source's database is reachable, as the node
+// last said.
+func (h *healthMonitor) Reachable(source string) bool {
+	hl, ok := h.Health().For(source)
+	return ok && hl.Database
 }
 
 // Health returns what the node last said of itself. Safe for concurrent
@@ -69,11 +102,13 @@ func (h *healthMonitor) Health() membership.Health {
 // Run pings the database and watches the publisher until ctx ends.
 func (h *healthMonitor) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		h.pingLoop(ctx)
-	}()
+	for _, d := range h.dbs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h.pingLoop(ctx, d)
+		}()
+	}
 	defer wg.Wait()
 	t := time.NewTicker(h.every)
 	defer t.Stop()
@@ -83,11 +118,7 @@ func (h *healthMonitor) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case now := <-t.C:
-			hl := membership.Health{
-				Broker:   broker.update(now, h.pub.Status().Connected, h.brokerGrace),
-				Database: now.Sub(time.Unix(0, h.lastPing.Load())) < h.dbWindow,
-			}
-			h.set(hl)
+			h.set(h.compute(now, broker.update(now, h.pub.Status().Connected, h.brokerGrace)))
 		}
 	}
 }
@@ -104,12 +135,12 @@ func (h *healthMonitor) set(hl membership.Health) {
 		h.members.SetHealth(hl) // logs the change
 		return
 	}
-	h.logger.Info("this node's health changed", "broker", hl.Broker, "database", hl.Database)
+	h.logger.Info("this node's health changed", "broker", hl.Broker, "database", hl.Database, "sources", hl.Sources)
 }
 
-// pingLoop pings the database every h.every on a connection of its own,
+// pingLoop pings d's database every h.every on a connection of its own,
 // each ping and each connect bounded by h.every, until ctx ends.
-func (h *healthMonitor) pingLoop(ctx context.Context) {
+func (h *healthMonitor) pingLoop(ctx context.Context, d *dbPing) {
 	var conn *pgx.Conn
 	defer func() {
 		if conn != nil {
@@ -125,14 +156,14 @@ func (h *healthMonitor) pingLoop(ctx context.Context) {
 		pctx, cancel := context.WithTimeout(ctx, h.every)
 		var err error
 		if conn == nil || conn.IsClosed() {
-			conn, err = h.connect(pctx)
+			conn, err = d.connect(pctx)
 		}
 		if err == nil {
 			err = conn.Ping(pctx)
 		}
 		cancel()
 		if err == nil {
-			h.lastPing.Store(sent.UnixNano())
+			d.lastPing.Store(sent.UnixNano())
 		} else if conn != nil {
 			cctx, cancel := context.WithTimeout(context.Background(), h.every)
 			_ = conn.Close(cctx)

@@ -63,6 +63,10 @@ type Status struct {
 	Members     []membership.Member `json:"members"`
 	Assignment  []string            `json:"assignment"` // this node's view: owner by partition
 	Leases      []PartitionStatus   `json:"partitions"` // what the database says, from the backlog snapshot
+	// Sources has every source the node relays, the first one's
+	// partitions also at the top level (Partitions, Held, Assignment,
+	// Leases, Relay, History), as before sources existed.
+	Sources []SourceStatus `json:"sources"`
 	// BacklogAgeSeconds is how old the partitions' snapshot is.
 	BacklogAgeSeconds float64     `json:"backlogAgeSeconds"`
 	Degradation       Degradation `json:"degradation"`
@@ -74,7 +78,7 @@ type Status struct {
 func newHTTP(v *view, pm *publishMetrics) http.Handler {
 	cfg, logger := v.cfg, v.logger
 	mux := http.NewServeMux()
-	mux.Handle("/admin/", admin.Handler(admin.NewStore(v.pool), cfg.AdminToken, logger))
+	mux.Handle("/admin/", v.adminHandler())
 	mux.HandleFunc("POST /admin/gossip-key", admin.Guard(cfg.AdminToken, func(w http.ResponseWriter, r *http.Request, who admin.Actor) {
 		gossipKey(w, r, who, v.members, logger)
 	}))
@@ -109,11 +113,13 @@ func (v *view) readyz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	rd := Readiness{Problems: []string{}}
-	if err := v.pool.Ping(ctx); err != nil {
-		// The error names hosts, users and databases: log it, do not
-		// answer it.
-		v.logger.Debug("readyz: database unreachable", "err", err)
-		rd.Problems = append(rd.Problems, "database unreachable")
+	for _, s := range v.srcs {
+		if err := s.pool.Ping(ctx); err != nil {
+			// The error names hosts, users and databases: log it, do not
+			// answer it.
+			s.logger.Debug("readyz: database unreachable", "err", err)
+			rd.Problems = append(rd.Problems, v.sourcePrefix(s)+"database unreachable")
+		}
 	}
 	// Status, not Connected: a broker that blocks publishing (a resource
 	// alarm) leaves the node ready but degraded, and the degradation says
@@ -121,8 +127,7 @@ func (v *view) readyz(w http.ResponseWriter, r *http.Request) {
 	if !v.pub.Status().Connected {
 		rd.Problems = append(rd.Problems, "broker not connected")
 	}
-	rd.Held = len(v.held())
-	rd.Assigned = len(v.assignment().Owned(v.cfg.NodeName))
+	rd.Assigned, rd.Held = v.assigned()
 	if rd.Held < rd.Assigned {
 		rd.Problems = append(rd.Problems, "not every assigned partition's lease is held yet")
 	}
@@ -135,30 +140,30 @@ func (v *view) readyz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, code, rd)
 }
 
-// status answers the /status document from the backlog snapshot; 503 when
-// the database does not answer a ping (O(1); the snapshot may be a few
-// seconds old) or the snapshot is stale.
+// status answers the /status document from the backlog snapshots; 503
+// when no source's database answers a ping (O(1); a snapshot may be a few
+// seconds old) with a fresh snapshot. A source that is down is listed,
+// with reachable false and its last snapshot.
 func (v *view) status(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
-	perr := v.pool.Ping(ctx)
-	snap := v.backlog.Snapshot()
 	now := time.Now()
-	if perr != nil || !snap.Fresh(now, v.backlogMaxAge()) {
-		v.logger.Debug("status: database unavailable", "ping", perr, "backlog", snap.Err)
+	st := Status{Node: v.cfg.NodeName, Partitions: v.cfg.Partitions, Broker: v.pub.Connected(), BrokerURL: v.pub.URL(),
+		BrokerState: v.pub.Status(), Members: v.memberList(), Degradation: v.degradation(), Sources: []SourceStatus{}}
+	up := false
+	for _, s := range v.srcs {
+		ss := v.sourceStatus(ctx, s, now)
+		up = up || ss.Reachable
+		st.Sources = append(st.Sources, ss)
+	}
+	if !up {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "database unavailable"})
 		return
 	}
-	held := v.held()
-	if held == nil {
-		held = []int{}
-	}
-	writeJSON(w, http.StatusOK, Status{
-		Node: v.cfg.NodeName, Partitions: v.cfg.Partitions, Held: held,
-		Broker: v.pub.Connected(), BrokerURL: v.pub.URL(), BrokerState: v.pub.Status(), Relay: v.relay.Stats(), Members: v.memberList(), Assignment: v.assignment(),
-		Leases: snap.Partitions, BacklogAgeSeconds: now.Sub(snap.Taken).Seconds(),
-		Degradation: v.degradation(), History: v.backlog.History(),
-	})
+	first := st.Sources[0]
+	st.Held, st.Relay, st.Assignment, st.Leases = first.Held, first.Relay, first.Assignment, first.Leases
+	st.BacklogAgeSeconds, st.History = first.BacklogAgeSeconds, v.srcs[0].backlog.History()
+	writeJSON(w, http.StatusOK, st)
 }
 
 // gossipKey applies one gossip key rotation step on this node:

@@ -196,7 +196,8 @@ type GossipConfig struct {
 
 // gossipDerived are the fields of membership.Config the node sets from
 // its own.
-var gossipDerived = []confcheck.From{{Field: "NodeName", Source: "NodeName"}, {Field: "HealthHold", Source: "LeaseTTL"}}
+var gossipDerived = []confcheck.From{{Field: "NodeName", Source: "NodeName"}, {Field: "HealthHold", Source: "LeaseTTL"},
+	{Field: "Sources", Source: "Sources"}}
 
 // gossipSettings returns what a user may set of mc.
 func gossipSettings(mc membership.Config) GossipConfig {
@@ -213,7 +214,7 @@ func gossipSettings(mc membership.Config) GossipConfig {
 func (c Config) membershipConfig(logger *slog.Logger, tr memberlist.Transport) membership.Config {
 	g := c.Gossip
 	return membership.Config{
-		NodeName: c.NodeName, HealthHold: c.LeaseTTL / 2, Logger: logger, Transport: tr,
+		NodeName: c.NodeName, HealthHold: c.LeaseTTL / 2, Logger: logger, Transport: tr, Sources: sourceNames(c.sources()),
 		BindAddr: g.BindAddr, AdvertiseAddr: g.AdvertiseAddr, Join: g.Join, RejoinInterval: g.RejoinInterval,
 		JoinTimeout: g.JoinTimeout, Keys: g.Keys, ProbeInterval: g.ProbeInterval, SuspicionMult: g.SuspicionMult,
 	}

@@ -17,10 +17,10 @@ import (
 	"github.com/ordo-relay/ordo/lease"
 	"github.com/ordo-relay/ordo/membership"
 	"github.com/ordo-relay/ordo/outbox"
-	"github.com/ordo-relay/ordo/partition"
 	"github.com/ordo-relay/ordo/relay"
 	"github.com/ordo-relay/ordo/relay/pgstore"
 	"github.com/ordo-relay/ordo/relay/rabbitmq"
+	"github.com/ordo-relay/ordo/wire"
 )
 
 // Run builds the node, starts it, and blocks until ctx ends or one of its
@@ -48,15 +48,16 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 		logger.Warn("gossip is not encrypted (Gossip.Insecure, -gossip-insecure): any host that reaches the gossip address can join the cluster and take partitions; give the node a gossip key",
 			"gossip", cfg.Gossip.BindAddr)
 	}
-	pool, leaseConn, err := openPool(ctx, cfg)
+	srcs, err := openSources(ctx, cfg, logger)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	if err := migrate(ctx, pool, cfg.Partitions, logger); err != nil {
-		return err
-	}
-	n, err := build(cfg, opts, logger, pool, leaseConn)
+	defer func() {
+		for _, s := range srcs {
+			s.pool.Close()
+		}
+	}()
+	n, err := build(cfg, opts, logger, srcs)
 	if err != nil {
 		return err
 	}
@@ -69,19 +70,17 @@ type built struct {
 	hooks   testHooks
 	logger  *slog.Logger
 	members *membership.Membership // nil when the node runs alone
-	leaser  *lease.Leaser
 	pub     *rabbitmq.Publisher
 	health  *healthMonitor
-	backlog *Backlog
-	relay   *relay.Relay
+	srcs    []*source // in Config order; the first is the one-source form's
 	ln      net.Listener
 	srv     *http.Server
 }
 
-// openPool opens the relay's pool, and returns the configuration of the
-// connections the leaser and the health monitor open for themselves.
-func openPool(ctx context.Context, cfg Config) (*pgxpool.Pool, *pgx.ConnConfig, error) {
-	pcfg, err := pgxpool.ParseConfig(cfg.PostgresURL)
+// openPool opens a source's relay pool, and returns the configuration of
+// the connections the leaser and the health monitor open for themselves.
+func openPool(ctx context.Context, cfg Config, url string) (*pgxpool.Pool, *pgx.ConnConfig, error) {
+	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, nil, fmt.Errorf("postgres-url: %w", err)
 	}
@@ -115,17 +114,16 @@ func openPool(ctx context.Context, cfg Config) (*pgxpool.Pool, *pgx.ConnConfig, 
 // build makes every component. What can fail (a configuration refused, a
 // port taken) is checked before gossip starts listening: a Membership is
 // only shut down by its Run, so a failure after it costs a leave.
-func build(cfg Config, opts Options, logger *slog.Logger, pool *pgxpool.Pool, leaseConn *pgx.ConnConfig) (*built, error) {
-	b := &built{cfg: cfg, logger: logger, hooks: opts.hooks}
-	connect := func(ctx context.Context) (*pgx.Conn, error) {
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		return pgx.ConnectConfig(cctx, leaseConn.Copy())
-	}
-	lcfg := lease.ConfigWithTTL(cfg.LeaseTTL)
-	lcfg.Node, lcfg.Want, lcfg.Connect, lcfg.Logger = cfg.NodeName, b.want, connect, logger
-	if err := lcfg.Validate(); err != nil {
-		return nil, err
+func build(cfg Config, opts Options, logger *slog.Logger, srcs []*source) (*built, error) {
+	b := &built{cfg: cfg, logger: logger, hooks: opts.hooks, srcs: srcs}
+	lcfgs := make([]lease.Config, len(srcs))
+	for i, s := range srcs {
+		lcfg := lease.ConfigWithTTL(cfg.LeaseTTL)
+		lcfg.Node, lcfg.Want, lcfg.Connect, lcfg.Logger = cfg.NodeName, b.want(s), s.connect, s.logger
+		if err := lcfg.Validate(); err != nil {
+			return nil, err
+		}
+		lcfgs[i] = lcfg
 	}
 	var err error
 	if b.ln, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
@@ -135,27 +133,34 @@ func build(cfg Config, opts Options, logger *slog.Logger, pool *pgxpool.Pool, le
 		if b.members, err = membership.New(cfg.membershipConfig(logger, opts.hooks.GossipTransport)); err != nil {
 			return nil, b.abandon(err)
 		}
-		lcfg.Wake = b.members.Changed()
-	}
-	if b.leaser, err = lease.New(lcfg); err != nil {
-		return nil, b.abandon(err)
+		for i, s := range srcs {
+			lcfgs[i].Wake = s.wake
+		}
+		if len(srcs) == 1 {
+			lcfgs[0].Wake = b.members.Changed() // no fan-out needed
+		}
 	}
 	if b.pub, err = rabbitmq.New(cfg.amqpConfig(logger)); err != nil {
 		return nil, b.abandon(err) // Config.Validate checked it: not expected
 	}
-	b.health = newHealthMonitor(cfg, b.pub, func(ctx context.Context) (*pgx.Conn, error) {
-		return pgx.ConnectConfig(ctx, leaseConn.Copy())
-	}, b.members, logger)
+	b.health = newHealthMonitor(cfg, b.pub, srcs, b.members, logger)
 	pm := newPublishMetrics()
-	pub := observedPublisher{Publisher: opts.hooks.publisher(b.pub), m: pm}
-	rc := cfg.relayConfig(logger)
-	rc.TracerProvider = opts.TracerProvider
-	if b.relay, err = relay.New(rc, pgstore.New(pool, rc.Node, logger), pub, b.leaser); err != nil {
-		return nil, b.abandon(err) // Config.Validate checked it: not expected
+	pub := opts.hooks.publisher(b.pub)
+	for i, s := range srcs {
+		if s.leaser, err = lease.New(lcfgs[i]); err != nil {
+			return nil, b.abandon(err)
+		}
+		rc := cfg.relayConfig(s.logger)
+		rc.Window = share(rc.Window, len(srcs), 1)
+		rc.ReadAheadBytes = share(rc.ReadAheadBytes, len(srcs), 1)
+		rc.TracerProvider = opts.TracerProvider
+		spub := observedPublisher{Publisher: stampSource{Publisher: pub, name: s.name}, m: pm}
+		if s.relay, err = relay.New(rc, pgstore.New(s.pool, rc.Node, s.logger), spub, s.leaser); err != nil {
+			return nil, b.abandon(err) // Config.Validate checked it: not expected
+		}
+		s.backlog = NewBacklog(s.pool, cfg.BacklogInterval, s.logger)
 	}
-	b.backlog = NewBacklog(pool, cfg.BacklogInterval, logger)
-	v := &view{cfg: cfg, pool: pool, pub: b.pub, leaser: b.leaser, members: b.members, health: b.health,
-		relay: b.relay, backlog: b.backlog, logger: logger}
+	v := &view{cfg: cfg, srcs: srcs, pub: b.pub, members: b.members, health: b.health, logger: logger}
 	b.srv = newHTTPServer(newHTTP(v, pm), cfg.PProf, logger)
 	return b, nil
 }
@@ -173,26 +178,43 @@ func (b *built) abandon(err error) error {
 	return err
 }
 
-// want is the leaser's Want: every partition when the node runs alone;
-// in a cluster, this node's share of the assignment over the eligible
-// members (live, less those stepped aside for a healthier peer, this one
-// included), and nothing before it has joined.
-func (b *built) want() []int {
-	if b.members == nil {
-		all := make([]int, b.cfg.Partitions)
-		for i := range all {
-			all[i] = i
+// want returns the leaser's Want of source s: every partition when the
+// node runs alone; in a cluster, this node's share of s in the
+// assignment over (source, partition) pairs (assignSources), and nothing
+// before it has joined. With one source named default it is
+// partition.Assign's share, as before sources existed.
+func (b *built) want(s *source) func() []int {
+	return func() []int {
+		if b.members == nil {
+			all := make([]int, b.cfg.Partitions)
+			for i := range all {
+				all[i] = i
+			}
+			return all
 		}
-		return all
+		if !b.members.Joined() {
+			return nil
+		}
+		return assignSources(b.members, sourceNames(b.cfg.sources()), b.cfg.Partitions)[s.name].Owned(b.cfg.NodeName)
 	}
-	if !b.members.Joined() {
-		return nil
+}
+
+// fanOut passes each membership change on to every source's leaser,
+// until ctx ends: memberlist's one Changed channel wakes one reader.
+func (b *built) fanOut(ctx context.Context) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-b.members.Changed():
+		}
+		for _, s := range b.srcs {
+			select {
+			case s.wake <- struct{}{}:
+			default:
+			}
+		}
 	}
-	a, err := partition.Assign(b.members.Eligible(), b.cfg.Partitions)
-	if err != nil {
-		return nil
-	}
-	return a.Owned(b.cfg.NodeName)
 }
 
 // run starts the stages, waits for ctx's end or a component's failure, and
@@ -201,25 +223,45 @@ func (b *built) run(ctx context.Context, ready func(httpAddr string)) error {
 	running, fail := context.WithCancelCause(ctx)
 	defer fail(nil)
 	st := &stages{fail: fail, logger: b.logger}
-	st.start("services",
-		component{"broker", b.pub.Run},
-		component{"http", serveHTTP(b.srv, b.ln)},
-		component{"backlog", b.backlog.Run},
-		component{"health", b.health.Run})
-	if b.members != nil {
-		st.start("gossip", component{"gossip", b.members.Run})
+	services := []component{{"broker", b.pub.Run}, {"http", serveHTTP(b.srv, b.ln)}}
+	for _, s := range b.srcs {
+		services = append(services, component{b.named("backlog", s), s.backlog.Run})
 	}
-	st.start("leases", component{"leases", b.leaser.Run})
-	st.start("relay", component{"relay", b.hooks.relayRun(b.relay)}).after = func() {
-		b.logger.Info("relay stopped; releasing leases", "stats", fmt.Sprintf("%+v", b.relay.Stats()))
+	st.start("services", append(services, component{"health", b.health.Run})...)
+	if b.members != nil {
+		gossip := []component{{"gossip", b.members.Run}}
+		if len(b.srcs) > 1 {
+			gossip = append(gossip, component{"gossip fan-out", b.fanOut})
+		}
+		st.start("gossip", gossip...)
+	}
+	var leasers, relays []component
+	for _, s := range b.srcs {
+		leasers = append(leasers, component{b.named("leases", s), s.leaser.Run})
+		relays = append(relays, component{b.named("relay", s), b.hooks.relayRun(s.relay)})
+	}
+	st.start("leases", leasers...)
+	st.start("relay", relays...).after = func() {
+		for _, s := range b.srcs {
+			s.logger.Info("relay stopped; releasing leases", "stats", fmt.Sprintf("%+v", s.relay.Stats()))
+		}
 	}
 	b.logger.Info("node started", "http", b.ln.Addr().String(), "gossip", b.cfg.Gossip.BindAddr,
-		"partitions", b.cfg.Partitions, "confirm_window", b.cfg.Relay.Window)
+		"partitions", b.cfg.Partitions, "confirm_window", b.cfg.Relay.Window, "sources", sourceNames(b.cfg.sources()))
 	if ready != nil {
 		ready(b.ln.Addr().String())
 	}
 	<-running.Done()
 	return st.stop()
+}
+
+// named returns a component's name for source s: name alone in the
+// one-source form, "name (source s)" otherwise.
+func (b *built) named(name string, s *source) string {
+	if len(b.srcs) == 1 && s.name == wire.DefaultSource {
+		return name
+	}
+	return name + " (source " + s.name + ")"
 }
 
 // serveHTTP is the HTTP server as a component: it serves on ln until ctx

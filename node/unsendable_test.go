@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 
@@ -37,25 +36,35 @@ func startNodeWith(t *testing.T, dbURL string, partitions int, edit func(*node.C
 	if edit != nil {
 		edit(&cfg)
 	}
-	ready := make(chan string, 1)
 	opts.Logger = testkit.Logger(t, slog.LevelWarn)
+	addr, stop := runNode(t, cfg, opts)
+	t.Cleanup(stop)
+	return addr
+}
+
+// runNode runs a node with cfg and opts (its Ready is replaced) and
+// returns its HTTP address once it serves, and a stop that ends it and
+// waits for it (idempotent).
+func runNode(t *testing.T, cfg node.Config, opts node.Options) (httpAddr string, stop func()) {
+	t.Helper()
+	ready := make(chan string, 1)
 	opts.Ready = func(a string) { ready <- a }
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
 	go func() {
-		defer wg.Done()
+		defer close(done)
 		if err := node.Run(ctx, cfg, opts); err != nil {
-			t.Errorf("node: %v", err)
+			t.Errorf("node %s: %v", cfg.NodeName, err)
 		}
 	}()
-	t.Cleanup(func() { stop(); wg.Wait() })
+	stop = func() { cancel(); <-done }
 	select {
-	case a := <-ready:
-		return a
+	case httpAddr = <-ready:
+		return httpAddr, stop
 	case <-time.After(30 * time.Second):
-		t.Fatal("the node did not start")
-		return ""
+		stop()
+		t.Fatalf("node %s did not start", cfg.NodeName)
+		return "", stop
 	}
 }
 

@@ -5,12 +5,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/ordo-relay/ordo/lease"
 	"github.com/ordo-relay/ordo/membership"
 	"github.com/ordo-relay/ordo/partition"
-	"github.com/ordo-relay/ordo/relay"
 	"github.com/ordo-relay/ordo/relay/rabbitmq"
 )
 
@@ -19,13 +15,10 @@ import (
 // use.
 type view struct {
 	cfg     Config
-	pool    *pgxpool.Pool
+	srcs    []*source // the first is the one-source form's, and the top level of /status
 	pub     *rabbitmq.Publisher
-	leaser  *lease.Leaser
 	members *membership.Membership // nil without gossip
 	health  *healthMonitor
-	relay   *relay.Relay
-	backlog *Backlog
 	logger  *slog.Logger
 }
 
@@ -33,13 +26,14 @@ type view struct {
 // blocked its connection (connection.blocked: a memory or disk alarm).
 type blocker interface{ Blocked() bool }
 
-// alive returns the names of the members partitions are assigned to: the
-// live ones, less those stepped aside for a healthier peer.
-func (v *view) alive() []string {
-	if v.members == nil {
-		return []string{v.cfg.NodeName}
+// source returns the source named name, or nil.
+func (v *view) source(name string) *source {
+	for _, s := range v.srcs {
+		if s.name == name {
+			return s
+		}
 	}
-	return v.members.Eligible()
+	return nil
 }
 
 // memberList returns every member this node knows of, gone ones included.
@@ -50,17 +44,32 @@ func (v *view) memberList() []membership.Member {
 	return v.members.Members()
 }
 
-// assignment is this node's view of who should own each partition.
-func (v *view) assignment() partition.Assignment {
-	a, _ := partition.Assign(v.alive(), v.cfg.Partitions)
-	return a
+// assignment is this node's view of who should own each partition of s
+// (what the leaser of s wants: built.want).
+func (v *view) assignment(s *source) partition.Assignment {
+	if v.members == nil {
+		a, _ := partition.Assign([]string{v.cfg.NodeName}, v.cfg.Partitions)
+		return a
+	}
+	return assignSources(v.members, sourceNames(v.cfg.sources()), v.cfg.Partitions)[s.name]
 }
 
-// held returns the partitions this node holds a valid lease on, sorted.
-func (v *view) held() []int {
+// assigned returns how many partitions, of every source, are assigned to
+// this node, and how many it holds.
+func (v *view) assigned() (assigned, held int) {
+	for _, s := range v.srcs {
+		assigned += len(v.assignment(s).Owned(v.cfg.NodeName))
+		held += len(v.held(s))
+	}
+	return assigned, held
+}
+
+// held returns the partitions of s this node holds a valid lease on,
+// sorted.
+func (v *view) held(s *source) []int {
 	now := time.Now()
 	var ps []int
-	for p, l := range v.leaser.Leases() {
+	for p, l := range s.leaser.Leases() {
 		if l.Valid(now) {
 			ps = append(ps, p)
 		}
@@ -95,18 +104,19 @@ type Degradation struct {
 }
 
 // degradation computes the degraded state: the oldest pending row of a
-// partition this node holds is older than DegradedAfter, or the broker is
-// blocked.
+// partition this node holds, of any source, is older than DegradedAfter,
+// or the broker is blocked.
 func (v *view) degradation() Degradation {
 	var d Degradation
-	snap := v.backlog.Snapshot()
-	held := map[int]bool{}
-	for _, p := range v.held() {
-		held[p] = true
-	}
-	for _, ps := range snap.Partitions {
-		if held[ps.Partition] {
-			d.OldestPendingSeconds = max(d.OldestPendingSeconds, ps.OldestPendingSeconds)
+	for _, s := range v.srcs {
+		held := map[int]bool{}
+		for _, p := range v.held(s) {
+			held[p] = true
+		}
+		for _, ps := range s.backlog.Snapshot().Partitions {
+			if held[ps.Partition] {
+				d.OldestPendingSeconds = max(d.OldestPendingSeconds, ps.OldestPendingSeconds)
+			}
 		}
 	}
 	if v.cfg.DegradedAfter > 0 && d.OldestPendingSeconds > v.cfg.DegradedAfter.Seconds() {

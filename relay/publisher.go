@@ -23,6 +23,11 @@ type Message struct {
 	Payload       []byte
 	Headers       map[string]any // the row's own headers, already decoded
 	OccurredAt    time.Time
+	// Source names the outbox database the row was read from; a
+	// publisher sends it as wire.HeaderSource when it is not empty (the
+	// node sets it for every source). Empty sends no header, which a
+	// consumer reads as wire.DefaultSource.
+	Source string
 	// Deadline is the local deadline of the lease m is published under
 	// (Lease.Deadline, as the relay last checked it): the publisher must
 	// not write m to the broker after it. Zero: no deadline.

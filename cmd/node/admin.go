@@ -34,6 +34,7 @@ var adminUsage = map[string]string{
 // adminArgs is the parsed command line of an admin subcommand.
 type adminArgs struct {
 	addr, token, operator string
+	source                string   // the source whose messages (empty: default)
 	key, errSub, prefix   string   // retry's selectors
 	args                  []string // positional arguments
 }
@@ -82,6 +83,9 @@ func parseAdminArgs(c cli, cmd string, args []string) (adminArgs, error) {
 	fs.StringVar(&a.addr, "http", "127.0.0.1:8081", "the node's HTTP address (host:port or URL)")
 	fs.StringVar(&a.token, "admin-token", "", "the node's admin bearer token")
 	fs.StringVar(&a.operator, "operator", currentUser(), "your name, recorded with the action")
+	if cmd != "gossip-key" {
+		fs.StringVar(&a.source, "source", "", "the source (outbox database) whose messages to act on; empty: default, the one-source form's")
+	}
 	fs.StringVar(&a.key, "key", "", "retry: the correlation id whose parked message to retry (instead of an id)")
 	fs.StringVar(&a.errSub, "error", "", "retry: every parked message whose last error contains this (bulk)")
 	fs.StringVar(&a.prefix, "key-prefix", "", "retry: every parked message whose correlation id starts with this (bulk; with -error, both must match)")
@@ -144,6 +148,9 @@ func (a adminArgs) retryOrSkip(cmd string) (method, path string, body io.Reader,
 func (a adminArgs) call(ctx context.Context, method, path string, body io.Reader) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	if a.source != "" {
+		path += "?source=" + url.QueryEscape(a.source)
+	}
 	req, err := http.NewRequestWithContext(ctx, method, nodeURL(a.addr, path), body)
 	if err != nil {
 		return nil, usageError(err) // -http does not make a URL

@@ -33,6 +33,9 @@ type cluster struct {
 	// pgURL and amqpURL, when set, are each node's own URLs (through
 	// proxies of its own); otherwise every node uses the fixture's.
 	pgURL, amqpURL []string
+	// sourcesEnv, when set, is each node's ORDO_SOURCES=... in place of
+	// ORDO_POSTGRES_URL.
+	sourcesEnv []string
 }
 
 func newCluster(t *testing.T, f *fixture, n int, extra ...string) *cluster {
@@ -58,8 +61,12 @@ func (c *cluster) start(t *testing.T, i int) {
 	if c.pgURL != nil {
 		pgURL, amqpURL = c.pgURL[i], c.amqpURL[i]
 	}
+	db := "ORDO_POSTGRES_URL=" + pgURL
+	if c.sourcesEnv != nil {
+		db = c.sourcesEnv[i]
+	}
 	env := append([]string{
-		"ORDO_POSTGRES_URL=" + pgURL,
+		db,
 		"ORDO_AMQP_URL=" + amqpURL,
 		"ORDO_NODE_NAME=" + c.names[i],
 		"ORDO_HTTP_ADDR=" + c.http[i],

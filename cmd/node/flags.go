@@ -50,12 +50,17 @@ type nodeFlag struct {
 	// as, if set, makes the flag.Value for the field (a unit other than
 	// the field's); nil picks one from the field's type.
 	as func(field reflect.Value) flag.Value
+	// env, if set, replaces the flag's environment variable
+	// envflag.Name(envPrefix, name): -source, a repeatable flag, is read
+	// from ORDO_SOURCES, a list.
+	env string
 }
 
 // nodeFlags are the flags of "node", the public interface of the node
 // (docker-compose.yml, deploy/ and README.md use them): add, never rename.
 var nodeFlags = []nodeFlag{
-	{name: "postgres-url", field: "PostgresURL", help: "PostgreSQL URL of the outbox database"},
+	{name: "postgres-url", field: "PostgresURL", help: "PostgreSQL URL of the outbox database (the one-source form: the source named default)"},
+	{name: "source", field: "Sources", env: "ORDO_SOURCES", help: "an outbox database to relay, NAME=POSTGRES_URL; repeat it for each (the environment takes space-separated pairs); replaces -postgres-url (name its database default)"},
 	{name: "amqp-url", field: "AMQP.URL", help: "RabbitMQ URL, or a comma-separated list of broker nodes tried in turn"},
 	{name: "node-name", field: "NodeName", help: "this node's name (lease owner and gossip name); keep it stable across restarts"},
 	{name: "http-addr", field: "HTTPAddr", help: "address for the cluster page, /healthz, /readyz, /status, /metrics and /admin"},
@@ -120,12 +125,60 @@ func newNodeFlagSet(o *options, out io.Writer) *flag.FlagSet {
 			fs.Var((*commaList)(p), f.name, f.help)
 		case *[][]byte:
 			fs.Var((*gossipKeys)(p), f.name, f.help)
+		case *[]node.Source:
+			fs.Var((*sourceList)(p), f.name, f.help)
 		default:
 			panic(fmt.Sprintf("flag -%s: field %s has type %T, which has no flag type", f.name, f.field, p))
 		}
 	}
-	fs.Usage = envflag.Usage(fs, envPrefix, "usage: node [flags]\n       node status|health|parked|retry|skip|purge|fill-gap|gossip-key -h\n\nRuns one Ordo relay node.")
+	fs.Usage = usage(fs, "usage: node [flags]\n       node status|health|parked|retry|skip|purge|fill-gap|gossip-key -h\n\nRuns one Ordo relay node.")
 	return fs
+}
+
+// usage returns the usage of the flag set of "node": envflag.Usage's,
+// with each flag's own environment variable (envOf).
+func usage(fs *flag.FlagSet, synopsis string) func() {
+	return func() {
+		w := fs.Output()
+		fmt.Fprintf(w, "%s\n\nFlags (each also read from the environment variable shown):\n", synopsis)
+		fs.VisitAll(func(f *flag.Flag) {
+			fmt.Fprintf(w, "  -%s  (%s)\n    \t%s", f.Name, envOf(f.Name), f.Usage)
+			if f.DefValue != "" {
+				fmt.Fprintf(w, " (default %q)", f.DefValue)
+			}
+			fmt.Fprintln(w)
+		})
+	}
+}
+
+// envOf returns the environment variable of the flag named name.
+func envOf(name string) string {
+	for _, f := range nodeFlags {
+		if f.name == name && f.env != "" {
+			return f.env
+		}
+	}
+	return envflag.Name(envPrefix, name)
+}
+
+// envLookup returns lookup as envflag.Parse should ask it: the variable
+// envflag names for a flag with its own (nodeFlag.env) is read from that
+// one instead.
+func envLookup(lookup func(string) (string, bool)) func(string) (string, bool) {
+	return func(k string) (string, bool) {
+		for _, f := range nodeFlags {
+			if f.env == "" {
+				continue
+			}
+			if k == f.env {
+				return "", false // only through its flag's name
+			}
+			if k == envflag.Name(envPrefix, f.name) {
+				return lookup(f.env)
+			}
+		}
+		return lookup(k)
+	}
 }
 
 // fieldByPath returns the field of root at a dotted path; it panics if
@@ -157,12 +210,15 @@ func flagOf(path string) string {
 func parseConfig(args []string, lookup func(string) (string, bool), out io.Writer) (options, error) {
 	o := defaultOptions()
 	fs := newNodeFlagSet(&o, out)
-	if err := envflag.Parse(fs, envPrefix, args, lookup); err != nil {
+	if err := envflag.Parse(fs, envPrefix, args, envLookup(lookup)); err != nil {
 		return o, err
 	}
 	var errs problemList
 	if fs.NArg() > 0 {
 		errs = append(errs, fmt.Errorf("unexpected arguments: %q", fs.Args()))
+	}
+	if err := checkOneSourceForm(fs, lookup); err != nil {
+		errs = append(errs, err)
 	}
 	if err := checkLogFormat(o.LogFormat); err != nil {
 		errs = append(errs, err)
@@ -201,7 +257,7 @@ func flagProblems(err error) []error {
 	var errs []error
 	for _, p := range confcheck.Problems(err) {
 		if name := flagOf(p.Field); name != "" {
-			errs = append(errs, fmt.Errorf("-%s (%s): %s", name, envflag.Name(envPrefix, name), flagNames(p.Msg)))
+			errs = append(errs, fmt.Errorf("-%s (%s): %s", name, envOf(name), flagNames(p.Msg)))
 		} else {
 			errs = append(errs, p)
 		}
@@ -238,6 +294,52 @@ func (l *commaList) Set(s string) error {
 		if item = strings.TrimSpace(item); item != "" {
 			*l = append(*l, item)
 		}
+	}
+	return nil
+}
+
+// checkOneSourceForm refuses -postgres-url together with -source (from
+// the command line or the environment): which database would be the
+// source named default is not for the node to guess.
+func checkOneSourceForm(fs *flag.FlagSet, lookup func(string) (string, bool)) error {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	isSet := func(name string) bool {
+		_, env := lookup(envOf(name))
+		return set[name] || env
+	}
+	if isSet("postgres-url") && isSet("source") {
+		return fmt.Errorf("-postgres-url (%s) and -source (%s) are both set: -source replaces -postgres-url; list that database as -source default=URL",
+			envOf("postgres-url"), envOf("source"))
+	}
+	return nil
+}
+
+// sourceList is a flag.Value of outbox databases, NAME=URL each: every
+// Set appends the space-separated pairs it is given (a repeated flag, or
+// the environment's list). String shows the names only: URLs may hold
+// passwords.
+type sourceList []node.Source
+
+func (l *sourceList) String() string {
+	names := make([]string, len(*l))
+	for i, s := range *l {
+		names[i] = s.Name
+	}
+	return strings.Join(names, " ")
+}
+
+func (l *sourceList) Set(v string) error {
+	for _, pair := range strings.Fields(v) {
+		// An item that is not NAME=URL becomes a source without a name,
+		// which node.Config.Validate reports: an error from Set would be
+		// printed by the flag package with the item, which may be a URL
+		// with a password.
+		name, url, _ := strings.Cut(pair, "=")
+		if url == "" {
+			name = ""
+		}
+		*l = append(*l, node.Source{Name: name, PostgresURL: url})
 	}
 	return nil
 }

@@ -135,6 +135,8 @@ func flagTestValue(t *testing.T, f nodeFlag, v reflect.Value) (string, any) {
 		return " a:1, b:2 ,", []string{"a:1", "b:2"}
 	case *[][]byte:
 		return testGossipKey + "," + testGossipKey, [][]byte{[]byte("0123456789abcdef"), []byte("0123456789abcdef")}
+	case *[]node.Source:
+		return "a=postgres://h/a b=postgres://h/b", []node.Source{{Name: "a", PostgresURL: "postgres://h/a"}, {Name: "b", PostgresURL: "postgres://h/b"}}
 	}
 	t.Fatalf("flag -%s: no test value for a field of type %s", f.name, v.Type())
 	return "", nil
@@ -150,7 +152,7 @@ func TestFlagTableRoundTrip(t *testing.T) {
 			field := fieldByPath(reflect.ValueOf(&want).Elem(), f.field)
 			arg, value := flagTestValue(t, f, field)
 			field.Set(reflect.ValueOf(value))
-			env := envflag.Name(envPrefix, f.name)
+			env := envOf(f.name)
 			for _, c := range []struct {
 				name string
 				args []string
@@ -163,7 +165,7 @@ func TestFlagTableRoundTrip(t *testing.T) {
 				got := defaultOptions()
 				fs := newNodeFlagSet(&got, io.Discard)
 				lookup := func(k string) (string, bool) { v, ok := c.env[k]; return v, ok }
-				if err := envflag.Parse(fs, envPrefix, c.args, lookup); err != nil {
+				if err := envflag.Parse(fs, envPrefix, c.args, envLookup(lookup)); err != nil {
 					t.Fatalf("%s: %v", c.name, err)
 				}
 				if !reflect.DeepEqual(got, want) {
@@ -210,7 +212,7 @@ func TestFlagDefaults(t *testing.T) {
 	fs := newNodeFlagSet(&d, io.Discard)
 	for _, f := range nodeFlags {
 		def := fs.Lookup(f.name).DefValue
-		line := fmt.Sprintf("-%s  (%s)\n", f.name, envflag.Name(envPrefix, f.name))
+		line := fmt.Sprintf("-%s  (%s)\n", f.name, envOf(f.name))
 		i := strings.Index(help.String(), line)
 		if i < 0 {
 			t.Errorf("-h does not list %q", line)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ordo-relay/ordo/internal/envflag"
 	"github.com/ordo-relay/ordo/node"
+	"github.com/ordo-relay/ordo/wire"
 )
 
 // nodeURL is path on a node's HTTP address, given as host:port or as a URL.
@@ -57,26 +58,53 @@ func statusCmd(ctx context.Context, c cli, _ string, args []string) error {
 }
 
 func printStatus(w io.Writer, st node.Status) {
-	fmt.Fprintf(w, "node %s: %d of %d partitions held, broker connected: %v\n", st.Node, len(st.Held), st.Partitions, st.Broker)
+	sources := st.Sources
+	oneSource := len(sources) <= 1 && (len(sources) == 0 || sources[0].Name == wire.DefaultSource)
+	if oneSource {
+		sources = []node.SourceStatus{{Name: wire.DefaultSource, Reachable: true, Partitions: st.Partitions,
+			Held: st.Held, Assignment: st.Assignment, Leases: st.Leases, Relay: st.Relay}}
+	}
+	held := 0
+	for _, s := range sources {
+		held += len(s.Held)
+	}
+	fmt.Fprintf(w, "node %s: %d of %d partitions held, broker connected: %v\n", st.Node, held, st.Partitions*len(sources), st.Broker)
 	fmt.Fprintf(w, "relay: published %d, marked %d, failed %d, refused %d, in flight %d\n\n",
 		st.Relay.Published, st.Relay.Marked, st.Relay.Failed, st.Relay.Refused, st.Relay.InFlight)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "MEMBER\tADDRESS\tSTATE\tASSIGNED")
 	assigned := map[string]int{}
-	for _, o := range st.Assignment {
-		assigned[o]++
+	for _, s := range sources {
+		for _, o := range s.Assignment {
+			assigned[o]++
+		}
 	}
 	for _, m := range st.Members {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", m.Name, m.Addr, m.State, assigned[m.Name])
 	}
 	tw.Flush()
-	fmt.Fprintln(w)
-	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	for _, s := range sources {
+		fmt.Fprintln(w)
+		if !oneSource {
+			state := "reachable"
+			if !s.Reachable {
+				state = "UNREACHABLE from this node"
+			}
+			fmt.Fprintf(w, "source %s (%s): %d of %d partitions held, relay published %d, marked %d, in flight %d\n",
+				s.Name, state, len(s.Held), s.Partitions, s.Relay.Published, s.Relay.Marked, s.Relay.InFlight)
+		}
+		printPartitions(w, s)
+	}
+}
+
+// printPartitions prints the partition table of one source.
+func printPartitions(w io.Writer, s node.SourceStatus) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "PARTITION\tASSIGNED TO\tLEASE OWNER\tEPOCH\tPENDING\tOLDEST (s)\t")
-	for _, p := range st.Leases {
+	for _, p := range s.Leases {
 		a := ""
-		if p.Partition < len(st.Assignment) {
-			a = st.Assignment[p.Partition]
+		if p.Partition < len(s.Assignment) {
+			a = s.Assignment[p.Partition]
 		}
 		owner := p.Owner
 		if owner == "" {

@@ -44,21 +44,32 @@ function renderStatus(st) {
   }));
 
   let pending = 0, parked = 0, age = 0;
-  const grid = $("grid");
-  grid.replaceChildren(...st.partitions.map((p) => {
+  const cells = (src) => src.partitions.map((p) => {
     pending += p.pending; parked += p.parked; age = Math.max(age, p.oldestPendingSeconds);
     const cls = ["cell"];
     if (!p.leaseLive) cls.push("free");
     if (p.parked > 0) cls.push("parked");
     if (p.oldestPendingSeconds > 10) cls.push("stale");
-    const cell = el("div", { class: cls.join(" "), "data-partition": String(p.partition),
-      title: `partition ${p.partition}\nowner ${p.owner || "none"} (epoch ${p.epoch})\nassigned to ${st.assignment[p.partition] || "-"}\npending ${p.pending}${p.pendingEstimated ? " (estimate)" : ""}, parked ${p.parked}\noldest ${fmt(p.oldestPendingSeconds, 1)} s` },
+    const cell = el("div", { class: cls.join(" "), "data-partition": String(p.partition), "data-source": src.name,
+      title: `source ${src.name}, partition ${p.partition}\nowner ${p.owner || "none"} (epoch ${p.epoch})\nassigned to ${src.assignment[p.partition] || "-"}\npending ${p.pending}${p.pendingEstimated ? " (estimate)" : ""}, parked ${p.parked}\noldest ${fmt(p.oldestPendingSeconds, 1)} s` },
       el("div", { class: "p" }, String(p.partition)),
       el("div", {}, fmt(p.pending) + (p.pendingEstimated ? "~" : "")),
       el("div", {}, fmt(p.oldestPendingSeconds, 1) + " s"));
     if (p.leaseLive) cell.style.background = colour(p.owner);
     return cell;
-  }));
+  });
+  // One source named default (the one-source form) is drawn as before
+  // sources existed: one grid. Several are grouped, one heading each.
+  const sources = st.sources && st.sources.length ? st.sources
+    : [{ name: "default", reachable: true, partitions: st.partitions, assignment: st.assignment }];
+  const grid = $("grid");
+  if (sources.length === 1 && sources[0].name === "default") {
+    grid.replaceChildren(...cells(sources[0]));
+  } else {
+    grid.replaceChildren(...sources.map((src) => el("section", { class: "source" + (src.reachable ? "" : " down"), "data-source": src.name },
+      el("h3", {}, `source ${src.name}` + (src.reachable ? "" : " · database unreachable from this node")),
+      el("div", { class: "cells" }, ...cells(src)))));
+  }
   $("s-pending").textContent = fmt(pending);
   $("s-parked").textContent = fmt(parked);
   $("s-age").textContent = fmt(age, 1);

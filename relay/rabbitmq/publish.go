@@ -165,7 +165,7 @@ func (p *Publisher) checkExchange(s *session, exchange string, until time.Time) 
 // publishing builds the AMQP message for m (docs/design.md, "The AMQP
 // message"), with attempt as its wire.HeaderAttempt.
 func publishing(m *relay.Message, attempt int64) amqp.Publishing {
-	h := make(amqp.Table, len(m.Headers)+5)
+	h := make(amqp.Table, len(m.Headers)+6)
 	for k, v := range m.Headers {
 		h[k] = v
 	}
@@ -174,6 +174,9 @@ func publishing(m *relay.Message, attempt int64) amqp.Publishing {
 	h[wire.HeaderPartition] = int32(m.Partition)
 	h[wire.HeaderEpoch] = m.Epoch
 	h[wire.HeaderAttempt] = attempt
+	if m.Source != "" {
+		h[wire.HeaderSource] = m.Source
+	}
 	return amqp.Publishing{
 		Headers:       h,
 		ContentType:   "application/json",

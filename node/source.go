@@ -1,0 +1,104 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ordo-relay/ordo/lease"
+	"github.com/ordo-relay/ordo/relay"
+	"github.com/ordo-relay/ordo/wire"
+)
+
+// source is what a node builds for one outbox database: everything that
+// the database fences (docs/design.md, "Sources"). The node's broker
+// connection, gossip and HTTP server are shared by every source.
+type source struct {
+	name      string
+	pool      *pgxpool.Pool
+	leaseConn *pgx.ConnConfig // the leaser's and the health ping's connections
+	logger    *slog.Logger    // the node's, with a "source" attribute when it has several
+	wake      chan struct{}   // membership changes, fanned out to this source's leaser
+	leaser    *lease.Leaser
+	relay     *relay.Relay
+	backlog   *Backlog
+}
+
+// openSources opens a pool per source and migrates each database, in
+// order; on an error it closes what it opened. Migrations retry while a
+// database is unreachable, so a node starts once every source answers.
+func openSources(ctx context.Context, cfg Config, logger *slog.Logger) ([]*source, error) {
+	srcs := cfg.sources()
+	out := make([]*source, 0, len(srcs))
+	closeAll := func() {
+		for _, s := range out {
+			s.pool.Close()
+		}
+	}
+	for _, sc := range srcs {
+		s := &source{name: sc.Name, logger: logger, wake: make(chan struct{}, 1)}
+		if len(srcs) > 1 || sc.Name != wire.DefaultSource {
+			s.logger = logger.With("source", sc.Name)
+		}
+		var err error
+		if s.pool, s.leaseConn, err = openPool(ctx, cfg, sc.PostgresURL); err != nil {
+			closeAll()
+			return nil, s.errorf("%w", err)
+		}
+		out = append(out, s)
+		if err := migrate(ctx, s.pool, cfg.Partitions, s.logger); err != nil {
+			closeAll()
+			return nil, s.errorf("%w", err)
+		}
+	}
+	return out, nil
+}
+
+// errorf formats an error of the source, naming it when it is not the
+// one-source form's.
+func (s *source) errorf(format string, args ...any) error {
+	err := fmt.Errorf(format, args...)
+	if s.name == wire.DefaultSource {
+		return err
+	}
+	return fmt.Errorf("source %s: %w", s.name, err)
+}
+
+// connect opens a connection of the source's own (the leaser's, the
+// health ping's), bounded by 5 s.
+func (s *source) connect(ctx context.Context) (*pgx.Conn, error) {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return pgx.ConnectConfig(cctx, s.leaseConn.Copy())
+}
+
+// share returns a source's share of a node-wide budget split between n
+// sources: total/n, at least min. The node's confirm window W and its
+// read-ahead bytes are split this way between the sources' relays, so the
+// node as a whole keeps within W (the publisher's window), and a source's
+// backlog cannot take another's share (docs/design.md, "Sources").
+func share[T int | int64](total T, n int, least T) T {
+	return max(total/T(n), least)
+}
+
+// stampSource is the relay.Publisher of one source: it sets each
+// message's Source before the node's publisher sends it, so that every
+// message carries wire.HeaderSource, wire.DefaultSource's included
+// (docs/design.md, "Sources": explicit beats implied; a consumer reads an
+// absent header as default, which is what older nodes sent).
+type stampSource struct {
+	relay.Publisher
+	name string
+}
+
+var _ relay.Publisher = stampSource{}
+
+// Publish implements relay.Publisher.
+func (p stampSource) Publish(ctx context.Context, msg *relay.Message, settle func(relay.Result)) error {
+	msg.Source = p.name
+	return p.Publisher.Publish(ctx, msg, settle)
+}

@@ -1,0 +1,114 @@
+package node
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ordo-relay/ordo/internal/confcheck"
+	"github.com/ordo-relay/ordo/partition"
+	"github.com/ordo-relay/ordo/wire"
+)
+
+// MaxSources is the most sources one node relays. Every source's name
+// travels in the node's gossip metadata, which memberlist caps at 512
+// bytes: twelve names of wire.MaxSourceLen bytes fit with room to spare.
+const MaxSources = 12
+
+// Source is one outbox database the node relays (docs/design.md,
+// "Sources"). Everything fenced by the database is per source: its pool,
+// migrations, leases, audit, relay store and backlog. The broker
+// connection, gossip and the HTTP server are the node's.
+type Source struct {
+	// Name identifies the source: the x-ordo-source header of its
+	// messages, the `source` label of its metrics, the key of its
+	// partitions on /status and the -source of the CLI. It follows
+	// wire.ValidateSource; wire.DefaultSource is the database of the
+	// one-source form (PostgresURL), whose messages carry no header.
+	Name string
+
+	// PostgresURL is the source's database, as pgx parses it.
+	PostgresURL string
+}
+
+// sources returns the sources the node relays: Sources when set, else
+// the one-source form, PostgresURL named wire.DefaultSource.
+func (c Config) sources() []Source {
+	if len(c.Sources) > 0 {
+		return c.Sources
+	}
+	return []Source{{Name: wire.DefaultSource, PostgresURL: c.PostgresURL}}
+}
+
+// validateSources records every problem of Sources: too many, a bad or
+// repeated name, a URL pgx cannot parse. Each is reported at "Sources".
+func (c Config) validateSources(ck *confcheck.Checker) {
+	ck.Require(len(c.Sources) <= MaxSources, "Sources", "%d sources, at most %d (they are gossiped)", len(c.Sources), MaxSources)
+	var seen []string
+	for _, s := range c.Sources {
+		if s.Name == "" || s.PostgresURL == "" {
+			ck.Require(false, "Sources", "a source without a name or a URL: want NAME=POSTGRES_URL")
+			continue
+		}
+		if err := wire.ValidateSource(s.Name); err != nil {
+			ck.Require(false, "Sources", "%v", err)
+		} else if slices.Contains(seen, s.Name) {
+			ck.Require(false, "Sources", "source %q is given twice", s.Name)
+		}
+		seen = append(seen, s.Name)
+		if _, err := pgxpool.ParseConfig(s.PostgresURL); err != nil {
+			ck.Require(false, "Sources", "source %q: %v", s.Name, redact(err))
+		}
+	}
+}
+
+// redact returns err's message without what a URL parse error may quote
+// of the URL (a password): pgx's parse errors name the URL.
+func redact(err error) string {
+	return fmt.Sprintf("the PostgreSQL URL does not parse (%T)", err)
+}
+
+// eligibleFor is what the assignment needs of membership: the members
+// eligible for each source (membership.Membership.EligibleFor).
+type eligibleFor interface {
+	EligibleFor(source string) []string
+}
+
+// assignSources returns the map over (source, partition) pairs of
+// sources, each of partitions partitions, as every node computes it from
+// its view of the members: partition.AssignSources over the members
+// eligible for at least one source, each source's draft without those
+// not eligible for it (partition.Source.Without). A node cut off from one
+// database is left out of that source only, and the balance over all
+// pairs holds whenever nobody is left out. With the one source default
+// it is partition.Assign over membership.Eligible, as before sources.
+func assignSources(m eligibleFor, sources []string, partitions int) partition.SourceAssignment {
+	eligible := make(map[string][]string, len(sources))
+	var all []string
+	for _, s := range sources {
+		eligible[s] = m.EligibleFor(s)
+		all = append(all, eligible[s]...)
+	}
+	slices.Sort(all)
+	all = slices.Compact(all)
+	srcs := make([]partition.Source, len(sources))
+	for i, s := range sources {
+		srcs[i] = partition.Source{Name: s, Count: partitions,
+			Without: slices.DeleteFunc(slices.Clone(all), func(m string) bool { return slices.Contains(eligible[s], m) })}
+	}
+	a, err := partition.AssignSources(all, srcs)
+	if err != nil {
+		return nil // Config.Validate checked names and counts: not expected
+	}
+	return a
+}
+
+// sourceNames returns the names of sources, in order.
+func sourceNames(sources []Source) []string {
+	names := make([]string, len(sources))
+	for i, s := range sources {
+		names[i] = s.Name
+	}
+	return names
+}

@@ -1,0 +1,79 @@
+package node
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/ordo-relay/ordo/admin"
+	"github.com/ordo-relay/ordo/relay"
+	"github.com/ordo-relay/ordo/wire"
+)
+
+// SourceStatus is one source on /status: its partitions as this node sees
+// them, and whether its database answers.
+type SourceStatus struct {
+	Name string `json:"name"`
+	// Reachable: the database answered a ping just now and the backlog
+	// snapshot is fresh. A source that is not reachable keeps its last
+	// snapshot (BacklogAgeSeconds says how old).
+	Reachable  bool              `json:"reachable"`
+	Partitions int               `json:"partitionCount"`
+	Held       []int             `json:"held"`
+	Assignment []string          `json:"assignment"` // this node's view: owner by partition
+	Leases     []PartitionStatus `json:"partitions"` // what the database says, from the backlog snapshot
+	// BacklogAgeSeconds is how old the partitions' snapshot is; 0 when
+	// there is none yet.
+	BacklogAgeSeconds float64     `json:"backlogAgeSeconds"`
+	Relay             relay.Stats `json:"relay"`
+}
+
+// sourceStatus returns s as /status shows it, pinging its database.
+func (v *view) sourceStatus(ctx context.Context, s *source, now time.Time) SourceStatus {
+	perr := s.pool.Ping(ctx)
+	snap := s.backlog.Snapshot()
+	ss := SourceStatus{Name: s.name, Partitions: v.cfg.Partitions, Held: v.held(s), Assignment: v.assignment(s),
+		Leases: snap.Partitions, Relay: s.relay.Stats(), Reachable: perr == nil && snap.Fresh(now, v.backlogMaxAge())}
+	if !ss.Reachable {
+		s.logger.Debug("status: database unavailable", "ping", perr, "backlog", snap.Err)
+	}
+	if !snap.Taken.IsZero() {
+		ss.BacklogAgeSeconds = now.Sub(snap.Taken).Seconds()
+	}
+	if ss.Held == nil {
+		ss.Held = []int{}
+	}
+	return ss
+}
+
+// sourcePrefix is what a problem of s starts with: nothing in the
+// one-source form, "source NAME: " otherwise.
+func (v *view) sourcePrefix(s *source) string {
+	if len(v.srcs) == 1 && s.name == wire.DefaultSource {
+		return ""
+	}
+	return "source " + s.name + ": "
+}
+
+// adminHandler serves /admin/ for every source: the query parameter
+// source names it (the CLI's -source); without one, wire.DefaultSource,
+// so that scripts of the one-source form keep working. A source the node
+// does not relay is 404.
+func (v *view) adminHandler() http.Handler {
+	handlers := map[string]http.Handler{}
+	for _, s := range v.srcs {
+		handlers[s.name] = admin.Handler(admin.NewStore(s.pool), v.cfg.AdminToken, s.logger)
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		name := r.URL.Query().Get("source")
+		if name == "" {
+			name = wire.DefaultSource
+		}
+		h, ok := handlers[name]
+		if !ok {
+			admin.WriteError(w, http.StatusNotFound, "no source "+name+" on this node")
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
