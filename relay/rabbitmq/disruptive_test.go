@@ -99,7 +99,7 @@ func TestDisruptiveMemoryAlarm(t *testing.T) {
 	cfg := relay.DefaultConfig()
 	cfg.Node = "n1"
 	cfg.RetryMin, cfg.RetryMax, cfg.PollInterval = 20*time.Millisecond, 50*time.Millisecond, 50*time.Millisecond
-	r, err := relay.New(cfg, store, pub, own)
+	r, err := relay.New(cfg, store.ForNode("n1"), pub, own)
 	if err != nil {
 		t.Fatal(err)
 	}
