@@ -61,11 +61,18 @@ func consumeOnce(ctx context.Context, o options, co consumeOptions, n int) (*res
 		return nil, err
 	}
 	res.Seconds("settle", settled.Sub(start))
-	last, err := waitHandled(ctx, o, r.Pool, 2*co.Orders)
+	cpu0 := sampleCPU()
+	backends, err := startBackendCPU(ctx, r.Probe, r.Name)
 	if err != nil {
 		return nil, err
 	}
+	last, err := waitHandled(ctx, o, r.Pool, 2*co.Orders)
+	if err != nil {
+		_, _ = backends.stop(ctx)
+		return nil, err
+	}
 	rate := float64(2*co.Orders-before) / last.Sub(settled).Seconds()
+	addDrainCPU(ctx, res, cpu0, backends, 2*co.Orders-before)
 	fmt.Printf("measuring latency at %d orders/s for %v\n", co.Rate, co.Latency)
 	lat, err := r.latencyPhase(ctx, co, node, 2*co.Orders)
 	if err != nil {
@@ -345,4 +352,25 @@ func startCompeting(ctx context.Context, r *consumeRig, queue string, co consume
 		}
 	}
 	return stop, nil
+}
+
+// addDrainCPU adds the CPU of the drain (from cpu0 and the start of
+// backends until now): the machine's, the bench process's (the inbox
+// instances run in it) and the PostgreSQL backends' of the bench's
+// database (the instances' and the relay's; other databases' left out),
+// each also per handled message in microseconds, so that one instance's
+// run says how many messages a second the machine's cores could handle.
+func addDrainCPU(ctx context.Context, res *result.Result, cpu0 cpuSample, backends *backendCPU, msgs int) {
+	totals, err := backends.stop(ctx)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench: consume: PostgreSQL backends' CPU: %v\n", err)
+	}
+	cpu1 := sampleCPU()
+	addCPU(res, cpu0, cpu1, "drain_")
+	pg := totals[groupRelay]
+	res.Seconds("drain_cpu_pg_db", pg)
+	bench := cpu1.self - cpu0.self
+	res.Figure("drain_us_per_msg_bench", perMsgMicros(bench, msgs), "us")
+	res.Figure("drain_us_per_msg_pg_db", perMsgMicros(pg, msgs), "us")
+	res.Figure("drain_us_per_msg_machine", perMsgMicros(cpu1.machine-cpu0.machine, msgs), "us")
 }

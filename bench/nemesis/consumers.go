@@ -347,6 +347,8 @@ func (c *consumerRun) inject(ctx context.Context, s plannedStep) (healFunc, erro
 		return once(func(context.Context) error { p.Resume(); p.Restore(); return nil }), nil
 	case kindPoisonOrder:
 		return noHeal, c.plantPoison(ctx, s.N)
+	case kindRedeliver:
+		return noHeal, c.redeliverHandled(ctx)
 	}
 	return nil, fmt.Errorf("kind %q is not one of the consumer scenario's", s.Kind)
 }

@@ -65,3 +65,36 @@ func TestCheckConsumers(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckConsumersRedelivered is the redeliver fault's history: the
+// relay republishes a key's handled rows (same message ids and key_seq)
+// after other keys moved on. An inbox that drops them passes; one that
+// runs the handler again must fail, once per row handled again.
+func TestCheckConsumersRedelivered(t *testing.T) {
+	committed := []committedRow{{"a1", "a", 1}, {"a2", "a", 2}, {"a3", "a", 3}, {"b1", "b", 1}, {"b2", "b", 2}}
+	first := []handledRow{{1, "a", 1, "a1"}, {2, "a", 2, "a2"}, {3, "b", 1, "b1"}, {4, "a", 3, "a3"}, {5, "b", 2, "b2"}}
+	// The republished copies of a2 and a3, handled after b2.
+	again := []handledRow{{6, "a", 2, "a2"}, {7, "a", 3, "a3"}}
+	for _, tc := range []struct {
+		name    string
+		handled []handledRow
+		twice   int
+	}{
+		{"copies dropped", first, 0},
+		{"copies handled again", append(append([]handledRow(nil), first...), again...), 2},
+		{"one copy handled again", append(append([]handledRow(nil), first...), again[1]), 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := checkConsumers(committed, tc.handled, consumerState{}, nil)
+			if v.HandledTwice != tc.twice || v.Lost != 0 || v.OutOfOrder != 0 {
+				t.Fatalf("verdict %+v, want handled_twice=%d and nothing else", v, tc.twice)
+			}
+			if v.OK() != (tc.twice == 0) {
+				t.Fatalf("OK() = %v with %d handled twice", v.OK(), v.HandledTwice)
+			}
+			if tc.twice > 0 && !strings.Contains(strings.Join(v.Problems, "\n"), "handled twice: key a key_seq 3 (message a3, event 7)") {
+				t.Fatalf("problems %q do not name a3's second handling", v.Problems)
+			}
+		})
+	}
+}

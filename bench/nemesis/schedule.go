@@ -46,6 +46,7 @@ const (
 	// shipping instances and their database).
 	kindRebalance   Kind = "rebalance"    // one instance stopped (it leaves: its shards move), started again after the hold (it joins)
 	kindPoisonOrder Kind = "poison-order" // an order whose handler fails on every attempt: dead-lettered, its key held
+	kindRedeliver   Kind = "redeliver"    // handled rows' marks undone: the relay republishes them (same ids and headers), the instances must drop them
 )
 
 // allKinds lists every kind once.
@@ -54,7 +55,11 @@ var allKinds = []Kind{kindKill, kindPause, kindBrokerRestart, kindBrokerClose, k
 
 // consumerKinds lists every kind of the consumer scenario once.
 var consumerKinds = []Kind{kindKill, kindPause, kindBrokerRestart, kindBrokerClose, kindPGRestart, kindPGLink,
-	kindRebalance, kindPoisonOrder}
+	kindRebalance, kindPoisonOrder, kindRedeliver}
+
+// consumerOnlyKinds lists the consumer scenario's kinds the relay's does
+// not run.
+var consumerOnlyKinds = []Kind{kindRebalance, kindPoisonOrder, kindRedeliver}
 
 // Variants of a step.
 const (
@@ -173,7 +178,7 @@ func drawStep(rng *rand.Rand, k Kind, hold holdRange, profile string, nodes int)
 		if s.Variant == variantAll {
 			s.Target = -1
 		}
-	case kindBrokerRestart, kindPGRestart, kindMemoryAlarm, kindHostileRow, kindPoison, kindPoisonOrder:
+	case kindBrokerRestart, kindPGRestart, kindMemoryAlarm, kindHostileRow, kindPoison, kindPoisonOrder, kindRedeliver:
 		s.Target = -1
 	}
 	return s
@@ -197,7 +202,7 @@ func ParseKinds(s string) ([]Kind, error) {
 }
 
 func kindList() string {
-	return strings.ReplaceAll(joinKinds(allKinds)+","+joinKinds([]Kind{kindRebalance, kindPoisonOrder}), ",", ", ")
+	return strings.ReplaceAll(joinKinds(allKinds)+","+joinKinds(consumerOnlyKinds), ",", ", ")
 }
 
 // joinKinds writes kinds as -kinds takes them.

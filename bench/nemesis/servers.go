@@ -153,9 +153,12 @@ func (s *servers) closeConnections(ctx context.Context, names []string) (int, er
 		}
 		quoted[i] = "<<\"" + n + "\">>"
 	}
+	// A connection closing meanwhile answers connection_info with no
+	// list (seen on a busy broker: bad_generator none); it is skipped.
 	expr := `Names = [` + strings.Join(quoted, ",") + `],
+Info = fun(P) -> case catch rabbit_networking:connection_info(P, [client_properties]) of L when is_list(L) -> L; _ -> [] end end,
 Ps = [P || P <- rabbit_networking:connections(),
-	{client_properties, Props} <- rabbit_networking:connection_info(P, [client_properties]),
+	{client_properties, Props} <- Info(P), is_list(Props),
 	{<<"connection_name">>, longstr, N} <- Props, lists:member(N, Names)],
 [rabbit_networking:close_connection(P, "ordo nemesis") || P <- Ps],
 length(Ps).`

@@ -20,16 +20,21 @@ func TestParseConfig(t *testing.T) {
 	}{
 		{name: "defaults", check: func(t *testing.T, c config) {
 			if c.inbox.Name != "shipping" || c.inbox.Exchange != "bookstore.ordering" || c.inbox.Shards != 8 ||
-				c.dbMaxConns != 12 || c.inbox.Mode != inbox.Ordered || len(c.command) != 0 {
+				c.dbMaxConns != 34 || c.inbox.Mode != inbox.Ordered || len(c.command) != 0 {
 				t.Fatalf("defaults: %+v", c)
 			}
 		}},
 		{name: "environment", env: map[string]string{"ORDO_SHARDS": "4", "ORDO_MODE": "partial", "ORDO_LEASE_TTL": "2s"},
 			check: func(t *testing.T, c config) {
-				if c.inbox.Shards != 4 || c.inbox.Mode != inbox.Partial || c.inbox.LeaseTTL != 2*time.Second || c.dbMaxConns != 8 {
+				if c.inbox.Shards != 4 || c.inbox.Mode != inbox.Partial || c.inbox.LeaseTTL != 2*time.Second || c.dbMaxConns != 18 {
 					t.Fatalf("from the environment: %+v", c)
 				}
 			}},
+		{name: "lanes size the pool", args: []string{"-shards", "6", "-lanes", "2"}, check: func(t *testing.T, c config) {
+			if c.inbox.Lanes != 2 || c.dbMaxConns != 14 {
+				t.Fatalf("lanes 2 of 6 shards: %+v", c)
+			}
+		}},
 		{name: "subcommand", args: []string{"-shards", "12", "reshard"}, check: func(t *testing.T, c config) {
 			if c.inbox.Shards != 12 || len(c.command) != 1 || c.command[0] != "reshard" {
 				t.Fatalf("subcommand: %+v", c)

@@ -87,7 +87,8 @@ func parseConfig(args []string, lookup func(string) (string, bool), output io.Wr
 	fs.DurationVar(&ic.RetryMax, "retry-max", ic.RetryMax, "largest retry backoff")
 	fs.DurationVar(&ic.RetentionAge, "retention-age", 0, "delete keys idle longer than this (the redelivery bound); 0 keeps them")
 	fs.StringVar(&mode, "mode", "ordered", "ordered, bootstrap (first run over an existing stream) or partial")
-	fs.IntVar(&cfg.dbMaxConns, "db-max-conns", 0, "PostgreSQL pool size (0: shards + 4)")
+	fs.IntVar(&ic.Lanes, "lanes", ic.Lanes, "keys of a shard handled at once (each key one message at a time)")
+	fs.IntVar(&cfg.dbMaxConns, "db-max-conns", 0, "PostgreSQL pool size (0: 2 + lanes × shards, what one instance owning every shard uses)")
 	fs.DurationVar(&cfg.handlerDelay, "handler-delay", 0, "simulated work per event (tests, bench)")
 	fs.DurationVar(&cfg.statsEvery, "stats-every", 30*time.Second, "how often to log the inbox counters (0: only at exit)")
 	fs.StringVar(&cfg.httpAddr, "http-addr", "", "serve /metrics, /healthz, /readyz and /admin/ here, e.g. 127.0.0.1:8082 (empty: not served)")
@@ -119,7 +120,12 @@ func parseConfig(args []string, lookup func(string) (string, bool), output io.Wr
 		return config{}, fmt.Errorf("-source: %w", err)
 	}
 	if cfg.dbMaxConns == 0 {
-		cfg.dbMaxConns = ic.Shards + 4
+		// The inbox runs at most MaxConns - 2 handlers at once (two kept
+		// for the lease loop): shards + 4 held a lone instance's 8 shards
+		// to 10 handlers instead of 32. The pool opens connections only
+		// when lanes need them, so instances sharing the shards open
+		// about 2 + lanes × their own shards each.
+		cfg.dbMaxConns = 2 + ic.Lanes*ic.Shards
 	}
 	if err := cfg.faults.validate(); err != nil {
 		return config{}, err
