@@ -15,9 +15,10 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// NotifyChannel is the LISTEN/NOTIFY channel on which the outbox's AFTER
-// INSERT trigger (migration 1) wakes the relays, once per partition a
-// transaction wrote to, with the partition number as the payload. Anything
+// NotifyChannel is the LISTEN/NOTIFY channel on which the outbox's
+// key_seq trigger (since migration 12; an AFTER INSERT statement trigger
+// before) wakes the relays, at most once per partition a transaction
+// wrote to, with the partition number as the payload. Anything
 // else that wakes a relay (an operator's retry) notifies it too. The
 // trigger spells the name in SQL; TestNotifyChannelIsTheTriggers checks
 // that the two agree.
@@ -29,7 +30,8 @@ const NotifyChannel = "ordo_outbox"
 // that producers' commits take NOTIFY's database-wide lock only when a
 // relay is idle and waits for them (docs/design.md, "Wake-ups"). It is
 // 'ordo' read as ASCII. TestWakeLockClassIsTheTriggers checks that the
-// trigger spells the same number.
+// trigger spells the same number. A transaction holds at most 16 of these
+// locks (migration 12): it notifies the other partitions it writes to.
 const WakeLockClass int32 = 0x6f72646f
 
 // ErrPartitionMismatch is returned (wrapped in a *PartitionMismatchError) by
@@ -87,13 +89,10 @@ func install(ctx context.Context, tx pgx.Tx, partitions int) error {
 	case !errors.Is(err, pgx.ErrNoRows):
 		return err
 	}
+	// The key_seq trigger reads it to refuse a partition outside 0..P-1
+	// (outbox_partition_range; a table constraint until migration 12).
 	if _, err := tx.Exec(ctx, `INSERT INTO ordo_settings (partitions) VALUES ($1)`, partitions); err != nil {
 		return fmt.Errorf("store partition count: %w", err)
-	}
-	// DDL takes no parameters; partitions is a validated int, not text input.
-	ddl := fmt.Sprintf(`ALTER TABLE outbox ADD CONSTRAINT outbox_partition_range CHECK (partition >= 0 AND partition < %d)`, partitions)
-	if _, err := tx.Exec(ctx, ddl); err != nil {
-		return fmt.Errorf("add partition range constraint: %w", err)
 	}
 	return nil
 }
