@@ -181,6 +181,9 @@ func TestArmWaitsForProducers(t *testing.T) {
 	// lock table stays small), and notifies the partitions past those 16
 	// (migration 12; before, a statement over more than 16 partitions
 	// notified all of them and took no lock).
+	if _, err := relay.Exec(ctx, `SELECT pg_advisory_unlock($1::int, $2::int)`, outbox.WakeLockClass, part); err != nil {
+		t.Fatal(err)
+	}
 	var msgs []outbox.Message
 	distinct := map[int]bool{}
 	for i := range 200 {
