@@ -23,7 +23,21 @@ for f in "$mig"/00*.sql; do
 done
 psqlq -d "$db" -c "INSERT INTO ordo_settings (partitions) VALUES (64)" \
 	-c "ALTER TABLE outbox ADD CONSTRAINT outbox_partition_range CHECK (partition >= 0 AND partition < 64)"
-psqlq -d "$db" -f "$here/alternate.sql" 2>&1 | grep -v NOTICE || true
+# cut FROM TO: the lines before the first that starts with FROM, and from
+# the first after it that starts with TO.
+cut() { awk -v a="$1" -v b="$2" 'index($0, a) == 1 { skip = 1 } skip && index($0, b) == 1 { skip = 0 } !skip'; }
+fn11=$(sed -n '/^CREATE OR REPLACE FUNCTION/,$p' "$mig/0011_cheaper_key_seq.sql")
+variant() { sed "s/FUNCTION outbox_assign_key_seq()/FUNCTION trig_$1()/"; }
+{
+	variant m11 <<<"$fn11"
+	variant noprobe <<<"$fn11" | cut '    IF EXISTS (SELECT 1 FROM outbox WHERE id' '    IF key_partition IS DISTINCT'
+	variant nolen <<<"$fn11" | cut '    -- The former CHECK constraints' '    UPDATE outbox_keys'
+	variant nopartcheck <<<"$fn11" | cut '    IF key_partition IS DISTINCT' '    NEW.occurred_at'
+	variant noset <<<"$fn11" | sed 's/ SET enable_seqscan = off AS/ AS/'
+	variant rowwake <<<"$fn11" | sed 's/^    NEW.occurred_at := clock_timestamp();/    IF NOT pg_try_advisory_xact_lock_shared(1869767791, NEW.partition) THEN\n        PERFORM pg_notify('"'ordo_outbox'"', NEW.partition::text);\n    END IF;\n&/'
+	sed -n '/^CREATE OR REPLACE FUNCTION outbox_assign_key_seq/,$p' "$mig/0012_lean_insert.sql" | variant m12
+	cat "$here/alternate.sql"
+} | psqlq -d "$db" -f - 2>&1 | grep -v NOTICE || true
 calls=""
 for r in $(seq "$reps"); do
 	for v in "$@"; do calls+="CALL pieces_trial('$v', $r, $rows);"$'\n'; done

@@ -15,7 +15,8 @@
 # Variants: classic; m11 (outbox migrations 1-11, as main ships);
 # m11-nonotify; bare (m11, triggers off, key_seq from a sequence);
 # m12 (1-12); and m11 with one piece removed, each a file
-# variants/<name>.sql applied after the migrations. Talks to 127.0.0.1
+# variants/<name>.sql applied after the migrations (the trigger's pieces:
+# alternate.sh). Talks to 127.0.0.1
 # only; drops its databases.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
