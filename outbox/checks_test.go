@@ -25,9 +25,8 @@ func requireCheck(t *testing.T, err error, constraint string) {
 // TestChecksOffTheInsertPath: the checks migration 12 took off the
 // table (CHECK constraints are prepared anew for every INSERT statement)
 // still refuse what they refused, with the same name and SQLSTATE: the
-// partition range where a key's partition is recorded (its first row, or
-// a counter row without one), the relay's bookkeeping on INSERT and on
-// UPDATE.
+// relay's bookkeeping on INSERT and on UPDATE; and the partition range
+// (still a constraint) where a counter row without a partition gets one.
 func TestChecksOffTheInsertPath(t *testing.T) {
 	t.Parallel()
 	pool, _ := setup(t, 2)

@@ -89,10 +89,13 @@ func install(ctx context.Context, tx pgx.Tx, partitions int) error {
 	case !errors.Is(err, pgx.ErrNoRows):
 		return err
 	}
-	// The key_seq trigger reads it to refuse a partition outside 0..P-1
-	// (outbox_partition_range; a table constraint until migration 12).
 	if _, err := tx.Exec(ctx, `INSERT INTO ordo_settings (partitions) VALUES ($1)`, partitions); err != nil {
 		return fmt.Errorf("store partition count: %w", err)
+	}
+	// DDL takes no parameters; partitions is a validated int, not text input.
+	ddl := fmt.Sprintf(`ALTER TABLE outbox ADD CONSTRAINT outbox_partition_range CHECK (partition >= 0 AND partition < %d)`, partitions)
+	if _, err := tx.Exec(ctx, ddl); err != nil {
+		return fmt.Errorf("add partition range constraint: %w", err)
 	}
 	return nil
 }

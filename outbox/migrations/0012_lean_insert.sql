@@ -16,22 +16,19 @@
 --    over more than 16 partitions did. It keeps the partitions it has
 --    passed in the transaction-local setting ordo.woken_partitions
 --    (",3,17,"); a producer must not set it.
--- 2. The three CHECK constraints left on outbox leave the INSERT's path.
---    PostgreSQL 15 prepares every CHECK constraint of a table anew for
---    each INSERT or UPDATE statement: the three cost a one-row INSERT
---    about 5-20 us of CPU.
---    * outbox_partition_range becomes a check in the row trigger where
---      a key's partition is first recorded (the key's first row, or a
---      counter row without one): every later row of the key must have
---      that partition (outbox_key_partition), so it is in range too. It
---      reads P from ordo_settings then, and keeps its name and SQLSTATE
---      23514. Install no longer adds the constraint.
---    * outbox_attempts_nonnegative and outbox_dead_is_processed guard
---      the relay's and the operator's UPDATEs: they become a BEFORE
---      UPDATE trigger whose WHEN clause is the two conditions (evaluated
---      in C for each updated row; the function runs only to raise the
---      error, with the constraint's name and SQLSTATE 23514), and the
---      row trigger checks them for INSERTs.
+-- 2. Two of the three CHECK constraints left on outbox leave the
+--    INSERT's path. PostgreSQL 15 prepares every CHECK constraint of a
+--    table anew for each INSERT or UPDATE statement (the three cost a
+--    one-row INSERT about 5-20 us of CPU).
+--    outbox_attempts_nonnegative and outbox_dead_is_processed guard the
+--    relay's and the operator's UPDATEs: they become a BEFORE UPDATE
+--    trigger whose WHEN clause is the two conditions (evaluated in C for
+--    each updated row; the function runs only to raise the error, with
+--    the constraint's name and SQLSTATE 23514), and the row trigger
+--    checks them for INSERTs. outbox_partition_range stays a constraint:
+--    checking it in the trigger needs P, and a read of ordo_settings
+--    there (under the trigger's enable_seqscan = off) was JIT-compiled
+--    for every key's first row.
 --
 -- The id probe, the length checks and SET enable_seqscan = off stay
 -- (migrations 7, 11 and 8: each is pinned by a test, and together they
@@ -40,7 +37,6 @@ DROP TRIGGER outbox_notify ON outbox;
 DROP FUNCTION outbox_notify();
 
 ALTER TABLE outbox
-    DROP CONSTRAINT IF EXISTS outbox_partition_range,
     DROP CONSTRAINT outbox_attempts_nonnegative,
     DROP CONSTRAINT outbox_dead_is_processed;
 
@@ -64,7 +60,6 @@ CREATE OR REPLACE FUNCTION outbox_assign_key_seq() RETURNS trigger
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
     key_partition int;
-    partitions int;
     refused text;
     woken text;
 BEGIN
@@ -92,14 +87,7 @@ BEGIN
     IF NOT FOUND THEN
         -- The key's first row (or two first rows racing: the loser waits
         -- for the winner's commit and then takes the update branch), or
-        -- a counter row without a partition: this row's partition becomes
-        -- the key's, so it must be one of the install's.
-        partitions := (SELECT s.partitions FROM ordo_settings AS s);
-        IF NEW.partition < 0 OR NEW.partition >= partitions THEN
-            RAISE EXCEPTION 'new row for relation "outbox" violates check constraint "outbox_partition_range"'
-                USING ERRCODE = 'check_violation', CONSTRAINT = 'outbox_partition_range', TABLE = 'outbox', COLUMN = 'partition',
-                      HINT = format('partition is xxhash64(correlation_id) mod %s, from 0 to %s; see docs/outbox-table.md', partitions, partitions - 1);
-        END IF;
+        -- a counter row without a partition: this row's becomes the key's.
         INSERT INTO outbox_keys AS k (correlation_id, last_key_seq, partition)
         VALUES (NEW.correlation_id, 1, NEW.partition)
         ON CONFLICT (correlation_id) DO UPDATE
