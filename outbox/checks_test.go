@@ -22,12 +22,12 @@ func requireCheck(t *testing.T, err error, constraint string) {
 	}
 }
 
-// TestChecksOffTheInsertPath: the checks migration 12 took off the
-// table (CHECK constraints are prepared anew for every INSERT statement)
-// still refuse what they refused, with the same name and SQLSTATE: the
-// relay's bookkeeping on INSERT and on UPDATE; and the partition range
-// (still a constraint) where a counter row without a partition gets one.
-func TestChecksOffTheInsertPath(t *testing.T) {
+// TestBookkeepingAndRangeChecks: the relay's bookkeeping checks (CHECK
+// constraints, on INSERT and on UPDATE) and the partition range (a
+// constraint, also where a counter row without a partition gets one)
+// refuse what they must, with their names and SQLSTATE 23514, after
+// migration 12 rewrote the trigger.
+func TestBookkeepingAndRangeChecks(t *testing.T) {
 	t.Parallel()
 	pool, _ := setup(t, 2)
 	ctx := testkit.Context(t, 30*time.Second)

@@ -31,9 +31,7 @@
 // indexes and the partition range added at install; outbox_keys (the per-key counters); ordo_settings (the
 // partition count, stored at install); the trigger functions
 // outbox_assign_key_seq (key_seq, the producers' checks, and the
-// wake-up on NotifyChannel) and
-// outbox_refuse_bookkeeping (the checks of the relay's updates);
-// and ordo_operator_audit (created with the poison columns by migration
+// wake-up on NotifyChannel); and ordo_operator_audit (created with the poison columns by migration
 // 4; package admin writes it). The lease tables are package lease's.
 // Its migrations 2 and 3 created them in earlier releases: 2 now creates
 // only its own index and 3 nothing, and both versions stay so that every

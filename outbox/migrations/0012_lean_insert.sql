@@ -1,5 +1,5 @@
--- A cheaper INSERT, same contract (issue 23): two pieces of a producer's
--- INSERT leave its path. Measured in one backend, one-row transactions,
+-- A cheaper INSERT, same contract (issue 23): the wake-up leaves the
+-- statement trigger. Measured in one backend, one-row transactions,
 -- variants alternating (bench/pgbench/alternate.sh; docs/outbox-table.md,
 -- "What an insert costs").
 --
@@ -16,45 +16,22 @@
 --    over more than 16 partitions did. It keeps the partitions it has
 --    passed in the transaction-local setting ordo.woken_partitions
 --    (",3,17,"); a producer must not set it.
--- 2. Two of the three CHECK constraints left on outbox leave the
---    INSERT's path. PostgreSQL 15 prepares every CHECK constraint of a
---    table anew for each INSERT or UPDATE statement (the three cost a
---    one-row INSERT about 5-20 us of CPU).
---    outbox_attempts_nonnegative and outbox_dead_is_processed guard the
---    relay's and the operator's UPDATEs: they become a BEFORE UPDATE
---    trigger whose WHEN clause is the two conditions (evaluated in C for
---    each updated row; the function runs only to raise the error, with
---    the constraint's name and SQLSTATE 23514), and the row trigger
---    checks them for INSERTs. outbox_partition_range stays a constraint:
---    checking it in the trigger needs P, and a read of ordo_settings
---    there (under the trigger's enable_seqscan = off) was JIT-compiled
---    for every key's first row.
+-- 2. The CHECK constraints left on outbox stay. PostgreSQL 15 prepares
+--    every CHECK constraint of a table anew for each INSERT or UPDATE
+--    statement (the three cost a one-row INSERT about 5 us of CPU), but
+--    moving outbox_attempts_nonnegative and outbox_dead_is_processed
+--    into a BEFORE UPDATE trigger makes every relay mark lock its row
+--    first: one more WAL record (~54 B) per marked row, measured with
+--    pg_walinspect, paid in the same database. outbox_partition_range
+--    stays too: checking it in the trigger needs P, and a read of
+--    ordo_settings there (under the trigger's enable_seqscan = off) was
+--    JIT-compiled for every key's first row.
 --
 -- The id probe, the length checks and SET enable_seqscan = off stay
 -- (migrations 7, 11 and 8: each is pinned by a test, and together they
 -- cost a few us).
 DROP TRIGGER outbox_notify ON outbox;
 DROP FUNCTION outbox_notify();
-
-ALTER TABLE outbox
-    DROP CONSTRAINT outbox_attempts_nonnegative,
-    DROP CONSTRAINT outbox_dead_is_processed;
-
-CREATE FUNCTION outbox_refuse_bookkeeping() RETURNS trigger
-LANGUAGE plpgsql AS $$
-DECLARE
-    refused text := CASE WHEN NEW.attempts < 0 THEN 'outbox_attempts_nonnegative' ELSE 'outbox_dead_is_processed' END;
-BEGIN
-    RAISE EXCEPTION 'new row for relation "outbox" violates check constraint "%"', refused
-        USING ERRCODE = 'check_violation', CONSTRAINT = refused, TABLE = 'outbox';
-END
-$$;
-
-CREATE TRIGGER outbox_refuse_bookkeeping
-    BEFORE UPDATE ON outbox
-    FOR EACH ROW
-    WHEN (NEW.attempts < 0 OR (NEW.dead_at IS NOT NULL AND NEW.processed_at IS NULL))
-    EXECUTE FUNCTION outbox_refuse_bookkeeping();
 
 CREATE OR REPLACE FUNCTION outbox_assign_key_seq() RETURNS trigger
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
@@ -66,16 +43,13 @@ BEGIN
     -- The former CHECK constraints, first: a refused row touches no counter.
     IF octet_length(NEW.correlation_id) NOT BETWEEN 1 AND 255 OR octet_length(NEW.exchange) > 255
             OR octet_length(NEW.routing_key) > 255 OR octet_length(NEW.type) > 255
-            OR jsonb_typeof(NEW.headers) <> 'object'
-            OR NEW.attempts < 0 OR (NEW.dead_at IS NOT NULL AND NEW.processed_at IS NULL) THEN
+            OR jsonb_typeof(NEW.headers) <> 'object' THEN
         refused := CASE
             WHEN octet_length(NEW.correlation_id) NOT BETWEEN 1 AND 255 THEN 'outbox_correlation_id_length'
             WHEN octet_length(NEW.exchange) > 255 THEN 'outbox_exchange_length'
             WHEN octet_length(NEW.routing_key) > 255 THEN 'outbox_routing_key_length'
             WHEN octet_length(NEW.type) > 255 THEN 'outbox_type_length'
-            WHEN jsonb_typeof(NEW.headers) <> 'object' THEN 'outbox_headers_object'
-            WHEN NEW.attempts < 0 THEN 'outbox_attempts_nonnegative'
-            ELSE 'outbox_dead_is_processed' END;
+            ELSE 'outbox_headers_object' END;
         RAISE EXCEPTION 'new row for relation "outbox" violates check constraint "%"', refused
             USING ERRCODE = 'check_violation', CONSTRAINT = refused, TABLE = 'outbox',
                   HINT = 'correlation_id is 1 to 255 bytes; exchange, routing_key and type at most 255; headers a JSON object; see docs/outbox-table.md';
