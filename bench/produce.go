@@ -120,7 +120,13 @@ type produceRun struct {
 	// over the whole run (warm-up included); 0 where there is no such
 	// table or it was never updated.
 	keysUpdates, keysHOT int64
-	note                 string
+	// pgRelay is the CPU of the relay node's backends in the window
+	// (ordo-sql-relay), and pendingGrowth how many more rows were
+	// pending at the window's end than at its start (the relay fell
+	// behind by that much).
+	pgRelay       time.Duration
+	pendingGrowth int
+	note          string
 }
 
 func (r produceRun) msgs() int { return r.commits * r.rows }
@@ -167,6 +173,10 @@ func runProduce(ctx context.Context, o options, emit func(*result.Result)) error
 					fmt.Printf("produce: %-18s rows=%-3d producers=%-3d rep=%d tps=%8.0f commit p50=%6.2fms p99=%6.2fms pg=%5.0fµs/msg wal=%5.0fB/msg errors=%d\n",
 						name, rows, producers, rep+1, run.tps(), ms(run.commit.p50), ms(run.commit.p99),
 						run.perMsg(float64(run.pgBackend.Microseconds())), run.perMsg(float64(walOf(run))), run.errors)
+					if run.pgRelay > 0 {
+						fmt.Printf("produce: %-18s relay backends pg=%5.0fµs/msg, pending rows %+d over the window\n",
+							name, run.perMsg(float64(run.pgRelay.Microseconds())), run.pendingGrowth)
+					}
 					runs = append(runs, run)
 				}
 			}
@@ -229,8 +239,18 @@ func produceOnce(ctx context.Context, o options, v *produceVariant, rows, produc
 	if err != nil {
 		return run, err
 	}
+	if v.relay {
+		w.exchange = name
+	}
 	if err := prefillKeys(sctx, v, w, pool); err != nil {
 		return run, err
+	}
+	if v.relay {
+		relay, err := startProduceRelay(ctx, o, dbURL, name, func(ctx context.Context) (int, error) { return pendingRows(ctx, probe) })
+		if err != nil {
+			return run, err
+		}
+		defer relay.stop()
 	}
 	wal, err := watchWAL(sctx, dbURL, o.Produce.WALInspect)
 	if err != nil {
@@ -267,7 +287,7 @@ func newProduceWriter(o options) (*produceWriter, error) {
 		return nil, err
 	}
 	n := o.keysOr(10000)
-	w := &produceWriter{keys: make([]string, n), partitions: make([]int32, n), producer: out}
+	w := &produceWriter{keys: make([]string, n), partitions: make([]int32, n), producer: out, exchange: produceExchange}
 	for i := range w.keys {
 		w.keys[i] = "key-" + strconv.Itoa(i)
 		w.partitions[i] = int32(partition.Of(w.keys[i], o.Partitions))
@@ -353,6 +373,12 @@ func measureProduce(ctx context.Context, o options, v *produceVariant, w *produc
 	if err != nil {
 		return run, err
 	}
+	var pending0, pending1 int
+	if v.relay {
+		if pending0, err = pendingRows(ctx, probe); err != nil {
+			return run, err
+		}
+	}
 	cpu0 := sampleCPU()
 	backends, err := startBackendCPU(ctx, probe, dbName)
 	if err != nil {
@@ -366,12 +392,18 @@ func measureProduce(ctx context.Context, o options, v *produceVariant, w *produc
 	cpu1 := sampleCPU()
 	totals, berr := backends.stop(ctx)
 	lsn1, lerr := wal.lsn(ctx)
+	var perr error
+	if v.relay {
+		pending1, perr = pendingRows(ctx, probe)
+	}
 	stop()
 	wg.Wait()
 	pool.Close() // the backends flush their statistics as they exit
-	if err := errors.Join(werr, berr, lerr); err != nil {
+	if err := errors.Join(werr, berr, lerr, perr); err != nil {
 		return run, err
 	}
+	run.pendingGrowth = pending1 - pending0
+	run.pgRelay = totals[groupRelay]
 	pw.mu.Lock()
 	run.commits, run.errors = pw.commits, pw.errors
 	run.commit, run.tx = distributionOf(pw.commit), distributionOf(pw.tx)
@@ -392,6 +424,15 @@ func measureProduce(ctx context.Context, o options, v *produceVariant, w *produc
 	}
 	run.keysUpdates, run.keysHOT, err = keysHOT(ctx, probe)
 	return run, err
+}
+
+// pendingRows counts the outbox's pending rows.
+func pendingRows(ctx context.Context, q *pgxpool.Pool) (int, error) {
+	var n int
+	if err := q.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE processed_at IS NULL`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count pending rows: %w", err)
+	}
+	return n, nil
 }
 
 // keysHOT returns outbox_keys' updates and HOT updates, once the

@@ -26,6 +26,8 @@ type produceSummary struct {
 	walFPI     float64            // of walBytes, full-page images; NaN when not inspected
 	hotShare   float64            // outbox_keys' HOT updates ÷ its updates; NaN without updates
 	walByRel   map[string]float64 // this database's WAL per message, by relation
+	pgRelayUs  float64            // the relay node's backends, µs of CPU per message produced (ordo-sql-relay)
+	pendingUp  float64            // pending rows at the window's end less at its start (ordo-sql-relay)
 	errors     int                // summed over the runs
 	notes      []string
 }
@@ -69,6 +71,8 @@ func summarizeProduce(runs []produceRun) map[string]produceSummary {
 			pgServerUs: col(func(r produceRun) float64 { return r.perMsg(float64(r.pgServer.Microseconds())) }),
 			walBytes:   col(func(r produceRun) float64 { return r.perMsg(float64(walOf(r))) }),
 			walServer:  col(func(r produceRun) float64 { return r.perMsg(float64(r.walServer)) }),
+			pgRelayUs:  col(func(r produceRun) float64 { return r.perMsg(float64(r.pgRelay.Microseconds())) }),
+			pendingUp:  col(func(r produceRun) float64 { return float64(r.pendingGrowth) }),
 			walFPI: col(func(r produceRun) float64 {
 				if r.walDB < 0 {
 					return math.NaN()
@@ -151,6 +155,10 @@ func produceCellResult(o options, rows, producers int, runs []produceRun) *resul
 		slices.Sort(rels)
 		for _, rel := range rels {
 			res.Figure(p+"wal_"+rel+"_bytes_per_msg", s.walByRel[rel], "B")
+		}
+		if findProduceVariant(v).relay {
+			res.Figure(p+"pg_relay_us_per_msg", s.pgRelayUs, "µs")
+			res.Figure(p+"pending_growth", s.pendingUp, "rows")
 		}
 		res.Figure(p+"errors", float64(s.errors), "")
 		if v != variantClassic {

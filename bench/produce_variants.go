@@ -18,14 +18,16 @@ import (
 // A produce variant is one way a producer writes its messages, each into a
 // database of its own: Ordo's outbox through plain SQL (the any-language
 // contract) or outbox.Producer.Enqueue, the classic outbox table of the
-// article, and Ordo's table without its triggers (what the columns and
-// indexes cost by themselves).
+// article, Ordo's table without its triggers (what the columns and
+// indexes cost by themselves), and the plain INSERT with a relay node
+// draining the outbox meanwhile (produce_relay.go).
 const (
 	variantClassic        = "classic"
 	variantOrdoSQL        = "ordo-sql"
 	variantOrdoSQLNoNotif = "ordo-sql-nonotify"
 	variantOrdoEnqueue    = "ordo-enqueue"
 	variantBare           = "bare"
+	variantOrdoSQLRelay   = "ordo-sql-relay"
 )
 
 // produceVariants is every variant, in the order a cell runs them. classic
@@ -36,6 +38,7 @@ var produceVariants = []produceVariant{
 	{name: variantOrdoSQLNoNotif, summary: "ordo-sql with the NOTIFY trigger disabled (where the schema still has it)", setup: setupOrdoNoNotify, write: writeOrdoSQL},
 	{name: variantOrdoEnqueue, summary: "Ordo's outbox through outbox.Producer.Enqueue, one statement per transaction", setup: setupOrdo, write: writeOrdoEnqueue},
 	{name: variantBare, summary: "Ordo's table, constraints and indexes with every trigger disabled; the producer supplies key_seq and occurred_at", setup: setupBare, write: writeBare},
+	{name: variantOrdoSQLRelay, summary: "ordo-sql while a relay node publishes the outbox to RabbitMQ and marks the rows (the whole cost: the producers' inserts, the relay's reads and marks)", setup: setupOrdo, write: writeOrdoSQL, relay: true},
 }
 
 // produceVariant sets up its database once and then writes transactions.
@@ -49,6 +52,8 @@ type produceVariant struct {
 	// sorted (so that concurrent transactions take key locks in one
 	// order), inside tx.
 	write func(ctx context.Context, tx pgx.Tx, w *produceWriter, keys []int) error
+	// relay runs a relay node on the database during the run.
+	relay bool
 }
 
 func findProduceVariant(name string) *produceVariant {
@@ -66,6 +71,7 @@ type produceWriter struct {
 	keys       []string // correlation ids
 	partitions []int32  // partition of each key
 	pad        string   // payload padding
+	exchange   string   // the messages' exchange: the run's own where a relay publishes
 	producer   *outbox.Producer
 	// bareSeq hands out key_seq values for the bare variant: unique across
 	// the run, so the table's (correlation_id, key_seq) key never refuses
@@ -79,7 +85,7 @@ func (w *produceWriter) payload(key int) string {
 }
 
 const (
-	produceExchange   = "ordo.bench.produce"
+	produceExchange   = "ordo.bench.produce" // where no relay publishes
 	produceRoutingKey = "bench.event"
 	produceType       = "ordo.bench.event.v1"
 )
@@ -158,7 +164,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7)`
 func writeOrdoSQL(ctx context.Context, tx pgx.Tx, w *produceWriter, keys []int) error {
 	for _, k := range keys {
 		if _, err := tx.Exec(ctx, sqlProduceOrdo, uuid.Must(uuid.NewV7()), w.partitions[k], w.keys[k],
-			produceExchange, produceRoutingKey, produceType, w.payload(k)); err != nil {
+			w.exchange, produceRoutingKey, produceType, w.payload(k)); err != nil {
 			return err
 		}
 	}
@@ -168,7 +174,7 @@ func writeOrdoSQL(ctx context.Context, tx pgx.Tx, w *produceWriter, keys []int) 
 func writeOrdoEnqueue(ctx context.Context, tx pgx.Tx, w *produceWriter, keys []int) error {
 	msgs := make([]outbox.Message, len(keys))
 	for i, k := range keys {
-		msgs[i] = outbox.Message{CorrelationID: w.keys[k], Exchange: produceExchange, RoutingKey: produceRoutingKey,
+		msgs[i] = outbox.Message{CorrelationID: w.keys[k], Exchange: w.exchange, RoutingKey: produceRoutingKey,
 			Type: produceType, Payload: []byte(w.payload(k))}
 	}
 	_, err := w.producer.Enqueue(ctx, tx, msgs...)
@@ -181,7 +187,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, clock_timestamp())`
 func writeBare(ctx context.Context, tx pgx.Tx, w *produceWriter, keys []int) error {
 	for _, k := range keys {
 		if _, err := tx.Exec(ctx, sqlProduceBare, uuid.Must(uuid.NewV7()), w.partitions[k], w.keys[k], w.bareSeq.Add(1),
-			produceExchange, produceRoutingKey, produceType, w.payload(k)); err != nil {
+			w.exchange, produceRoutingKey, produceType, w.payload(k)); err != nil {
 			return err
 		}
 	}

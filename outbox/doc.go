@@ -27,11 +27,11 @@
 //
 // The package owns the producers' side of the schema, created by Migrate
 // from the embedded migrations/*.sql and recorded as component "outbox" in
-// ordo_schema_migrations: the outbox table with its constraints, indexes
-// and the partition range added at install; outbox_keys (the per-key
-// counters); ordo_settings (the partition count); the trigger functions
-// outbox_assign_key_seq and outbox_notify, which notifies NotifyChannel;
-// and ordo_operator_audit (created with the poison columns by migration
+// ordo_schema_migrations: the outbox table with its constraints,
+// indexes and the partition range added at install; outbox_keys (the per-key counters); ordo_settings (the
+// partition count, stored at install); the trigger functions
+// outbox_assign_key_seq (key_seq, the producers' checks, and the
+// wake-up on NotifyChannel); and ordo_operator_audit (created with the poison columns by migration
 // 4; package admin writes it). The lease tables are package lease's.
 // Its migrations 2 and 3 created them in earlier releases: 2 now creates
 // only its own index and 3 nothing, and both versions stay so that every

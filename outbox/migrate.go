@@ -15,9 +15,10 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// NotifyChannel is the LISTEN/NOTIFY channel on which the outbox's AFTER
-// INSERT trigger (migration 1) wakes the relays, once per partition a
-// transaction wrote to, with the partition number as the payload. Anything
+// NotifyChannel is the LISTEN/NOTIFY channel on which the outbox's
+// key_seq trigger (since migration 12; an AFTER INSERT statement trigger
+// before) wakes the relays, at most once per partition a transaction
+// wrote to, with the partition number as the payload. Anything
 // else that wakes a relay (an operator's retry) notifies it too. The
 // trigger spells the name in SQL; TestNotifyChannelIsTheTriggers checks
 // that the two agree.
@@ -29,7 +30,8 @@ const NotifyChannel = "ordo_outbox"
 // that producers' commits take NOTIFY's database-wide lock only when a
 // relay is idle and waits for them (docs/design.md, "Wake-ups"). It is
 // 'ordo' read as ASCII. TestWakeLockClassIsTheTriggers checks that the
-// trigger spells the same number.
+// trigger spells the same number. A transaction holds at most 16 of these
+// locks (migration 12): it notifies the other partitions it writes to.
 const WakeLockClass int32 = 0x6f72646f
 
 // ErrPartitionMismatch is returned (wrapped in a *PartitionMismatchError) by

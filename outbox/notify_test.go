@@ -177,44 +177,58 @@ func TestArmWaitsForProducers(t *testing.T) {
 	if got := notifications(ctx, relay); len(got) != 0 {
 		t.Fatalf("the producer notified %v, but nothing was armed when it wrote", got)
 	}
-	// A statement over every partition: notifications for all, and no
-	// lock in the way of arming another partition while it is open.
+	// A transaction over every partition holds 16 wake locks, no more (the
+	// lock table stays small), and notifies the partitions past those 16
+	// (migration 12; before, a statement over more than 16 partitions
+	// notified all of them and took no lock).
+	if _, err := relay.Exec(ctx, `SELECT pg_advisory_unlock($1::int, $2::int)`, outbox.WakeLockClass, part); err != nil {
+		t.Fatal(err)
+	}
 	var msgs []outbox.Message
+	distinct := map[int]bool{}
 	for i := range 200 {
 		msgs = append(msgs, msg(fmt.Sprintf("wide-%d", i)))
+		distinct[partition.Of(fmt.Sprintf("wide-%d", i), 64)] = true
 	}
 	tx, err = pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if _, err := p.Enqueue(ctx, tx, msgs...); err != nil {
+	if _, err := p.Enqueue(ctx, tx, msgs[:100]...); err != nil {
 		t.Fatal(err)
 	}
-	wide := partition.Of("wide-0", 64)
-	if wide != part && !tryArm(wide) {
-		t.Fatalf("partition %d not armable while a statement over more than 16 partitions is open", wide)
+	if _, err := p.Enqueue(ctx, tx, msgs[100:]...); err != nil {
+		t.Fatal(err)
+	}
+	var held int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_locks
+		WHERE locktype = 'advisory' AND classid = $1::int::oid AND pid = pg_backend_pid()`, outbox.WakeLockClass).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	if held != 16 {
+		t.Fatalf("a transaction over %d partitions holds %d wake locks, want 16", len(distinct), held)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := notifications(ctx, relay); len(got) < 17 {
-		t.Fatalf("a statement over many partitions notified %d of them: %v", len(got), got)
+	if got := notifications(ctx, relay); len(got) != len(distinct)-16 {
+		t.Fatalf("a transaction over %d partitions notified %d of them, want all but the 16 it locked: %v", len(distinct), len(got), got)
 	}
 }
 
-// TestWakeLockClassIsTheTriggers: the notify trigger tests the lock class
-// relays arm with (outbox.WakeLockClass; the SQL cannot import it).
+// TestWakeLockClassIsTheTriggers: the key_seq trigger tests the lock
+// class relays arm with (outbox.WakeLockClass; the SQL cannot import it).
 func TestWakeLockClassIsTheTriggers(t *testing.T) {
 	t.Parallel()
 	pool, _ := setup(t, 1)
 	ctx := testkit.Context(t, 30*time.Second)
 	var src string
-	if err := pool.QueryRow(ctx, `SELECT prosrc FROM pg_proc WHERE proname = 'outbox_notify'`).Scan(&src); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT prosrc FROM pg_proc WHERE proname = 'outbox_assign_key_seq'`).Scan(&src); err != nil {
 		t.Fatal(err)
 	}
-	want := fmt.Sprintf("pg_try_advisory_xact_lock_shared(%d, p)", outbox.WakeLockClass)
+	want := fmt.Sprintf("pg_try_advisory_xact_lock_shared(%d, NEW.partition)", outbox.WakeLockClass)
 	if !strings.Contains(src, want) {
-		t.Fatalf("outbox_notify does not call %s:\n%s", want, src)
+		t.Fatalf("outbox_assign_key_seq does not call %s:\n%s", want, src)
 	}
 }
