@@ -33,6 +33,11 @@ func (m *memStore) Skip(_ testing.TB, id uuid.UUID) {
 		r.Processed, r.ProcessedAt, r.Dead, r.Parked = true, time.Now(), true, false
 	})
 }
+func (m *memStore) Retry(_ testing.TB, id uuid.UUID) {
+	m.store.Update(id, func(r *relaytest.StoredRow) {
+		r.Parked, r.Attempts, r.NextAttemptAt = false, 0, time.Time{}
+	})
+}
 func (m *memStore) State(t testing.TB, id uuid.UUID) relaytest.RowState {
 	r, ok := m.store.Get(id)
 	if !ok {

@@ -72,7 +72,10 @@ type Outbox interface {
 	// partition whose seq is above After, in seq order: every pending row,
 	// parked and backing-off ones included (they say so in Parked and
 	// NextAttemptAt), each with PrevPending and PrevDead describing the
-	// row below it in its key. Its cost follows the rows returned.
+	// row below it in its key. A parked row comes without its Payload and
+	// Headers (nil): it is not published before an operator clears its
+	// parked state, and the first read after that returns them. Its cost
+	// follows the rows returned.
 	ReadPending(ctx context.Context, cursors []Cursor, limit int) ([]Row, error)
 	// MarkPublished marks rows processed and returns the ids it marked.
 	// Rows whose lease is no longer held at their epoch are left pending.

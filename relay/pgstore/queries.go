@@ -10,10 +10,15 @@ package pgstore
 // probe's LIMIT 1 keeps it a subquery run per row: without it PostgreSQL
 // may turn it into a join, and with statistics of a hot key (one
 // correlation_id) it hashed the key's whole backlog on every read (77
-// msg/s draining one key of 20,000 rows after ANALYZE).
+// msg/s draining one key of 20,000 rows after ANALYZE). A parked row
+// comes without its payload and headers (NULL): it is not published
+// before an operator clears parked_at, and a payload of megabytes,
+// detoasted and sent by every read of its partition while it stays
+// parked, once made every read of the node outlast the read timeout.
 const sqlReadPending = `
 SELECT o.id, o.partition, o.seq, o.correlation_id, o.key_seq, o.exchange, o.routing_key, o.type,
-       o.payload, o.headers, o.occurred_at, o.attempts, o.parked_at IS NOT NULL,
+       CASE WHEN o.parked_at IS NULL THEN o.payload END,
+       CASE WHEN o.parked_at IS NULL THEN o.headers END, o.occurred_at, o.attempts, o.parked_at IS NOT NULL,
        greatest(extract(epoch FROM o.next_attempt_at - clock_timestamp()), 0)::float8,
        coalesce(prev.pending, false), coalesce(prev.dead, false)
 FROM unnest($1::int[], $2::bigint[]) AS c(partition, after)

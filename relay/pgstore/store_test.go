@@ -79,6 +79,16 @@ func (h *pgHarness) Skip(t testing.TB, id uuid.UUID) {
 	}
 }
 
+func (h *pgHarness) Retry(t testing.TB, id uuid.UUID) {
+	t.Helper()
+	tag, err := h.pool.Exec(testkit.Context(t, 30*time.Second), `UPDATE outbox
+		SET parked_at = NULL, next_attempt_at = NULL, attempts = 0
+		WHERE id = $1 AND parked_at IS NOT NULL`, id)
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("retry %s: %v (%d rows)", id, err, tag.RowsAffected())
+	}
+}
+
 func (h *pgHarness) State(t testing.TB, id uuid.UUID) relaytest.RowState {
 	t.Helper()
 	var s relaytest.RowState

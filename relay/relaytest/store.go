@@ -257,6 +257,9 @@ func (s *Store) ReadPending(ctx context.Context, cursors []relay.Cursor, limit i
 			row := r.Row
 			row.Seq, row.Attempts, row.Parked, row.NextAttemptAt = r.Seq, r.Attempts, r.Parked, r.NextAttemptAt
 			row.PrevKeySeq = row.KeySeq - 1
+			if row.Parked {
+				row.Payload, row.Headers = nil, nil // as PostgreSQL's read: not until an operator acts
+			}
 			if prev := s.findLocked(row.CorrelationID, row.KeySeq-1); prev != nil {
 				row.PrevPending, row.PrevDead = !prev.Processed, prev.Dead
 			}

@@ -34,6 +34,9 @@ type StoreHarness interface {
 	Skip(t testing.TB, id uuid.UUID)
 	// State returns a row's state.
 	State(t testing.TB, id uuid.UUID) RowState
+	// Retry makes a parked row pending again, with its attempts reset, as
+	// an operator's retry does.
+	Retry(t testing.TB, id uuid.UUID)
 }
 
 // StoreSuite runs the relay.Store contract against the implementation
@@ -49,6 +52,7 @@ func StoreSuite(t *testing.T, newHarness func(t *testing.T) StoreHarness) {
 		{"mark releases the key", storeMarkReleasesKey},
 		{"marks refused at a stale epoch", storeMarkRefusedAtStaleEpoch},
 		{"failures back off and park", storeFailuresBackOffAndPark},
+		{"a parked row is read without its payload", storeParkedWithoutPayload},
 		{"failure records refused at a stale epoch", storeFailureRefusedAtStaleEpoch},
 		{"prev key_seq steps over dead rows", storePrevKeySeqOverDead},
 		{"retention deletes only held, processed, live rows", storeRetention},
@@ -216,6 +220,31 @@ func storeFailuresBackOffAndPark(t *testing.T, h StoreHarness) {
 	rows = read(t, h, 100, from(1))
 	if !rows[0].Parked || rows[0].Attempts != 2 {
 		t.Fatalf("parked row reads as %+v", rows[0])
+	}
+}
+
+// storeParkedWithoutPayload: a parked row is read without its payload
+// and headers, which a read must not fetch again and again while nothing
+// publishes them (one huge parked row once slowed every read of its
+// node past the read timeout); an operator's retry brings them back.
+func storeParkedWithoutPayload(t *testing.T, h StoreHarness) {
+	e := h.Grant(t, "n1", 1)
+	id := h.Insert(t, 1, "a", "b")
+	if _, err := h.Store().RecordFailures(ctxFor(t), settled(1, e, id[0]), 1); err != nil {
+		t.Fatal(err)
+	}
+	rows := read(t, h, 100, from(1))
+	wantIDs(t, "pending", ids(rows), id)
+	if p := rows[0]; !p.Parked || p.Payload != nil || p.Headers != nil {
+		t.Fatalf("parked row reads with parked=%v, payload %q, headers %q", p.Parked, p.Payload, p.Headers)
+	}
+	if b := rows[1]; b.Parked || len(b.Payload) == 0 || len(b.Headers) == 0 {
+		t.Fatalf("pending row reads with parked=%v, payload %q, headers %q", b.Parked, b.Payload, b.Headers)
+	}
+	h.Retry(t, id[0])
+	rows = read(t, h, 100, from(1))
+	if a := rows[0]; a.ID != id[0] || a.Parked || len(a.Payload) == 0 || len(a.Headers) == 0 {
+		t.Fatalf("retried row reads with parked=%v, payload %q, headers %q", a.Parked, a.Payload, a.Headers)
 	}
 }
 
