@@ -117,28 +117,40 @@ func start(args []string, logger *slog.Logger) error {
 // run migrates the database and serves the API until ctx is cancelled, then
 // shuts down gracefully and returns nil. It returns an error when it cannot
 // start or the server fails.
-func run(ctx context.Context, cfg config, logger *slog.Logger) error {
+// openDatabase opens the pool, applies the outbox's and the order
+// tables' migrations, and returns the partition count the outbox holds.
+func openDatabase(ctx context.Context, cfg config) (*pgxpool.Pool, int, error) {
 	poolCfg, err := pgxpool.ParseConfig(cfg.postgresURL)
 	if err != nil {
-		return fmt.Errorf("parse -postgres-url: %w", err)
+		return nil, 0, fmt.Errorf("parse -postgres-url: %w", err)
 	}
 	poolCfg.MaxConns = int32(cfg.dbMaxConns)
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {
-		return fmt.Errorf("open PostgreSQL pool: %w", err)
+		return nil, 0, fmt.Errorf("open PostgreSQL pool: %w", err)
 	}
-	defer pool.Close()
-
 	if err := outbox.Migrate(ctx, pool, cfg.partitions); err != nil {
-		return fmt.Errorf("migrate outbox: %w", err)
+		pool.Close()
+		return nil, 0, fmt.Errorf("migrate outbox: %w", err)
 	}
 	if err := orderapi.Migrate(ctx, pool); err != nil {
-		return fmt.Errorf("migrate order tables: %w", err)
+		pool.Close()
+		return nil, 0, fmt.Errorf("migrate order tables: %w", err)
 	}
 	partitions, err := outbox.LoadPartitions(ctx, pool, cfg.partitions)
 	if err != nil {
+		pool.Close()
+		return nil, 0, err
+	}
+	return pool, partitions, nil
+}
+
+func run(ctx context.Context, cfg config, logger *slog.Logger) error {
+	pool, partitions, err := openDatabase(ctx, cfg)
+	if err != nil {
 		return err
 	}
+	defer pool.Close()
 	producer, err := outbox.NewProducer(partitions)
 	if err != nil {
 		return err

@@ -83,19 +83,26 @@ func (p *Publisher) Publish(ctx context.Context, m *relay.Message, settle func(r
 		return s.ch.PublishWithContext(ctx, m.Exchange, m.RoutingKey, true, false, pub)
 	})
 	if err != nil {
-		p.mu.Lock()
-		_, mine := s.pending[tag]
-		delete(s.pending, tag)
-		p.mu.Unlock()
-		switch {
-		case !mine:
-			return nil // the closing session settled it already
-		case cut:
-			return fmt.Errorf("%w (the write was cut off: connection reset): %w", relay.ErrLeaseExpired, err)
-		}
-		return fmt.Errorf("publish: %w", err)
+		return p.writeFailed(s, tag, cut, err)
 	}
 	return nil
+}
+
+// writeFailed takes back the pending publish tag whose write failed with
+// err (cut: the watchdog reset the connection at the lease deadline), and
+// returns what Publish returns for it.
+func (p *Publisher) writeFailed(s *session, tag uint64, cut bool, err error) error {
+	p.mu.Lock()
+	_, mine := s.pending[tag]
+	delete(s.pending, tag)
+	p.mu.Unlock()
+	switch {
+	case !mine:
+		return nil // the closing session settled it already
+	case cut:
+		return fmt.Errorf("%w (the write was cut off: connection reset): %w", relay.ErrLeaseExpired, err)
+	}
+	return fmt.Errorf("publish: %w", err)
 }
 
 // session returns the open session, or why there is none to publish on.
