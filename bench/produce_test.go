@@ -96,9 +96,11 @@ func TestProduceEndToEnd(t *testing.T) {
 		t.Skip("needs PostgreSQL")
 	}
 	testkit.RequirePostgres(t)
+	testkit.RequireRabbitMQ(t) // ordo-sql-relay runs a node
 	o := options{
-		common: common{PostgresURL: testkit.PostgresURL(), Out: t.TempDir(), Partitions: 8, Timeout: time.Minute},
-		Keys:   50, Payload: 300,
+		common: common{PostgresURL: testkit.PostgresURL(), AMQPURL: testkit.AMQPURL(), Out: t.TempDir(), Partitions: 8,
+			ConfirmWindow: 64, Timeout: time.Minute},
+		Keys: 50, Payload: 300,
 		Produce: produceOptions{Duration: 400 * time.Millisecond, Warmup: 100 * time.Millisecond, Producers: []int{2},
 			Rows: []int{1, 3}, Reps: 1, WALInspect: true},
 	}
