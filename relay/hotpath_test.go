@@ -48,13 +48,7 @@ func BenchmarkBatchBuilding(b *testing.B) {
 		if n != len(rows) {
 			b.Fatalf("%d flights, want %d", n, len(rows))
 		}
-		r.mu.Lock()
-		clear(r.flights.byID)
-		clear(r.flights.perPart)
-		r.flights.n = flightCounts{}
-		clear(r.parts)
-		r.settled, r.bytes = nil, 0
-		r.mu.Unlock()
+		forgetAll(r)
 	}
 }
 
@@ -77,4 +71,16 @@ func assignAndIngest(r *Relay, rows []Row) {
 		r.ingestLocked(ps, rows[ps.id*8:ps.id*8+8])
 	}
 	r.mu.Unlock()
+}
+
+// forgetAll empties r's partitions, flights and settlements, as if it had
+// just started: a benchmark's rounds each start from the same state.
+func forgetAll(r *Relay) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	clear(r.flights.byID)
+	clear(r.flights.perPart)
+	r.flights.n = flightCounts{}
+	clear(r.parts)
+	r.settled, r.bytes = nil, 0
 }

@@ -49,13 +49,7 @@ func benchPublishPath(b *testing.B, cfg Config) {
 		if n != len(rows) {
 			b.Fatalf("%d flights, want %d", n, len(rows))
 		}
-		r.mu.Lock()
-		clear(r.flights.byID)
-		clear(r.flights.perPart)
-		r.flights.n = flightCounts{}
-		clear(r.parts)
-		r.settled, r.bytes = nil, 0
-		r.mu.Unlock()
+		forgetAll(r)
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(rows)), "ns/msg")
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -52,14 +51,5 @@ func TestHTTPMetricsAndReadiness(t *testing.T) {
 
 func get(tb testing.TB, url string) (int, string) {
 	tb.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return resp.StatusCode, string(b)
+	return admin(tb, http.MethodGet, url, "", "")
 }
