@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ordo-relay/ordo/internal/opaudit"
 	"github.com/ordo-relay/ordo/outbox"
 )
 
@@ -29,6 +30,13 @@ var ErrNotFound = errors.New("no such message")
 // parked: only parked messages can be retried or skipped (a pending one may
 // be in flight right now).
 var ErrNotParked = errors.New("message is not parked")
+
+// ErrOutcomeUnknown is returned when the connection failed while an
+// action was committing: the COMMIT was sent and no answer came, so the
+// action may have taken effect (with its own audit row) or not. Look at
+// the message, or the audit, before asking again; a retry or skip asked
+// again is refused with ErrNotParked if the first one took effect.
+var ErrOutcomeUnknown = opaudit.ErrOutcomeUnknown
 
 // Actor is who asks for an action, for the audit trail.
 type Actor struct {
@@ -56,6 +64,10 @@ type Parked struct {
 // concurrent use.
 type Store struct {
 	pool *pgxpool.Pool
+
+	// beforeCommit, when set (tests only), runs after an action and its
+	// audit row are written and before the transaction commits.
+	beforeCommit func()
 }
 
 // NewStore returns a Store on pool.
@@ -162,41 +174,14 @@ func notify(ctx context.Context, tx pgx.Tx, partitions ...int32) error {
 	return err
 }
 
-// act runs f in a transaction and records the action, whatever its
-// outcome.
+// act runs f and records the action in ordo_operator_audit, whatever its
+// outcome (internal/opaudit): f's own result when it commits, "error: …"
+// when it surely did not, "unknown: …" with ErrOutcomeUnknown when the
+// connection failed during the COMMIT.
 func (s *Store) act(ctx context.Context, who Actor, action, target string, f func(pgx.Tx) (string, error)) error {
-	var result string
-	err := s.durable(ctx, func(tx pgx.Tx) error {
-		var err error
-		result, err = f(tx)
-		if err != nil {
-			return err
-		}
+	return opaudit.Run(ctx, s.pool, f, func(ctx context.Context, tx pgx.Tx, result string) error {
 		return audit(ctx, tx, who, action, target, result)
-	})
-	if err != nil {
-		// The action rolled back: record the refusal on its own.
-		if aerr := s.durable(ctx, func(tx pgx.Tx) error {
-			return audit(ctx, tx, who, action, target, "error: "+err.Error())
-		}); aerr != nil {
-			return errors.Join(err, aerr)
-		}
-		return err
-	}
-	return nil
-}
-
-// durable runs f in a transaction that commits synchronously, whatever the
-// pool's sessions say: the node's pool runs with synchronous_commit=off
-// (a relay mark lost in a crash is only published again), but an action
-// reported done to an operator must survive a database crash.
-func (s *Store) durable(ctx context.Context, f func(pgx.Tx) error) error {
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, sqlSynchronousCommit); err != nil {
-			return fmt.Errorf("commit synchronously: %w", err)
-		}
-		return f(tx)
-	})
+	}, s.beforeCommit)
 }
 
 // execer runs a statement: pgx.Tx and *pgxpool.Pool.

@@ -195,6 +195,10 @@ func (h *handler) fail(w http.ResponseWriter, err error) {
 		writeErr(w, http.StatusConflict, err.Error()+": only parked messages can be retried or skipped")
 	case errors.Is(err, ErrNoGap):
 		writeErr(w, http.StatusConflict, err.Error())
+	case errors.Is(err, ErrOutcomeUnknown):
+		h.logger.Error("admin action", "err", err)
+		writeErr(w, http.StatusServiceUnavailable, ErrOutcomeUnknown.Error()+
+			": it may have taken effect; check the message or the operator audit before asking again")
 	default:
 		h.logger.Error("admin action", "err", err)
 		writeErr(w, http.StatusInternalServerError, "internal error")

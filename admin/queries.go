@@ -112,9 +112,4 @@ WHERE correlation_id = $2 AND EXISTS (SELECT 1 FROM moved)`
 	sqlAudit = `
 INSERT INTO ordo_operator_audit (operator, remote_addr, action, target, result)
 VALUES ($1, $2, $3, $4, $5)`
-
-	// sqlSynchronousCommit makes the transaction it runs in commit
-	// durably (WAL flushed before COMMIT returns), overriding the
-	// session's setting.
-	sqlSynchronousCommit = `SET LOCAL synchronous_commit = on`
 )

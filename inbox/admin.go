@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ordo-relay/ordo/internal/opaudit"
 	"github.com/ordo-relay/ordo/wire"
 )
 
@@ -45,6 +46,11 @@ func (s *Store) Stats() Stats {
 // ErrNothingToResolve is returned by Resolve, Retry and Skip when the key
 // has no stuck gap, or no dead-lettered message, to act on.
 var ErrNothingToResolve = errors.New("nothing to resolve for this key")
+
+// ErrOutcomeUnknown is returned (wrapped) by Act when the connection
+// failed while the action was committing: it may have taken effect, with
+// its own audit row, or not. Look at the key before asking again.
+var ErrOutcomeUnknown = opaudit.ErrOutcomeUnknown
 
 // StuckKey is a key whose next stored message waits for a predecessor
 // that has not arrived (keys held by a dead-lettered message are listed by

@@ -2,11 +2,12 @@ package inbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/ordo-relay/ordo/internal/opaudit"
 )
 
 // Actor is who asks for an operator action, for the audit trail.
@@ -46,7 +47,7 @@ type AuditEntry struct {
 	Action     Action    `json:"action"`
 	Source     string    `json:"source"` // the key's source
 	Key        string    `json:"key"`
-	Result     string    `json:"result"` // "done", or "error: ..." when the action was refused or failed
+	Result     string    `json:"result"` // "done"; "error: ..." when the action was refused or failed; "unknown: ..." when its COMMIT got no answer
 }
 
 const (
@@ -61,11 +62,13 @@ WHERE consumer = $1 ORDER BY id DESC LIMIT $2`
 
 // Act runs action (Resolve, Retry or Skip) on consumer's key of source and records
 // it in ordo_inbox_audit with who asked and its result, whatever the
-// outcome: a successful action and its record commit together (durably,
-// whatever the session's synchronous_commit); a refused or failed one
-// rolls back and its refusal is recorded on its own. It returns the
-// action's error (wrapping ErrNothingToResolve when there was nothing to
-// act on), joined with the audit's if that failed too.
+// outcome (internal/opaudit): a successful action and its record commit
+// together (durably, whatever the session's synchronous_commit); a
+// refused or failed one rolls back and "error: …" is recorded on its own;
+// one whose COMMIT got no answer is recorded as "unknown: …" and returns
+// ErrOutcomeUnknown. It returns the action's error (wrapping
+// ErrNothingToResolve when there was nothing to act on), joined with the
+// audit's if that failed too.
 func Act(ctx context.Context, db TxBeginner, who Actor, action Action, consumer, source, key string) error {
 	run := map[Action]func(context.Context, DB, string, string, string) error{
 		ActionResolve: Resolve, ActionRetry: Retry, ActionSkip: Skip}[action]
@@ -73,21 +76,11 @@ func Act(ctx context.Context, db TxBeginner, who Actor, action Action, consumer,
 		_, err := ParseAction(string(action))
 		return err
 	}
-	err := durable(ctx, db, func(tx pgx.Tx) error {
-		if err := run(ctx, tx, consumer, source, key); err != nil {
-			return err
-		}
-		return audit(ctx, tx, who, action, consumer, source, key, "done")
-	})
-	if err == nil {
-		return nil
-	}
-	if aerr := durable(ctx, db, func(tx pgx.Tx) error {
-		return audit(ctx, tx, who, action, consumer, source, key, "error: "+err.Error())
-	}); aerr != nil {
-		return errors.Join(err, aerr)
-	}
-	return err
+	return opaudit.Run(ctx, db, func(tx pgx.Tx) (string, error) {
+		return "done", run(ctx, tx, consumer, source, key)
+	}, func(ctx context.Context, tx pgx.Tx, result string) error {
+		return audit(ctx, tx, who, action, consumer, source, key, result)
+	}, nil)
 }
 
 // Audit returns consumer's last limit operator actions, newest first.
@@ -104,17 +97,6 @@ func Audit(ctx context.Context, db DB, consumer string, limit int) ([]AuditEntry
 		return nil, fmt.Errorf("list operator actions: %w", err)
 	}
 	return out, nil
-}
-
-// durable runs f in a transaction that commits synchronously: an action
-// reported done to an operator must survive a database crash.
-func durable(ctx context.Context, db TxBeginner, f func(pgx.Tx) error) error {
-	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = on`); err != nil {
-			return fmt.Errorf("commit synchronously: %w", err)
-		}
-		return f(tx)
-	})
 }
 
 func audit(ctx context.Context, tx pgx.Tx, who Actor, action Action, consumer, source, key, result string) error {

@@ -139,6 +139,10 @@ func (a *adminAPI) act(w http.ResponseWriter, r *http.Request, who inbox.Actor) 
 			"result": "done; the owning instance picks it up within its retry poll"})
 	case errors.Is(err, inbox.ErrNothingToResolve):
 		writeError(w, http.StatusConflict, err.Error())
+	case errors.Is(err, inbox.ErrOutcomeUnknown):
+		a.logger.Error("shipping operator action", "action", action, "source", source, "key", key, "err", err)
+		writeError(w, http.StatusServiceUnavailable, inbox.ErrOutcomeUnknown.Error()+
+			": it may have taken effect; check the key or the audit before asking again")
 	default:
 		a.logger.Error("shipping operator action", "action", action, "source", source, "key", key, "err", err)
 		writeError(w, http.StatusInternalServerError, "internal error")
