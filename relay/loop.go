@@ -88,6 +88,9 @@ func (r *Relay) wait(ctx context.Context, poll <-chan time.Time, retry *time.Tim
 	}
 	for _, ps := range r.parts {
 		soonest(ps.rd.nextPass(r.passGapLocked(ps)))
+		if ps.slow.blocked(now) {
+			soonest(ps.slow.notBefore) // its charged row's backoff ends
+		}
 	}
 	soonest(r.nextPollLocked())
 	r.mu.Unlock()

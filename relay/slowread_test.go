@@ -1,0 +1,65 @@
+package relay_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/relay"
+	"github.com/ordo-relay/ordo/relay/relaytest"
+)
+
+// TestCoreSlowRowIsReadAlone: a row whose every read outlasts the read
+// timeout (a huge payload) stalls only its own partition: the read of
+// every partition times out, splits, and the other partitions flow; the
+// row, read alone a row at a time, still times out, is charged an attempt
+// per timeout (peeked at without its payload) and parks after
+// MaxAttempts; then its partition's other keys flow too, and its key's
+// next row waits for an operator.
+func TestCoreSlowRowIsReadAlone(t *testing.T) {
+	c := newCore(t, 0, func(cfg *relay.Config) {
+		cfg.ReadTimeout, cfg.MaxAttempts = 100*time.Millisecond, 3
+	})
+	// Partition 1's first row is slow; the rest of partition 1 sits behind it.
+	slow := c.store.Insert(1, "big", "big")
+	c.store.SetSlowRow(slow[0], time.Hour)
+	ids := c.insert(12, 3) // keys 1, 5 and 9 in partition 1
+	c.start()
+	testkit.WaitFor(t, waitTimeout, "the other partitions drained", func() bool {
+		for _, id := range ids {
+			if r, _ := c.store.Get(id); !r.Processed && r.Partition != 1 {
+				return false
+			}
+		}
+		return true
+	})
+	testkit.WaitFor(t, waitTimeout, "the slow row parked", func() bool { r, _ := c.store.Get(slow[0]); return r.Parked })
+	testkit.WaitFor(t, waitTimeout, "every other row marked", func() bool {
+		for _, id := range ids {
+			if r, _ := c.store.Get(id); !r.Processed {
+				return false
+			}
+		}
+		return true
+	})
+	head, _ := c.store.Get(slow[0])
+	next, _ := c.store.Get(slow[1])
+	if head.Attempts != 3 || !strings.Contains(head.LastError, "longer than the read timeout (100ms)") {
+		t.Fatalf("slow row: %d attempts (want 3), last error %q", head.Attempts, head.LastError)
+	}
+	if next.Processed || next.Attempts != 0 {
+		t.Fatalf("the parked key's next row: processed %v, %d attempts (want pending, untried)", next.Processed, next.Attempts)
+	}
+	for _, m := range c.pub.Sent() {
+		if m.CorrelationID == "big" {
+			t.Fatalf("a row of the slow key was published: %+v", m)
+		}
+	}
+	if err := relaytest.CheckOrder(c.pub.Delivered()); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.r.Stats(); st.SlowRows != 3 || st.SlowReads < 4 {
+		t.Fatalf("%d slow reads (want 4 or more), %d rows charged (want 3)", st.SlowReads, st.SlowRows)
+	}
+}
