@@ -63,3 +63,40 @@ func TestCoreSlowRowIsReadAlone(t *testing.T) {
 		t.Fatalf("%d slow reads (want 4 or more), %d rows charged (want 3)", st.SlowReads, st.SlowRows)
 	}
 }
+
+// TestCoreRereadRowKeepsMemoryCount: a queued row that a later read
+// replaces (a parked row, read without its payload, that an operator
+// retried) counts at its new size in ReadAheadBytes, and the count
+// returns to zero once everything is marked.
+func TestCoreRereadRowKeepsMemoryCount(t *testing.T) {
+	c := newCore(t, 0, nil)
+	const size = 1 << 20
+	big := c.store.Insert(0, "big")[0]
+	c.store.Update(big, func(r *relaytest.StoredRow) {
+		r.Payload = []byte(`"` + strings.Repeat("x", size) + `"`)
+		r.Parked, r.Attempts = true, c.cfg.MaxAttempts
+	})
+	c.pub.Hold(true)
+	c.start()
+	testkit.WaitFor(t, waitTimeout, "the parked row read", func() bool { return c.r.Stats().ReadAhead == 1 })
+	if b := c.r.Stats().ReadAheadBytes; b >= size {
+		t.Fatalf("a parked row, read without its payload, counts %d bytes", b)
+	}
+	c.store.Update(big, func(r *relaytest.StoredRow) { r.Parked, r.Attempts = false, 0 }) // an operator's retry
+	c.store.Insert(0, "other")                                                             // a new row: a pass follows
+	testkit.WaitFor(t, waitTimeout, "the retried row published", func() bool {
+		for _, m := range c.pub.HeldMessages() {
+			if m.ID == big {
+				return true
+			}
+		}
+		return false
+	})
+	if b := c.r.Stats().ReadAheadBytes; b < size {
+		t.Fatalf("ReadAheadBytes %d with the retried row of %d bytes in flight: its payload is not counted", b, size)
+	}
+	c.pub.Hold(false)
+	c.pub.Release(10, relay.Result{})
+	c.waitDrained()
+	testkit.WaitFor(t, waitTimeout, "memory count back to zero", func() bool { return c.r.Stats().ReadAheadBytes == 0 })
+}
