@@ -166,7 +166,9 @@ func (r *Relay) chargeSlowRow(ctx context.Context, ps *partState, c Cursor) {
 	defer cancel()
 	rows, err := r.store.PeekPending(rctx, c, 1)
 	if err != nil || len(rows) == 0 {
-		return // the database is slow, not the row (or the row is gone)
+		// The database is slow, not the row (or the row is gone).
+		r.cfg.Logger.Debug("no attempt charged for a slow read: the peek failed too", "partition", ps.id, "err", err)
+		return
 	}
 	row := rows[0]
 	now := time.Now()

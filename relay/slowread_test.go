@@ -83,7 +83,7 @@ func TestCoreRereadRowKeepsMemoryCount(t *testing.T) {
 		t.Fatalf("a parked row, read without its payload, counts %d bytes", b)
 	}
 	c.store.Update(big, func(r *relaytest.StoredRow) { r.Parked, r.Attempts = false, 0 }) // an operator's retry
-	c.store.Insert(0, "other")                                                             // a new row: a pass follows
+	c.store.Insert(0, "other")                                                            // a new row: a pass follows
 	testkit.WaitFor(t, waitTimeout, "the retried row published", func() bool {
 		for _, m := range c.pub.HeldMessages() {
 			if m.ID == big {

@@ -81,7 +81,7 @@ type Outbox interface {
 	// Payload and Headers left out (nil, as a parked row's): its cost does
 	// not grow with the rows' size. The relay peeks at the row that a read
 	// of it alone could not return within ReadTimeout, to charge it an
-	// attempt (docs/design.md, "Relay reads").
+	// attempt (docs/design.md, "A slow row is read alone").
 	PeekPending(ctx context.Context, c Cursor, limit int) ([]Row, error)
 	// MarkPublished marks rows processed and returns the ids it marked.
 	// Rows whose lease is no longer held at their epoch are left pending.
