@@ -53,6 +53,9 @@ func (r *Relay) readLoop(ctx context.Context) {
 		}
 		if err != nil {
 			down.Fail(err)
+			if errors.As(err, new(*splitReadError)) {
+				continue // it waited ReadTimeout, and the next read differs (slowread.go)
+			}
 			if !backoff.Sleep(ctx, bo.Next()) {
 				return
 			}

@@ -46,7 +46,7 @@ func (r *Relay) readOnce(ctx context.Context) (bool, error) {
 		}
 		r.mu.Unlock()
 		if timedOut {
-			r.readTimedOut(ctx, plan)
+			err = r.readTimedOut(ctx, plan, err)
 		}
 		return false, err
 	}

@@ -135,10 +135,19 @@ func (r *Relay) planReadLocked(now time.Time) readPlan {
 	return plan
 }
 
-// readTimedOut takes in plan's read, which outlasted ReadTimeout: it
-// splits the partitions read together, shrinks the page of one read
-// alone, and charges a lone row an attempt.
-func (r *Relay) readTimedOut(ctx context.Context, plan readPlan) {
+// splitReadError is a read that outlasted ReadTimeout after which the
+// next read differs (split, a smaller page, a row charged): it is retried
+// at once, having waited ReadTimeout already.
+type splitReadError struct{ err error }
+
+func (e *splitReadError) Error() string { return e.err.Error() }
+func (e *splitReadError) Unwrap() error { return e.err }
+
+// readTimedOut takes in plan's read, which outlasted ReadTimeout with err:
+// it splits the partitions read together, shrinks the page of one read
+// alone, and charges a lone row an attempt. It returns err, as a
+// splitReadError if it changed the next read.
+func (r *Relay) readTimedOut(ctx context.Context, plan readPlan, err error) error {
 	r.mu.Lock()
 	r.stats.SlowReads++
 	var charge bool
@@ -148,9 +157,10 @@ func (r *Relay) readTimedOut(ctx context.Context, plan readPlan) {
 		}
 	}
 	r.mu.Unlock()
-	if charge && plan.alone != nil {
-		r.chargeSlowRow(ctx, plan.alone, plan.cursors[0])
+	if charge && (plan.alone == nil || !r.chargeSlowRow(ctx, plan.alone, plan.cursors[0])) {
+		return err // the database is slow, not a row: back off
 	}
+	return &splitReadError{err}
 }
 
 // slowRowError is the failure recorded for a row too slow to read.
@@ -160,15 +170,16 @@ const slowRowError = "reading the row alone took longer than the read timeout (%
 // c, which a read of it alone could not return in time, if a peek finds
 // it (without its payload) in time; the partition is not read again
 // before the attempt's backoff. A row the relay holds already (queued or
-// in flight) is left alone: its publish settles it.
-func (r *Relay) chargeSlowRow(ctx context.Context, ps *partState, c Cursor) {
+// in flight) is left alone: its publish settles it. It reports whether
+// the peek answered in time.
+func (r *Relay) chargeSlowRow(ctx context.Context, ps *partState, c Cursor) bool {
 	rctx, cancel := context.WithTimeout(ctx, r.cfg.ReadTimeout)
 	defer cancel()
 	rows, err := r.store.PeekPending(rctx, c, 1)
 	if err != nil || len(rows) == 0 {
 		// The database is slow, not the row (or the row is gone).
 		r.cfg.Logger.Debug("no attempt charged for a slow read: the peek failed too", "partition", ps.id, "err", err)
-		return
+		return err == nil
 	}
 	row := rows[0]
 	now := time.Now()
@@ -179,14 +190,14 @@ func (r *Relay) chargeSlowRow(ctx context.Context, ps *partState, c Cursor) {
 	}
 	r.mu.Unlock()
 	if held || row.Parked {
-		return
+		return true
 	}
 	delay := backoff.Attempt(row.Attempts, r.cfg.RetryMin, r.cfg.RetryMax)
 	parked, err := r.store.RecordFailures(rctx, []Settled{{ID: row.ID, Partition: row.Partition, Epoch: ps.epoch,
 		Err: fmt.Sprintf(slowRowError, r.cfg.ReadTimeout), Delay: delay}}, r.cfg.MaxAttempts)
 	if err != nil {
 		r.cfg.Logger.Warn("could not charge an attempt to a row too slow to read", "id", row.ID, "err", err)
-		return
+		return false
 	}
 	r.mu.Lock()
 	ps.slow.notBefore = time.Now().Add(delay)
@@ -196,4 +207,5 @@ func (r *Relay) chargeSlowRow(ctx context.Context, ps *partState, c Cursor) {
 	r.cfg.Logger.Warn("a row too slow to read alone was charged an attempt; its partition waits for it",
 		"id", row.ID, "partition", row.Partition, "key", row.CorrelationID, "attempts", row.Attempts+1,
 		"parked", len(parked) > 0, "read_timeout", r.cfg.ReadTimeout)
+	return true
 }
