@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/relay"
 	"github.com/ordo-relay/ordo/relay/relaytest"
@@ -26,23 +28,9 @@ func TestCoreSlowRowIsReadAlone(t *testing.T) {
 	c.store.SetSlowRow(slow[0], time.Hour)
 	ids := c.insert(12, 3) // keys 1, 5 and 9 in partition 1
 	c.start()
-	testkit.WaitFor(t, waitTimeout, "the other partitions drained", func() bool {
-		for _, id := range ids {
-			if r, _ := c.store.Get(id); !r.Processed && r.Partition != 1 {
-				return false
-			}
-		}
-		return true
-	})
+	testkit.WaitFor(t, waitTimeout, "the other partitions drained", c.marked(ids, 1))
 	testkit.WaitFor(t, waitTimeout, "the slow row parked", func() bool { r, _ := c.store.Get(slow[0]); return r.Parked })
-	testkit.WaitFor(t, waitTimeout, "every other row marked", func() bool {
-		for _, id := range ids {
-			if r, _ := c.store.Get(id); !r.Processed {
-				return false
-			}
-		}
-		return true
-	})
+	testkit.WaitFor(t, waitTimeout, "every other row marked", c.marked(ids, -1))
 	head, _ := c.store.Get(slow[0])
 	next, _ := c.store.Get(slow[1])
 	if head.Attempts != 3 || !strings.Contains(head.LastError, "longer than the read timeout (100ms)") {
@@ -61,6 +49,18 @@ func TestCoreSlowRowIsReadAlone(t *testing.T) {
 	}
 	if st := c.r.Stats(); st.SlowRows != 3 || st.SlowReads < 4 {
 		t.Fatalf("%d slow reads (want 4 or more), %d rows charged (want 3)", st.SlowReads, st.SlowRows)
+	}
+}
+
+// marked reports whether every row of ids outside partition except is marked.
+func (c *core) marked(ids []uuid.UUID, except int) func() bool {
+	return func() bool {
+		for _, id := range ids {
+			if r, _ := c.store.Get(id); !r.Processed && r.Partition != except {
+				return false
+			}
+		}
+		return true
 	}
 }
 
