@@ -2,7 +2,6 @@ package relay_test
 
 import (
 	"fmt"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -45,7 +44,7 @@ func TestSlowRowStallsOnlyItsPartition(t *testing.T) {
 	}
 	db := testkit.NewProxy(t, hostPort(testkit.PostgresURL()))
 	db.LimitReplies(1 << 20)
-	h.startNode(nodeOpts{logger: testkit.Logger(t, slog.LevelDebug), dbURL: db.URL(h.dbURL), leaseDBURL: h.dbURL, editConfig: func(c *relay.Config) {
+	h.startNode(nodeOpts{dbURL: db.URL(h.dbURL), leaseDBURL: h.dbURL, editConfig: func(c *relay.Config) {
 		c.ReadTimeout, c.MaxAttempts = time.Second, 3
 	}})
 
