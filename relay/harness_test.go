@@ -149,6 +149,8 @@ type nodeOpts struct {
 	confirmTimeout time.Duration
 	// callTimeout and heartbeat replace the publisher's defaults (5 s each).
 	callTimeout, heartbeat time.Duration
+	// editConfig, if set, edits the relay's configuration last.
+	editConfig func(*relay.Config)
 	// pollInterval and retryMin/retryMax replace the harness's short
 	// defaults (200 ms; 20-200 ms).
 	pollInterval       time.Duration
@@ -241,6 +243,9 @@ func (h *harness) startNode(o nodeOpts) *node {
 	cfg.RetentionInterval = 100 * time.Millisecond
 	if o.retentionChunk > 0 {
 		cfg.RetentionChunk = o.retentionChunk
+	}
+	if o.editConfig != nil {
+		o.editConfig(&cfg)
 	}
 	var own relay.Ownership = leaser
 	if o.wrapOwn != nil {

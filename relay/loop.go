@@ -53,6 +53,9 @@ func (r *Relay) readLoop(ctx context.Context) {
 		}
 		if err != nil {
 			down.Fail(err)
+			if errors.As(err, new(*splitReadError)) {
+				continue // it waited ReadTimeout, and the next read differs (slowread.go)
+			}
 			if !backoff.Sleep(ctx, bo.Next()) {
 				return
 			}
@@ -88,6 +91,9 @@ func (r *Relay) wait(ctx context.Context, poll <-chan time.Time, retry *time.Tim
 	}
 	for _, ps := range r.parts {
 		soonest(ps.rd.nextPass(r.passGapLocked(ps)))
+		if ps.slow.blocked(now) {
+			soonest(ps.slow.notBefore) // its charged row's backoff ends
+		}
 	}
 	soonest(r.nextPollLocked())
 	r.mu.Unlock()

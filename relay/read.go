@@ -23,55 +23,41 @@ func (r *Relay) readOnce(ctx context.Context) (bool, error) {
 		return false, nil // memory is full: publishing and marks free it
 	}
 	r.pollDueLocked(now)
-	var cursors []Cursor
-	reqs := map[int]readReq{}
-	for p, ps := range r.parts {
-		read, pass := ps.rd.wants(now, r.passGapLocked(ps))
-		if !read {
-			continue // nothing to read
-		}
-		if l, ok := r.own.Lease(p); !ok || l.Epoch != ps.epoch || !l.Valid(now) {
-			continue
-		}
-		req, after := ps.rd.begin(pass, now)
-		req.ps = ps
-		if req.first {
-			r.stats.Passes++
-		}
-		cursors = append(cursors, Cursor{Partition: p, After: after})
-		reqs[p] = req
-	}
+	plan := r.planReadLocked(now)
 	r.gen.begin()
 	r.mu.Unlock()
-	if len(cursors) == 0 {
+	if len(plan.cursors) == 0 {
 		return false, nil
 	}
-	limit := max(32, min(r.cfg.BatchSize, 2*r.cfg.BatchSize/len(cursors)))
 	rctx, cancel := context.WithTimeout(ctx, r.cfg.ReadTimeout)
 	began := time.Now()
-	rows, err := r.store.ReadPending(rctx, cursors, limit)
+	rows, err := r.store.ReadPending(rctx, plan.cursors, plan.limit)
 	took := time.Since(began)
 	cancel()
 	r.progress.read(err)
 	if err != nil {
-		if rctx.Err() != nil && ctx.Err() == nil {
+		timedOut := rctx.Err() != nil && ctx.Err() == nil
+		if timedOut {
 			err = fmt.Errorf("%w (the read took longer than %v)", err, r.cfg.ReadTimeout)
 		}
 		r.mu.Lock()
-		for _, req := range reqs {
+		for _, req := range plan.reqs {
 			req.ps.rd.readFailed(req)
 		}
 		r.mu.Unlock()
+		if timedOut {
+			err = r.readTimedOut(ctx, plan, err)
+		}
 		return false, err
 	}
-	r.progress.leaseSkipped(r.ingestRead(reqs, rows, took, limit))
+	r.progress.leaseSkipped(r.ingestRead(plan, rows, took))
 	return true, nil
 }
 
-// ingestRead stores what one read returned for the partitions in reqs
-// and returns how many rows it left out because their partition was
+// ingestRead stores what plan's read returned for its partitions and
+// returns how many rows it left out because their partition was
 // revoked or assigned again during the read.
-func (r *Relay) ingestRead(reqs map[int]readReq, rows []Row, took time.Duration, limit int) (skipped int) {
+func (r *Relay) ingestRead(plan readPlan, rows []Row, took time.Duration) (skipped int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := time.Now()
@@ -83,12 +69,16 @@ func (r *Relay) ingestRead(reqs map[int]readReq, rows []Row, took time.Duration,
 	for _, row := range rows {
 		byPart[row.Partition] = append(byPart[row.Partition], row)
 	}
-	for p, req := range reqs {
+	limit := plan.limit
+	for p, req := range plan.reqs {
 		got, ps := byPart[p], req.ps
 		if r.parts[p] != ps {
 			// The lease moved during the read: read again under the new one.
 			skipped += len(got)
 			continue
+		}
+		if plan.alone == ps {
+			ps.slow.readOK(limit, r.cfg.BatchSize)
 		}
 		r.ingestLocked(ps, got)
 		commits, counted, passDone := ps.rd.pageRead(req, got, limit, now, r.passGapLocked(ps))
@@ -125,7 +115,9 @@ func (r *Relay) ingestLocked(ps *partState, rows []Row) {
 		k := ps.key(row.CorrelationID)
 		if e := ps.queued[row.ID]; e != nil {
 			if r.gen.rowNewer(k) {
-				e.row = row
+				size := rowSize(&row) // a parked row read again after a retry has its payload now
+				r.bytes += size - e.size
+				e.row, e.size = row, size
 			}
 			e.seen = ps.rd.passNo()
 			r.pushReadyLocked(k)

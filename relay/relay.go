@@ -60,6 +60,7 @@ type Relay struct {
 	armDue         bool      // a poll ran: try to arm the unarmed partitions
 	armGen         uint64    // Listen's (re)connects: an Arm begun before one is void
 	strays         []int     // partitions dropped while armed, to disarm
+	aloneTurn      bool      // the next read is of a partition read alone (slowread.go)
 	stats          Stats
 	progress       *progress
 }
@@ -74,6 +75,9 @@ type Stats struct {
 	// because their partition's lease lapsed or changed hands after they
 	// were read; they stay pending.
 	Reads, Passes, IdleReads, LeaseSkipped int64
+	// SlowReads counts reads that outlasted ReadTimeout; SlowRows the
+	// attempts charged to rows too slow to read alone (slowread.go).
+	SlowReads, SlowRows int64
 	// ReadRows and ReadSeconds total the rows and the time of every read;
 	// Marks and MarkSeconds count the mark statements and their time
 	// (Confirmed ÷ Marks is the mark batch size).

@@ -11,7 +11,9 @@ import (
 //     epoch (handoff.go makes and drops them). A partState owns its keys
 //     and the rows read ahead of them (partState.queued, keyState.rows),
 //     and a partReader (pass.go): the cursor, the passes and the wake-up
-//     flags of the partition. Only partReader's methods change those.
+//     flags of the partition. Only partReader's methods change those;
+//     likewise its slowRead (slowread.go), where it stands after reads of
+//     it timed out.
 //   - A keyState is one key's rows read ahead, in key_seq order, and its
 //     place in the per-key rule (keyrule.go): what it published and had
 //     confirmed in this epoch, and how many of its flights stand in each
@@ -38,6 +40,7 @@ type partState struct {
 	keys   map[string]*keyState
 	queued map[uuid.UUID]*entry // read ahead, not in flight
 	rd     partReader           // cursor, passes and wake-ups (pass.go)
+	slow   slowRead             // after reads of it timed out (slowread.go)
 }
 
 // keyState is one key's rows read ahead and its place in the per-key rule.

@@ -77,6 +77,12 @@ type Outbox interface {
 	// parked state, and the first read after that returns them. Its cost
 	// follows the rows returned.
 	ReadPending(ctx context.Context, cursors []Cursor, limit int) ([]Row, error)
+	// PeekPending is ReadPending of one partition with every row's
+	// Payload and Headers left out (nil, as a parked row's): its cost does
+	// not grow with the rows' size. The relay peeks at the row that a read
+	// of it alone could not return within ReadTimeout, to charge it an
+	// attempt (docs/design.md, "A slow row is read alone").
+	PeekPending(ctx context.Context, c Cursor, limit int) ([]Row, error)
 	// MarkPublished marks rows processed and returns the ids it marked.
 	// Rows whose lease is no longer held at their epoch are left pending.
 	MarkPublished(ctx context.Context, rows []Settled) ([]uuid.UUID, error)

@@ -47,6 +47,9 @@ type Proxy struct {
 	// new value at once.
 	replyDelay   atomic.Int64
 	delayChanged atomic.Pointer[chan struct{}]
+	// replyRate, when above 0, is how many bytes a second each connection
+	// forwards from the target (LimitReplies).
+	replyRate atomic.Int64
 }
 
 // proxyLink is one forwarded connection: the client's side and the target's.
@@ -330,7 +333,7 @@ func (p *Proxy) pipeReplies(l *proxyLink, client, server net.Conn) {
 		}
 	}()
 	for c := range chunks {
-		if !p.holdReply(c.at) {
+		if !p.holdReply(c.at) || !p.throttle(len(c.b)) {
 			l.abort(false)
 		} else if p.send(l, client, c.b) {
 			continue
@@ -373,6 +376,29 @@ func (p *Proxy) DelayReplies(d time.Duration) {
 	next := make(chan struct{})
 	if old := p.delayChanged.Swap(&next); old != nil {
 		close(*old)
+	}
+}
+
+// LimitReplies makes every connection forward the target's bytes at no
+// more than bytesPerSecond (0: no limit), while the client's bytes pass as
+// usual: a slow link, on which a reply's time grows with its size. Safe
+// for concurrent use; it applies from the next chunk read.
+func (p *Proxy) LimitReplies(bytesPerSecond int64) { p.replyRate.Store(bytesPerSecond) }
+
+// throttle waits as long as n bytes take at the reply rate; false when
+// the proxy closes first.
+func (p *Proxy) throttle(n int) bool {
+	rate := p.replyRate.Load()
+	if rate <= 0 {
+		return true
+	}
+	t := time.NewTimer(time.Duration(int64(n) * int64(time.Second) / rate))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-p.ctx.Done():
+		return false
 	}
 }
 

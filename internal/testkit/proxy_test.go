@@ -406,3 +406,48 @@ func TestProxyDelayReplies(t *testing.T) {
 		t.Fatalf("after the delay ended: %q, %v", buf[:1], err)
 	}
 }
+
+// TestProxyLimitReplies: with the reply rate limited, a big reply takes
+// its size over the rate, and the client's bytes still pass at once.
+func TestProxyLimitReplies(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	const size = 256 << 10
+	srvDone := make(chan struct{})
+	go func() {
+		defer close(srvDone)
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 1)
+		if _, err := io.ReadFull(c, buf); err != nil {
+			return
+		}
+		_, _ = c.Write(make([]byte, size))
+	}()
+	p := NewProxy(t, ln.Addr().String())
+	p.LimitReplies(size) // a second for the reply
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { c.Close(); <-srvDone }()
+	start := time.Now()
+	if _, err := c.Write([]byte("q")); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(c, make([]byte, size)); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	t.Logf("%d bytes at %d a second took %v", size, size, took)
+	if took < 900*time.Millisecond {
+		t.Fatalf("%d bytes at %d bytes a second took %v, want about a second", size, size, took)
+	}
+}

@@ -15,10 +15,20 @@ package pgstore
 // before an operator clears parked_at, and a payload of megabytes,
 // detoasted and sent by every read of its partition while it stays
 // parked, once made every read of the node outlast the read timeout.
-const sqlReadPending = `
+var sqlReadPending = readPendingSQL(
+	"CASE WHEN o.parked_at IS NULL THEN o.payload END", "CASE WHEN o.parked_at IS NULL THEN o.headers END")
+
+// sqlPeekPending: see Store.PeekPending. sqlReadPending without any
+// payload or headers: the relay peeks at a row too slow to read, whose
+// payload it must not fetch (docs/design.md, "A slow row is read alone").
+var sqlPeekPending = readPendingSQL("NULL::jsonb", "NULL::jsonb")
+
+// readPendingSQL is the pending-rows read with payload and headers as the
+// expressions given (over o, the row).
+func readPendingSQL(payload, headers string) string {
+	return `
 SELECT o.id, o.partition, o.seq, o.correlation_id, o.key_seq, o.exchange, o.routing_key, o.type,
-       CASE WHEN o.parked_at IS NULL THEN o.payload END,
-       CASE WHEN o.parked_at IS NULL THEN o.headers END, o.occurred_at, o.attempts, o.parked_at IS NOT NULL,
+       ` + payload + `, ` + headers + `, o.occurred_at, o.attempts, o.parked_at IS NOT NULL,
        greatest(extract(epoch FROM o.next_attempt_at - clock_timestamp()), 0)::float8,
        coalesce(prev.pending, false), coalesce(prev.dead, false)
 FROM unnest($1::int[], $2::bigint[]) AS c(partition, after)
@@ -34,6 +44,7 @@ LEFT JOIN LATERAL (
     WHERE d.correlation_id = o.correlation_id AND d.key_seq = o.key_seq - 1
     LIMIT 1
 ) AS prev ON true`
+}
 
 // sqlPrevKeySeq walks down from key_seq $2 - 1 over the key's dead rows
 // and returns the first key_seq that is not dead (0 if none): the

@@ -57,12 +57,22 @@ func New(pool *pgxpool.Pool, node string, logger *slog.Logger) *Store {
 
 // ReadPending implements relay.Outbox.
 func (s *Store) ReadPending(ctx context.Context, cursors []relay.Cursor, limit int) ([]relay.Row, error) {
+	return s.readPending(ctx, sqlReadPending, cursors, limit)
+}
+
+// PeekPending implements relay.Outbox.
+func (s *Store) PeekPending(ctx context.Context, c relay.Cursor, limit int) ([]relay.Row, error) {
+	return s.readPending(ctx, sqlPeekPending, []relay.Cursor{c}, limit)
+}
+
+// readPending runs query, sqlReadPending or sqlPeekPending.
+func (s *Store) readPending(ctx context.Context, query string, cursors []relay.Cursor, limit int) ([]relay.Row, error) {
 	parts := make([]int32, len(cursors))
 	after := make([]int64, len(cursors))
 	for i, c := range cursors {
 		parts[i], after[i] = int32(c.Partition), c.After
 	}
-	rows, err := s.pool.Query(ctx, sqlReadPending, planFresh, parts, after, limit)
+	rows, err := s.pool.Query(ctx, query, planFresh, parts, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("read pending rows: %w", err)
 	}

@@ -32,6 +32,7 @@ type Store struct {
 	onArm  func()       // runs at the start of every Arm (SetBeforeArm)
 	reads  int
 	delay  time.Duration
+	slow   map[uuid.UUID]time.Duration // SetSlowRow
 
 	prevErr   error
 	prevCalls int
@@ -94,7 +95,7 @@ func (n *NodeStore) DeleteProcessed(ctx context.Context, partition int, epoch in
 // NewStore returns an empty store whose writes are fenced by leases.
 func NewStore(leases *LeaseTable) *Store {
 	return &Store{leases: leases, byID: map[uuid.UUID]*StoredRow{}, keySeq: map[string]int64{},
-		armed: map[int]bool{}, refuse: map[int]bool{}}
+		armed: map[int]bool{}, refuse: map[int]bool{}, slow: map[uuid.UUID]time.Duration{}}
 }
 
 // Insert adds one pending row per key given, in order, as a producer's
@@ -227,24 +228,38 @@ func (s *Store) SetReadDelay(d time.Duration) {
 	s.delay = d
 }
 
+// SetSlowRow makes every ReadPending that returns row id with its payload
+// take d more (honouring its context), as a huge payload does; PeekPending
+// is not slowed (0: no longer slow).
+func (s *Store) SetSlowRow(id uuid.UUID, d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.slow[id] = d
+}
+
 // ReadPending implements relay.Outbox.
 func (s *Store) ReadPending(ctx context.Context, cursors []relay.Cursor, limit int) ([]relay.Row, error) {
+	return s.readPending(ctx, cursors, limit, false)
+}
+
+// PeekPending implements relay.Outbox.
+func (s *Store) PeekPending(ctx context.Context, c relay.Cursor, limit int) ([]relay.Row, error) {
+	return s.readPending(ctx, []relay.Cursor{c}, limit, true)
+}
+
+// readPending reads after the read delay, then waits for the slow rows
+// among those it returns with their payload (not when bare).
+func (s *Store) readPending(ctx context.Context, cursors []relay.Cursor, limit int, bare bool) ([]relay.Row, error) {
 	s.mu.Lock()
 	delay := s.delay
 	s.mu.Unlock()
-	if delay > 0 {
-		t := time.NewTimer(delay)
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-t.C:
-		}
+	if err := sleepCtx(ctx, delay); err != nil {
+		return nil, err
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.reads++
 	var out []relay.Row
+	var slow time.Duration
 	for _, c := range cursors {
 		n := 0
 		for _, r := range s.rows {
@@ -254,20 +269,49 @@ func (s *Store) ReadPending(ctx context.Context, cursors []relay.Cursor, limit i
 			if r.Processed || r.Partition != c.Partition || r.Seq <= c.After {
 				continue
 			}
-			row := r.Row
-			row.Seq, row.Attempts, row.Parked, row.NextAttemptAt = r.Seq, r.Attempts, r.Parked, r.NextAttemptAt
-			row.PrevKeySeq = row.KeySeq - 1
-			if row.Parked {
-				row.Payload, row.Headers = nil, nil // as PostgreSQL's read: not until an operator acts
-			}
-			if prev := s.findLocked(row.CorrelationID, row.KeySeq-1); prev != nil {
-				row.PrevPending, row.PrevDead = !prev.Processed, prev.Dead
+			row := s.readLocked(r, bare)
+			if row.Payload != nil {
+				slow = max(slow, s.slow[row.ID])
 			}
 			out = append(out, row)
 			n++
 		}
 	}
+	s.mu.Unlock()
+	if err := sleepCtx(ctx, slow); err != nil {
+		return nil, err
+	}
 	return out, nil
+}
+
+// readLocked is stored row r as a read returns it (bare: without payload
+// and headers).
+func (s *Store) readLocked(r *StoredRow, bare bool) relay.Row {
+	row := r.Row
+	row.Seq, row.Attempts, row.Parked, row.NextAttemptAt = r.Seq, r.Attempts, r.Parked, r.NextAttemptAt
+	row.PrevKeySeq = row.KeySeq - 1
+	if row.Parked || bare {
+		row.Payload, row.Headers = nil, nil // as PostgreSQL's read: not until an operator acts
+	}
+	if prev := s.findLocked(row.CorrelationID, row.KeySeq-1); prev != nil {
+		row.PrevPending, row.PrevDead = !prev.Processed, prev.Dead
+	}
+	return row
+}
+
+// sleepCtx waits d, or until ctx ends (its error).
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 func (s *Store) findLocked(key string, keySeq int64) *StoredRow {

@@ -2,6 +2,7 @@ package relaytest
 
 import (
 	"context"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -53,6 +54,7 @@ func StoreSuite(t *testing.T, newHarness func(t *testing.T) StoreHarness) {
 		{"marks refused at a stale epoch", storeMarkRefusedAtStaleEpoch},
 		{"failures back off and park", storeFailuresBackOffAndPark},
 		{"a parked row is read without its payload", storeParkedWithoutPayload},
+		{"a peek reads rows without payloads", storePeekWithoutPayload},
 		{"failure records refused at a stale epoch", storeFailureRefusedAtStaleEpoch},
 		{"prev key_seq steps over dead rows", storePrevKeySeqOverDead},
 		{"retention deletes only held, processed, live rows", storeRetention},
@@ -246,6 +248,44 @@ func storeParkedWithoutPayload(t *testing.T, h StoreHarness) {
 	if a := rows[0]; a.ID != id[0] || a.Parked || len(a.Payload) == 0 || len(a.Headers) == 0 {
 		t.Fatalf("retried row reads with parked=%v, payload %q, headers %q", a.Parked, a.Payload, a.Headers)
 	}
+}
+
+// storePeekWithoutPayload: PeekPending reads one partition's pending
+// rows above the cursor, as ReadPending does but with no payload or
+// headers (the relay peeks at a row too slow to read).
+func storePeekWithoutPayload(t *testing.T, h StoreHarness) {
+	e := h.Grant(t, "n1", 1)
+	id := h.Insert(t, 1, "a", "b", "a")
+	h.Insert(t, 2, "c")
+	s := settled(1, e, id[0])
+	s[0].Delay = time.Hour
+	if _, err := h.Store().RecordFailures(ctxFor(t), s, 5); err != nil {
+		t.Fatal(err)
+	}
+	full := read(t, h, 100, from(1))
+	peek, err := h.Store().PeekPending(ctxFor(t), from(1), 2)
+	if err != nil {
+		t.Fatalf("PeekPending: %v", err)
+	}
+	wantIDs(t, "peek of two", ids(peek), id[:2])
+	for i, p := range peek {
+		if p.Payload != nil || p.Headers != nil {
+			t.Fatalf("peeked row %d has payload %q, headers %q", i, p.Payload, p.Headers)
+		}
+		f := full[i]
+		f.Payload, f.Headers, f.NextAttemptAt, p.NextAttemptAt = nil, nil, time.Time{}, time.Time{}
+		if !reflect.DeepEqual(p, f) {
+			t.Fatalf("peeked row %d reads as %+v, ReadPending's as %+v", i, p, f)
+		}
+	}
+	if wait := time.Until(peek[0].NextAttemptAt); peek[0].Attempts != 1 || wait < 50*time.Minute {
+		t.Fatalf("a backing off for an hour peeks as attempts %d, next attempt in %v", peek[0].Attempts, wait)
+	}
+	peek, err = h.Store().PeekPending(ctxFor(t), relay.Cursor{Partition: 1, After: full[0].Seq}, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantIDs(t, "peek above the cursor", ids(peek), id[1:])
 }
 
 func storeFailureRefusedAtStaleEpoch(t *testing.T, h StoreHarness) {
