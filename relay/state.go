@@ -82,7 +82,7 @@ func (r *Relay) dropPartLocked(ps *partState) {
 		r.strays = append(r.strays, ps.id) // disarmed by the next syncArms
 	}
 	for _, e := range ps.queued {
-		r.bytes -= e.size
+		r.addBytesLocked(-e.size)
 	}
 	for _, k := range ps.keys {
 		delete(r.backingOff, k)
