@@ -13,7 +13,7 @@ func TestBudgetWorkConservingAndFair(t *testing.T) {
 	busy, other := b.join(make(chan struct{}, 1)), b.join(make(chan struct{}, 1))
 	took := func(s *share) int {
 		n := 0
-		for s.takeSlot() {
+		for n < 100 && s.takeSlot() {
 			n++
 		}
 		return n
