@@ -185,7 +185,7 @@ func (c collector) collectSource(ch chan<- prometheus.Metric, src *source) {
 	gauge(descStalled, s.StalledSeconds)
 	gauge(descInFlight, float64(s.InFlight))
 	gauge(descUnconfirmed, float64(s.Unconfirmed))
-	gauge(descWindow, float64(share(v.cfg.Relay.Window, len(v.srcs), 1)))
+	gauge(descWindow, float64(v.cfg.Relay.Window)) // a source may use all of W (relay.Budget)
 
 	ls := src.leaser.Stats()
 	counter(descClaims, ls.Claims)
