@@ -236,7 +236,7 @@ func b2f(b bool) float64 {
 // newMetricsHandler returns /metrics: the node's collector, the publish
 // counters, and Go's runtime and process collectors, in a registry of its
 // own.
-func newMetricsHandler(v *view, pm *publishMetrics) http.Handler {
+func newMetricsHandler(v *view, pm *publishFamilies) http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collector{v}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(pm.collectors()...)

@@ -144,7 +144,7 @@ func build(cfg Config, opts Options, logger *slog.Logger, srcs []*source) (*buil
 		return nil, b.abandon(err) // Config.Validate checked it: not expected
 	}
 	b.health = newHealthMonitor(cfg, b.pub, srcs, b.members, logger)
-	pm := newPublishMetrics()
+	pm := newPublishFamilies()
 	pub := opts.hooks.publisher(b.pub)
 	var budget *relay.Budget
 	if len(srcs) > 1 {
@@ -159,7 +159,7 @@ func build(cfg Config, opts Options, logger *slog.Logger, srcs []*source) (*buil
 		rc := cfg.relayConfig(s.logger)
 		rc.Budget = budget
 		rc.TracerProvider = opts.TracerProvider
-		spub := observedPublisher{Publisher: stampSource{Publisher: pub, name: s.name}, m: pm}
+		spub := observedPublisher{Publisher: stampSource{Publisher: pub, name: s.name}, m: pm.forSource(s.name)}
 		if s.relay, err = relay.New(rc, pgstore.New(s.pool, rc.Node, s.logger), spub, s.leaser); err != nil {
 			return nil, b.abandon(err) // Config.Validate checked it: not expected
 		}
