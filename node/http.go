@@ -75,7 +75,7 @@ type Status struct {
 	History []Sample `json:"history,omitempty"`
 }
 
-func newHTTP(v *view, pm *publishMetrics) http.Handler {
+func newHTTP(v *view, pm *publishFamilies) http.Handler {
 	cfg, logger := v.cfg, v.logger
 	mux := http.NewServeMux()
 	mux.Handle("/admin/", v.adminHandler())

@@ -185,7 +185,7 @@ func (c collector) collectSource(ch chan<- prometheus.Metric, src *source) {
 	gauge(descStalled, s.StalledSeconds)
 	gauge(descInFlight, float64(s.InFlight))
 	gauge(descUnconfirmed, float64(s.Unconfirmed))
-	gauge(descWindow, float64(share(v.cfg.Relay.Window, len(v.srcs), 1)))
+	gauge(descWindow, float64(v.cfg.Relay.Window)) // a source may use all of W (relay.Budget)
 
 	ls := src.leaser.Stats()
 	counter(descClaims, ls.Claims)
@@ -236,7 +236,7 @@ func b2f(b bool) float64 {
 // newMetricsHandler returns /metrics: the node's collector, the publish
 // counters, and Go's runtime and process collectors, in a registry of its
 // own.
-func newMetricsHandler(v *view, pm *publishMetrics) http.Handler {
+func newMetricsHandler(v *view, pm *publishFamilies) http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collector{v}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(pm.collectors()...)

@@ -11,20 +11,20 @@ import (
 	"github.com/ordo-relay/ordo/relay/rabbitmq"
 )
 
-// publishMetrics are the counters and the latency histogram that
-// observedPublisher feeds.
-type publishMetrics struct {
-	published, confirmed, nacked, returned, failed, timedOut, unsent prometheus.Counter
+// publishFamilies are the publish counters and the commit-to-confirm
+// histogram, labelled by source; forSource gives one source's series.
+type publishFamilies struct {
+	published, confirmed, nacked, returned, failed, timedOut, unsent *prometheus.CounterVec
 	// latency is commit (the row's occurred_at, the database's clock) to
 	// confirm (this node's clock) of confirmed messages.
-	latency prometheus.Histogram
+	latency *prometheus.HistogramVec
 }
 
-func newPublishMetrics() *publishMetrics {
-	c := func(name, help string) prometheus.Counter {
-		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+func newPublishFamilies() *publishFamilies {
+	c := func(name, help string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, srcLabel)
 	}
-	return &publishMetrics{
+	return &publishFamilies{
 		published: c("ordo_messages_published_total", "Messages handed to the broker."),
 		confirmed: c("ordo_messages_confirmed_total", "Messages the broker acked and did not return."),
 		nacked:    c("ordo_messages_nacked_total", "Messages the broker nacked."),
@@ -32,16 +32,34 @@ func newPublishMetrics() *publishMetrics {
 		failed:    c("ordo_messages_failed_total", "Messages that failed for a reason of their own (missing exchange, unsendable, no confirm in time)."),
 		timedOut:  c("ordo_messages_confirm_timeouts_total", "Messages left unconfirmed past -confirm-timeout on an open channel (also counted in ordo_messages_failed_total)."),
 		unsent:    c("ordo_messages_unsent_total", "Messages whose channel or connection closed before their outcome was known (read again, no attempt charged)."),
-		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "ordo_commit_to_confirm_seconds",
 			Help:    "Time from a message's commit (occurred_at, database clock) to its publisher confirm (node clock).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 17), // 1 ms .. 65 s
-		}),
+		}, srcLabel),
 	}
 }
 
-func (m *publishMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.published, m.confirmed, m.nacked, m.returned, m.failed, m.timedOut, m.unsent, m.latency}
+func (f *publishFamilies) collectors() []prometheus.Collector {
+	return []prometheus.Collector{f.published, f.confirmed, f.nacked, f.returned, f.failed, f.timedOut, f.unsent, f.latency}
+}
+
+// forSource returns source's series, created now so that /metrics shows
+// them at 0 before the first message.
+func (f *publishFamilies) forSource(source string) *publishMetrics {
+	return &publishMetrics{
+		published: f.published.WithLabelValues(source), confirmed: f.confirmed.WithLabelValues(source),
+		nacked: f.nacked.WithLabelValues(source), returned: f.returned.WithLabelValues(source),
+		failed: f.failed.WithLabelValues(source), timedOut: f.timedOut.WithLabelValues(source),
+		unsent: f.unsent.WithLabelValues(source), latency: f.latency.WithLabelValues(source),
+	}
+}
+
+// publishMetrics are one source's series of the publishFamilies, which
+// observedPublisher feeds.
+type publishMetrics struct {
+	published, confirmed, nacked, returned, failed, timedOut, unsent prometheus.Counter
+	latency                                                          prometheus.Observer
 }
 
 // observe counts one settled result.

@@ -144,17 +144,22 @@ func build(cfg Config, opts Options, logger *slog.Logger, srcs []*source) (*buil
 		return nil, b.abandon(err) // Config.Validate checked it: not expected
 	}
 	b.health = newHealthMonitor(cfg, b.pub, srcs, b.members, logger)
-	pm := newPublishMetrics()
+	pm := newPublishFamilies()
 	pub := opts.hooks.publisher(b.pub)
+	var budget *relay.Budget
+	if len(srcs) > 1 {
+		// The sources' relays share the node's W and read-ahead, fairly
+		// and work-conserving (relay.Budget; docs/design.md, "Sharing W").
+		budget = relay.NewBudget(cfg.Relay.Window, cfg.Relay.ReadAheadBytes)
+	}
 	for i, s := range srcs {
 		if s.leaser, err = lease.New(lcfgs[i]); err != nil {
 			return nil, b.abandon(err)
 		}
 		rc := cfg.relayConfig(s.logger)
-		rc.Window = share(rc.Window, len(srcs), 1)
-		rc.ReadAheadBytes = share(rc.ReadAheadBytes, len(srcs), 1)
+		rc.Budget = budget
 		rc.TracerProvider = opts.TracerProvider
-		spub := observedPublisher{Publisher: stampSource{Publisher: pub, name: s.name}, m: pm}
+		spub := observedPublisher{Publisher: stampSource{Publisher: pub, name: s.name}, m: pm.forSource(s.name)}
 		if s.relay, err = relay.New(rc, pgstore.New(s.pool, rc.Node, s.logger), spub, s.leaser); err != nil {
 			return nil, b.abandon(err) // Config.Validate checked it: not expected
 		}

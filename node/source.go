@@ -76,15 +76,6 @@ func (s *source) connect(ctx context.Context) (*pgx.Conn, error) {
 	return pgx.ConnectConfig(cctx, s.leaseConn.Copy())
 }
 
-// share returns a source's share of a node-wide budget split between n
-// sources: total/n, at least min. The node's confirm window W and its
-// read-ahead bytes are split this way between the sources' relays, so the
-// node as a whole keeps within W (the publisher's window), and a source's
-// backlog cannot take another's share (docs/design.md, "Sources").
-func share[T int | int64](total T, n int, least T) T {
-	return max(total/T(n), least)
-}
-
 // stampSource is the relay.Publisher of one source: it sets each
 // message's Source before the node's publisher sends it, so that every
 // message carries wire.HeaderSource, wire.DefaultSource's included

@@ -283,8 +283,9 @@ func TestConfigValidateSources(t *testing.T) {
 // TestBusySourceDoesNotDelayAnother: with a deep backlog in default and a
 // small confirm window, messages committed to billing are published
 // while default is still draining, each within seconds of its commit:
-// billing's relay has its own share of W (W/2), so it never queues
-// behind default's backlog.
+// the relays share W through a relay.Budget, where default may use more
+// than its fair share (W/2) only while billing has nothing waiting, so
+// billing never queues behind default's backlog.
 func TestBusySourceDoesNotDelayAnother(t *testing.T) {
 	// Not parallel: three nodes on two databases need the shared servers
 	// less loaded than the package's parallel tests make them.

@@ -83,6 +83,14 @@ type Config struct {
 	// slog.Default().
 	Logger *slog.Logger
 
+	// Budget, when set, is a confirm window and read-ahead budget the
+	// relay shares with the other relays of its node (one per source):
+	// its flights and bytes count against the Budget's too, which shares
+	// them fairly and lets a busy relay use what the others leave
+	// (budget.go). Window and ReadAheadBytes still bound the relay alone.
+	// Nil, the default, is a relay alone on its publisher.
+	Budget *Budget
+
 	// TracerProvider, when set, gives every publish a PRODUCER span
 	// (tracing.go): a child of the trace context the row stored, whose
 	// own context the message carries in its traceparent header. Nil, the

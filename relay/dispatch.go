@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -76,16 +77,22 @@ func (r *Relay) nextFlight() (f *flight, leaseLost bool) {
 			r.stats.LeaseSkipped++
 			return nil, true
 		}
-		k.rows[0] = nil // the backing array would keep it alive
-		k.rows = k.rows[1:]
-		delete(k.part.queued, e.row.ID)
 		f = &flight{key: k, e: e, size: e.size, attempts: e.row.Attempts, msg: Message{
 			ID: e.row.ID, Partition: e.row.Partition, Epoch: k.part.epoch,
 			CorrelationID: e.row.CorrelationID, KeySeq: e.row.KeySeq, PrevKeySeq: e.row.PrevKeySeq,
 			Exchange: e.row.Exchange, RoutingKey: e.row.RoutingKey, Type: e.row.Type,
 			Payload: e.row.Payload, OccurredAt: e.row.OccurredAt, Deadline: l.Deadline,
 		}}
-		r.flights.add(f)
+		if !r.flights.add(f) {
+			// The node's window is full (Budget): k keeps its place, and
+			// a slot given back wakes the relay.
+			k.inReady = true
+			r.ready = slices.Insert(r.ready, 0, k)
+			return nil, false
+		}
+		k.rows[0] = nil // the backing array would keep it alive
+		k.rows = k.rows[1:]
+		delete(k.part.queued, e.row.ID)
 		k.published = max(k.published, e.row.KeySeq)
 		r.stats.Published++
 		r.lastPublish = now
@@ -97,6 +104,7 @@ func (r *Relay) nextFlight() (f *flight, leaseLost bool) {
 		}
 		return f, false
 	}
+	r.flights.wantSlots(len(r.ready) > 0)
 	return nil, false
 }
 

@@ -45,16 +45,20 @@ func (c *flightCounts) live() int { return c[flightSent] + c[flightConfirmed] + 
 
 // flightBook owns the relay's flights and every count that follows their
 // states: per key (keyState.flights), per partition, and the node's. Its
-// only writers are add and move. Guarded by Relay.mu.
+// only writers are add and move. With a Budget, add takes a slot of the
+// node's window for the flight and move gives it back when the flight
+// ends. Guarded by Relay.mu.
 type flightBook struct {
+	share   *share // the relay's part of its Budget; nil without one
+	wanting bool   // the relay waits for a slot of its Budget (wantSlots)
 	byID    map[uuid.UUID]*flight
 	n       flightCounts     // the node's flights by state
 	perPart map[int]int      // live flights per partition, whichever partState published them (handoff.go)
 	revoked map[int][]func() // Revoked.Done calls waiting for their partition's flights to end
 }
 
-func newFlightBook() flightBook {
-	return flightBook{byID: map[uuid.UUID]*flight{}, perPart: map[int]int{}, revoked: map[int][]func(){}}
+func newFlightBook(s *share) flightBook {
+	return flightBook{share: s, byID: map[uuid.UUID]*flight{}, perPart: map[int]int{}, revoked: map[int][]func(){}}
 }
 
 // live is the number of flights not ended: what the window bounds.
@@ -69,13 +73,31 @@ func (b *flightBook) has(id uuid.UUID) bool { return b.byID[id] != nil }
 // ofPartition is the number of live flights of partition p.
 func (b *flightBook) ofPartition(p int) int { return b.perPart[p] }
 
-// add registers f as sent.
-func (b *flightBook) add(f *flight) {
+// add registers f as sent, and reports true; or false, registering
+// nothing, when the Budget refuses it a slot (the node's window is full,
+// or the relay is past its fair share while another relay waits).
+func (b *flightBook) add(f *flight) bool {
+	if b.share != nil && !b.share.takeSlot() {
+		b.wanting = true // takeSlot recorded it
+		return false
+	}
 	f.state = flightSent
 	b.byID[f.msg.ID] = f
 	b.n[flightSent]++
 	f.key.flights[flightSent]++
 	b.perPart[f.msg.Partition]++
+	return true
+}
+
+// wantSlots records whether the relay stopped dispatching with rows left
+// to publish (its own window full, or its Budget refusing it a slot) or
+// ran dry: while it wants slots, the other relays of its Budget keep to
+// their fair share.
+func (b *flightBook) wantSlots(on bool) {
+	if b.share != nil && on != b.wanting {
+		b.wanting = on
+		b.share.wantSlots(on)
+	}
 }
 
 // move is the one transition of a flight: from its state to a later one,
@@ -96,6 +118,9 @@ func (b *flightBook) move(f *flight, to flightState) (done func()) {
 		return nil
 	}
 	delete(b.byID, f.msg.ID)
+	if b.share != nil {
+		b.share.releaseSlot()
+	}
 	p := f.msg.Partition
 	if b.perPart[p]--; b.perPart[p] > 0 {
 		return nil
@@ -144,7 +169,7 @@ func (s flightState) String() string {
 // endFlightLocked ends f (marked, recorded, or never sent) and frees its
 // memory; see flightBook.move for done.
 func (r *Relay) endFlightLocked(f *flight) (done func()) {
-	r.bytes -= f.size
+	r.addBytesLocked(-f.size)
 	return r.flights.move(f, flightEnded)
 }
 
@@ -225,6 +250,6 @@ func (r *Relay) requeueLocked(f *flight, notBefore time.Time) {
 	e.row.NextAttemptAt = notBefore
 	k.rows = append([]*entry{e}, k.rows...)
 	k.part.queued[e.row.ID] = e
-	r.bytes += e.size
+	r.addBytesLocked(e.size)
 	r.pushReadyLocked(k)
 }

@@ -18,7 +18,7 @@ import (
 func (r *Relay) readOnce(ctx context.Context) (bool, error) {
 	now := time.Now()
 	r.mu.Lock()
-	if r.bytes >= r.cfg.ReadAheadBytes && (len(r.ready) > 0 || r.flights.live() > 0) {
+	if r.readRefusedLocked() {
 		r.mu.Unlock()
 		return false, nil // memory is full: publishing and marks free it
 	}
@@ -52,6 +52,19 @@ func (r *Relay) readOnce(ctx context.Context) (bool, error) {
 	}
 	r.progress.leaseSkipped(r.ingestRead(plan, rows, took))
 	return true, nil
+}
+
+// readRefusedLocked reports whether the read-ahead is full: the relay
+// then reads nothing until publishing and marks free memory, unless it has
+// nothing to publish (one row is always allowed, however large). With a
+// Budget it asks for bytes every time, so that a relay refused them is
+// known to be waiting for them (budget.go).
+func (r *Relay) readRefusedLocked() bool {
+	full := r.bytes >= r.cfg.ReadAheadBytes
+	if r.share != nil {
+		full = !r.share.mayRead() || full
+	}
+	return full && (len(r.ready) > 0 || r.flights.live() > 0)
 }
 
 // ingestRead stores what plan's read returned for its partitions and
@@ -130,7 +143,7 @@ func (r *Relay) ingestLocked(ps *partState, rows []Row) {
 		at, _ := slices.BinarySearchFunc(k.rows, row.KeySeq, func(x *entry, ks int64) int {
 			return int(min(max(x.row.KeySeq-ks, -1), 1))
 		})
-		if at > 0 && r.bytes >= r.cfg.ReadAheadBytes {
+		if at > 0 && r.memoryFullLocked() {
 			// Memory is full and the row waits behind others of its key
 			// (blocked ones, say): leave it for a later pass.
 			ps.rd.wantPass()
@@ -138,7 +151,7 @@ func (r *Relay) ingestLocked(ps *partState, rows []Row) {
 		}
 		k.rows = slices.Insert(k.rows, at, e)
 		ps.queued[row.ID] = e
-		r.bytes += e.size
+		r.addBytesLocked(e.size)
 		if at == 0 && row.Parked {
 			r.dropFollowersLocked(k)
 		}
@@ -150,7 +163,7 @@ func (r *Relay) ingestLocked(ps *partState, rows []Row) {
 func (r *Relay) dropFollowersLocked(k *keyState) {
 	for _, e := range k.rows[1:] {
 		delete(k.part.queued, e.row.ID)
-		r.bytes -= e.size
+		r.addBytesLocked(-e.size)
 	}
 	clear(k.rows[1:]) // the backing array would keep them alive
 	k.rows = k.rows[:1]
@@ -167,7 +180,7 @@ func (r *Relay) sweepLocked(ps *partState) {
 		k := ps.keys[e.row.CorrelationID]
 		k.rows = slices.DeleteFunc(k.rows, func(x *entry) bool { return x == e })
 		delete(ps.queued, id)
-		r.bytes -= e.size
+		r.addBytesLocked(-e.size)
 		r.pushReadyLocked(k)
 		if e.row.Parked {
 			// An operator skipped or purged it: this pass left its

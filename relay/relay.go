@@ -47,7 +47,8 @@ type Relay struct {
 	ready          []*keyState        // keys whose head may be publishable
 	backingOff     map[*keyState]bool // keys whose head backs off until a time
 	leaseWait      map[*keyState]bool // keys whose partition's lease was not valid when they were due
-	bytes          int64              // queued rows and flights, for ReadAheadBytes
+	bytes          int64              // queued rows and flights, for ReadAheadBytes (addBytesLocked)
+	share          *share             // its part of Config.Budget; nil without one
 	settled        []settlement       // confirmed or failed, not yet written (writeback.go)
 	lastPublish    time.Time
 	lastStallCheck time.Time
@@ -115,17 +116,42 @@ func New(cfg Config, store Store, pub Publisher, own Ownership) (*Relay, error) 
 	if cfg.TracerProvider != nil {
 		tracer = cfg.TracerProvider.Tracer(tracerName)
 	}
-	return &Relay{
+	r := &Relay{
 		cfg: cfg, store: store, pub: pub, own: own, perKeyLimit: 1, tracer: tracer,
 		wakeRead:   make(chan struct{}, 1),
 		wakeMark:   make(chan struct{}, 1),
 		parts:      map[int]*partState{},
-		flights:    newFlightBook(),
 		gen:        newReadGen(),
 		backingOff: map[*keyState]bool{},
 		leaseWait:  map[*keyState]bool{},
 		progress:   newProgress(cfg.Logger),
-	}, nil
+	}
+	if cfg.Budget != nil {
+		r.share = cfg.Budget.join(r.wakeRead)
+	}
+	r.flights = newFlightBook(r.share)
+	return r, nil
+}
+
+// addBytesLocked counts d more bytes held in memory (fewer when
+// negative), in the relay's and its Budget's count.
+func (r *Relay) addBytesLocked(d int64) {
+	r.bytes += d
+	if r.share != nil {
+		r.share.addBytes(d)
+	}
+}
+
+// memoryFullLocked reports whether the read-ahead is full: the relay's
+// own ReadAheadBytes, or its Budget's for it.
+func (r *Relay) memoryFullLocked() bool {
+	return r.bytes >= r.cfg.ReadAheadBytes || r.share != nil && r.share.memoryFull()
+}
+
+// windowFullLocked reports whether no flight may start now: the relay's
+// own Window is full, or its Budget refuses it a slot.
+func (r *Relay) windowFullLocked() bool {
+	return r.flights.live() >= r.cfg.Window || r.share != nil && r.share.windowFull()
 }
 
 // Stats returns a snapshot of the running totals.
@@ -184,6 +210,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		return nil
 	})
 	err := work.Wait()
+	if r.share != nil {
+		r.share.leave()
+	}
 	r.settleBeforeStop()
 	stopMark()
 	return errors.Join(err, marks.Wait())

@@ -29,7 +29,11 @@ import (
 //   - Relay.settled holds the settlements waiting to be written
 //     (writeback.go); Relay.ready, backingOff and leaseWait hold keys
 //     waiting to be looked at by dispatch, for a time, or for a lease.
-//   - Relay.bytes counts the memory of rows read ahead and of flights.
+//   - Relay.bytes counts the memory of rows read ahead and of flights
+//     (addBytesLocked, which keeps the Budget's count too).
+//   - With a Config.Budget, Relay.share is the relay's part of it:
+//     flightBook takes and gives back its slots (flight.go), the read
+//     asks it for bytes (read.go). Its counts are under the Budget's lock.
 //     The wake-up state (rate, busy, polls, arming) is wake.go's.
 
 // partState is what the relay holds in memory of one partition, for one
@@ -85,7 +89,7 @@ func (r *Relay) dropPartLocked(ps *partState) {
 		r.strays = append(r.strays, ps.id) // disarmed by the next syncArms
 	}
 	for _, e := range ps.queued {
-		r.bytes -= e.size
+		r.addBytesLocked(-e.size)
 	}
 	for _, k := range ps.keys {
 		delete(r.backingOff, k)

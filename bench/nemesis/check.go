@@ -193,7 +193,7 @@ func recoveryStats(results []stepResult) (byKind []recoveryStat, p50, worst time
 		per[r.Kind] = append(per[r.Kind], r.Recovery)
 		all = append(all, r.Recovery)
 	}
-	for _, k := range append(slices.Clone(allKinds), consumerOnlyKinds...) {
+	for _, k := range slices.Concat(allKinds, sourceKinds, consumerOnlyKinds) {
 		ds := per[k]
 		if len(ds) == 0 && failed[k] == 0 {
 			continue
