@@ -239,6 +239,9 @@ func (s *pgClusters) drop(ctx context.Context, version, name string) error {
 // dropAll drops every cluster create made, within pgClusterTimeout,
 // whether or not ctx has ended. It is idempotent.
 func (s *pgClusters) dropAll() error {
+	if len(s.made) == 0 {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), pgClusterTimeout)
 	defer cancel()
 	// A cluster pg_createcluster failed to make is not listed: dropping
