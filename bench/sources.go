@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -130,6 +131,9 @@ func runSources(ctx context.Context, o options, emit func(*result.Result)) error
 		return err
 	}
 	defer closeCaps(caps)
+	if err := raiseWeight(caps); err != nil {
+		return err
+	}
 	defer func() {
 		if err := pcs.dropAll(); err != nil {
 			fmt.Fprintf(os.Stderr, "bench: cleanup: drop clusters: %v\n", err)
@@ -171,6 +175,23 @@ func closeCaps(c *cpuCaps) {
 	if err := c.close(); err != nil {
 		fmt.Fprintf(os.Stderr, "bench: cleanup: %v\n", err)
 	}
+}
+
+// capsWeight is the CPU weight of the clusters' parent group: cgroup v1
+// cpu.shares (a task's is 1024) and v2 cpu.weight (a task's is 100).
+var capsWeight = map[int]string{1: "65536", 2: "6400"}
+
+// raiseWeight gives the clusters' parent group the CPU weight of 64 busy
+// tasks. Without it the group, however many clusters it holds, weighs as
+// much as one task of the root group: on a machine with a load of 30 both
+// clusters together would get 1/31 of it, and two sources could never
+// have twice the CPU of one. Their quotas still cap each cluster.
+func raiseWeight(c *cpuCaps) error {
+	file := map[int]string{1: "cpu.shares", 2: "cpu.weight"}[c.version]
+	if err := os.WriteFile(filepath.Join(c.parent, file), []byte(capsWeight[c.version]), 0o644); err != nil {
+		return fmt.Errorf("cgroup %s: write %s: %w", c.parent, file, err)
+	}
+	return nil
 }
 
 // sourceCluster is a started cluster and its CPU cgroup.
