@@ -47,8 +47,8 @@ type sourcesOptions struct {
 
 // defaultSourcesOptions returns the sources scenario's defaults.
 func defaultSourcesOptions() sourcesOptions {
-	return sourcesOptions{Counts: []int{1, 2}, Cap: 0.1, Period: 20 * time.Millisecond, Rows: 20000, Keys: 2000,
-		Producers: 16, Duration: 10 * time.Second, Warmup: 2 * time.Second, Reps: 2, Nodes: 1, PGVersion: "15"}
+	return sourcesOptions{Counts: []int{1, 2}, Cap: 0.25, Period: 20 * time.Millisecond, Rows: 10000, Keys: 1000,
+		Producers: 4, Duration: 10 * time.Second, Warmup: 2 * time.Second, Reps: 2, Nodes: 1, PGVersion: "15"}
 }
 
 // addSourcesFlags registers the -sources-* flags on fs, with p's values as

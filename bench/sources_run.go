@@ -59,10 +59,11 @@ func sourcesOnce(ctx context.Context, o options, clusters []sourceCluster) (*res
 	}
 	nodeRig := &harness.Rig{Config: o.harness()}
 	defer nodeRig.Close() // stops the nodes, before the rigs drop the databases
-	if err := drainSources(ctx, o, srcs, nodeRig, res); err != nil {
+	sys, err := drainSources(ctx, o, srcs, nodeRig, res)
+	if err != nil {
 		return nil, err
 	}
-	if err := produceSources(ctx, o, srcs, res); err != nil {
+	if err := produceSources(ctx, o, srcs, sys, res); err != nil {
 		return nil, err
 	}
 	for _, s := range srcs {
@@ -195,20 +196,20 @@ func addSourceCPU(res *result.Result, prefix string, srcs []*benchSource, a, b c
 // drainSources starts the nodes on every source and waits until each
 // source's backlog has arrived. The rate is the backlog's rows over the
 // first to the last delivery, per source and of all together.
-func drainSources(ctx context.Context, o options, srcs []*benchSource, nodeRig *harness.Rig, res *result.Result) error {
+func drainSources(ctx context.Context, o options, srcs []*benchSource, nodeRig *harness.Rig, res *result.Result) (*ordoSystem, error) {
 	a, err := sampleSources(srcs, nil)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	sys, err := startSourceNodes(ctx, o, srcs, nodeRig)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var first, last time.Time
 	total := 0
 	for _, s := range srcs {
 		if err := s.cons.waitDistinct(ctx, len(s.backlog), o.Timeout, sys.failed); err != nil {
-			return fmt.Errorf("source %s: drain: %w", s.name, err)
+			return nil, fmt.Errorf("source %s: drain: %w", s.name, err)
 		}
 		f, l, got := deliverySpan(s.backlog, s.cons.receiveTimes())
 		total += got
@@ -220,14 +221,14 @@ func drainSources(ctx context.Context, o options, srcs []*benchSource, nodeRig *
 	}
 	b, err := sampleSources(srcs, sys)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	b.nodes -= a.nodes // the nodes started after a: all their CPU counts
 	res.Figure("drain_msgs_per_sec", float64(total)/last.Sub(first).Seconds(), "msg/s")
 	res.Seconds("drain_seconds", last.Sub(first))
 	addSourceCPU(res, "drain_", srcs, a, b, o.Sources.Cap)
 	fmt.Printf("drained %d rows from %d source(s) in %v\n", total, len(srcs), last.Sub(first).Round(time.Millisecond))
-	return nil
+	return sys, nil
 }
 
 // startSourceNodes starts -sources-nodes nodes relaying every source,
@@ -259,7 +260,7 @@ func startSourceNodes(ctx context.Context, o options, srcs []*benchSource, nodeR
 // evenly over the sources (one row per transaction, the plain INSERT of
 // the produce scenario's ordo-sql), while the nodes relay, and measures
 // the commits in the window after the warm-up.
-func produceSources(ctx context.Context, o options, srcs []*benchSource, res *result.Result) error {
+func produceSources(ctx context.Context, o options, srcs []*benchSource, sys *ordoSystem, res *result.Result) error {
 	p := o.Sources
 	v := findProduceVariant(variantOrdoSQL)
 	wctx, stop := context.WithCancel(ctx)
@@ -283,7 +284,7 @@ func produceSources(ctx context.Context, o options, srcs []*benchSource, res *re
 	if err := harness.Sleep(ctx, p.Warmup); err != nil {
 		return err
 	}
-	a, err := sampleSources(srcs, nil)
+	a, err := sampleSources(srcs, sys)
 	if err != nil {
 		return err
 	}
@@ -294,7 +295,7 @@ func produceSources(ctx context.Context, o options, srcs []*benchSource, res *re
 	for _, s := range srcs {
 		s.pw.measuring.Store(false)
 	}
-	b, err := sampleSources(srcs, nil)
+	b, err := sampleSources(srcs, sys)
 	stop()
 	wg.Wait()
 	if werr != nil || err != nil {
