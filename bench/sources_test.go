@@ -20,7 +20,7 @@ import (
 func TestSourcesFlags(t *testing.T) {
 	none := func(string) (string, bool) { return "", false }
 	p := parseOne(t, none, "sources").Sources
-	if !slices.Equal(p.Counts, []int{1, 2}) || p.Cap != 0.1 || p.Reps != 2 || p.Nodes != 1 || p.PGVersion != "15" {
+	if !slices.Equal(p.Counts, []int{1, 2}) || p.Cap != 0.25 || p.Reps != 2 || p.Producers != 4 || p.Nodes != 1 || p.PGVersion != "15" {
 		t.Fatalf("defaults %+v", p)
 	}
 	env := map[string]string{"ORDO_BENCH_SOURCES_REPS": "3"}
