@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -139,6 +140,20 @@ func runSources(ctx context.Context, o options, emit func(*result.Result)) error
 			fmt.Fprintf(os.Stderr, "bench: cleanup: drop clusters: %v\n", err)
 		}
 	}()
+	// The producers and the consumers run in this process: it gets the
+	// raised weight too, without a cap, so that on a loaded machine the
+	// capped clusters, not the bench, are the bound.
+	self, err := newCPUCaps(cgroupRoot, float64(runtime.NumCPU()), p.Period)
+	if err != nil {
+		return err
+	}
+	defer closeCaps(self) // moves this process back to the root group
+	if err := raiseWeight(self); err != nil {
+		return err
+	}
+	if err := self.cap("bench", os.Getpid()); err != nil {
+		return err
+	}
 	fmt.Printf("CPU caps: cgroup v%d, %.3f core per PostgreSQL cluster (quota %v per %v period)\n", caps.version, p.Cap, caps.quota(), caps.period)
 	clusters, err := startSourceClusters(ctx, pcs, caps, slices.Max(p.Counts))
 	if err != nil {
@@ -181,8 +196,8 @@ func closeCaps(c *cpuCaps) {
 // cpu.shares (a task's is 1024) and v2 cpu.weight (a task's is 100).
 var capsWeight = map[int]string{1: "65536", 2: "6400"}
 
-// raiseWeight gives the clusters' parent group the CPU weight of 64 busy
-// tasks. Without it the group, however many clusters it holds, weighs as
+// raiseWeight gives a parent group (the clusters', the nodes', the
+// bench's own) the CPU weight of 64 busy tasks. Without it the group, however many clusters it holds, weighs as
 // much as one task of the root group: on a machine with a load of 30 both
 // clusters together would get 1/31 of it, and two sources could never
 // have twice the CPU of one. Their quotas still cap each cluster.

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -232,7 +234,8 @@ func drainSources(ctx context.Context, o options, srcs []*benchSource, nodeRig *
 }
 
 // startSourceNodes starts -sources-nodes nodes relaying every source,
-// each capped when -sources-node-cap is set. They stop at nodeRig's close.
+// each in a cgroup of the raised weight (raiseWeight), capped when
+// -sources-node-cap is set. They stop at nodeRig's close.
 func startSourceNodes(ctx context.Context, o options, srcs []*benchSource, nodeRig *harness.Rig) (*ordoSystem, error) {
 	p := o.Sources
 	c, err := harness.NewCluster(nodeRig, o.AMQPURL, p.Nodes, p.Nodes > 1)
@@ -240,14 +243,17 @@ func startSourceNodes(ctx context.Context, o options, srcs []*benchSource, nodeR
 		return nil, err
 	}
 	c.Env = []string{sourcesEnv(srcs)}
-	if p.NodeCap > 0 {
-		caps, err := newCPUCaps(cgroupRoot, p.NodeCap, p.Period)
-		if err != nil {
-			return nil, err
-		}
-		nodeRig.OnClose("remove the nodes' cgroups", func(context.Context) error { return caps.close() })
-		c.OnStart = func(_ int, nd *harness.Node) error { return caps.cap(nd.Name, nd.Pid()) }
+	// Uncapped nodes get a quota of every core, which caps nothing, and
+	// the weight, as capped ones do.
+	caps, err := newCPUCaps(cgroupRoot, cmp.Or(p.NodeCap, float64(runtime.NumCPU())), p.Period)
+	if err != nil {
+		return nil, err
 	}
+	nodeRig.OnClose("remove the nodes' cgroups", func(context.Context) error { return caps.close() })
+	if err := raiseWeight(caps); err != nil {
+		return nil, err
+	}
+	c.OnStart = func(_ int, nd *harness.Node) error { return caps.cap(nd.Name, nd.Pid()) }
 	for i := range p.Nodes {
 		if _, err := c.Start(ctx, i); err != nil {
 			return nil, err
