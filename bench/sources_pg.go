@@ -140,13 +140,30 @@ func newPGClusters(run cmdRunner, version string) *pgClusters {
 }
 
 // list returns every cluster of the machine.
+// pg_lsclusters fails while another process is halfway through
+// pg_createcluster (the configuration exists, the data directory not
+// yet), so a failure is tried again a few times.
 func (s *pgClusters) list(ctx context.Context) ([]listedCluster, error) {
-	out, err := s.run(ctx, "pg_lsclusters", "-h")
-	if err != nil {
-		return nil, err
+	var err error
+	for range lsAttempts {
+		var out []byte
+		if out, err = s.run(ctx, "pg_lsclusters", "-h"); err == nil {
+			return parseLsClusters(string(out)), nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, errors.Join(err, ctx.Err())
+		case <-time.After(lsRetry):
+		}
 	}
-	return parseLsClusters(string(out)), nil
+	return nil, err
 }
+
+// lsAttempts and lsRetry are how often and how far apart list tries.
+const (
+	lsAttempts = 5
+	lsRetry    = 500 * time.Millisecond
+)
 
 // removeLeftovers drops every cluster named like the scenario's whose
 // bench no longer runs, and returns their names.

@@ -306,7 +306,9 @@ func TestSourcesOnRealClusters(t *testing.T) {
 func ourClusters(t *testing.T) []string {
 	out, err := execRunner(context.Background(), "pg_lsclusters", "-h")
 	if err != nil {
-		t.Fatal(err)
+		// The interrupted run may be halfway through pg_createcluster.
+		t.Log(err)
+		return nil
 	}
 	var names []string
 	for _, c := range parseLsClusters(string(out)) {
@@ -319,7 +321,13 @@ func ourClusters(t *testing.T) []string {
 
 func requireNoClusters(t *testing.T) {
 	t.Helper()
-	if left := ourClusters(t); len(left) > 0 {
-		t.Fatalf("clusters left behind: %v", left)
+	cs, err := newPGClusters(execRunner, "15").list(context.Background()) // tries again while one is half made
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cs {
+		if pid, ok := leftoverOwner(c.Name); ok && pid == os.Getpid() {
+			t.Errorf("cluster left behind: %s", c.Name)
+		}
 	}
 }
