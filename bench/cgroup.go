@@ -116,9 +116,23 @@ func (c *cpuCaps) quota() time.Duration {
 // cap creates child group name, sets its quota and moves process pid
 // (every thread of it: cgroup.procs, not tasks) into it.
 func (c *cpuCaps) cap(name string, pid int) error {
+	dir, err := c.group(name)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
+		return fmt.Errorf("cgroup %s: write cgroup.procs: %w", dir, err)
+	}
+	return nil
+}
+
+// group creates child group name with its quota, empty, and returns its
+// directory: a process written to its cgroup.procs, and every process
+// that one forks afterwards, is capped.
+func (c *cpuCaps) group(name string) (string, error) {
 	dir := filepath.Join(c.parent, name)
 	if err := os.Mkdir(dir, 0o755); err != nil {
-		return fmt.Errorf("cgroup %s: %w", dir, err)
+		return "", fmt.Errorf("cgroup %s: %w", dir, err)
 	}
 	c.groups = append(c.groups, dir)
 	us := func(d time.Duration) string { return strconv.FormatInt(d.Microseconds(), 10) }
@@ -129,13 +143,12 @@ func (c *cpuCaps) cap(name string, pid int) error {
 	} else {
 		writes = [][2]string{{"cpu.max", us(c.quota()) + " " + us(c.period)}}
 	}
-	writes = append(writes, [2]string{"cgroup.procs", strconv.Itoa(pid)})
 	for _, w := range writes {
 		if err := os.WriteFile(filepath.Join(dir, w[0]), []byte(w[1]), 0o644); err != nil {
-			return fmt.Errorf("cgroup %s: write %s: %w", dir, w[0], err)
+			return "", fmt.Errorf("cgroup %s: write %s: %w", dir, w[0], err)
 		}
 	}
-	return nil
+	return dir, nil
 }
 
 // throttled returns the sum over the children of nr_throttled: periods in

@@ -82,6 +82,7 @@ type options struct {
 
 	Produce produceOptions // produce: its -produce-* flags (produce.go)
 	Consume consumeOptions // consume: its -consume-* flags (consume.go)
+	Sources sourcesOptions // sources: its -sources-* flags (sources.go)
 }
 
 // defaultOptions returns every default; the flags are registered with
@@ -102,7 +103,7 @@ func defaultOptions() options {
 		ScaleNodes: []int{1, 2, 3, 4}, ScaleCap: 0.05, ScaleShape: []string{"many", "hot"},
 		ScaleRows: 40000, ScaleHot: 5000, ScalePeriod: 10 * time.Millisecond, Charts: "docs",
 		Profile: nemesis.ProfileShort,
-		Produce: defaultProduceOptions(), Consume: defaultConsumeOptions(),
+		Produce: defaultProduceOptions(), Consume: defaultConsumeOptions(), Sources: defaultSourcesOptions(),
 	}
 }
 
@@ -272,6 +273,7 @@ var flagDefs = map[string]func(fs *flag.FlagSet, o *options, name string){
 	},
 	"produce-*": func(fs *flag.FlagSet, o *options, _ string) { addProduceFlags(fs, &o.Produce) },
 	"consume-*": func(fs *flag.FlagSet, o *options, _ string) { addConsumeFlags(fs, &o.Consume) },
+	"sources-*": func(fs *flag.FlagSet, o *options, _ string) { addSourcesFlags(fs, &o.Sources) },
 }
 
 // quickDefaults are what -quick changes, by flag name: each applies to a

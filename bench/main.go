@@ -23,6 +23,7 @@
 //	failover         kill -9 of one of 3 nodes under load: seconds until its partitions publish again
 //	join             a 3rd node joins 2 under load: seconds until it publishes on all its partitions
 //	produce          the producers' side: Ordo's outbox INSERT against a classic outbox table, tps, commit latency, PG CPU, WAL
+//	sources          one outbox database against two, each on a CPU-capped PostgreSQL cluster of its own: drain and insert ratios
 //	nemesis          3 nodes and the order API under a seeded schedule of faults, checked from the deliveries (never in all or compare: it restarts the servers)
 //
 // Every flag also reads ORDO_BENCH_<FLAG> (e.g. ORDO_BENCH_ROWS) when not
@@ -83,6 +84,7 @@ var scenarios = []scenario{
 	{"scaleout", "1..4 Ordo nodes, each capped to -scale-cap of a core in a CPU cgroup: msgs/s, efficiency, server busy", []string{"scale-nodes", "scale-cap", "scale-period", "scale-shapes", "scale-rows", "scale-hot-rows", "payload"}, runScaleout},
 	{"consume", "inbox consumers, 1..3 instances: ordered handling msgs/s and commit-to-handled latency, vs competing consumers", []string{"workers", "consume-*"}, runConsume},
 	{"produce", "producers' cost: Ordo's outbox INSERT (plain SQL, Enqueue) vs a classic outbox table and a trigger-less one: tps, commit p50/p99, PG CPU and WAL per message", []string{"payload", "keys", "produce-*"}, runProduce},
+	{"sources", "one outbox database against two, each on a PostgreSQL cluster of the bench's own capped to -sources-cap of a core: drain msg/s and insert tps, ratios two ÷ one (root)", []string{"payload", "sources-*"}, runSources},
 	{"charts", "draw the PNG charts (scale-out, shapes, latency) from the newest results under -out into -charts", []string{"charts"}, runCharts},
 }
 
@@ -159,6 +161,9 @@ func (o options) validate() error {
 		return err
 	}
 	if err := o.Consume.validate(); err != nil {
+		return err
+	}
+	if err := o.Sources.validate(); err != nil {
 		return err
 	}
 	return partition.ValidateCount(o.Partitions)

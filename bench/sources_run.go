@@ -1,0 +1,388 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ordo-relay/ordo/bench/internal/harness"
+	"github.com/ordo-relay/ordo/bench/internal/result"
+)
+
+// benchSource is one source of a run: its cluster, its database (a rig
+// with its own exchange), the consumer of that exchange, and what the run
+// wrote into it.
+type benchSource struct {
+	name    string
+	cluster sourceCluster
+	rig     *harness.Rig
+	cons    *consumer
+	backlog []string // ids of the backlog's rows
+	pw      produceWindow
+}
+
+// sourcesOnce is one run with one source per cluster: the backlog is
+// loaded into every source before the nodes start, the nodes drain it,
+// then the producers write into every source while the nodes relay.
+func sourcesOnce(ctx context.Context, o options, clusters []sourceCluster) (*result.Result, error) {
+	p := o.Sources
+	n := len(clusters)
+	res := result.New("sources")
+	res.Label = fmt.Sprintf("sources-%d", n)
+	res.Param("sources", n)
+	res.Param("cap_cores", p.Cap)
+	res.Param("period", p.Period)
+	res.Param("nodes", p.Nodes)
+	if p.NodeCap > 0 {
+		res.Param("node_cap_cores", p.NodeCap)
+	}
+	res.Param("producers", p.Producers)
+	res.Param("msgs", p.Rows/n*n)
+	res.Param("keys", p.Keys/n*n)
+	res.Param("partitions", o.Partitions)
+	srcs, closeAll, err := openSources(ctx, o, clusters)
+	defer closeAll()
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range srcs {
+		l, err := loadGroups(ctx, s.rig, []rowGroup{{prefix: "key", keys: p.Keys / n, rows: p.Rows / n}}, o.Payload, true)
+		if err != nil {
+			return nil, fmt.Errorf("source %s: %w", s.name, err)
+		}
+		s.backlog = l.timed
+	}
+	nodeRig := &harness.Rig{Config: o.harness()}
+	defer nodeRig.Close() // stops the nodes, before the rigs drop the databases
+	sys, err := drainSources(ctx, o, srcs, nodeRig, res)
+	if err != nil {
+		return nil, err
+	}
+	if err := produceSources(ctx, o, srcs, sys, res); err != nil {
+		return nil, err
+	}
+	for _, s := range srcs {
+		rep, err := checkSource(ctx, o, s)
+		if err != nil {
+			return nil, err
+		}
+		res.Figure("lost_"+s.name, float64(rep.Lost), "")
+		res.Figure("reorders_"+s.name, float64(rep.Reorders), "")
+		res.Check = addReports(res.Check, rep)
+	}
+	res.Finished = time.Now()
+	return res, nil
+}
+
+// openSources creates a database (migrated, with an exchange and a
+// consumer) on each cluster. The returned close removes whatever was
+// created, also on error.
+func openSources(ctx context.Context, o options, clusters []sourceCluster) ([]*benchSource, func(), error) {
+	var srcs []*benchSource
+	closeAll := func() {
+		for i := len(srcs) - 1; i >= 0; i-- {
+			srcs[i].rig.Close()
+		}
+	}
+	names := sourceNames(len(clusters))
+	for i, c := range clusters {
+		cfg := o.harness()
+		cfg.PostgresURL = c.adminURL()
+		r, err := harness.New(ctx, cfg, "sources_"+names[i], int32(o.Sources.Producers/len(clusters)+2))
+		if err != nil {
+			return srcs, closeAll, fmt.Errorf("source %s: %w", names[i], err)
+		}
+		s := &benchSource{name: names[i], cluster: c, rig: r}
+		srcs = append(srcs, s)
+		if err := r.DeclareExchange(ctx); err != nil {
+			return srcs, closeAll, err
+		}
+		if s.cons, err = startRigConsumer(ctx, r, false); err != nil {
+			return srcs, closeAll, err
+		}
+	}
+	return srcs, closeAll, nil
+}
+
+// sourcesEnv is the nodes' ORDO_SOURCES: every source's database by name.
+func sourcesEnv(srcs []*benchSource) string {
+	pairs := make([]string, len(srcs))
+	for i, s := range srcs {
+		pairs[i] = s.name + "=" + s.rig.DBURL
+	}
+	return "ORDO_SOURCES=" + strings.Join(pairs, " ")
+}
+
+// clusterSample is the CPU of every cluster's processes and its throttled
+// periods at one moment, with the nodes' CPU and the machine's.
+type clusterSample struct {
+	procs     []map[int]time.Duration // by source: pid -> CPU
+	throttled []int64
+	nodes     time.Duration
+	machine   cpuSample
+}
+
+func sampleSources(srcs []*benchSource, sys *ordoSystem) (clusterSample, error) {
+	cs := clusterSample{machine: sampleCPU()}
+	for _, s := range srcs {
+		procs, err := groupCPU(s.cluster.cgroup)
+		if err != nil {
+			return cs, err
+		}
+		b, err := os.ReadFile(filepath.Join(s.cluster.cgroup, "cpu.stat"))
+		if err != nil {
+			return cs, fmt.Errorf("cgroup of %s: %w", s.name, err)
+		}
+		cs.procs = append(cs.procs, procs)
+		cs.throttled = append(cs.throttled, parseCPUStat(string(b))["nr_throttled"])
+	}
+	if sys != nil {
+		cpu, err := usageNow(sys)
+		if err != nil {
+			return cs, err
+		}
+		cs.nodes = cpu
+	}
+	return cs, nil
+}
+
+// groupCPU returns the CPU so far of every process in the cgroup dir.
+// A process that exits between two samples loses its CPU since the first
+// (the pools' connections live through a run; few do).
+func groupCPU(dir string) (map[int]time.Duration, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return nil, fmt.Errorf("cgroup %s: %w", dir, err)
+	}
+	out := map[int]time.Duration{}
+	for _, f := range strings.Fields(string(b)) {
+		pid, err := strconv.Atoi(f)
+		if err != nil {
+			continue
+		}
+		if cpu, err := harness.ProcCPU(pid); err == nil {
+			out[pid] = cpu
+		}
+	}
+	return out, nil
+}
+
+// addSourceCPU adds, for the window from a to b, each cluster's busy share
+// of its cap (prefix_pg_busy_<source>, and their mean prefix_pg_busy),
+// its throttled periods, the nodes' cores and the machine's figures.
+func addSourceCPU(res *result.Result, prefix string, srcs []*benchSource, a, b clusterSample, capCores float64) {
+	wall := b.machine.at.Sub(a.machine.at).Seconds()
+	var sum float64
+	for i, s := range srcs {
+		var d time.Duration
+		for pid, t := range b.procs[i] {
+			d += t - a.procs[i][pid] // a new process counts from 0
+		}
+		busy := d.Seconds() / wall / capCores
+		sum += busy
+		res.Figure(prefix+"pg_busy_"+s.name, busy, "")
+		res.Figure(prefix+"throttled_"+s.name, float64(b.throttled[i]-a.throttled[i]), "")
+	}
+	res.Figure(prefix+"pg_busy", sum/float64(len(srcs)), "")
+	res.Figure(prefix+"node_cores", (b.nodes-a.nodes).Seconds()/wall, "")
+	addCPU(res, a.machine, b.machine, prefix)
+}
+
+// drainSources starts the nodes on every source and waits until each
+// source's backlog has arrived. The rate is the backlog's rows over the
+// first to the last delivery, per source and of all together.
+func drainSources(ctx context.Context, o options, srcs []*benchSource, nodeRig *harness.Rig, res *result.Result) (*ordoSystem, error) {
+	a, err := sampleSources(srcs, nil)
+	if err != nil {
+		return nil, err
+	}
+	sys, err := startSourceNodes(ctx, o, srcs, nodeRig)
+	if err != nil {
+		return nil, err
+	}
+	var first, last time.Time
+	total := 0
+	for _, s := range srcs {
+		if err := s.cons.waitDistinct(ctx, len(s.backlog), o.Timeout, sys.failed); err != nil {
+			return nil, fmt.Errorf("source %s: drain: %w", s.name, err)
+		}
+		f, l, got := deliverySpan(s.backlog, s.cons.receiveTimes())
+		total += got
+		res.Figure("drain_msgs_per_sec_"+s.name, float64(got)/l.Sub(f).Seconds(), "msg/s")
+		if first.IsZero() || f.Before(first) {
+			first = f
+		}
+		last = maxTime(last, l)
+	}
+	b, err := sampleSources(srcs, sys)
+	if err != nil {
+		return nil, err
+	}
+	b.nodes -= a.nodes // the nodes started after a: all their CPU counts
+	res.Figure("drain_msgs_per_sec", float64(total)/last.Sub(first).Seconds(), "msg/s")
+	res.Seconds("drain_seconds", last.Sub(first))
+	addSourceCPU(res, "drain_", srcs, a, b, o.Sources.Cap)
+	fmt.Printf("drained %d rows from %d source(s) in %v\n", total, len(srcs), last.Sub(first).Round(time.Millisecond))
+	return sys, nil
+}
+
+// startSourceNodes starts -sources-nodes nodes relaying every source,
+// each in a cgroup of the raised weight (raiseWeight), capped when
+// -sources-node-cap is set. They stop at nodeRig's close.
+func startSourceNodes(ctx context.Context, o options, srcs []*benchSource, nodeRig *harness.Rig) (*ordoSystem, error) {
+	p := o.Sources
+	c, err := harness.NewCluster(nodeRig, o.AMQPURL, p.Nodes, p.Nodes > 1)
+	if err != nil {
+		return nil, err
+	}
+	c.Env = []string{sourcesEnv(srcs)}
+	// Uncapped nodes get a quota of every core, which caps nothing, and
+	// the weight, as capped ones do.
+	caps, err := newCPUCaps(cgroupRoot, cmp.Or(p.NodeCap, float64(runtime.NumCPU())), p.Period)
+	if err != nil {
+		return nil, err
+	}
+	nodeRig.OnClose("remove the nodes' cgroups", func(context.Context) error { return caps.close() })
+	if err := raiseWeight(caps); err != nil {
+		return nil, err
+	}
+	c.OnStart = func(_ int, nd *harness.Node) error { return caps.cap(nd.Name, nd.Pid()) }
+	for i := range p.Nodes {
+		if _, err := c.Start(ctx, i); err != nil {
+			return nil, err
+		}
+	}
+	return &ordoSystem{c: c}, nil
+}
+
+// produceSources runs -sources-producers closed-loop producers, split
+// evenly over the sources (one row per transaction, the plain INSERT of
+// the produce scenario's ordo-sql), while the nodes relay, and measures
+// the commits in the window after the warm-up.
+func produceSources(ctx context.Context, o options, srcs []*benchSource, sys *ordoSystem, res *result.Result) error {
+	p := o.Sources
+	v := findProduceVariant(variantOrdoSQL)
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	per := p.Producers / len(srcs)
+	for _, s := range srcs {
+		w, err := sourceWriter(o, p.Keys/len(srcs), s.rig.Exchange)
+		if err != nil {
+			return err
+		}
+		for i := range per {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				produceWork(wctx, v, w, s.rig.Pool, &s.pw, 1, uint64(i))
+			}()
+		}
+	}
+	if err := harness.Sleep(ctx, p.Warmup); err != nil {
+		return err
+	}
+	a, err := sampleSources(srcs, sys)
+	if err != nil {
+		return err
+	}
+	for _, s := range srcs {
+		s.pw.measuring.Store(true)
+	}
+	werr := harness.Sleep(ctx, p.Duration)
+	for _, s := range srcs {
+		s.pw.measuring.Store(false)
+	}
+	b, err := sampleSources(srcs, sys)
+	stop()
+	wg.Wait()
+	if werr != nil || err != nil {
+		return fmt.Errorf("producers: %w", firstErr(werr, err))
+	}
+	window := b.machine.at.Sub(a.machine.at).Seconds()
+	total, errs := 0, 0
+	for _, s := range srcs {
+		s.pw.mu.Lock()
+		total += s.pw.commits
+		errs += s.pw.errors
+		res.Figure("insert_tps_"+s.name, float64(s.pw.commits)/window, "tps")
+		s.pw.mu.Unlock()
+	}
+	res.Figure("insert_tps", float64(total)/window, "tps")
+	res.Figure("insert_errors", float64(errs), "")
+	addSourceCPU(res, "insert_", srcs, a, b, p.Cap)
+	fmt.Printf("producers: %.0f tps over %d source(s), %d errors\n", float64(total)/window, len(srcs), errs)
+	return nil
+}
+
+func firstErr(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sourceWriter is a produce writer of keys keys to exchange.
+func sourceWriter(o options, keys int, exchange string) (*produceWriter, error) {
+	oo := o
+	oo.Keys = keys
+	w, err := newProduceWriter(oo)
+	if err != nil {
+		return nil, err
+	}
+	w.exchange = exchange
+	return w, nil
+}
+
+// checkSource waits until the source's consumer has every row the source's
+// outbox holds (the backlog's and the producers') and returns the checker's
+// report over them: lost, reordered or skipped per (source, key), since
+// every source has an exchange, a queue and a checker of its own.
+func checkSource(ctx context.Context, o options, s *benchSource) (result.Check, error) {
+	rows, err := s.rig.Pool.Query(ctx, `SELECT id::text FROM outbox ORDER BY seq`)
+	if err != nil {
+		return result.Check{}, fmt.Errorf("source %s: list rows: %w", s.name, err)
+	}
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return result.Check{}, fmt.Errorf("source %s: list rows: %w", s.name, err)
+		}
+		ids = append(ids, id)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return result.Check{}, fmt.Errorf("source %s: list rows: %w", s.name, err)
+	}
+	if err := s.cons.waitAll(ctx, ids, o.Timeout, nil); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: sources: source %s: %v\n", s.name, err)
+	}
+	return s.cons.report(ids), nil
+}
+
+// addReports sums two checker reports (their first problems concatenated).
+func addReports(a, b result.Check) result.Check {
+	a.Total += b.Total
+	a.Distinct += b.Distinct
+	a.Duplicates += b.Duplicates
+	a.Redeliveries += b.Redeliveries
+	a.Lost += b.Lost
+	a.Reorders += b.Reorders
+	a.Gaps += b.Gaps
+	a.Keys += b.Keys
+	a.LostIDs = append(a.LostIDs, b.LostIDs...)
+	a.Problems = append(a.Problems, b.Problems...)
+	return a
+}
