@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ordo-relay/ordo/internal/nodehook"
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/node"
 	"github.com/ordo-relay/ordo/outbox"
@@ -22,12 +23,12 @@ import (
 // returns its HTTP address.
 func startNode(t *testing.T, dbURL string, partitions int, edit func(*node.Config)) string {
 	t.Helper()
-	return startNodeWith(t, dbURL, partitions, edit, node.Options{})
+	return startNodeWith(t, dbURL, partitions, edit, nodehook.Hooks{})
 }
 
 // startNodeWith is startNode with options (its Logger and Ready are
 // replaced).
-func startNodeWith(t *testing.T, dbURL string, partitions int, edit func(*node.Config), opts node.Options) string {
+func startNodeWith(t *testing.T, dbURL string, partitions int, edit func(*node.Config), hooks nodehook.Hooks) string {
 	t.Helper()
 	cfg := node.DefaultConfig()
 	cfg.PostgresURL, cfg.AMQP.URL, cfg.NodeName = dbURL, testkit.AMQPURL(), "solo"
@@ -36,8 +37,7 @@ func startNodeWith(t *testing.T, dbURL string, partitions int, edit func(*node.C
 	if edit != nil {
 		edit(&cfg)
 	}
-	opts.Logger = testkit.Logger(t, slog.LevelWarn)
-	addr, stop := runNode(t, cfg, opts)
+	addr, stop := runNodeHooked(t, cfg, node.Options{Logger: testkit.Logger(t, slog.LevelWarn)}, hooks)
 	t.Cleanup(stop)
 	return addr
 }
@@ -47,9 +47,15 @@ func startNodeWith(t *testing.T, dbURL string, partitions int, edit func(*node.C
 // waits for it (idempotent).
 func runNode(t *testing.T, cfg node.Config, opts node.Options) (httpAddr string, stop func()) {
 	t.Helper()
+	return runNodeHooked(t, cfg, opts, nodehook.Hooks{})
+}
+
+// runNodeHooked is runNode with test hooks (internal/nodehook).
+func runNodeHooked(t *testing.T, cfg node.Config, opts node.Options, hooks nodehook.Hooks) (httpAddr string, stop func()) {
+	t.Helper()
 	ready := make(chan string, 1)
 	opts.Ready = func(a string) { ready <- a }
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(nodehook.With(context.Background(), hooks))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
