@@ -1,7 +1,6 @@
 package node_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -13,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/ordo-relay/ordo/internal/nodehook"
+	"github.com/ordo-relay/ordo/internal/nodetest"
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/node"
 	"github.com/ordo-relay/ordo/outbox"
@@ -37,41 +37,17 @@ func startNodeWith(t *testing.T, dbURL string, partitions int, edit func(*node.C
 	if edit != nil {
 		edit(&cfg)
 	}
-	addr, stop := runNodeHooked(t, cfg, node.Options{Logger: testkit.Logger(t, slog.LevelWarn)}, hooks)
+	addr, stop := nodetest.Run(t, cfg, node.Options{Logger: testkit.Logger(t, slog.LevelWarn)}, hooks)
 	t.Cleanup(stop)
 	return addr
 }
 
-// runNode runs a node with cfg and opts (its Ready is replaced) and
-// returns its HTTP address once it serves, and a stop that ends it and
-// waits for it (idempotent).
+// runNode runs a node with cfg and opts until the test ends
+// (internal/nodetest), and returns its HTTP address once it serves, and a
+// stop that ends it and waits for it (idempotent).
 func runNode(t *testing.T, cfg node.Config, opts node.Options) (httpAddr string, stop func()) {
 	t.Helper()
-	return runNodeHooked(t, cfg, opts, nodehook.Hooks{})
-}
-
-// runNodeHooked is runNode with test hooks (internal/nodehook).
-func runNodeHooked(t *testing.T, cfg node.Config, opts node.Options, hooks nodehook.Hooks) (httpAddr string, stop func()) {
-	t.Helper()
-	ready := make(chan string, 1)
-	opts.Ready = func(a string) { ready <- a }
-	ctx, cancel := context.WithCancel(nodehook.With(context.Background(), hooks))
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := node.Run(ctx, cfg, opts); err != nil {
-			t.Errorf("node %s: %v", cfg.NodeName, err)
-		}
-	}()
-	stop = func() { cancel(); <-done }
-	select {
-	case httpAddr = <-ready:
-		return httpAddr, stop
-	case <-time.After(30 * time.Second):
-		stop()
-		t.Fatalf("node %s did not start", cfg.NodeName)
-		return "", stop
-	}
+	return nodetest.Run(t, cfg, opts, nodehook.Hooks{})
 }
 
 // nodeStatus fetches a node's /status.

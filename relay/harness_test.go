@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ordo-relay/ordo/internal/nodehook"
+	"github.com/ordo-relay/ordo/internal/nodetest"
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/lease"
 	ordonode "github.com/ordo-relay/ordo/node"
@@ -161,13 +162,10 @@ type nodeOpts struct {
 // by node.Run: node's own build (docs/design.md), with the test hooks of
 // internal/nodehook, not a copy of it.
 type node struct {
-	t        *testing.T
-	cancel   context.CancelFunc
-	done     chan struct{} // closed when node.Run has returned
-	relay    *relay.Relay
-	pub      *rabbitmq.Publisher
-	leaser   *lease.Leaser
-	stopOnce sync.Once
+	stop   func() // ends the node and waits for it (idempotent; also at the test's end)
+	relay  *relay.Relay
+	pub    *rabbitmq.Publisher
+	leaser *lease.Leaser
 }
 
 // config returns the node's Config: one source (the harness database, or
@@ -201,40 +199,13 @@ func (h *harness) startNode(o nodeOpts) *node {
 	if o.logger == nil {
 		o.logger = testkit.Logger(h.t, slog.LevelWarn).With("node", o.name)
 	}
-	n := &node{t: h.t, done: make(chan struct{})}
+	n := &node{}
 	hooks := nodehook.Hooks{WrapPublisher: o.wrapPub, WrapStore: o.wrapStore, WrapOwnership: o.wrapOwn,
 		LeaseURL: o.leaseDBURL, PerKeyLimit: o.perKey, Built: func(p nodehook.Parts) {
 			n.relay, n.pub, n.leaser = p.Sources[0].Relay, p.Publisher, p.Sources[0].Leaser
 		}}
-	ready := make(chan struct{})
-	opts := ordonode.Options{Logger: o.logger, TracerProvider: o.tracer, Ready: func(string) { close(ready) }}
-	ctx, cancel := context.WithCancel(nodehook.With(context.Background(), hooks))
-	n.cancel = cancel
-	cfg := h.config(o)
-	go func() {
-		defer close(n.done)
-		if err := ordonode.Run(ctx, cfg, opts); err != nil {
-			n.t.Errorf("node %s: %v", o.name, err)
-		}
-	}()
-	h.t.Cleanup(n.stop)
-	select {
-	case <-ready:
-	case <-n.done:
-		h.t.Fatalf("node %s stopped before it started", o.name)
-	case <-time.After(30 * time.Second):
-		h.t.Fatalf("node %s did not start within 30s", o.name)
-	}
+	_, n.stop = nodetest.Run(h.t, h.config(o), ordonode.Options{Logger: o.logger, TracerProvider: o.tracer}, hooks)
 	return n
-}
-
-// stop shuts the node down as node.Run does, in order: relay, then
-// leases, then the broker connection.
-func (n *node) stop() {
-	n.stopOnce.Do(func() {
-		n.cancel()
-		<-n.done
-	})
 }
 
 // crash stops the node as stop does: the relay settles what it can and the
