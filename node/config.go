@@ -177,6 +177,4 @@ type Options struct {
 	// TracerProvider); nil turns tracing off. cmd/node builds it from the
 	// OTEL_* environment.
 	TracerProvider trace.TracerProvider
-
-	hooks testHooks // tests only (hooks.go, export_test.go)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ordo-relay/ordo/internal/nodehook"
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/node"
 	"github.com/ordo-relay/ordo/outbox"
@@ -103,7 +104,7 @@ func perKeyRun(t *testing.T, perKeyLimit int) (testkit.Report, *headFails, *pgxp
 	f := &headFails{}
 	t.Cleanup(f.nacks.Wait) // after the node has stopped
 	startNodeWith(t, dbURL, partitions, func(c *node.Config) { c.Relay.RetryMin, c.Relay.RetryMax = 10*time.Millisecond, 50*time.Millisecond },
-		node.WithHooks(node.Options{}, node.Hooks{WrapPublisher: f.wrap, PerKeyLimit: perKeyLimit}))
+		nodehook.Hooks{WrapPublisher: f.wrap, PerKeyLimit: perKeyLimit})
 	start := time.Now()
 	rep := checker.WaitFor(t, 30*time.Second, func(r testkit.Report) bool { return r.Lost == 0 })
 	nacked, returned := f.faults()

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ordo-relay/ordo/internal/nodehook"
 	"github.com/ordo-relay/ordo/lease"
 	"github.com/ordo-relay/ordo/membership"
 	"github.com/ordo-relay/ordo/outbox"
@@ -57,9 +58,12 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 			s.pool.Close()
 		}
 	}()
-	n, err := build(cfg, opts, logger, srcs)
+	n, err := build(cfg, opts, nodehook.From(ctx), logger, srcs)
 	if err != nil {
 		return err
+	}
+	if n.hooks.Built != nil {
+		n.hooks.Built(n.parts())
 	}
 	return n.run(ctx, opts.Ready)
 }
@@ -67,7 +71,7 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 // built is a node's components, built and not yet started.
 type built struct {
 	cfg     Config
-	hooks   testHooks
+	hooks   nodehook.Hooks // tests only (internal/nodehook)
 	logger  *slog.Logger
 	members *membership.Membership // nil when the node runs alone
 	pub     *rabbitmq.Publisher
@@ -114,12 +118,16 @@ func openPool(ctx context.Context, cfg Config, url string) (*pgxpool.Pool, *pgx.
 // build makes every component. What can fail (a configuration refused, a
 // port taken) is checked before gossip starts listening: a Membership is
 // only shut down by its Run, so a failure after it costs a leave.
-func build(cfg Config, opts Options, logger *slog.Logger, srcs []*source) (*built, error) {
-	b := &built{cfg: cfg, logger: logger, hooks: opts.hooks, srcs: srcs}
+func build(cfg Config, opts Options, hooks nodehook.Hooks, logger *slog.Logger, srcs []*source) (*built, error) {
+	b := &built{cfg: cfg, logger: logger, hooks: hooks, srcs: srcs}
 	lcfgs := make([]lease.Config, len(srcs))
 	for i, s := range srcs {
+		connect, err := leaseConnect(hooks, s)
+		if err != nil {
+			return nil, err
+		}
 		lcfg := lease.ConfigWithTTL(cfg.LeaseTTL)
-		lcfg.Node, lcfg.Want, lcfg.Connect, lcfg.Logger = cfg.NodeName, b.want(s), s.connect, s.logger
+		lcfg.Node, lcfg.Want, lcfg.Connect, lcfg.Logger = cfg.NodeName, b.want(s), connect, s.logger
 		if err := lcfg.Validate(); err != nil {
 			return nil, err
 		}
@@ -130,7 +138,7 @@ func build(cfg Config, opts Options, logger *slog.Logger, srcs []*source) (*buil
 		return nil, fmt.Errorf("http-addr: %w", err)
 	}
 	if cfg.Gossip.BindAddr != "" {
-		if b.members, err = membership.New(cfg.membershipConfig(logger, opts.hooks.GossipTransport)); err != nil {
+		if b.members, err = membership.New(cfg.membershipConfig(logger, hooks.GossipTransport)); err != nil {
 			return nil, b.abandon(err)
 		}
 		for i, s := range srcs {
@@ -145,7 +153,7 @@ func build(cfg Config, opts Options, logger *slog.Logger, srcs []*source) (*buil
 	}
 	b.health = newHealthMonitor(cfg, b.pub, srcs, b.members, logger)
 	pm := newPublishFamilies()
-	pub := opts.hooks.publisher(b.pub)
+	pub := hooks.Publisher(b.pub)
 	var budget *relay.Budget
 	if len(srcs) > 1 {
 		// The sources' relays share the node's W and read-ahead, fairly
@@ -160,7 +168,8 @@ func build(cfg Config, opts Options, logger *slog.Logger, srcs []*source) (*buil
 		rc.Budget = budget
 		rc.TracerProvider = opts.TracerProvider
 		spub := observedPublisher{Publisher: stampSource{Publisher: pub, name: s.name}, m: pm.forSource(s.name)}
-		if s.relay, err = relay.New(rc, pgstore.New(s.pool, rc.Node, s.logger), spub, s.leaser); err != nil {
+		store := hooks.Store(pgstore.New(s.pool, rc.Node, s.logger))
+		if s.relay, err = relay.New(rc, store, spub, hooks.Ownership(s.leaser)); err != nil {
 			return nil, b.abandon(err) // Config.Validate checked it: not expected
 		}
 		s.backlog = NewBacklog(s.pool, cfg.BacklogInterval, s.logger)
@@ -243,7 +252,7 @@ func (b *built) run(ctx context.Context, ready func(httpAddr string)) error {
 	var leasers, relays []component
 	for _, s := range b.srcs {
 		leasers = append(leasers, component{b.named("leases", s), s.leaser.Run})
-		relays = append(relays, component{b.named("relay", s), b.hooks.relayRun(s.relay)})
+		relays = append(relays, component{b.named("relay", s), relayRun(b.hooks, s.relay)})
 	}
 	st.start("leases", leasers...)
 	st.start("relay", relays...).after = func() {

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/ordo-relay/ordo/internal/gossipfilter"
+	"github.com/ordo-relay/ordo/internal/nodehook"
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/node"
 	"github.com/ordo-relay/ordo/outbox"
@@ -88,17 +89,18 @@ func TestSplitBrain(t *testing.T) {
 		cfg.Gossip.Keys = [][]byte{[]byte("0123456789abcdef")}
 		cfg.Relay.PollInterval = 200 * time.Millisecond
 		ready := make(chan string, 1)
-		opts := node.WithHooks(node.Options{
+		opts := node.Options{
 			Logger: testkit.Logger(t, slog.LevelWarn).With("node", name),
 			Ready:  func(a string) { ready <- a },
-		}, node.Hooks{
+		}
+		hooked := nodehook.With(runCtx, nodehook.Hooks{
 			GossipTransport: tr,
 			WrapPublisher:   func(p relay.Publisher) relay.Publisher { return &recordingPublisher{p, name, plog} },
 		})
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := node.Run(runCtx, cfg, opts); err != nil {
+			if err := node.Run(hooked, cfg, opts); err != nil {
 				t.Errorf("%s: %v", name, err)
 			}
 		}()

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ordo-relay/ordo/inbox"
+	"github.com/ordo-relay/ordo/internal/nodehook"
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/node"
 	"github.com/ordo-relay/ordo/orderapi"
@@ -131,12 +132,12 @@ func (e *traceEnv) startNode(name string, wrap func(relay.Publisher) relay.Publi
 	cfg.HTTPAddr, cfg.Partitions, cfg.DBMaxConns = "127.0.0.1:0", tracePartitions, 3
 	cfg.Relay.PollInterval, cfg.Relay.SettleTimeout = 100*time.Millisecond, 200*time.Millisecond
 	ready := make(chan string, 1)
-	opts := node.WithHooks(node.Options{
+	opts := node.Options{
 		Logger:         testkit.Logger(e.t, slog.LevelWarn).With("node", name),
 		TracerProvider: e.tp,
 		Ready:          func(a string) { ready <- a },
-	}, node.Hooks{WrapPublisher: wrap})
-	ctx, cancel := context.WithCancel(context.Background())
+	}
+	ctx, cancel := context.WithCancel(nodehook.With(context.Background(), nodehook.Hooks{WrapPublisher: wrap}))
 	done := make(chan error, 1)
 	go func() { done <- node.Run(ctx, cfg, opts) }()
 	select {

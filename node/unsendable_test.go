@@ -1,7 +1,6 @@
 package node_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -12,6 +11,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ordo-relay/ordo/internal/nodehook"
+	"github.com/ordo-relay/ordo/internal/nodetest"
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/node"
 	"github.com/ordo-relay/ordo/outbox"
@@ -22,12 +23,12 @@ import (
 // returns its HTTP address.
 func startNode(t *testing.T, dbURL string, partitions int, edit func(*node.Config)) string {
 	t.Helper()
-	return startNodeWith(t, dbURL, partitions, edit, node.Options{})
+	return startNodeWith(t, dbURL, partitions, edit, nodehook.Hooks{})
 }
 
 // startNodeWith is startNode with options (its Logger and Ready are
 // replaced).
-func startNodeWith(t *testing.T, dbURL string, partitions int, edit func(*node.Config), opts node.Options) string {
+func startNodeWith(t *testing.T, dbURL string, partitions int, edit func(*node.Config), hooks nodehook.Hooks) string {
 	t.Helper()
 	cfg := node.DefaultConfig()
 	cfg.PostgresURL, cfg.AMQP.URL, cfg.NodeName = dbURL, testkit.AMQPURL(), "solo"
@@ -36,36 +37,17 @@ func startNodeWith(t *testing.T, dbURL string, partitions int, edit func(*node.C
 	if edit != nil {
 		edit(&cfg)
 	}
-	opts.Logger = testkit.Logger(t, slog.LevelWarn)
-	addr, stop := runNode(t, cfg, opts)
+	addr, stop := nodetest.Run(t, cfg, node.Options{Logger: testkit.Logger(t, slog.LevelWarn)}, hooks)
 	t.Cleanup(stop)
 	return addr
 }
 
-// runNode runs a node with cfg and opts (its Ready is replaced) and
-// returns its HTTP address once it serves, and a stop that ends it and
-// waits for it (idempotent).
+// runNode runs a node with cfg and opts until the test ends
+// (internal/nodetest), and returns its HTTP address once it serves, and a
+// stop that ends it and waits for it (idempotent).
 func runNode(t *testing.T, cfg node.Config, opts node.Options) (httpAddr string, stop func()) {
 	t.Helper()
-	ready := make(chan string, 1)
-	opts.Ready = func(a string) { ready <- a }
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := node.Run(ctx, cfg, opts); err != nil {
-			t.Errorf("node %s: %v", cfg.NodeName, err)
-		}
-	}()
-	stop = func() { cancel(); <-done }
-	select {
-	case httpAddr = <-ready:
-		return httpAddr, stop
-	case <-time.After(30 * time.Second):
-		stop()
-		t.Fatalf("node %s did not start", cfg.NodeName)
-		return "", stop
-	}
+	return nodetest.Run(t, cfg, opts, nodehook.Hooks{})
 }
 
 // nodeStatus fetches a node's /status.

@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/ordo-relay/ordo/internal/nodehook"
 	"github.com/ordo-relay/ordo/internal/testkit"
-	"github.com/ordo-relay/ordo/node"
 	"github.com/ordo-relay/ordo/outbox"
 )
 
@@ -34,7 +34,7 @@ func TestSteadyRateWaitsNoInterval(t *testing.T) {
 	ctx := testkit.Context(t, 2*time.Minute)
 	ex := testkit.NewExchange(t)
 	checker := testkit.NewChecker(t, testkit.AMQPURL(), ex, "order.*")
-	addr := startNodeWith(t, dbURL, partitions, nil, node.Options{})
+	addr := startNodeWith(t, dbURL, partitions, nil, nodehook.Hooks{})
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for i := range n {

@@ -1,6 +1,7 @@
 package relay_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -14,14 +15,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
-	"golang.org/x/sync/errgroup"
 
-	"github.com/ordo-relay/ordo/internal/relayhook"
+	"github.com/ordo-relay/ordo/internal/nodehook"
+	"github.com/ordo-relay/ordo/internal/nodetest"
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/lease"
+	ordonode "github.com/ordo-relay/ordo/node"
 	"github.com/ordo-relay/ordo/outbox"
 	"github.com/ordo-relay/ordo/relay"
-	"github.com/ordo-relay/ordo/relay/pgstore"
 	"github.com/ordo-relay/ordo/relay/rabbitmq"
 )
 
@@ -149,136 +150,67 @@ type nodeOpts struct {
 	confirmTimeout time.Duration
 	// callTimeout and heartbeat replace the publisher's defaults (5 s each).
 	callTimeout, heartbeat time.Duration
-	// editConfig, if set, edits the relay's configuration last.
-	editConfig func(*relay.Config)
 	// pollInterval and retryMin/retryMax replace the harness's short
 	// defaults (200 ms; 20-200 ms).
 	pollInterval       time.Duration
 	retryMin, retryMax time.Duration
 	// tracer, if set, is the relay's TracerProvider.
 	tracer trace.TracerProvider
+	// editConfig, if set, edits the node's configuration last.
+	editConfig func(*ordonode.Config)
 }
 
-// node is a relay, its leaser and its publisher, run in-process.
+// node is a relay, its leaser and its publisher, built and run in-process
+// by node.Run: node's own build (docs/design.md), with the test hooks of
+// internal/nodehook, not a copy of it.
 type node struct {
-	t        *testing.T
-	cancel   context.CancelFunc
-	running  errgroup.Group // the relay
-	stopBG   context.CancelFunc
-	bg       errgroup.Group // its leaser and publisher
-	relay    *relay.Relay
-	pub      *rabbitmq.Publisher
-	leaser   *lease.Leaser
-	stopOnce sync.Once
+	stop   func() // ends the node and waits for it (idempotent; also at the test's end)
+	relay  *relay.Relay
+	pub    *rabbitmq.Publisher
+	leaser *lease.Leaser
 }
 
-func (h *harness) startNode(o nodeOpts) *node {
-	h.t.Helper()
-	if o.name == "" {
-		o.name = "node-" + uuid.NewString()[:8]
-	}
-	if o.amqpURL == "" {
-		o.amqpURL = testkit.AMQPURL()
-	}
-	if o.logger == nil {
-		o.logger = testkit.Logger(h.t, slog.LevelWarn).With("node", o.name)
-	}
-	pool := h.pool
-	if o.dbURL != "" {
-		pool = testkit.NewPool(h.t, o.dbURL, 4)
-	}
-	all := make([]int, testPartitions)
-	for i := range all {
-		all[i] = i
-	}
-	connCfg := pool.Config().ConnConfig
-	if o.leaseDBURL != "" {
-		cfg, err := pgx.ParseConfig(o.leaseDBURL)
-		if err != nil {
-			h.t.Fatal(err)
-		}
-		connCfg = cfg
-	}
-	lcfg := lease.ConfigWithTTL(2 * time.Second)
-	lcfg.Node, lcfg.Want, lcfg.Logger = o.name, func() []int { return all }, o.logger
-	lcfg.Connect = func(ctx context.Context) (*pgx.Conn, error) {
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		return pgx.ConnectConfig(cctx, connCfg.Copy())
-	}
-	leaser, err := lease.New(lcfg)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	amqpPub, err := rabbitmq.New(rabbitmq.Config{URL: o.amqpURL, Window: max(o.window, 64), Logger: o.logger,
-		ReconnectMax: 500 * time.Millisecond, ConfirmTimeout: o.confirmTimeout,
-		CallTimeout: o.callTimeout, Heartbeat: o.heartbeat})
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	var pub relay.Publisher = amqpPub
-	if o.wrapPub != nil {
-		pub = o.wrapPub(pub)
-	}
-	var store relay.Store = pgstore.New(pool, o.name, o.logger)
-	if o.wrapStore != nil {
-		store = o.wrapStore(store)
-	}
-	cfg := relay.DefaultConfig()
-	cfg.Node = o.name
-	if o.window > 0 {
-		cfg.Window = o.window
-	}
-	cfg.RetryMin, cfg.RetryMax = 20*time.Millisecond, 200*time.Millisecond
+// config returns the node's Config: one source (the harness database, or
+// o.dbURL), no gossip, testPartitions partitions, and the harness's short
+// poll interval, backoff, reconnect and retention interval.
+func (h *harness) config(o nodeOpts) ordonode.Config {
+	cfg := ordonode.DefaultConfig()
+	cfg.NodeName, cfg.PostgresURL, cfg.AMQP.URL = o.name, cmp.Or(o.dbURL, h.dbURL), cmp.Or(o.amqpURL, testkit.AMQPURL())
+	cfg.HTTPAddr, cfg.Partitions, cfg.DBMaxConns, cfg.LeaseTTL = "127.0.0.1:0", testPartitions, 4, 2*time.Second
+	r := &cfg.Relay
+	r.Window = cmp.Or(o.window, r.Window)
+	r.RetryMin, r.RetryMax = 20*time.Millisecond, 200*time.Millisecond
 	if o.retryMin > 0 {
-		cfg.RetryMin, cfg.RetryMax = o.retryMin, max(o.retryMax, o.retryMin)
+		r.RetryMin, r.RetryMax = o.retryMin, max(o.retryMax, o.retryMin)
 	}
-	cfg.PollInterval = 200 * time.Millisecond
-	if o.pollInterval > 0 {
-		cfg.PollInterval = o.pollInterval
-	}
-	cfg.Logger = o.logger
-	cfg.TracerProvider = o.tracer
-	cfg.RetentionAge = o.retention
-	cfg.RetentionInterval = 100 * time.Millisecond
-	if o.retentionChunk > 0 {
-		cfg.RetentionChunk = o.retentionChunk
-	}
+	r.PollInterval = cmp.Or(o.pollInterval, 200*time.Millisecond)
+	r.RetentionAge, r.RetentionInterval = o.retention, 100*time.Millisecond
+	r.RetentionChunk = cmp.Or(o.retentionChunk, r.RetentionChunk)
+	a := &cfg.AMQP
+	a.ReconnectMax = 500 * time.Millisecond
+	a.ConfirmTimeout = cmp.Or(o.confirmTimeout, a.ConfirmTimeout)
+	a.CallTimeout, a.Heartbeat = cmp.Or(o.callTimeout, a.CallTimeout), cmp.Or(o.heartbeat, a.Heartbeat)
 	if o.editConfig != nil {
 		o.editConfig(&cfg)
 	}
-	var own relay.Ownership = leaser
-	if o.wrapOwn != nil {
-		own = o.wrapOwn(leaser)
-	}
-	rl, err := relay.New(cfg, store, pub, own)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	n := &node{t: h.t, relay: rl, pub: amqpPub, leaser: leaser}
-	bgCtx, stopBG := context.WithCancel(context.Background())
-	n.stopBG = stopBG
-	n.bg.Go(func() error { return amqpPub.Run(bgCtx) })
-	n.bg.Go(func() error { return leaser.Run(bgCtx) })
-	ctx, cancel := context.WithCancel(relayhook.WithPerKeyLimit(context.Background(), o.perKey))
-	n.cancel = cancel
-	n.running.Go(func() error { return rl.Run(ctx) })
-	h.t.Cleanup(n.stop)
-	return n
+	return cfg
 }
 
-// stop shuts the node down in order: relay, then leases and broker.
-func (n *node) stop() {
-	n.stopOnce.Do(func() {
-		n.cancel()
-		if err := n.running.Wait(); err != nil {
-			n.t.Errorf("relay: %v", err)
-		}
-		n.stopBG()
-		if err := n.bg.Wait(); err != nil {
-			n.t.Errorf("leaser or publisher: %v", err)
-		}
-	})
+// startNode runs a node with o until the test ends (or stop), and returns
+// it once it serves.
+func (h *harness) startNode(o nodeOpts) *node {
+	h.t.Helper()
+	o.name = cmp.Or(o.name, "node-"+uuid.NewString()[:8])
+	if o.logger == nil {
+		o.logger = testkit.Logger(h.t, slog.LevelWarn).With("node", o.name)
+	}
+	n := &node{}
+	hooks := nodehook.Hooks{WrapPublisher: o.wrapPub, WrapStore: o.wrapStore, WrapOwnership: o.wrapOwn,
+		LeaseURL: o.leaseDBURL, PerKeyLimit: o.perKey, Built: func(p nodehook.Parts) {
+			n.relay, n.pub, n.leaser = p.Sources[0].Relay, p.Publisher, p.Sources[0].Leaser
+		}}
+	_, n.stop = nodetest.Run(h.t, h.config(o), ordonode.Options{Logger: o.logger, TracerProvider: o.tracer}, hooks)
+	return n
 }
 
 // crash stops the node as stop does: the relay settles what it can and the

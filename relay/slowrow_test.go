@@ -8,8 +8,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
+	ordonode "github.com/ordo-relay/ordo/node"
 	"github.com/ordo-relay/ordo/partition"
-	"github.com/ordo-relay/ordo/relay"
 )
 
 // TestSlowRowStallsOnlyItsPartition (real PostgreSQL and RabbitMQ): a row
@@ -44,8 +44,8 @@ func TestSlowRowStallsOnlyItsPartition(t *testing.T) {
 	}
 	db := testkit.NewProxy(t, hostPort(testkit.PostgresURL()))
 	db.LimitReplies(1 << 20)
-	h.startNode(nodeOpts{dbURL: db.URL(h.dbURL), leaseDBURL: h.dbURL, editConfig: func(c *relay.Config) {
-		c.ReadTimeout, c.MaxAttempts = time.Second, 3
+	h.startNode(nodeOpts{dbURL: db.URL(h.dbURL), leaseDBURL: h.dbURL, editConfig: func(c *ordonode.Config) {
+		c.LeaseTTL, c.Relay.MaxAttempts = 2*time.Second, 3 // the read timeout is LeaseTTL/2: 1 s
 	}})
 
 	rep := h.checker.WaitDistinct(t, others-inSlowPart, 30*time.Second)

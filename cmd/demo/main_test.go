@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"reflect"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/orderapi"
 )
 
 func TestMain(m *testing.M) {
@@ -79,14 +81,14 @@ func TestParseConfig(t *testing.T) {
 	}
 }
 
-// TestExpectation checks the per-order bookkeeping that decides whether
-// the demo succeeds: it must notice a missing event, an event that arrives
+// TestEvents checks the per-order bookkeeping that decides whether the
+// demo succeeds: it must notice a missing event, an event that arrives
 // before its predecessor, and tell duplicates and strangers apart.
-func TestExpectation(t *testing.T) {
+func TestEvents(t *testing.T) {
 	orders := []placedOrder{{ID: "a", Cancelled: true}, {ID: "b"}}
 	type arrival struct {
 		order  string
-		keySeq int64
+		keySeq int64  // 1 placed, 2 cancelled
 		remark string // substring of the remark; "" for none
 	}
 	tests := []struct {
@@ -110,22 +112,28 @@ func TestExpectation(t *testing.T) {
 		{
 			name:     "missing cancel",
 			arrivals: []arrival{{"a", 1, ""}, {"b", 1, ""}},
-			missing:  []string{"order a key_seq 2"},
+			missing:  []string{"order a " + orderapi.TypeOrderCancelled},
 		},
 		{
-			name:     "duplicate and stranger",
-			arrivals: []arrival{{"a", 1, ""}, {"a", 1, "duplicate"}, {"zzz", 1, "not from this run"}, {"b", 2, "unexpected"}},
-			missing:  []string{"order a key_seq 2", "order b key_seq 1"},
+			name: "duplicate, stranger and unexpected",
+			arrivals: []arrival{{"a", 1, ""}, {"a", 1, "duplicate"}, {"zzz", 1, "not from this run"},
+				{"b", 1, ""}, {"b", 2, "unexpected"}},
+			missing: []string{"order a " + orderapi.TypeOrderCancelled},
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e := newExpectation(orders)
-			if e.total() != 3 {
-				t.Fatalf("total = %d, want 3", e.total())
+			e := newEvents(orders)
+			if e.total != 3 {
+				t.Fatalf("total = %d, want 3", e.total)
 			}
 			for _, a := range tt.arrivals {
-				r := e.record(a.order, a.keySeq)
+				typ := orderapi.TypeOrderPlaced
+				if a.keySeq == 2 {
+					typ = orderapi.TypeOrderCancelled
+				}
+				d := testkit.Delivery{MessageID: fmt.Sprintf("%s-%d", a.order, a.keySeq), CorrelationID: a.order, Type: typ, KeySeq: a.keySeq}
+				r := e.record(d)
 				if (a.remark == "") != (r == "") || !strings.Contains(r, a.remark) {
 					t.Errorf("record(%s, %d) = %q, want a remark containing %q", a.order, a.keySeq, r, a.remark)
 				}
@@ -136,8 +144,8 @@ func TestExpectation(t *testing.T) {
 			if got := e.missing(); !reflect.DeepEqual(got, tt.missing) {
 				t.Errorf("missing = %q, want %q", got, tt.missing)
 			}
-			if len(e.wrong) != tt.wrong {
-				t.Errorf("out of order = %q, want %d", e.wrong, tt.wrong)
+			if got := e.outOfOrder(); len(got) != tt.wrong {
+				t.Errorf("out of order = %q, want %d", got, tt.wrong)
 			}
 		})
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -13,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/orderapi"
 	"github.com/ordo-relay/ordo/wire"
 )
 
@@ -127,12 +127,12 @@ func run(ctx context.Context, cfg config, con *console) (err error) {
 		return err
 	}
 
-	exp := newExpectation(orders)
-	con.Step("Events from queue %s (expecting %d)", cfg.Queue, exp.total())
+	exp := newEvents(orders)
+	con.Step("Events from queue %s (expecting %d)", cfg.Queue, exp.total)
 	if err := receive(ctx, con, b.deliveries, exp, cfg.Wait, api, node); err != nil {
 		return err
 	}
-	con.Printf("all %d events arrived, each order's in order, %v after the start\n", exp.total(), since(start))
+	con.Printf("all %d events arrived, each order's in order, %v after the start\n", exp.total, since(start))
 
 	con.Step("Node status (GET %s/status)", nodeURL)
 	st, err := fetchStatus(ctx, client, nodeURL+"/status", statusWait)
@@ -147,7 +147,7 @@ func run(ctx context.Context, cfg config, con *console) (err error) {
 	con.Printf("outbox: %d pending\n", waiting)
 
 	if cfg.Keep {
-		if err := showProjection(ctx, con, shipDB, exp.total(), cfg.Wait); err != nil {
+		if err := showProjection(ctx, con, shipDB, exp.total, cfg.Wait); err != nil {
 			return err
 		}
 		if err := keep(ctx, con, b.deliveries, exp, apiURL, nodeURL, api, node); err != nil {
@@ -170,90 +170,88 @@ func run(ctx context.Context, cfg config, con *console) (err error) {
 
 func since(t time.Time) time.Duration { return time.Since(t).Round(10 * time.Millisecond) }
 
-// eventKey identifies one event of one order: an order's events carry its
-// id as correlation id and key_seq 1, 2, ... in the order they happened.
-type eventKey struct {
-	order  string
-	keySeq int64
+// events checks the events of this run's orders as they arrive, with the
+// repository's one order checker (testkit.History): each expected event
+// arrives, and each order's arrive in order.
+type events struct {
+	h     *testkit.History
+	ours  map[string]bool // this run's order ids
+	total int             // the events this run's own orders make
 }
 
-// expectation tracks the events of this run's orders as they arrive.
-type expectation struct {
-	want    map[eventKey]bool // expected events; true once arrived
-	ours    map[string]bool   // this run's order ids
-	last    map[string]int64  // highest key_seq seen per order
-	arrived int
-	wrong   []string // out-of-order arrivals
-}
+// eventsListCap bounds the lost events and problems the History lists.
+const eventsListCap = 1000
 
-func newExpectation(orders []placedOrder) *expectation {
-	e := &expectation{want: map[eventKey]bool{}, ours: map[string]bool{}, last: map[string]int64{}}
+func newEvents(orders []placedOrder) *events {
+	e := &events{h: testkit.NewHistory(eventsListCap), ours: map[string]bool{}}
 	for _, o := range orders {
-		e.ours[o.ID] = true
-		e.want[eventKey{o.ID, 1}] = false // placed
+		e.adopt(o.ID, orderapi.TypeOrderPlaced)
+		e.total++
 		if o.Cancelled {
-			e.want[eventKey{o.ID, 2}] = false // cancelled
+			e.adopt(o.ID, orderapi.TypeOrderCancelled)
+			e.total++
 		}
 	}
 	return e
 }
 
-func (e *expectation) total() int { return len(e.want) }
-func (e *expectation) done() bool { return e.arrived == len(e.want) }
+// adopt makes order's event of type typ expected (an order placed by
+// hand is checked like the demo's own); expecting it again does nothing.
+func (e *events) adopt(order, typ string) {
+	e.ours[order] = true
+	e.h.ExpectEvent(order, typ)
+}
 
-// record notes one delivery and returns a remark for it: "" for the next
-// event of one of this run's orders, otherwise what it is.
-func (e *expectation) record(order string, keySeq int64) string {
-	if !e.ours[order] {
+func (e *events) done() bool { return e.h.Report().Lost == 0 }
+
+// record adds one delivery and returns a remark for it: "" for an
+// expected event of one of this run's orders, in order; otherwise what it
+// is.
+func (e *events) record(d testkit.Delivery) string {
+	if !e.ours[d.CorrelationID] {
 		return "not from this run (an earlier run's event, or another producer's)"
 	}
-	k := eventKey{order, keySeq}
-	arrived, expected := e.want[k]
-	last := e.last[order]
-	switch {
-	case !expected:
-		return "unexpected event for this order"
-	case arrived:
-		return fmt.Sprintf("duplicate of key_seq %d: delivery is at least once; a consumer drops key_seq <= the last it applied", keySeq)
+	before := e.h.Report()
+	if e.h.Add(d) != testkit.First {
+		return fmt.Sprintf("duplicate of key_seq %d: delivery is at least once; a consumer drops key_seq <= the last it applied", d.KeySeq)
 	}
-	e.want[k] = true
-	e.arrived++
-	if keySeq > last {
-		e.last[order] = keySeq
-	}
-	if keySeq != last+1 {
-		msg := fmt.Sprintf("order %s: key_seq %d arrived after %d", order, keySeq, last)
-		e.wrong = append(e.wrong, msg)
+	after := e.h.Report()
+	if after.Reorders+after.Gaps > before.Reorders+before.Gaps {
+		msg := fmt.Sprintf("order %s: key_seq %d out of order", d.CorrelationID, d.KeySeq)
+		if len(after.Problems) > len(before.Problems) {
+			msg = after.Problems[len(after.Problems)-1]
+		}
 		return "OUT OF ORDER: " + msg
+	}
+	if after.Lost == before.Lost {
+		return "unexpected event for this order"
 	}
 	return ""
 }
 
-// adopt makes event keySeq of order expected, unless it already is, so
-// that events of orders placed by hand are checked like the demo's own.
-func (e *expectation) adopt(order string, keySeq int64) {
-	e.ours[order] = true
-	k := eventKey{order, keySeq}
-	if _, ok := e.want[k]; !ok {
-		e.want[k] = false
+// missing lists the events that have not arrived.
+func (e *events) missing() []string {
+	var m []string
+	for _, id := range e.h.Report().LostIDs {
+		order, typ, _ := strings.Cut(id, "/")
+		m = append(m, fmt.Sprintf("order %s %s", order, typ))
 	}
+	return m
 }
 
-// missing lists the events that have not arrived.
-func (e *expectation) missing() []string {
-	var m []string
-	for k, arrived := range e.want {
-		if !arrived {
-			m = append(m, fmt.Sprintf("order %s key_seq %d", k.order, k.keySeq))
-		}
+// outOfOrder lists the events that arrived out of order (reorders, and
+// gaps: an event whose predecessor had not arrived).
+func (e *events) outOfOrder() []string {
+	r := e.h.Report()
+	if r.Reorders+r.Gaps == 0 {
+		return nil
 	}
-	sort.Strings(m)
-	return m
+	return r.Problems
 }
 
 // receive prints deliveries until every expected event has arrived, wait
 // passes, ctx ends, a service exits or the broker connection is lost.
-func receive(ctx context.Context, con *console, deliveries <-chan amqp.Delivery, exp *expectation, wait time.Duration, api, node *child) error {
+func receive(ctx context.Context, con *console, deliveries <-chan amqp.Delivery, exp *events, wait time.Duration, api, node *child) error {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
 	for !exp.done() {
@@ -264,7 +262,7 @@ func receive(ctx context.Context, con *console, deliveries <-chan amqp.Delivery,
 			}
 			printDelivery(con, d, exp)
 		case <-deadline.C:
-			return fmt.Errorf("%d of %d events did not arrive within %v: %s", len(exp.missing()), exp.total(), wait, strings.Join(exp.missing(), ", "))
+			return fmt.Errorf("%d of %d events did not arrive within %v: %s", len(exp.missing()), exp.total, wait, strings.Join(exp.missing(), ", "))
 		case <-ctx.Done():
 			return fmt.Errorf("interrupted while waiting for events: %w", ctx.Err())
 		case <-api.done():
@@ -273,16 +271,15 @@ func receive(ctx context.Context, con *console, deliveries <-chan amqp.Delivery,
 			return fmt.Errorf("node exited (see its output above): %v", node.exitError())
 		}
 	}
-	if len(exp.wrong) > 0 {
-		return fmt.Errorf("events arrived out of order: %s", strings.Join(exp.wrong, "; "))
+	if wrong := exp.outOfOrder(); len(wrong) > 0 {
+		return fmt.Errorf("events arrived out of order: %s", strings.Join(wrong, "; "))
 	}
 	return nil
 }
 
 // printDelivery prints one message and records it.
-func printDelivery(con *console, d amqp.Delivery, exp *expectation) {
-	keySeq, _ := wire.Int(d.Headers, wire.HeaderKeySeq)
-	remark := exp.record(d.CorrelationId, keySeq)
+func printDelivery(con *console, d amqp.Delivery, exp *events) {
+	remark := exp.record(testkit.DeliveryFromAMQP(d))
 	var b strings.Builder
 	fmt.Fprintf(&b, "%-16s %s\n", d.RoutingKey, d.Type)
 	fmt.Fprintf(&b, "    order (correlation-id) %s  %s %s", d.CorrelationId, wire.HeaderKeySeq, headerText(d.Headers, wire.HeaderKeySeq))
@@ -307,7 +304,7 @@ func headerText(h amqp.Table, name string) string {
 
 // keep leaves both services running and prints every event until ctx ends
 // (Ctrl-C) or a service exits.
-func keep(ctx context.Context, con *console, deliveries <-chan amqp.Delivery, exp *expectation, apiURL, nodeURL string, api, node *child) error {
+func keep(ctx context.Context, con *console, deliveries <-chan amqp.Delivery, exp *events, apiURL, nodeURL string, api, node *child) error {
 	host := apiURL
 	if u, err := url.Parse(apiURL); err == nil {
 		host = u.Host
@@ -326,8 +323,7 @@ func keep(ctx context.Context, con *console, deliveries <-chan amqp.Delivery, ex
 				return errors.New("the broker closed the demo's consumer (connection lost?)")
 			}
 			// Orders placed by hand are checked like the demo's own.
-			keySeq, _ := wire.Int(d.Headers, wire.HeaderKeySeq)
-			exp.adopt(d.CorrelationId, keySeq)
+			exp.adopt(d.CorrelationId, d.Type)
 			printDelivery(con, d, exp)
 		case <-ctx.Done():
 			con.Printf("\n")
