@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -79,7 +80,9 @@ type Node struct {
 // a Ctrl-C reaches only the bench, which then stops the node in order) with
 // Pdeathsig SIGKILL (so it dies with the bench). Its output is printed with
 // a "[name]" prefix and its last nodeLogLines lines kept. env adds or
-// overrides ORDO_* variables (gossip settings, say).
+// overrides ORDO_* variables (gossip settings, say); an env that sets
+// ORDO_SOURCES (the node's sources) replaces dbURL, which is then not set
+// (the node refuses ORDO_POSTGRES_URL and ORDO_SOURCES together).
 func StartProcess(ctx context.Context, o Config, name, dbURL, amqpURL string, env ...string) (*Node, error) {
 	bin, err := NodeBinary(ctx, o)
 	if err != nil {
@@ -91,15 +94,18 @@ func StartProcess(ctx context.Context, o Config, name, dbURL, amqpURL string, en
 	}
 	n := &Node{Name: name, HTTPAddr: addr, Started: time.Now()}
 	prefix := "[" + name + "] "
+	base := []string{
+		"ORDO_AMQP_URL=" + amqpURL,
+		"ORDO_NODE_NAME=" + name,
+		"ORDO_HTTP_ADDR=" + addr,
+		"ORDO_CONFIRM_WINDOW=" + strconv.Itoa(o.ConfirmWindow),
+		"ORDO_PARTITIONS=" + strconv.Itoa(o.Partitions),
+	}
+	if !slices.ContainsFunc(env, func(e string) bool { return strings.HasPrefix(e, "ORDO_SOURCES=") }) {
+		base = append(base, "ORDO_POSTGRES_URL="+dbURL)
+	}
 	n.Proc, err = testkit.Start(name, bin, nil, testkit.ProcessOptions{
-		Env: append([]string{
-			"ORDO_POSTGRES_URL=" + dbURL,
-			"ORDO_AMQP_URL=" + amqpURL,
-			"ORDO_NODE_NAME=" + name,
-			"ORDO_HTTP_ADDR=" + addr,
-			"ORDO_CONFIRM_WINDOW=" + strconv.Itoa(o.ConfirmWindow),
-			"ORDO_PARTITIONS=" + strconv.Itoa(o.Partitions),
-		}, env...),
+		Env:       append(base, env...),
 		OwnGroup:  true,
 		KeepLines: nodeLogLines,
 		Echo:      func(l string) { fmt.Fprintln(os.Stderr, prefix+l) },
