@@ -346,7 +346,7 @@ type stepResult struct {
 }
 
 // recoveryStats groups results by kind (in the order of allKinds, then
-// the consumer scenario's own kinds; kinds that did
+// sourceKinds, then the consumer scenario's own kinds; kinds that did
 // not run left out) and returns them with the p50 and max over every step.
 func recoveryStats(results []stepResult) (byKind []recoveryStat, p50, worst time.Duration) {
 	per := map[Kind][]time.Duration{}
@@ -360,7 +360,7 @@ func recoveryStats(results []stepResult) (byKind []recoveryStat, p50, worst time
 		per[r.Kind] = append(per[r.Kind], r.Recovery)
 		all = append(all, r.Recovery)
 	}
-	for _, k := range append(slices.Clone(allKinds), consumerOnlyKinds...) {
+	for _, k := range slices.Concat(allKinds, sourceKinds, consumerOnlyKinds) {
 		ds := per[k]
 		if len(ds) == 0 && failed[k] == 0 {
 			continue

@@ -294,17 +294,19 @@ func TestRecoveryStats(t *testing.T) {
 		{kindKill, true, s(3)}, {kindKill, true, s(1)}, {kindKill, true, s(2)},
 		{kindPause, true, s(5)}, {kindPause, false, 0},
 		{kindPoison, false, 0},
+		{kindSourceLink, true, s(4)},
 	})
 	want := []recoveryStat{
 		{Kind: kindKill, N: 3, P50: s(2), Max: s(3)},
 		{Kind: kindPause, N: 1, Failed: 1, P50: s(5), Max: s(5)},
 		{Kind: kindPoison, Failed: 1},
+		{Kind: kindSourceLink, N: 1, P50: s(4), Max: s(4)},
 	}
 	if !reflect.DeepEqual(byKind, want) {
 		t.Fatalf("byKind = %+v\nwant %+v", byKind, want)
 	}
-	if p50 != s(2) || worst != s(5) {
-		t.Fatalf("p50 %v max %v, want 2s 5s", p50, worst)
+	if p50 != s(3) || worst != s(5) {
+		t.Fatalf("p50 %v max %v, want 3s 5s", p50, worst)
 	}
 }
 
