@@ -58,8 +58,10 @@ type stepWindow struct {
 // cut the node held, of source Source, the partitions in Held (partition
 // -> lease epoch); some delivery of Source on one of them stamped with
 // that epoch (published under the cut node's lease, which no other node
-// can hold) must arrive in [From, To): from a lease TTL after the cut,
-// when the cut source's leases on the node have lapsed, to the heal.
+// can hold) must arrive in [From, To): from sourceLinkWatchFrom after the
+// cut (the cut source's leases on the node have lapsed, and a node that
+// stepped aside for every source has handed the other one off) to the
+// heal.
 type isolationCheck struct {
 	Node     string
 	Source   string

@@ -19,10 +19,17 @@ const (
 // of their holds and rests.
 const longMinimum = 10 * time.Minute
 
-// sourceLinkMinHold is the shortest source-link hold: a lease TTL for the
-// cut node's leases of that source to lapse, and 2 s more in which the
-// other source must be seen relaying on it (sourceLinkCheck).
-const sourceLinkMinHold = nemesisTTL + 2*time.Second
+// sourceLinkWatchFrom is how long after a source-link cut the check on
+// the other source starts: by then the cut node's leases of the cut
+// source have lapsed (one TTL), and a node that wrongly stepped aside for
+// the other source too has been left out of its map (its health window,
+// 3/4 TTL, and the health hold, TTL/2) and handed it off.
+const sourceLinkWatchFrom = 2 * nemesisTTL
+
+// sourceLinkMinHold is the shortest source-link hold: sourceLinkWatchFrom
+// and 2 s more in which the other source must be seen relaying on the cut
+// node (isolationCheck).
+const sourceLinkMinHold = sourceLinkWatchFrom + 2*time.Second
 
 // nemesisTTL is the nodes' lease TTL (ORDO_LEASE_TTL): the holds of the
 // pause are drawn as multiples of it.
@@ -107,7 +114,7 @@ func holds(profile string) map[Kind]holdRange {
 		kindKill: {s / 2, 3 * s}, kindPause: {5 * nemesisTTL / 2, 7 * nemesisTTL / 2},
 		kindBrokerRestart: {0, 2 * s}, kindPGRestart: {0, 2 * s}, kindGossipSplit: {3 * s, 6 * s},
 		kindAMQPLink: {2 * s, 5 * s}, kindPGLink: {2 * s, 5 * s}, kindMemoryAlarm: {2 * s, 4 * s},
-		kindRebalance: {s, 4 * s}, kindSourceLink: {sourceLinkMinHold, 6 * s},
+		kindRebalance: {s, 4 * s}, kindSourceLink: {sourceLinkMinHold, 8 * s},
 	}
 }
 

@@ -31,14 +31,14 @@ func (n *nemesis) cutSource(ctx context.Context, s plannedStep) (healFunc, error
 		return noHeal, fmt.Errorf("source-link: %s holds no partition of %s to watch", name, other.name)
 	}
 	cutAt := time.Now()
-	iso := &isolationCheck{Node: name, Source: other.name, Held: held, From: cutAt.Add(nemesisTTL)}
+	iso := &isolationCheck{Node: name, Source: other.name, Held: held, From: cutAt.Add(sourceLinkWatchFrom)}
 	n.windows[len(n.windows)-1].Isolation = iso
 	restore := cutLinks(s.Variant, n.f.pg[s.Target][s.Source])
 	n.logf("  %s cut off from %s; it holds %d partitions of %s, which must keep relaying", name, n.dbs[s.Source].name, len(held), other.name)
 	return once(func(ctx context.Context) error {
 		iso.To = time.Now()
 		k := n.hist.countSince(iso.From, iso.holds)
-		n.logf("  %s: %d messages of %s on %s's partitions under its leases from a lease TTL after the cut", name, k, other.name, name)
+		n.logf("  %s: %d messages of %s on %s's partitions under its leases from %v after the cut", name, k, other.name, name, sourceLinkWatchFrom)
 		return restore(ctx)
 	}), nil
 }

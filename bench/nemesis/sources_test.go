@@ -105,7 +105,7 @@ func TestPlanTwoSourcesRunsEveryKindOnce(t *testing.T) {
 			t.Fatalf("seed %d: the two-source short plan is estimated at %v, want 1-2 minutes of faults", seed, total)
 		}
 		for _, s := range plan {
-			if s.Kind == kindSourceLink && (s.Source < 0 || s.Source >= len(sourceNames) || s.Hold < nemesisTTL+2*time.Second) {
+			if s.Kind == kindSourceLink && (s.Source < 0 || s.Source >= len(sourceNames) || s.Hold < sourceLinkWatchFrom+2*time.Second) {
 				t.Fatalf("seed %d: %+v: source out of range or hold too short for the check", seed, s)
 			}
 		}
