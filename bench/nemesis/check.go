@@ -62,11 +62,16 @@ type stepWindow struct {
 // cut (the cut source's leases on the node have lapsed, and a node that
 // stepped aside for every source has handed the other one off) to the
 // heal.
+//
+// And at the heal the node must still hold every one of those leases at
+// its epoch (Kept, read from the source's ordo_leases: -1 when the read
+// failed, which judges nothing).
 type isolationCheck struct {
 	Node     string
 	Source   string
 	Held     map[int]int64
 	From, To time.Time
+	Kept     int
 }
 
 // holds reports whether d is one of the deliveries c looks for.
@@ -314,12 +319,20 @@ func (v *historyVerdict) judgeSteps(steps []stepWindow) {
 			v.OverBound++
 			v.problem("stale over bound: %s: %d stale publishes, bound %d", st.Label, v.Steps[i].Stale, st.Bound)
 		}
-		if c := st.Isolation; c != nil && v.Steps[i].Relayed == 0 {
-			v.Steps[i].Stalled = true
-			v.Isolation++
+		c := st.Isolation
+		if c == nil {
+			continue
+		}
+		if v.Steps[i].Relayed == 0 {
 			v.problem("isolation: %s: no message of %s on the %d partitions %s held, under its lease, from %s to %s",
 				st.Label, c.Source, len(c.Held), c.Node, c.From.Format("15:04:05.000"), c.To.Format("15:04:05.000"))
+		} else if c.Kept >= 0 && c.Kept < len(c.Held) {
+			v.problem("isolation: %s: at the heal %s held %d of the %d leases of %s it held at the cut", st.Label, c.Node, c.Kept, len(c.Held), c.Source)
+		} else {
+			continue
 		}
+		v.Steps[i].Stalled = true
+		v.Isolation++
 	}
 }
 

@@ -37,8 +37,10 @@ func (n *nemesis) cutSource(ctx context.Context, s plannedStep) (healFunc, error
 	n.logf("  %s cut off from %s; it holds %d partitions of %s, which must keep relaying", name, n.dbs[s.Source].name, len(held), other.name)
 	return once(func(ctx context.Context) error {
 		iso.To = time.Now()
+		iso.Kept = keptLeases(ctx, other, name, held)
 		k := n.hist.countSince(iso.From, iso.holds)
-		n.logf("  %s: %d messages of %s on %s's partitions under its leases from %v after the cut", name, k, other.name, name, sourceLinkWatchFrom)
+		n.logf("  %s: %d messages of %s on %s's partitions under its leases from %v after the cut; %d of its %d leases kept",
+			name, k, other.name, name, sourceLinkWatchFrom, iso.Kept, len(held))
 		return restore(ctx)
 	}), nil
 }
@@ -63,4 +65,25 @@ func heldEpochs(sources []sourceStatus, name, owner string) map[int]int64 {
 		}
 	}
 	return out
+}
+
+// keptLeases returns how many of held (partition -> epoch) the node named
+// owner still holds in db's ordo_leases at that epoch, unexpired; -1 when
+// the query fails.
+func keptLeases(ctx context.Context, db *runDB, owner string, held map[int]int64) int {
+	var ps []int32
+	var es []int64
+	for p, e := range held {
+		ps, es = append(ps, int32(p)), append(es, e)
+	}
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var n int
+	err := db.pool.QueryRow(qctx, `SELECT count(*) FROM ordo_leases l
+		JOIN unnest($1::int[], $2::bigint[]) AS h(p, e) ON l.partition = h.p AND l.epoch = h.e
+		WHERE l.owner = $3 AND l.expires_at > now()`, ps, es, owner).Scan(&n)
+	if err != nil {
+		return -1
+	}
+	return n
 }

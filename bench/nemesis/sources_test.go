@@ -1,6 +1,7 @@
 package nemesis
 
 import (
+	"fmt"
 	"reflect"
 	"slices"
 	"strings"
@@ -21,7 +22,7 @@ func TestIsolationCheck(t *testing.T) {
 		return []stepWindow{
 			{Label: "warm-up", Start: t0, End: ms(100), Bound: 3},
 			{Label: "step 1: source-link", Kind: kindSourceLink, Start: ms(100), End: ms(1000), Bound: 1,
-				Isolation: &isolationCheck{Node: "n2", Source: "default", Held: map[int]int64{3: 7, 5: 2}, From: ms(300), To: ms(600)}},
+				Isolation: &isolationCheck{Node: "n2", Source: "default", Held: map[int]int64{3: 7, 5: 2}, From: ms(300), To: ms(600), Kept: 2}},
 		}
 	}
 	at := func(h *hist, n int) *hist { h.ds[len(h.ds)-1].Received = ms(n); return h }
@@ -41,17 +42,30 @@ func TestIsolationCheck(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			v := checkHistory(tc.h.ds, nil, nil, window(), []string{"default", "billing"})
-			if v.Steps[1].Relayed != tc.relayed {
-				t.Fatalf("relayed %d, want %d", v.Steps[1].Relayed, tc.relayed)
-			}
-			stalled := tc.relayed == 0
-			if v.Steps[1].Stalled != stalled || (v.Isolation == 1) != stalled || v.OK() == stalled {
-				t.Fatalf("stalled %v, isolation failures %d, OK %v; want stalled %v", v.Steps[1].Stalled, v.Isolation, v.OK(), stalled)
-			}
-			if stalled && (len(v.Problems) == 0 || !strings.Contains(v.Problems[0], "isolation: step 1")) {
-				t.Fatalf("problems %q, want the isolation named", v.Problems)
-			}
+			checkIsolation(t, v, tc.relayed, tc.relayed == 0)
 		})
+	}
+	// The leases read at the heal: every one kept passes, one lost fails
+	// even with messages relayed, and an unknown count (-1) judges nothing.
+	for _, kept := range []int{2, 1, -1} {
+		w := window()
+		w[1].Isolation.Kept = kept
+		v := checkHistory(at((&hist{t0: t0}).d("a", "k", 1, 0, 3, 7), 400).ds, nil, nil, w, []string{"default", "billing"})
+		t.Run(fmt.Sprintf("kept %d of 2", kept), func(t *testing.T) { checkIsolation(t, v, 1, kept == 1) })
+	}
+}
+
+// checkIsolation checks step 1's isolation verdict.
+func checkIsolation(t *testing.T, v historyVerdict, relayed int, stalled bool) {
+	t.Helper()
+	if v.Steps[1].Relayed != relayed {
+		t.Fatalf("relayed %d, want %d", v.Steps[1].Relayed, relayed)
+	}
+	if v.Steps[1].Stalled != stalled || (v.Isolation == 1) != stalled || v.OK() == stalled {
+		t.Fatalf("stalled %v, isolation failures %d, OK %v; want stalled %v", v.Steps[1].Stalled, v.Isolation, v.OK(), stalled)
+	}
+	if stalled && (len(v.Problems) == 0 || !strings.Contains(v.Problems[0], "isolation: step 1")) {
+		t.Fatalf("problems %q, want the isolation named", v.Problems)
 	}
 }
 
