@@ -35,6 +35,11 @@ type Config struct {
 	Scenario      string        // ScenarioRelay or ScenarioConsumers
 	Profile       string        // ProfileShort or ProfileLong
 	Kinds         []Kind        // the kinds of fault to run (the others' steps are left out of the plan); nil: every kind of the scenario
+	// Sources is how many outbox databases the relay scenario's nodes
+	// relay: 1 (the source default) or 2 (default and billing;
+	// source-link runs only then). 0 is the scenario's default: 2 for
+	// the relay, 1 for the consumers (which have only 1).
+	Sources int
 }
 
 // DefaultConfig returns the settings of a short run on the local servers.
@@ -66,11 +71,14 @@ func (c Config) Validate() error {
 	if c.Profile != ProfileShort && c.Profile != ProfileLong {
 		errs = append(errs, fmt.Errorf("profile %q: want %s or %s", c.Profile, ProfileShort, ProfileLong))
 	}
+	if c.Sources < 0 || c.Sources > len(sourceNames) || (c.Scenario == ScenarioConsumers && c.Sources > 1) {
+		errs = append(errs, fmt.Errorf("sources %d: want 1 or %d for scenario relay, 1 for consumers (0: the scenario's default)", c.Sources, len(sourceNames)))
+	}
 	switch c.Scenario {
 	case ScenarioRelay, ScenarioConsumers:
 		for _, k := range c.Kinds {
 			if !slices.Contains(c.scenarioKinds(), k) {
-				errs = append(errs, fmt.Errorf("kind %s is not one of scenario %s's (%s)", k, c.Scenario, joinKinds(c.scenarioKinds())))
+				errs = append(errs, fmt.Errorf("kind %s is not one of scenario %s's with %d sources (%s)", k, c.Scenario, c.Sources, joinKinds(c.scenarioKinds())))
 			}
 		}
 	default:
@@ -82,12 +90,28 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// scenarioKinds returns every kind of c's scenario.
+// scenarioKinds returns every kind of c's scenario: source-link only with
+// two sources.
 func (c Config) scenarioKinds() []Kind {
 	if c.Scenario == ScenarioConsumers {
 		return consumerKinds
 	}
+	if c.sourceCount() > 1 {
+		return append(slices.Clone(allKinds), sourceKinds...)
+	}
 	return allKinds
+}
+
+// sourceCount returns Sources, or the scenario's default when it is 0.
+func (c Config) sourceCount() int {
+	switch {
+	case c.Sources > 0:
+		return c.Sources
+	case c.Scenario == ScenarioConsumers:
+		return 1
+	default:
+		return len(sourceNames)
+	}
 }
 
 // harness returns what the harness needs of c.

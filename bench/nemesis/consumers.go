@@ -19,6 +19,7 @@ import (
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/orderapi"
 	"github.com/ordo-relay/ordo/outbox"
+	"github.com/ordo-relay/ordo/wire"
 )
 
 const (
@@ -169,11 +170,11 @@ func (c *consumerRun) setup(ctx context.Context) error {
 	if err := c.sh.waitBalanced(ctx, c.ship); err != nil {
 		return err
 	}
-	api, err := startOrderAPI(ctx, r, c.exchange)
+	api, err := startOrderAPI(ctx, r, "orderapi", r.DBURL, c.exchange)
 	if err != nil {
 		return err
 	}
-	c.load = newOrderLoad(api.HTTPAddr, o.rateOr(consumerRate), consumerWorkers, c.seed)
+	c.load = newOrderLoad([]loadTarget{{source: wire.DefaultSource, addr: api.HTTPAddr}}, o.rateOr(consumerRate), consumerWorkers, c.seed)
 	return nil
 }
 

@@ -65,7 +65,7 @@ func (n *nemesis) inject(ctx context.Context, s plannedStep) (healFunc, error) {
 		n.logf("  closed %d broker connections", k)
 		return noHeal, err
 	case kindPGTerminate:
-		k, err := srv.terminateSessions(ctx, n.r.Name, f.apps(n.slots(s)...))
+		k, err := srv.terminateSessions(ctx, dbNames(n.dbs), f.apps(n.slots(s)...))
 		if err == nil && k == 0 {
 			err = fmt.Errorf("no PostgreSQL session named %v", f.apps(n.slots(s)...))
 		}
@@ -77,17 +77,12 @@ func (n *nemesis) inject(ctx context.Context, s plannedStep) (healFunc, error) {
 	case kindGossipSplit:
 		f.gossip.isolate(t)
 		return once(func(context.Context) error { f.gossip.heal(); return nil }), nil
-	case kindAMQPLink, kindPGLink:
-		p := f.amqp[t]
-		if s.Kind == kindPGLink {
-			p = f.pg[t]
-		}
-		if s.Variant == variantStall {
-			p.Stall()
-		} else {
-			p.Cut()
-		}
-		return once(func(context.Context) error { p.Resume(); p.Restore(); return nil }), nil
+	case kindAMQPLink:
+		return cutLinks(s.Variant, f.amqp[t]), nil
+	case kindPGLink:
+		return cutLinks(s.Variant, f.pg[t]...), nil
+	case kindSourceLink:
+		return n.cutSource(ctx, s)
 	case kindMemoryAlarm:
 		heal := once(srv.clearAlarm)
 		return heal, srv.raiseAlarm(ctx)
@@ -95,6 +90,25 @@ func (n *nemesis) inject(ctx context.Context, s plannedStep) (healFunc, error) {
 		return n.plantAndPark(ctx, s)
 	}
 	return nil, fmt.Errorf("unknown nemesis kind %q", s.Kind)
+}
+
+// cutLinks cuts or stalls (variant) every proxy of ps and returns the
+// heal that restores them.
+func cutLinks(variant string, ps ...*testkit.Proxy) healFunc {
+	for _, p := range ps {
+		if variant == variantStall {
+			p.Stall()
+		} else {
+			p.Cut()
+		}
+	}
+	return once(func(context.Context) error {
+		for _, p := range ps {
+			p.Resume()
+			p.Restore()
+		}
+		return nil
+	})
 }
 
 // slots returns the node slots step s acts on.
@@ -107,6 +121,7 @@ func (n *nemesis) slots(s plannedStep) []int {
 
 // planted is a row the nemesis wrote that can never be sent.
 type planted struct {
+	db     *runDB // its source
 	id     string
 	key    string
 	keySeq int64
@@ -127,26 +142,26 @@ func (n *nemesis) plantAndPark(ctx context.Context, s plannedStep) (healFunc, er
 	}
 	var rows []planted
 	for _, why := range whys {
-		key := n.load.take()
-		if key == "" {
+		o := n.load.take()
+		if o.id == "" {
 			return noHeal, fmt.Errorf("%s: no recent order to plant a row on", s.Kind)
 		}
-		row, err := n.plant(ctx, key, why, s.N)
+		row, err := n.plant(ctx, n.dbs[sourceIndex(n.dbs, o.source)], o.id, why, s.N)
 		if err != nil {
 			return noHeal, err
 		}
 		rows = append(rows, row)
-		if _, err := n.load.cancel(ctx, key); err != nil {
-			n.logf("  cancel of %s behind the planted row: %v", key, err)
+		if _, err := n.load.cancel(ctx, o); err != nil {
+			n.logf("  cancel of %s/%s behind the planted row: %v", o.source, o.id, err)
 		}
-		n.logf("  planted %s row %s on key %s (key_seq %d)", why, row.id, key, row.keySeq)
+		n.logf("  planted %s row %s on key %s/%s (key_seq %d)", why, row.id, o.source, o.id, row.keySeq)
 	}
 	heal := once(func(ctx context.Context) error {
 		for _, row := range rows {
-			if _, err := n.f.admin(ctx, "skip", row.id); err != nil {
+			if _, err := n.f.admin(ctx, "skip", "-source", row.db.name, row.id); err != nil {
 				return err
 			}
-			n.skipped = append(n.skipped, testkit.Skip{Key: row.key, KeySeq: row.keySeq})
+			n.skipped = append(n.skipped, skip{Source: row.db.name, Skip: testkit.Skip{Key: row.key, KeySeq: row.keySeq}})
 		}
 		n.logf("  skipped %d rows with the operator CLI (node skip)", len(rows))
 		return nil
@@ -160,13 +175,10 @@ func (n *nemesis) plantAndPark(ctx context.Context, s plannedStep) (healFunc, er
 			shown = time.Now()
 			n.showPlanted(ctx, rows)
 		}
-		out, err := n.f.admin(ctx, "parked")
-		if err != nil {
-			return false, nil // a node restarting: ask again
-		}
 		for _, row := range rows {
-			if !strings.Contains(out, row.id) {
-				return false, nil
+			out, err := n.f.admin(ctx, "parked", "-source", row.db.name)
+			if err != nil || !strings.Contains(out, row.id) {
+				return false, nil // not parked yet, or a node restarting: ask again
 			}
 		}
 		return true, nil
@@ -184,7 +196,7 @@ func (n *nemesis) showPlanted(ctx context.Context, rows []planted) {
 		var attempts int
 		var lastErr *string
 		var next *time.Time
-		err := n.r.Pool.QueryRow(ctx, `SELECT attempts, last_error, next_attempt_at FROM outbox WHERE id = $1`, row.id).Scan(&attempts, &lastErr, &next)
+		err := row.db.pool.QueryRow(ctx, `SELECT attempts, last_error, next_attempt_at FROM outbox WHERE id = $1`, row.id).Scan(&attempts, &lastErr, &next)
 		if err != nil {
 			n.logf("  planted %s row: %v", row.why, err)
 			continue
@@ -200,12 +212,12 @@ func deref(s *string) string {
 	return *s
 }
 
-// plant writes one unsendable row on key and a good follower behind it,
-// in one transaction, and records the follower as promised.
-func (n *nemesis) plant(ctx context.Context, key, why string, step int) (planted, error) {
-	row := planted{key: key, why: why}
+// plant writes one unsendable row on key of source db and a good follower
+// behind it, in one transaction, and records the follower as promised.
+func (n *nemesis) plant(ctx context.Context, db *runDB, key, why string, step int) (planted, error) {
+	row := planted{db: db, key: key, why: why}
 	var follower uuid.UUID
-	err := pgx.BeginFunc(ctx, n.r.Pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
 		id, keySeq, err := n.insertBad(ctx, tx, key, why)
 		if err != nil {
 			return err
@@ -222,7 +234,7 @@ func (n *nemesis) plant(ctx context.Context, key, why string, step int) (planted
 	if err != nil {
 		return row, fmt.Errorf("plant a %s row on %s: %w", why, key, err)
 	}
-	n.load.promise(promise{ID: follower.String(), Key: key, Type: typeFollower, At: time.Now()})
+	n.load.promise(promise{Source: db.name, ID: follower.String(), Key: key, Type: typeFollower, At: time.Now()})
 	return row, nil
 }
 
@@ -254,31 +266,34 @@ func (n *nemesis) insertBad(ctx context.Context, tx pgx.Tx, key, why string) (st
 	return ids[0].String(), keySeq, err
 }
 
-// probe commits one message on every partition (one key per partition,
-// the same key every step), retrying until the database takes them, and
-// returns them as promises.
+// probe commits one message on every partition of every source (one key
+// per partition, the same key every step and in every source: its
+// key_seq counts per (source, key)), retrying until each database takes
+// them, and returns them as promises.
 func (n *nemesis) probe(ctx context.Context, step int) ([]promise, error) {
 	msgs := make([]outbox.Message, len(n.probeKeys))
 	for p, key := range n.probeKeys {
 		msgs[p] = outbox.Message{CorrelationID: key, Exchange: n.f.exchange, RoutingKey: "nemesis.probe", Type: typeProbe,
 			Payload: json.RawMessage(fmt.Sprintf(`{"step":%d}`, step))}
 	}
-	var ids []uuid.UUID
-	err := harness.WaitUntil(ctx, 30*time.Second, 100*time.Millisecond, "the probes to commit", func() (bool, error) {
-		err := pgx.BeginFunc(ctx, n.r.Pool, func(tx pgx.Tx) error {
-			var err error
-			ids, err = n.producer.Enqueue(ctx, tx, msgs...)
-			return err
+	var out []promise
+	for _, db := range n.dbs {
+		var ids []uuid.UUID
+		err := harness.WaitUntil(ctx, 30*time.Second, 100*time.Millisecond, "the probes to commit to "+db.name, func() (bool, error) {
+			err := pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+				var err error
+				ids, err = n.producer.Enqueue(ctx, tx, msgs...)
+				return err
+			})
+			return err == nil, nil
 		})
-		return err == nil, nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	at := time.Now()
-	out := make([]promise, len(ids))
-	for i, id := range ids {
-		out[i] = promise{ID: id.String(), Key: msgs[i].CorrelationID, Type: typeProbe, At: at}
+		if err != nil {
+			return nil, err
+		}
+		at := time.Now()
+		for i, id := range ids {
+			out = append(out, promise{Source: db.name, ID: id.String(), Key: msgs[i].CorrelationID, Type: typeProbe, At: at})
+		}
 	}
 	n.load.promise(out...)
 	return out, nil

@@ -19,20 +19,21 @@ import (
 )
 
 // fleet is the system under the nemesis: node processes (the real node
-// binary), each reaching PostgreSQL and RabbitMQ through TCP proxies of its
-// own and gossiping through the gossip net, and the order API (the real
-// binary) on the same database. Slots keep their name, gossip addresses
+// binary), each reaching every source's database and RabbitMQ through TCP
+// proxies of its own and gossiping through the gossip net, and an order
+// API (the real binary) on each source's database. Slots keep their name, gossip addresses
 // and proxies across restarts. It is driven from one goroutine; pid is
 // safe for concurrent use (the gossip proxies call it).
 type fleet struct {
 	r        *harness.Rig
 	cl       *harness.Cluster // names, the current process of each slot, /status
-	pg, amqp []*testkit.Proxy
+	dbs      []*runDB
+	pg       [][]*testkit.Proxy // by slot, then by source (dbs' order)
+	amqp     []*testkit.Proxy
 	binds    []string // the nodes' own gossip addresses
 	gossip   *gossipNet
 	token    string // the nodes' admin token, for the operator CLI
 	exchange string
-	api      *harness.Node // the order API process
 	pids     []atomic.Int64
 	paused   []bool
 }
@@ -40,11 +41,11 @@ type fleet struct {
 // nodeApp is a node's application_name and connection_name.
 func nodeApp(name string) string { return "ordo node " + name }
 
-// newFleet prepares size slots (proxies, gossip net) on the rig; nothing
-// runs yet. Everything is closed with the rig.
-func newFleet(r *harness.Rig, size int, exchange string) (*fleet, error) {
+// newFleet prepares size slots (proxies, gossip net) on the rig for the
+// sources dbs; nothing runs yet. Everything is closed with the rig.
+func newFleet(r *harness.Rig, size int, exchange string, dbs []*runDB) (*fleet, error) {
 	tag := r.Name[strings.LastIndexByte(r.Name, '_')+1:]
-	f := &fleet{r: r, exchange: exchange, pids: make([]atomic.Int64, size), paused: make([]bool, size),
+	f := &fleet{r: r, exchange: exchange, dbs: dbs, pids: make([]atomic.Int64, size), paused: make([]bool, size),
 		token: harness.RandomHex(16)}
 	key := make([]byte, 32)
 	rand.Read(key) // never fails (crypto/rand crashes the program instead)
@@ -56,9 +57,13 @@ func newFleet(r *harness.Rig, size int, exchange string) (*fleet, error) {
 	}
 	for i := range size {
 		f.cl.Names = append(f.cl.Names, fmt.Sprintf("nem%s-n%d", tag, i+1))
-		pg, err := r.StartProxy(pgHost)
-		if err != nil {
-			return nil, err
+		var pgs []*testkit.Proxy
+		for range dbs {
+			pg, err := r.StartProxy(pgHost)
+			if err != nil {
+				return nil, err
+			}
+			pgs = append(pgs, pg)
 		}
 		am, err := r.StartProxy(amqpHost)
 		if err != nil {
@@ -68,7 +73,7 @@ func newFleet(r *harness.Rig, size int, exchange string) (*fleet, error) {
 		if err != nil {
 			return nil, err
 		}
-		f.pg, f.amqp, f.binds = append(f.pg, pg), append(f.amqp, am), append(f.binds, bind)
+		f.pg, f.amqp, f.binds = append(f.pg, pgs), append(f.amqp, am), append(f.binds, bind)
 	}
 	g, err := newGossipNet(f.binds, f.pid)
 	if err != nil {
@@ -113,8 +118,12 @@ func (f *fleet) pid(i int) int { return int(f.pids[i].Load()) }
 
 // start starts slot i's node.
 func (f *fleet) start(ctx context.Context, i int) error {
+	urls := make([]string, len(f.dbs))
+	for s, db := range f.dbs {
+		urls[s] = f.pg[i][s].URL(db.url)
+	}
 	env := []string{
-		"ORDO_POSTGRES_URL=" + f.pg[i].URL(f.r.DBURL),
+		nodeSourceEnv(f.dbs, urls),
 		"ORDO_GOSSIP_ADDR=" + f.binds[i],
 		"ORDO_GOSSIP_ADVERTISE=" + f.gossip.addrs()[i],
 		"ORDO_JOIN=" + strings.Join(f.gossip.addrs(), ","),
@@ -164,8 +173,12 @@ func (f *fleet) failed() error {
 	if err := f.cl.Failed(); err != nil {
 		return err
 	}
-	if f.api != nil {
-		return f.api.Failed()
+	for _, db := range f.dbs {
+		if db.api != nil {
+			if err := db.api.Failed(); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
@@ -183,31 +196,40 @@ func (f *fleet) stopNodes() error {
 	return f.cl.Stop()
 }
 
-// startAPI starts the order API on the rig's database, the events
-// addressed to the fleet's exchange, and waits until it answers.
-func (f *fleet) startAPI(ctx context.Context) (addr string, err error) {
-	f.api, err = startOrderAPI(ctx, f.r, f.exchange)
-	if err != nil {
-		return "", err
+// startAPIs starts an order API on each source's database, the events
+// addressed to the fleet's exchange, and waits until they answer.
+func (f *fleet) startAPIs(ctx context.Context) ([]loadTarget, error) {
+	var out []loadTarget
+	for _, db := range f.dbs {
+		name := "orderapi"
+		if db.name != sourceNames[0] {
+			name += "-" + db.name
+		}
+		api, err := startOrderAPI(ctx, f.r, name, db.url, f.exchange)
+		if err != nil {
+			return nil, err
+		}
+		db.api = api
+		out = append(out, loadTarget{source: db.name, addr: api.HTTPAddr})
 	}
-	return f.api.HTTPAddr, nil
+	return out, nil
 }
 
-// startOrderAPI builds and starts the order API on r's database, its
-// events addressed to exchange, stopped at r's Close, and waits until it
-// answers.
-func startOrderAPI(ctx context.Context, r *harness.Rig, exchange string) (*harness.Node, error) {
+// startOrderAPI builds and starts the order API, named name, on database
+// dbURL, its events addressed to exchange, stopped at r's Close, and
+// waits until it answers.
+func startOrderAPI(ctx context.Context, r *harness.Rig, name, dbURL, exchange string) (*harness.Node, error) {
 	bin, _, err := testkit.Build(ctx, "github.com/ordo-relay/ordo/cmd/orderapi")
 	if err != nil {
 		return nil, err
 	}
 	o := r.Config
 	o.NodeBin = bin // StartProcess runs any binary configured by ORDO_* variables
-	n, err := harness.StartProcess(ctx, o, "orderapi", r.DBURL, o.AMQPURL, "ORDO_EXCHANGE="+exchange, "ORDO_DB_MAX_CONNS=8")
+	n, err := harness.StartProcess(ctx, o, name, dbURL, o.AMQPURL, "ORDO_EXCHANGE="+exchange, "ORDO_DB_MAX_CONNS=8")
 	if err != nil {
 		return nil, err
 	}
-	r.OnClose("stop the order API", func(context.Context) error { _, err := n.Stop(harness.NodeStopTimeout); return err })
+	r.OnClose("stop "+name, func(context.Context) error { _, err := n.Stop(harness.NodeStopTimeout); return err })
 	client := &http.Client{Timeout: time.Second}
 	err = harness.WaitUntil(ctx, time.Minute, 50*time.Millisecond, "the order API to answer", func() (bool, error) {
 		if err := n.Failed(); err != nil {

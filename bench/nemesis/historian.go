@@ -12,6 +12,7 @@ import (
 	"github.com/ordo-relay/ordo/bench/internal/harness"
 	"github.com/ordo-relay/ordo/internal/backoff"
 	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/wire"
 )
 
 const (
@@ -36,16 +37,34 @@ type historian struct {
 	url, exchange, queue string
 
 	mu        sync.Mutex
-	log       []testkit.Delivery
-	byID      map[string]time.Time    // message id -> first arrival
-	byKeyType map[[2]string]time.Time // (correlation id, type) -> first arrival
+	log       []delivery
+	byID      map[[2]string]time.Time // (source, message id) -> first arrival
+	byKeyType map[[3]string]time.Time // (source, correlation id, type) -> first arrival
 	connects  int
 	lastErr   error
 }
 
 func newHistorian(amqpURL, exchange, queue string) *historian {
 	return &historian{url: amqpURL, exchange: exchange, queue: queue,
-		byID: map[string]time.Time{}, byKeyType: map[[2]string]time.Time{}}
+		byID: map[[2]string]time.Time{}, byKeyType: map[[3]string]time.Time{}}
+}
+
+// delivery is one message as the checker's consumer received it: its
+// source (x-ordo-source: wire.DefaultSource when absent; the header's
+// value quoted when invalid, so that it matches no source of the run)
+// and the rest as the test kit reads it.
+type delivery struct {
+	testkit.Delivery
+	Source string
+}
+
+// deliveryFromAMQP converts an AMQP delivery, its source included.
+func deliveryFromAMQP(m amqp.Delivery) delivery {
+	src, err := wire.Source(m.Headers)
+	if err != nil {
+		src = fmt.Sprintf("%q", fmt.Sprint(m.Headers[wire.HeaderSource]))
+	}
+	return delivery{Delivery: testkit.DeliveryFromAMQP(m), Source: src}
 }
 
 // declare creates the durable queue and binds it, once, before anything is
@@ -134,7 +153,7 @@ func (h *historian) consumeOnce(ctx context.Context) error {
 			if !ok {
 				return errors.New("delivery channel closed")
 			}
-			h.record(testkit.DeliveryFromAMQP(m))
+			h.record(deliveryFromAMQP(m))
 			unacked++
 			lastTag = m.DeliveryTag
 			if unacked >= ackEvery {
@@ -152,15 +171,15 @@ func (h *historian) consumeOnce(ctx context.Context) error {
 	}
 }
 
-func (h *historian) record(d testkit.Delivery) {
+func (h *historian) record(d delivery) {
 	d.Body = nil // the checker reads headers only; a long run keeps 100,000 deliveries
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.log = append(h.log, d)
-	if _, ok := h.byID[d.MessageID]; !ok {
-		h.byID[d.MessageID] = d.Received
+	if _, ok := h.byID[[2]string{d.Source, d.MessageID}]; !ok {
+		h.byID[[2]string{d.Source, d.MessageID}] = d.Received
 	}
-	kt := [2]string{d.CorrelationID, d.Type}
+	kt := [3]string{d.Source, d.CorrelationID, d.Type}
 	if _, ok := h.byKeyType[kt]; !ok {
 		h.byKeyType[kt] = d.Received
 	}
@@ -175,10 +194,10 @@ func (h *historian) arrival(p promise) (time.Time, bool) {
 
 func (h *historian) arrivalLocked(p promise) (time.Time, bool) {
 	if p.ID != "" {
-		t, ok := h.byID[p.ID]
+		t, ok := h.byID[[2]string{p.Source, p.ID}]
 		return t, ok
 	}
-	t, ok := h.byKeyType[[2]string{p.Key, p.Type}]
+	t, ok := h.byKeyType[[3]string{p.Source, p.Key, p.Type}]
 	return t, ok
 }
 
@@ -214,10 +233,24 @@ func (h *historian) waitArrived(ctx context.Context, ps []promise, timeout time.
 
 // history returns a copy of every delivery, in arrival order, and how many
 // times the consumer connected.
-func (h *historian) history() ([]testkit.Delivery, int) {
+func (h *historian) history() ([]delivery, int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return append([]testkit.Delivery(nil), h.log...), h.connects
+	return append([]delivery(nil), h.log...), h.connects
+}
+
+// countSince returns how many deliveries that arrived at or after since
+// match.
+func (h *historian) countSince(since time.Time, match func(delivery) bool) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for i := len(h.log) - 1; i >= 0 && !h.log[i].Received.Before(since); i-- {
+		if match(h.log[i]) {
+			n++
+		}
+	}
+	return n
 }
 
 // count returns how many deliveries have been recorded.

@@ -30,18 +30,29 @@ const (
 	loadFailPause = 200 * time.Millisecond
 )
 
-// orderLoad drives the order API: new orders, and cancels of recent ones,
-// at a steady rate, remembering every promise (201 for an order, 200 for
-// a cancel). Its methods are safe for concurrent use.
+// loadTarget is one source's order API.
+type loadTarget struct {
+	source string // the source whose database the API writes to
+	addr   string // host:port
+}
+
+// order is an order the load placed: its source and id (its correlation
+// id).
+type order struct{ source, id string }
+
+// orderLoad drives the order APIs (one per source): new orders, each to
+// an API drawn at random, and cancels of recent ones, at a steady rate in
+// all, remembering every promise (201 for an order, 200 for a cancel).
+// Its methods are safe for concurrent use.
 type orderLoad struct {
-	base    string // http://host:port of the order API
+	targets []loadTarget
 	client  *http.Client
 	rate    int
 	workers int
 
 	mu       sync.Mutex
 	rng      *rand.Rand
-	recent   []string // placed, not cancelled nor taken
+	recent   []order // placed, not cancelled nor taken
 	promises []promise
 	placed   int
 	canceled int
@@ -49,8 +60,8 @@ type orderLoad struct {
 	errored  int // no answer (timeout, connection refused): outcome unknown
 }
 
-func newOrderLoad(addr string, rate, workers int, seed int64) *orderLoad {
-	return &orderLoad{base: "http://" + addr, rate: rate, workers: workers,
+func newOrderLoad(targets []loadTarget, rate, workers int, seed int64) *orderLoad {
+	return &orderLoad{targets: targets, rate: rate, workers: workers,
 		client: &http.Client{Timeout: loadRequestTimeout},
 		rng:    rand.New(rand.NewPCG(uint64(seed), 0x6c6f6164))} // "load"
 }
@@ -98,18 +109,19 @@ func (l *orderLoad) once(ctx context.Context) bool {
 	cancel := len(l.recent) > 0 && l.rng.Float64() < loadCancelShare
 	l.mu.Unlock()
 	if cancel {
-		if id := l.take(); id != "" {
-			ok, _ := l.cancel(ctx, id)
+		if o := l.take(); o.id != "" {
+			ok, _ := l.cancel(ctx, o)
 			return ok
 		}
 	}
 	return l.place(ctx)
 }
 
-// place posts one order.
+// place posts one order to an API drawn at random.
 func (l *orderLoad) place(ctx context.Context) bool {
 	l.mu.Lock()
 	qty := 1 + l.rng.IntN(3)
+	source := l.targets[l.rng.IntN(len(l.targets))].source
 	l.mu.Unlock()
 	body, _ := json.Marshal(map[string]any{
 		"customerId": uuid.NewString(), "currency": "EUR",
@@ -118,7 +130,7 @@ func (l *orderLoad) place(ctx context.Context) bool {
 	var placed struct {
 		ID string `json:"id"`
 	}
-	status, err := l.post(ctx, "/orders", body, &placed)
+	status, err := l.post(ctx, source, "/orders", body, &placed)
 	at := time.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -131,18 +143,18 @@ func (l *orderLoad) place(ctx context.Context) bool {
 		return false
 	}
 	l.placed++
-	l.promises = append(l.promises, promise{Key: placed.ID, Type: orderapi.TypeOrderPlaced, At: at})
-	l.recent = append(l.recent, placed.ID)
+	l.promises = append(l.promises, promise{Source: source, Key: placed.ID, Type: orderapi.TypeOrderPlaced, At: at})
+	l.recent = append(l.recent, order{source, placed.ID})
 	if len(l.recent) > loadRecent {
 		l.recent = l.recent[1:]
 	}
 	return true
 }
 
-// cancel cancels order id and reports whether the API answered 200 (a
-// promise of its OrderCancelled).
-func (l *orderLoad) cancel(ctx context.Context, id string) (bool, error) {
-	status, err := l.post(ctx, "/orders/"+id+"/cancel", nil, nil)
+// cancel cancels order o through its source's API and reports whether
+// the API answered 200 (a promise of its OrderCancelled).
+func (l *orderLoad) cancel(ctx context.Context, o order) (bool, error) {
+	status, err := l.post(ctx, o.source, "/orders/"+o.id+"/cancel", nil, nil)
 	at := time.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -152,16 +164,26 @@ func (l *orderLoad) cancel(ctx context.Context, id string) (bool, error) {
 		return false, err
 	case status != http.StatusOK:
 		l.failed++
-		return false, fmt.Errorf("cancel %s: %d", id, status)
+		return false, fmt.Errorf("cancel %s/%s: %d", o.source, o.id, status)
 	}
 	l.canceled++
-	l.promises = append(l.promises, promise{Key: id, Type: orderapi.TypeOrderCancelled, At: at})
+	l.promises = append(l.promises, promise{Source: o.source, Key: o.id, Type: orderapi.TypeOrderCancelled, At: at})
 	return true, nil
 }
 
-// post sends a JSON POST and decodes a 2xx answer into out (when not nil).
-func (l *orderLoad) post(ctx context.Context, path string, body []byte, out any) (int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, l.base+path, bytes.NewReader(body))
+// post sends a JSON POST to source's API and decodes a 2xx answer into
+// out (when not nil).
+func (l *orderLoad) post(ctx context.Context, source, path string, body []byte, out any) (int, error) {
+	base := ""
+	for _, t := range l.targets {
+		if t.source == source {
+			base = "http://" + t.addr
+		}
+	}
+	if base == "" {
+		return 0, fmt.Errorf("no order API for source %q", source)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, bytes.NewReader(body))
 	if err != nil {
 		return 0, err
 	}
@@ -186,12 +208,13 @@ func (l *orderLoad) post(ctx context.Context, path string, body []byte, out any)
 }
 
 // take removes a random recent order from the ones the load may cancel,
-// and returns it ("" when there is none): the nemesis poisons its key.
-func (l *orderLoad) take() string {
+// and returns it (a zero order when there is none): the nemesis poisons
+// its key.
+func (l *orderLoad) take() order {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.recent) == 0 {
-		return ""
+		return order{}
 	}
 	i := l.rng.IntN(len(l.recent))
 	id := l.recent[i]

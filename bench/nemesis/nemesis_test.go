@@ -135,15 +135,22 @@ func TestProbeKeysHashToTheirPartition(t *testing.T) {
 }
 
 // hist builds a history: each delivery d(...) arrives a millisecond after
-// the one before it.
+// the one before it, from the source last named by in (default at first).
 type hist struct {
-	t0 time.Time
-	ds []testkit.Delivery
+	t0  time.Time
+	src string
+	ds  []delivery
 }
 
+// in makes the next deliveries name source.
+func (h *hist) in(source string) *hist { h.src = source; return h }
+
 func (h *hist) d(id, key string, keySeq, prev int64, partition int, epoch int64) *hist {
-	h.ds = append(h.ds, testkit.Delivery{MessageID: id, CorrelationID: key, Type: "t", KeySeq: keySeq, PrevKeySeq: prev,
-		HasPrevKeySeq: true, Partition: partition, Epoch: epoch, Received: h.t0.Add(time.Duration(len(h.ds)) * time.Millisecond)})
+	if h.src == "" {
+		h.src = "default"
+	}
+	h.ds = append(h.ds, delivery{Source: h.src, Delivery: testkit.Delivery{MessageID: id, CorrelationID: key, Type: "t", KeySeq: keySeq, PrevKeySeq: prev,
+		HasPrevKeySeq: true, Partition: partition, Epoch: epoch, Received: h.t0.Add(time.Duration(len(h.ds)) * time.Millisecond)}})
 	return h
 }
 
@@ -162,7 +169,7 @@ func TestCheckHistory(t *testing.T) {
 	promised := func(kt ...string) []promise {
 		var ps []promise
 		for _, k := range kt {
-			ps = append(ps, promise{Key: k, Type: "t"})
+			ps = append(ps, promise{Source: "default", Key: k, Type: "t"})
 		}
 		return ps
 	}
@@ -171,7 +178,7 @@ func TestCheckHistory(t *testing.T) {
 		name     string
 		h        *hist
 		promises []promise
-		skipped  []testkit.Skip
+		skipped  []skip
 		steps    []stepWindow
 		want     historyVerdict // only the counts below are compared
 	}{
@@ -179,7 +186,7 @@ func TestCheckHistory(t *testing.T) {
 			historyVerdict{Distinct: 3}},
 		{"lost by key and type", h().d("a", "k", 1, 0, 0, 1), promised("k", "j"), nil, one,
 			historyVerdict{Distinct: 1, Lost: 1}},
-		{"lost by id", h().d("a", "k", 1, 0, 0, 1), []promise{{ID: "a"}, {ID: "z", Key: "k"}}, nil, one,
+		{"lost by id", h().d("a", "k", 1, 0, 0, 1), []promise{{Source: "default", ID: "a"}, {Source: "default", ID: "z", Key: "k"}}, nil, one,
 			historyVerdict{Distinct: 1, Lost: 1}},
 		{"duplicate", h().d("a", "k", 1, 0, 0, 1).again(0, false), nil, nil, one,
 			historyVerdict{Distinct: 1, Duplicates: 1}},
@@ -189,11 +196,11 @@ func TestCheckHistory(t *testing.T) {
 			historyVerdict{Distinct: 2, Reorders: 1}},
 		{"gap never delivered", h().d("a", "k", 1, 0, 0, 1).d("c", "k", 3, 2, 0, 1), nil, nil, one,
 			historyVerdict{Distinct: 2, Gaps: 1}},
-		{"skipped on purpose", h().d("a", "k", 1, 0, 0, 1).d("c", "k", 3, 1, 0, 1), nil, []testkit.Skip{{Key: "k", KeySeq: 2}}, one,
+		{"skipped on purpose", h().d("a", "k", 1, 0, 0, 1).d("c", "k", 3, 1, 0, 1), nil, []skip{{"default", testkit.Skip{Key: "k", KeySeq: 2}}}, one,
 			historyVerdict{Distinct: 2}},
 		{"a skip nobody made", h().d("a", "k", 1, 0, 0, 1).d("c", "k", 3, 1, 0, 1), nil, nil, one,
 			historyVerdict{Distinct: 2, Gaps: 2}},
-		{"sent past a row later skipped (per-key limit 2)", h().d("a", "k", 1, 0, 0, 1).d("c", "k", 3, 2, 0, 1), nil, []testkit.Skip{{Key: "k", KeySeq: 2}}, one,
+		{"sent past a row later skipped (per-key limit 2)", h().d("a", "k", 1, 0, 0, 1).d("c", "k", 3, 2, 0, 1), nil, []skip{{"default", testkit.Skip{Key: "k", KeySeq: 2}}}, one,
 			historyVerdict{Distinct: 2, Gaps: 1}},
 		{"no prev header", h().d("a", "k", 1, 0, 0, 1).d("b", "k", 2, 1, 0, 1), nil, nil, one,
 			historyVerdict{Distinct: 2, Gaps: 1}},
@@ -205,19 +212,39 @@ func TestCheckHistory(t *testing.T) {
 			historyVerdict{Distinct: 2}},
 		{"a redelivery is not stale", h().d("a", "k", 1, 0, 0, 1).d("b", "j", 1, 0, 0, 2).again(0, true), nil, nil, one,
 			historyVerdict{Distinct: 2, Redeliveries: 1}},
+		// Sources: key_seq, message ids and partitions count per source.
+		{"one key in two sources", h().d("a", "k", 1, 0, 0, 1).in("billing").d("b", "k", 1, 0, 0, 1).d("c", "k", 2, 1, 0, 1).
+			in("default").d("e", "k", 2, 1, 0, 1), nil, nil, one,
+			historyVerdict{Distinct: 4}},
+		{"one key in two sources, each in order, interleaved", h().in("billing").d("b", "k", 1, 0, 0, 1).d("c", "k", 2, 1, 0, 1).
+			in("default").d("a", "k", 1, 0, 0, 1), nil, nil, one,
+			historyVerdict{Distinct: 3}},
+		{"a message under the other source's name", h().d("a", "k", 1, 0, 0, 1).in("billing").d("b", "k", 1, 0, 0, 1).
+			in("default").d("c", "k", 2, 1, 0, 1), []promise{{Source: "billing", ID: "c"}}, nil, one,
+			historyVerdict{Distinct: 3, Lost: 1}},
+		{"the other source's rows under one name", h().d("a", "k", 1, 0, 0, 1).d("b", "k", 1, 0, 0, 1), nil, nil, one,
+			historyVerdict{Distinct: 2, Gaps: 1}},
+		{"a promise per source", h().d("a", "k", 1, 0, 0, 1), []promise{{Source: "billing", Key: "k", Type: "t"}}, nil, one,
+			historyVerdict{Distinct: 1, Lost: 1}},
+		{"a skip in the other source", h().d("a", "k", 1, 0, 0, 1).d("c", "k", 3, 1, 0, 1), nil, []skip{{"billing", testkit.Skip{Key: "k", KeySeq: 2}}}, one,
+			historyVerdict{Distinct: 2, Gaps: 2}},
+		{"stale per source", h().d("a", "k", 1, 0, 0, 5).in("billing").d("b", "j", 1, 0, 0, 1), nil, nil, one,
+			historyVerdict{Distinct: 2}},
+		{"a source the run does not have", h().d("a", "k", 1, 0, 0, 1).in("ghost").d("b", "j", 1, 0, 1, 1), nil, nil, one,
+			historyVerdict{Distinct: 2, Foreign: 1}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.name == "no prev header" {
 				tc.h.ds[1].HasPrevKeySeq = false
 			}
-			v := checkHistory(tc.h.ds, tc.promises, tc.skipped, tc.steps)
+			v := checkHistory(tc.h.ds, tc.promises, tc.skipped, tc.steps, []string{"default", "billing"})
 			got := historyVerdict{Distinct: v.Distinct, Duplicates: v.Duplicates, Redeliveries: v.Redeliveries, Lost: v.Lost,
-				Reorders: v.Reorders, Gaps: v.Gaps, Stale: v.Stale, OverBound: v.OverBound}
+				Reorders: v.Reorders, Gaps: v.Gaps, Stale: v.Stale, OverBound: v.OverBound, Foreign: v.Foreign}
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Fatalf("got  %+v\nwant %+v\nproblems: %v", got, tc.want, v.Problems)
 			}
-			wantOK := tc.want.Lost == 0 && tc.want.Reorders == 0 && tc.want.Gaps == 0 && tc.want.OverBound == 0
+			wantOK := tc.want.Lost == 0 && tc.want.Reorders == 0 && tc.want.Gaps == 0 && tc.want.OverBound == 0 && tc.want.Foreign == 0
 			if v.OK() != wantOK {
 				t.Fatalf("OK() = %v, want %v", v.OK(), wantOK)
 			}
@@ -236,16 +263,19 @@ func TestCheckHistoryAttributesToSteps(t *testing.T) {
 		{Label: "step 1", Start: ms(10), End: ms(20), Quiet: ms(15), Bound: 0},
 		{Label: "step 2", Start: ms(20), End: ms(1000), Bound: 1},
 	}
-	at := func(d testkit.Delivery, n int) testkit.Delivery { d.Received = ms(n); return d }
+	at := func(d testkit.Delivery, n int) delivery {
+		d.Received = ms(n)
+		return delivery{Source: "default", Delivery: d}
+	}
 	a := testkit.Delivery{MessageID: "a", CorrelationID: "k", KeySeq: 1, HasPrevKeySeq: true, Epoch: 1}
 	b := testkit.Delivery{MessageID: "b", CorrelationID: "j", KeySeq: 1, HasPrevKeySeq: true, Epoch: 2}
-	ds := []testkit.Delivery{
+	ds := []delivery{
 		at(a, 1), at(a, 2), // a duplicate in the warm-up: quiet
 		at(b, 11), at(a, 12), // a stale duplicate in step 1, before its quiet time: over its bound of 0
 		at(a, 16), // a stale duplicate after step 1's quiet time: quiet
 		at(a, 25), // stale in step 2: within its bound of 1
 	}
-	v := checkHistory(ds, nil, nil, steps)
+	v := checkHistory(ds, nil, nil, steps, []string{"default"})
 	if v.Duplicates != 4 || v.QuietDuplicates != 2 {
 		t.Fatalf("duplicates %d (quiet %d), want 4 (quiet 2)", v.Duplicates, v.QuietDuplicates)
 	}
@@ -264,24 +294,27 @@ func TestRecoveryStats(t *testing.T) {
 		{kindKill, true, s(3)}, {kindKill, true, s(1)}, {kindKill, true, s(2)},
 		{kindPause, true, s(5)}, {kindPause, false, 0},
 		{kindPoison, false, 0},
+		{kindSourceLink, true, s(4)},
 	})
 	want := []recoveryStat{
 		{Kind: kindKill, N: 3, P50: s(2), Max: s(3)},
 		{Kind: kindPause, N: 1, Failed: 1, P50: s(5), Max: s(5)},
 		{Kind: kindPoison, Failed: 1},
+		{Kind: kindSourceLink, N: 1, P50: s(4), Max: s(4)},
 	}
 	if !reflect.DeepEqual(byKind, want) {
 		t.Fatalf("byKind = %+v\nwant %+v", byKind, want)
 	}
-	if p50 != s(2) || worst != s(5) {
-		t.Fatalf("p50 %v max %v, want 2s 5s", p50, worst)
+	if p50 != s(3) || worst != s(5) {
+		t.Fatalf("p50 %v max %v, want 3s 5s", p50, worst)
 	}
 }
 
 func TestNemesisLine(t *testing.T) {
 	v := historyVerdict{Lost: 1, Reorders: 2, Gaps: 3, OverBound: 4, Stale: 5, Duplicates: 6}
-	got := nemesisLine(ProfileShort, 9, v, 1500*time.Millisecond, 4*time.Second)
-	want := "RESULT scenario=nemesis profile=short seed=9 lost=1 reorders=2 gaps=3 stale_over_bound=4 stale_publishes=5 duplicates=6 recovery_p50_s=1.50 recovery_max_s=4.00"
+	v.Isolation = 7
+	got := nemesisLine(ProfileShort, 2, 9, v, 1500*time.Millisecond, 4*time.Second)
+	want := "RESULT scenario=nemesis profile=short sources=2 seed=9 lost=1 reorders=2 gaps=3 stale_over_bound=4 isolation_failures=7 stale_publishes=5 duplicates=6 recovery_p50_s=1.50 recovery_max_s=4.00"
 	if got != want {
 		t.Fatalf("got  %s\nwant %s", got, want)
 	}

@@ -17,7 +17,7 @@ import (
 func (n *nemesis) report(v historyVerdict) bool {
 	w := os.Stdout
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "\nstep\tfault\trecovery\tstale\tduplicates")
+	fmt.Fprintln(tw, "\nstep\tfault\trecovery\tstale\tduplicates\tother source relayed")
 	for _, s := range n.steps {
 		rec := "NOT RECOVERED"
 		if s.recovered {
@@ -28,7 +28,14 @@ func (n *nemesis) report(v historyVerdict) bool {
 		if t.OverBound {
 			over = " OVER BOUND"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d%s\t%d\n", s.N, s.desc, rec, t.Stale, over, t.Duplicates)
+		relayed := ""
+		if n.windows[s.window].Isolation != nil {
+			relayed = fmt.Sprint(t.Relayed)
+			if t.Stalled {
+				relayed += " STALLED"
+			}
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d%s\t%d\t%s\n", s.N, s.desc, rec, t.Stale, over, t.Duplicates, relayed)
 	}
 	_ = tw.Flush()
 	byKind, p50, worst := recoveryStats(n.results)
@@ -38,6 +45,7 @@ func (n *nemesis) report(v historyVerdict) bool {
 		st.placed, st.canceled, st.failed, st.errored)
 	fmt.Fprintf(w, "history: %d deliveries, %d distinct, %d keys, %d promised; %d duplicates (%.3f%%, %d outside the fault windows), %d redeliveries to the checker\n",
 		v.Deliveries, v.Distinct, v.Keys, v.Promised, v.Duplicates, ratio(v.Duplicates, v.Distinct)*100, v.QuietDuplicates, v.Redeliveries)
+	printSources(w, v.Sources)
 	fmt.Fprintf(w, "stale publishes: %d in all; bound W=%d per node a step acts on; %d steps over it\n", v.Stale, n.o.ConfirmWindow, v.OverBound)
 	if u := n.f.gossip.unknownStreams(); u > 0 {
 		fmt.Fprintf(w, "gossip: %d streams refused during splits for want of a known sender\n", u)
@@ -52,9 +60,10 @@ func (n *nemesis) report(v historyVerdict) bool {
 		fmt.Fprintf(w, "results written to %s\n", path)
 	}
 	if !v.OK() {
-		fmt.Fprintf(w, "!!! NEMESIS FAILED: lost=%d reorders=%d gaps=%d stale_over_bound=%d\n", v.Lost, v.Reorders, v.Gaps, v.OverBound)
+		fmt.Fprintf(w, "!!! NEMESIS FAILED: lost=%d reorders=%d gaps=%d stale_over_bound=%d isolation_failures=%d foreign=%d\n",
+			v.Lost, v.Reorders, v.Gaps, v.OverBound, v.Isolation, v.Foreign)
 	}
-	fmt.Fprintln(w, nemesisLine(n.o.Profile, n.seed, v, p50, worst))
+	fmt.Fprintln(w, nemesisLine(n.o.Profile, len(n.dbs), n.seed, v, p50, worst))
 	return v.OK()
 }
 
@@ -68,10 +77,25 @@ func printRecovery(w io.Writer, byKind []recoveryStat) {
 	_ = tw.Flush()
 }
 
+// printSources prints the checker's counts per source.
+func printSources(w io.Writer, ts []sourceTally) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nsource\tdeliveries\tdistinct\tkeys\tpromised\tlost\treorders\tgaps\tstale\tduplicates")
+	for _, t := range ts {
+		name := t.Name
+		if t.Foreign {
+			name += " (FOREIGN)"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", name, t.Deliveries, t.Distinct, t.Keys, t.Promised,
+			t.Lost, t.Reorders, t.Gaps, t.Stale, t.Duplicates)
+	}
+	_ = tw.Flush()
+}
+
 // nemesisLine is the run's last line.
-func nemesisLine(profile string, seed int64, v historyVerdict, p50, worst time.Duration) string {
-	return fmt.Sprintf("RESULT scenario=nemesis profile=%s seed=%d lost=%d reorders=%d gaps=%d stale_over_bound=%d stale_publishes=%d duplicates=%d recovery_p50_s=%.2f recovery_max_s=%.2f",
-		profile, seed, v.Lost, v.Reorders, v.Gaps, v.OverBound, v.Stale, v.Duplicates, p50.Seconds(), worst.Seconds())
+func nemesisLine(profile string, sources int, seed int64, v historyVerdict, p50, worst time.Duration) string {
+	return fmt.Sprintf("RESULT scenario=nemesis profile=%s sources=%d seed=%d lost=%d reorders=%d gaps=%d stale_over_bound=%d isolation_failures=%d stale_publishes=%d duplicates=%d recovery_p50_s=%.2f recovery_max_s=%.2f",
+		profile, sources, seed, v.Lost, v.Reorders, v.Gaps, v.OverBound, v.Isolation, v.Stale, v.Duplicates, p50.Seconds(), worst.Seconds())
 }
 
 func ratio(a, b int) float64 {
@@ -87,11 +111,12 @@ func (n *nemesis) result(v historyVerdict, byKind []recoveryStat, p50, worst tim
 	res.Param("profile", n.o.Profile)
 	res.Param("seed", n.seed)
 	res.Param("nodes", nemesisNodes)
+	res.Param("sources", len(n.dbs))
 	res.Param("rate", n.o.rateOr(nemesisRate))
 	res.Param("confirm_window", n.o.ConfirmWindow)
 	res.Param("lease_ttl", nemesisTTL)
 	var skipped []string
-	for _, k := range allKinds {
+	for _, k := range n.o.scenarioKinds() {
 		if n.srv.can(k) != "" {
 			skipped = append(skipped, string(k))
 		}
@@ -100,6 +125,13 @@ func (n *nemesis) result(v historyVerdict, byKind []recoveryStat, p50, worst tim
 	res.Figure("steps", float64(len(n.steps)), "")
 	res.Figure("stale_publishes", float64(v.Stale), "")
 	res.Figure("stale_over_bound", float64(v.OverBound), "")
+	res.Figure("isolation_failures", float64(v.Isolation), "")
+	for _, t := range v.Sources {
+		res.Figure("lost_"+t.Name, float64(t.Lost), "")
+		res.Figure("reorders_"+t.Name, float64(t.Reorders), "")
+		res.Figure("gaps_"+t.Name, float64(t.Gaps), "")
+		res.Figure("duplicates_"+t.Name, float64(t.Duplicates), "")
+	}
 	res.Figure("duplicates_quiet", float64(v.QuietDuplicates), "")
 	res.Figure("redeliveries", float64(v.Redeliveries), "")
 	res.Figure("duplicate_ratio", ratio(v.Duplicates, v.Distinct), "")

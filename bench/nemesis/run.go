@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -34,6 +35,7 @@ type nemesis struct {
 	seed      int64
 	plan      []plannedStep
 	srv       *servers
+	dbs       []*runDB // the sources: the rig's database first
 	f         *fleet
 	hist      *historian
 	load      *orderLoad
@@ -45,7 +47,7 @@ type nemesis struct {
 	missingExchange string // never declared
 
 	active  healFunc // the heal of the fault in progress, if any
-	skipped []testkit.Skip
+	skipped []skip
 	windows []stepWindow
 	results []stepResult
 	steps   []stepReport
@@ -72,11 +74,11 @@ func Run(ctx context.Context, o Config) error {
 	if seed == 0 {
 		seed = rand.Int64N(1<<31) + 1
 	}
-	plan, err := planSchedule(seed, o.Profile, nemesisNodes)
+	plan, err := planKinds(seed, o.Profile, nemesisNodes, o.scenarioKinds())
 	if err != nil {
 		return err
 	}
-	rerun := fmt.Sprintf("go run ./bench/cmd/nemesis -seed %d -profile %s", seed, o.Profile)
+	rerun := fmt.Sprintf("go run ./bench/cmd/nemesis -seed %d -profile %s -sources %d", seed, o.Profile, o.sourceCount())
 	if len(o.Kinds) > 0 {
 		plan = onlyKinds(plan, o.Kinds)
 		rerun += " -kinds " + joinKinds(o.Kinds)
@@ -103,7 +105,7 @@ func Run(ctx context.Context, o Config) error {
 	}
 	defer n.f.resumeAll()
 	printPlan(os.Stdout, seed, o.Profile, plan, n.f.names())
-	for _, k := range allKinds {
+	for _, k := range o.scenarioKinds() {
 		if why := n.srv.can(k); why != "" {
 			fmt.Printf("nemesis: %s cannot run on this machine and is SKIPPED: %s\n", k, why)
 		}
@@ -169,7 +171,10 @@ func (n *nemesis) setup(ctx context.Context) error {
 		return err
 	}
 	n.probeKeys = probeKeys(n.o.Partitions)
-	if n.f, err = newFleet(r, nemesisNodes, exchange); err != nil {
+	if n.dbs, err = openSources(ctx, r, n.o.sourceCount()); err != nil {
+		return err
+	}
+	if n.f, err = newFleet(r, nemesisNodes, exchange, n.dbs); err != nil {
 		return err
 	}
 	for i := range nemesisNodes {
@@ -180,11 +185,11 @@ func (n *nemesis) setup(ctx context.Context) error {
 	if err := n.f.waitConverged(ctx); err != nil {
 		return err
 	}
-	addr, err := n.f.startAPI(ctx)
+	targets, err := n.f.startAPIs(ctx)
 	if err != nil {
 		return err
 	}
-	n.load = newOrderLoad(addr, n.o.rateOr(nemesisRate), nemesisWorkers, n.seed)
+	n.load = newOrderLoad(targets, n.o.rateOr(nemesisRate), nemesisWorkers, n.seed)
 	return nil
 }
 
@@ -304,12 +309,16 @@ func (n *nemesis) finish(ctx context.Context) (historyVerdict, error) {
 		if err := n.f.failed(); err != nil {
 			return false, err
 		}
-		p, err := n.r.Pending(ctx)
+		p, err := pending(ctx, n.dbs)
 		return p == 0, err
 	})
 	if err != nil {
-		out, _ := n.f.admin(ctx, "parked")
-		errs = append(errs, fmt.Errorf("drain: %w; node parked says:\n%s", err, out))
+		var parked []string
+		for _, db := range n.dbs {
+			out, _ := n.f.admin(ctx, "parked", "-source", db.name)
+			parked = append(parked, db.name+":\n"+out)
+		}
+		errs = append(errs, fmt.Errorf("drain: %w; node parked says, per source:\n%s", err, strings.Join(parked, "\n")))
 	}
 	_ = harness.Sleep(ctx, settleAfter)
 	if err := n.f.stopNodes(); err != nil {
@@ -324,5 +333,5 @@ func (n *nemesis) finish(ctx context.Context) (historyVerdict, error) {
 	})
 	ds, connects := n.hist.history()
 	n.logf("history: %d deliveries; the checker's consumer connected %d times", len(ds), connects)
-	return checkHistory(ds, n.load.all(), n.skipped, n.windows), errors.Join(errs...)
+	return checkHistory(ds, n.load.all(), n.skipped, n.windows, sourceNames[:len(n.dbs)]), errors.Join(errs...)
 }

@@ -19,6 +19,18 @@ const (
 // of their holds and rests.
 const longMinimum = 10 * time.Minute
 
+// sourceLinkWatchFrom is how long after a source-link cut the check on
+// the other source starts: by then the cut node's leases of the cut
+// source have lapsed (one TTL), and a node that wrongly stepped aside for
+// the other source too has been left out of its map (its health window,
+// 3/4 TTL, and the health hold, TTL/2) and handed it off.
+const sourceLinkWatchFrom = 2 * nemesisTTL
+
+// sourceLinkMinHold is the shortest source-link hold: sourceLinkWatchFrom
+// and 2 s more in which the other source must be seen relaying on the cut
+// node (isolationCheck).
+const sourceLinkMinHold = sourceLinkWatchFrom + 2*time.Second
+
 // nemesisTTL is the nodes' lease TTL (ORDO_LEASE_TTL): the holds of the
 // pause are drawn as multiples of it.
 const nemesisTTL = 2 * time.Second
@@ -40,6 +52,7 @@ const (
 	kindMemoryAlarm   Kind = "memory-alarm"   // the broker's memory watermark set tiny, then restored
 	kindHostileRow    Kind = "hostile-row"    // a row whose headers exceed frame_max, on a live key; skipped once parked
 	kindPoison        Kind = "poison"         // rows the broker returns or whose exchange is missing, on live keys; skipped once parked
+	kindSourceLink    Kind = "source-link"    // two sources: one node's link to one source's database cut or stalled; the other source must keep relaying on it
 
 	// The consumer scenario's own kinds (it also runs kill, pause,
 	// broker-restart, broker-close, pg-restart and pg-link, aimed at the
@@ -52,6 +65,9 @@ const (
 // allKinds lists every kind once.
 var allKinds = []Kind{kindKill, kindPause, kindBrokerRestart, kindBrokerClose, kindPGTerminate, kindPGRestart,
 	kindGossipSplit, kindAMQPLink, kindPGLink, kindMemoryAlarm, kindHostileRow, kindPoison}
+
+// sourceKinds lists the kinds only a run with two sources has.
+var sourceKinds = []Kind{kindSourceLink}
 
 // consumerKinds lists every kind of the consumer scenario once.
 var consumerKinds = []Kind{kindKill, kindPause, kindBrokerRestart, kindBrokerClose, kindPGRestart, kindPGLink,
@@ -76,6 +92,7 @@ type plannedStep struct {
 	Target  int           // node slot (0-based), or -1 when the step acts on every node or none
 	Hold    time.Duration // how long the fault lasts before its heal (0: healed at once, or when its condition holds)
 	Variant string        // see the variant constants; empty when the kind has none
+	Source  int           // source-link: the index of the source whose link is cut (sourceNames)
 	Quiet   time.Duration // pause after the recovery, before the next step
 }
 
@@ -90,14 +107,14 @@ func holds(profile string) map[Kind]holdRange {
 			kindKill: {s / 2, 10 * s}, kindPause: {5 * nemesisTTL / 2, 6 * nemesisTTL},
 			kindBrokerRestart: {0, 10 * s}, kindPGRestart: {0, 8 * s}, kindGossipSplit: {3 * s, 20 * s},
 			kindAMQPLink: {s, 15 * s}, kindPGLink: {s, 15 * s}, kindMemoryAlarm: {2 * s, 15 * s},
-			kindRebalance: {s, 15 * s},
+			kindRebalance: {s, 15 * s}, kindSourceLink: {sourceLinkMinHold, 15 * s},
 		}
 	}
 	return map[Kind]holdRange{
 		kindKill: {s / 2, 3 * s}, kindPause: {5 * nemesisTTL / 2, 7 * nemesisTTL / 2},
 		kindBrokerRestart: {0, 2 * s}, kindPGRestart: {0, 2 * s}, kindGossipSplit: {3 * s, 6 * s},
 		kindAMQPLink: {2 * s, 5 * s}, kindPGLink: {2 * s, 5 * s}, kindMemoryAlarm: {2 * s, 4 * s},
-		kindRebalance: {s, 4 * s},
+		kindRebalance: {s, 4 * s}, kindSourceLink: {sourceLinkMinHold, 8 * s},
 	}
 }
 
@@ -173,6 +190,9 @@ func drawStep(rng *rand.Rand, k Kind, hold holdRange, profile string, nodes int)
 	switch k {
 	case kindAMQPLink, kindPGLink:
 		s.Variant = pick(rng, variantCut, variantStall)
+	case kindSourceLink:
+		s.Variant = pick(rng, variantCut, variantStall)
+		s.Source = rng.IntN(len(sourceNames))
 	case kindBrokerClose, kindPGTerminate:
 		s.Variant = pick(rng, variantOne, variantAll)
 		if s.Variant == variantAll {
@@ -193,7 +213,7 @@ func ParseKinds(s string) ([]Kind, error) {
 	var out []Kind
 	for _, f := range strings.Split(s, ",") {
 		k := Kind(strings.TrimSpace(f))
-		if !slices.Contains(allKinds, k) && !slices.Contains(consumerKinds, k) {
+		if !slices.Contains(allKinds, k) && !slices.Contains(sourceKinds, k) && !slices.Contains(consumerKinds, k) {
 			return nil, fmt.Errorf("-kinds: unknown kind %q (kinds: %s)", k, kindList())
 		}
 		out = append(out, k)
@@ -202,7 +222,7 @@ func ParseKinds(s string) ([]Kind, error) {
 }
 
 func kindList() string {
-	return strings.ReplaceAll(joinKinds(allKinds)+","+joinKinds(consumerOnlyKinds), ",", ", ")
+	return strings.ReplaceAll(joinKinds(allKinds)+","+joinKinds(sourceKinds)+","+joinKinds(consumerOnlyKinds), ",", ", ")
 }
 
 // joinKinds writes kinds as -kinds takes them.
@@ -243,6 +263,8 @@ func (s plannedStep) describe(names []string) string {
 		d += " " + s.Variant
 	}
 	switch {
+	case s.Kind == kindSourceLink && s.Target >= 0 && s.Target < len(names):
+		d += " " + names[s.Target] + " to " + sourceNames[s.Source]
 	case s.Target >= 0 && s.Target < len(names):
 		d += " " + names[s.Target]
 	case s.Kind == kindBrokerClose || s.Kind == kindPGTerminate:

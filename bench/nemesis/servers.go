@@ -216,9 +216,10 @@ func (s *servers) clearAlarm(ctx context.Context) error {
 	return nil
 }
 
-// terminateSessions ends, with pg_terminate_backend, the sessions on
-// database db whose application_name is one of apps, and returns how many.
-func (s *servers) terminateSessions(ctx context.Context, db string, apps []string) (int, error) {
+// terminateSessions ends, with pg_terminate_backend, the sessions on the
+// databases dbs whose application_name is one of apps, and returns how
+// many.
+func (s *servers) terminateSessions(ctx context.Context, dbs, apps []string) (int, error) {
 	cctx, cancel := context.WithTimeout(ctx, harness.SetupTimeout)
 	defer cancel()
 	c, err := pgx.Connect(cctx, s.adminURL)
@@ -228,7 +229,7 @@ func (s *servers) terminateSessions(ctx context.Context, db string, apps []strin
 	defer c.Close(context.Background())
 	var n int
 	err = c.QueryRow(cctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
-		FROM pg_stat_activity WHERE datname = $1 AND application_name = ANY($2)`, db, apps).Scan(&n)
+		FROM pg_stat_activity WHERE datname = ANY($1) AND application_name = ANY($2)`, dbs, apps).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("pg_terminate_backend: %w", err)
 	}

@@ -45,6 +45,7 @@ func parseConfig(args []string, lookup func(string) (string, bool), out io.Write
 	fs.Int64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the fault schedule (0: draw one and print it)")
 	fs.StringVar(&cfg.Scenario, "scenario", cfg.Scenario, "relay (3 nodes, judged from the deliveries) or consumers (3 shipping instances, judged from their database)")
 	fs.StringVar(&cfg.Profile, "profile", cfg.Profile, "short (about 2 minutes) or long (10 minutes or more)")
+	fs.IntVar(&cfg.Sources, "sources", cfg.Sources, "outbox databases the relay scenario's nodes relay: 2 (default and billing; adds the source-link fault) or 1 (default); 0: the scenario's (relay 2, consumers 1)")
 	kinds := fs.String("kinds", "all", "comma-separated kinds of fault to run, or all (the scenario's)")
 	fs.Usage = envflag.Usage(fs, envPrefix, "usage: go run ./bench/cmd/nemesis [flags]")
 	if err := envflag.Parse(fs, envPrefix, args, lookup); err != nil {

@@ -14,8 +14,11 @@ func TestParseConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Seed != 11 || cfg.Profile != nemesis.ProfileLong || len(cfg.Kinds) != 2 {
+	if cfg.Seed != 11 || cfg.Profile != nemesis.ProfileLong || len(cfg.Kinds) != 2 || cfg.Sources != 0 {
 		t.Fatalf("parsed %+v", cfg)
+	}
+	if cfg, err := parseConfig([]string{"-sources", "1"}, lookup, io.Discard); err != nil || cfg.Sources != 1 {
+		t.Fatalf("-sources 1: %+v, %v", cfg, err)
 	}
 	for _, args := range [][]string{
 		{"-profile", "medium"},
@@ -24,6 +27,9 @@ func TestParseConfig(t *testing.T) {
 		{"stray"},
 		{"-scenario", "consumers", "-kinds", "hostile-row"},
 		{"-scenario", "producers"},
+		{"-sources", "3"},
+		{"-sources", "1", "-kinds", "source-link"},
+		{"-scenario", "consumers", "-sources", "2"},
 	} {
 		if _, err := parseConfig(args, lookup, io.Discard); err == nil {
 			t.Errorf("%q was accepted", args)

@@ -171,11 +171,12 @@ func (c *Cluster) Status(ctx context.Context, i int) (NodeStatus, error) {
 	return st, nil
 }
 
-// Converged checks that the nodes of slots want agree: every one's map is
-// the same, its owners are exactly those nodes, and the database's lease
-// owner of every partition is the owner the map says. It returns the
-// statuses, and why not when they do not agree ("" when they do). A node
-// that does not answer is a reason, not an error.
+// Converged checks that the nodes of slots want agree, for every source
+// they relay: every one's map is the same, its owners are exactly those
+// nodes, and the database's lease owner of every partition is the owner
+// the map says. It returns the statuses, and why not when they do not
+// agree ("" when they do). A node that does not answer is a reason, not
+// an error.
 func (c *Cluster) Converged(ctx context.Context, want []int) ([]NodeStatus, string) {
 	sts := make([]NodeStatus, 0, len(want))
 	names := map[string]bool{}
@@ -187,29 +188,53 @@ func (c *Cluster) Converged(ctx context.Context, want []int) ([]NodeStatus, stri
 		if err != nil {
 			return nil, err.Error()
 		}
-		if len(sts) > 0 && !slices.Equal(sts[0].Assignment, st.Assignment) {
-			return nil, fmt.Sprintf("%s's map differs from %s's", c.Names[i], sts[0].Node)
+		vs := st.views()
+		if len(sts) > 0 && len(vs) != len(sts[0].views()) {
+			return nil, fmt.Sprintf("%s relays %d sources, %s %d", c.Names[i], len(vs), sts[0].Node, len(sts[0].views()))
 		}
-		owners := map[string]bool{}
-		for _, o := range st.Assignment {
-			owners[o] = true
-		}
-		if len(owners) != len(names) {
-			return nil, fmt.Sprintf("%s's map has %d owners, want %d", c.Names[i], len(owners), len(names))
-		}
-		for o := range owners {
-			if !names[o] {
-				return nil, fmt.Sprintf("%s's map names %s", c.Names[i], o)
+		for k, v := range vs {
+			if len(sts) > 0 && !slices.Equal(sts[0].views()[k].Assignment, v.Assignment) {
+				return nil, fmt.Sprintf("%s's map of %s differs from %s's", c.Names[i], v.Name, sts[0].Node)
 			}
-		}
-		for _, l := range st.Leases {
-			if l.Partition >= len(st.Assignment) || l.Owner != st.Assignment[l.Partition] {
-				return nil, fmt.Sprintf("partition %d: lease held by %q", l.Partition, l.Owner)
+			if why := agrees(v, c.Names[i], names); why != "" {
+				return nil, why
 			}
 		}
 		sts = append(sts, st)
 	}
 	return sts, ""
+}
+
+// views returns each source's part of the status: Sources, or the
+// top-level fields for a node that lists none.
+func (s NodeStatus) views() []node.SourceStatus {
+	if len(s.Sources) > 0 {
+		return s.Sources
+	}
+	return []node.SourceStatus{{Name: "default", Assignment: s.Assignment, Leases: s.Leases}}
+}
+
+// agrees checks source v's map on the node named self: its owners are
+// exactly names, and every lease is held by the owner the map says.
+func agrees(v node.SourceStatus, self string, names map[string]bool) string {
+	owners := map[string]bool{}
+	for _, o := range v.Assignment {
+		owners[o] = true
+	}
+	if len(owners) != len(names) {
+		return fmt.Sprintf("%s's map of %s has %d owners, want %d", self, v.Name, len(owners), len(names))
+	}
+	for o := range owners {
+		if !names[o] {
+			return fmt.Sprintf("%s's map of %s names %s", self, v.Name, o)
+		}
+	}
+	for _, l := range v.Leases {
+		if l.Partition >= len(v.Assignment) || l.Owner != v.Assignment[l.Partition] {
+			return fmt.Sprintf("%s partition %d: lease held by %q", v.Name, l.Partition, l.Owner)
+		}
+	}
+	return ""
 }
 
 // WaitConverged polls converged until it holds and returns the statuses

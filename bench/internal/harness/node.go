@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -79,9 +80,9 @@ type Node struct {
 // a Ctrl-C reaches only the bench, which then stops the node in order) with
 // Pdeathsig SIGKILL (so it dies with the bench). Its output is printed with
 // a "[name]" prefix and its last nodeLogLines lines kept. env adds or
-// overrides ORDO_* variables (gossip settings, say). An empty dbURL sets
-// no ORDO_POSTGRES_URL: env then names the databases (ORDO_SOURCES), which
-// the node refuses to take together with it.
+// overrides ORDO_* variables (gossip settings, say). An empty dbURL, or
+// an env that sets ORDO_SOURCES (the node's sources), sets no
+// ORDO_POSTGRES_URL: the node refuses it together with ORDO_SOURCES.
 func StartProcess(ctx context.Context, o Config, name, dbURL, amqpURL string, env ...string) (*Node, error) {
 	bin, err := NodeBinary(ctx, o)
 	if err != nil {
@@ -100,7 +101,7 @@ func StartProcess(ctx context.Context, o Config, name, dbURL, amqpURL string, en
 		"ORDO_CONFIRM_WINDOW=" + strconv.Itoa(o.ConfirmWindow),
 		"ORDO_PARTITIONS=" + strconv.Itoa(o.Partitions),
 	}
-	if dbURL != "" {
+	if dbURL != "" && !slices.ContainsFunc(env, func(e string) bool { return strings.HasPrefix(e, "ORDO_SOURCES=") }) {
 		base = append(base, "ORDO_POSTGRES_URL="+dbURL)
 	}
 	n.Proc, err = testkit.Start(name, bin, nil, testkit.ProcessOptions{
