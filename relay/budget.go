@@ -65,18 +65,21 @@ func (b *Budget) Stats() BudgetStats {
 // Budget's mu.
 type share struct {
 	b          *Budget
-	wake       chan struct{} // the relay's wakeRead
+	wakeSlots  chan struct{} // the relay's wakeDispatch: a slot freed up
+	wakeBytes  chan struct{} // the relay's wakeRead: bytes freed up
 	flights    int
 	bytes      int64
 	wantsSlot  bool // rows wait to be published (refused a slot, or its own window full), until it runs dry
 	wantsBytes bool // a read was refused, and none was allowed since
 }
 
-// join adds a relay, woken through wake when what it waits for frees up.
-func (b *Budget) join(wake chan struct{}) *share {
+// join adds a relay, woken through wakeSlots when a slot it waits for
+// frees up (its dispatch loop publishes) and through wakeBytes when bytes
+// do (its read loop reads).
+func (b *Budget) join(wakeSlots, wakeBytes chan struct{}) *share {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	s := &share{b: b, wake: wake}
+	s := &share{b: b, wakeSlots: wakeSlots, wakeBytes: wakeBytes}
 	b.members = append(b.members, s)
 	return s
 }
@@ -127,7 +130,7 @@ func (s *share) releaseSlot() {
 	b.flights--
 	for _, m := range b.members {
 		if m != s && m.wantsSlot {
-			signal(m.wake)
+			signal(m.wakeSlots)
 		}
 	}
 }
@@ -185,7 +188,7 @@ func (s *share) addBytes(d int64) {
 	}
 	for _, m := range b.members {
 		if m != s && m.wantsBytes {
-			signal(m.wake)
+			signal(m.wakeBytes)
 		}
 	}
 }

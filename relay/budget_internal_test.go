@@ -10,7 +10,7 @@ import "testing"
 // fair share, and the total never passes W.
 func TestBudgetWorkConservingAndFair(t *testing.T) {
 	b := NewBudget(16, 1<<20)
-	busy, other := b.join(make(chan struct{}, 1)), b.join(make(chan struct{}, 1))
+	busy, other := b.join(make(chan struct{}, 1), nil), b.join(make(chan struct{}, 1), nil)
 	took := func(s *share) int {
 		n := 0
 		for n < 100 && s.takeSlot() {
@@ -25,7 +25,7 @@ func TestBudgetWorkConservingAndFair(t *testing.T) {
 		t.Fatal("a slot was given past W")
 	}
 	select {
-	case <-other.wake:
+	case <-other.wakeSlots:
 		t.Fatal("the waiting relay was woken before any slot was given back")
 	default:
 	}
@@ -33,7 +33,7 @@ func TestBudgetWorkConservingAndFair(t *testing.T) {
 		busy.releaseSlot()
 	}
 	select {
-	case <-other.wake:
+	case <-other.wakeSlots:
 	default:
 		t.Fatal("a slot given back did not wake the relay waiting for one")
 	}
@@ -60,7 +60,7 @@ func TestBudgetWorkConservingAndFair(t *testing.T) {
 // TestBudgetBytes: reads follow the same rule as slots.
 func TestBudgetBytes(t *testing.T) {
 	b := NewBudget(16, 1000)
-	busy, other := b.join(make(chan struct{}, 1)), b.join(make(chan struct{}, 1))
+	busy, other := b.join(nil, make(chan struct{}, 1)), b.join(nil, make(chan struct{}, 1))
 	if !busy.mayRead() {
 		t.Fatal("an empty budget refused a read")
 	}
@@ -70,7 +70,7 @@ func TestBudgetBytes(t *testing.T) {
 	}
 	busy.addBytes(-600) // 400 used, the busy relay under its share of 500
 	select {
-	case <-other.wake:
+	case <-other.wakeBytes:
 	default:
 		t.Fatal("bytes given back did not wake the relay waiting for them")
 	}

@@ -23,7 +23,7 @@ func (r *Relay) dispatch(ctx context.Context) (int, error) {
 	n := 0
 	for {
 		if ctx.Err() != nil {
-			return n, nil // Run is stopping; readLoop sees it
+			return n, nil // Run is stopping; dispatchLoop sees it
 		}
 		f, leaseLost := r.nextFlight()
 		if leaseLost {

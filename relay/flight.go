@@ -206,6 +206,10 @@ func (r *Relay) settle(f *flight, res Result) {
 	if res.Outcome != Unsent {
 		signal(r.wakeMark)
 	}
+	signal(r.wakeDispatch) // the key's next row may go
+	// And a round of the read loop: it arms partitions only after a round
+	// with nothing read and nothing published since the last, and a
+	// confirm is work going on (TestCoreBusyRelayIsNotNotified).
 	signal(r.wakeRead)
 }
 

@@ -9,44 +9,33 @@ import (
 	"github.com/ordo-relay/ordo/internal/outage"
 )
 
-// The read loop: publish what may go, read what is wanted, wait for a
-// reason to do either again. Dispatch is dispatch.go, reads read.go.
+// Two loops: the read loop reads what is wanted and waits for a reason to
+// read again; the dispatch loop publishes what may go, whenever something
+// may have become publishable. Apart, so that a confirmed key's next row
+// never waits for a read, an arm or a pass of its partition: with a
+// handful of hot keys every round trip counts (issue 23). Dispatch is
+// dispatch.go, reads read.go.
 
-// readLoop reads pending rows and publishes them while ctx lasts.
+// readLoop reads pending rows while ctx lasts.
 func (r *Relay) readLoop(ctx context.Context) {
 	down := outage.New(r.cfg.Logger, "PostgreSQL (outbox reads)")
 	bo := backoff.New(50*time.Millisecond, 2*time.Second)
-	// The publisher reconnects on its own; check for it often so the first
-	// publish follows a broker's return closely.
+	// No reads while there is nowhere to publish; check for the
+	// publisher's return often.
 	pubWait := backoff.New(20*time.Millisecond, 200*time.Millisecond)
 	poll := time.NewTicker(r.cfg.PollInterval)
 	defer poll.Stop()
-	retry := time.NewTimer(time.Hour)
-	defer retry.Stop()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	var published int64 // the publish count at the last round
 	for {
 		if !r.pub.Connected() {
-			// No reads and no publishes while there is nowhere to publish.
 			if !backoff.Sleep(ctx, pubWait.Next()) {
 				return
 			}
 			continue
 		}
 		pubWait.Reset()
-		published, err := r.dispatch(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		if err != nil {
-			// The publisher reconnects and logs on its own; a database
-			// error (the dead-row lookup) is an outage like a read's.
-			if !errors.As(err, new(*publishError)) {
-				down.Fail(err)
-			}
-			if !backoff.Sleep(ctx, pubWait.Next()) {
-				return
-			}
-			continue
-		}
 		read, err := r.readOnce(ctx)
 		if ctx.Err() != nil {
 			return
@@ -65,25 +54,36 @@ func (r *Relay) readLoop(ctx context.Context) {
 			down.OK()
 			bo.Reset()
 		}
-		if r.syncArms(ctx, !read && published == 0) || read || published > 0 {
-			continue // more to do, or read the partitions just armed once more
+		// Idle: nothing read, nothing published since the last round
+		// (arming waits for a relay with nothing to do).
+		idle := !read && !r.publishedSince(&published)
+		if r.syncArms(ctx, idle) || read {
+			continue // more to read, or read the partitions just armed once more
 		}
 		r.checkStall()
-		if !r.wait(ctx, poll.C, retry) {
+		if !r.waitRead(ctx, poll.C, timer) {
 			return
 		}
 	}
 }
 
-// wait blocks until something may be readable or publishable.
-func (r *Relay) wait(ctx context.Context, poll <-chan time.Time, retry *time.Timer) bool {
+// publishedSince reports whether the relay published since *seen was
+// taken, and takes it again.
+func (r *Relay) publishedSince(seen *int64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := r.stats.Published
+	changed := n != *seen
+	*seen = n
+	return changed
+}
+
+// waitRead blocks until something may be readable: a notification, a
+// poll, a pass coming due.
+func (r *Relay) waitRead(ctx context.Context, poll <-chan time.Time, timer *time.Timer) bool {
 	r.mu.Lock()
 	now := time.Now()
-	next, due := r.earliestRetryLocked(now)
-	if due {
-		r.mu.Unlock()
-		return true // a key's backoff is over: publish it now
-	}
+	var next time.Time
 	soonest := func(at time.Time) {
 		if !at.IsZero() && (next.IsZero() || at.Before(next)) {
 			next = at
@@ -98,13 +98,13 @@ func (r *Relay) wait(ctx context.Context, poll <-chan time.Time, retry *time.Tim
 	soonest(r.nextPollLocked())
 	r.mu.Unlock()
 	if !next.IsZero() {
-		retry.Reset(max(time.Until(next), 0))
+		timer.Reset(max(time.Until(next), 0))
 	}
 	select {
 	case <-ctx.Done():
 		return false
 	case <-r.wakeRead:
-	case <-retry.C:
+	case <-timer.C:
 	case <-poll:
 		r.mu.Lock()
 		now := time.Now()
@@ -117,6 +117,68 @@ func (r *Relay) wait(ctx context.Context, poll <-chan time.Time, retry *time.Tim
 		}
 		r.mu.Unlock()
 		r.retryLeaseWait()
+	}
+	return true
+}
+
+// dispatchLoop publishes what the per-key rule and the window let go
+// while ctx lasts. It is woken by wakeDispatch (a confirm, a read's rows,
+// a requeue, a lease back: pushReadyLocked and settle) and by the retry
+// timer of a key backing off.
+func (r *Relay) dispatchLoop(ctx context.Context) {
+	down := outage.New(r.cfg.Logger, "PostgreSQL (outbox dead-row lookups)")
+	// The publisher reconnects on its own; check for it often so the first
+	// publish follows a broker's return closely.
+	pubWait := backoff.New(20*time.Millisecond, 200*time.Millisecond)
+	retry := time.NewTimer(time.Hour)
+	defer retry.Stop()
+	for {
+		if !r.pub.Connected() {
+			if !backoff.Sleep(ctx, pubWait.Next()) {
+				return
+			}
+			continue
+		}
+		_, err := r.dispatch(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			// The publisher reconnects and logs on its own; a database
+			// error (the dead-row lookup) is an outage like a read's.
+			if !errors.As(err, new(*publishError)) {
+				down.Fail(err)
+			}
+			if !backoff.Sleep(ctx, pubWait.Next()) {
+				return
+			}
+			continue
+		}
+		pubWait.Reset()
+		down.OK()
+		r.checkStall()
+		if !r.waitDispatch(ctx, retry) {
+			return
+		}
+	}
+}
+
+// waitDispatch blocks until something may be publishable.
+func (r *Relay) waitDispatch(ctx context.Context, retry *time.Timer) bool {
+	r.mu.Lock()
+	next, due := r.earliestRetryLocked(time.Now())
+	r.mu.Unlock()
+	if due {
+		return true // a key's backoff is over: publish it now
+	}
+	if !next.IsZero() {
+		retry.Reset(max(time.Until(next), 0))
+	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-r.wakeDispatch:
+	case <-retry.C:
 	}
 	return true
 }

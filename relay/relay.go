@@ -37,8 +37,9 @@ type Relay struct {
 	// breaks: Run takes it from its context (internal/relayhook).
 	perKeyLimit int
 
-	wakeRead chan struct{} // coalesced: something may be readable or publishable
-	wakeMark chan struct{} // coalesced: settlements are queued
+	wakeRead     chan struct{} // coalesced: something may be readable
+	wakeDispatch chan struct{} // coalesced: something may be publishable
+	wakeMark     chan struct{} // coalesced: settlements are queued
 
 	mu             sync.Mutex
 	parts          map[int]*partState // held partitions, as last synced with the leases
@@ -118,16 +119,17 @@ func New(cfg Config, store Store, pub Publisher, own Ownership) (*Relay, error) 
 	}
 	r := &Relay{
 		cfg: cfg, store: store, pub: pub, own: own, perKeyLimit: 1, tracer: tracer,
-		wakeRead:   make(chan struct{}, 1),
-		wakeMark:   make(chan struct{}, 1),
-		parts:      map[int]*partState{},
-		gen:        newReadGen(),
-		backingOff: map[*keyState]bool{},
-		leaseWait:  map[*keyState]bool{},
-		progress:   newProgress(cfg.Logger),
+		wakeRead:     make(chan struct{}, 1),
+		wakeDispatch: make(chan struct{}, 1),
+		wakeMark:     make(chan struct{}, 1),
+		parts:        map[int]*partState{},
+		gen:          newReadGen(),
+		backingOff:   map[*keyState]bool{},
+		leaseWait:    map[*keyState]bool{},
+		progress:     newProgress(cfg.Logger),
 	}
 	if cfg.Budget != nil {
-		r.share = cfg.Budget.join(r.wakeRead)
+		r.share = cfg.Budget.join(r.wakeDispatch, r.wakeRead)
 	}
 	r.flights = newFlightBook(r.share)
 	return r, nil
@@ -207,6 +209,10 @@ func (r *Relay) Run(ctx context.Context) error {
 	})
 	work.Go(func() error {
 		r.readLoop(wctx)
+		return nil
+	})
+	work.Go(func() error {
+		r.dispatchLoop(wctx)
 		return nil
 	})
 	err := work.Wait()

@@ -103,9 +103,11 @@ func (r *Relay) currentLocked(k *keyState) bool {
 	return r.parts[k.part.id] == k.part
 }
 
+// pushReadyLocked puts k in line for the dispatch loop, and wakes it.
 func (r *Relay) pushReadyLocked(k *keyState) {
 	if !k.inReady && len(k.rows) > 0 {
 		k.inReady = true
 		r.ready = append(r.ready, k)
+		signal(r.wakeDispatch)
 	}
 }

@@ -1,8 +1,10 @@
 package relay_test
 
 import (
+	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -108,4 +110,54 @@ func TestCoreLateCommitBelowCursor(t *testing.T) {
 			testkit.WaitFor(t, waitTimeout, "the row committed late delivered", func() bool { return c.delivered(late) })
 		})
 	}
+}
+
+// gatedReads holds every read, once gated, until the gate opens, and
+// says when one has begun.
+type gatedReads struct {
+	relay.Store
+	on      atomic.Bool
+	started chan struct{}
+	gate    chan struct{}
+}
+
+func (g *gatedReads) ReadPending(ctx context.Context, cursors []relay.Cursor, limit int) ([]relay.Row, error) {
+	if g.on.Load() {
+		select {
+		case g.started <- struct{}{}:
+		default:
+		}
+		select {
+		case <-g.gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return g.Store.ReadPending(ctx, cursors, limit)
+}
+
+// TestCoreConfirmDoesNotWaitForRead: a key's next row goes the moment its
+// previous one is confirmed, even while a read of its partition is under
+// way (reads and publishes are separate loops). With one loop for both,
+// every hot key waited for the read in progress, a round trip per read.
+func TestCoreConfirmDoesNotWaitForRead(t *testing.T) {
+	t.Parallel()
+	// The held read must outlast the wait below, not time out.
+	c := newCore(t, time.Hour, func(cfg *relay.Config) { cfg.ReadTimeout = time.Minute })
+	g := &gatedReads{Store: c.store.ForNode(c.cfg.Node), started: make(chan struct{}, 1), gate: make(chan struct{})}
+	c.withStore(g)
+	c.pub.Hold(true)
+	c.store.Insert(0, "hot", "hot", "hot")
+	c.start()
+	testkit.WaitFor(t, waitTimeout, "the key's first row held", func() bool { now, _ := c.pub.Held(); return now == 1 })
+	g.on.Store(true)
+	<-g.started // a poll's read, held at the gate
+	c.pub.Release(1, relay.Result{Outcome: relay.Confirmed})
+	testkit.WaitFor(t, waitTimeout, "the key's second row published while a read is held", func() bool {
+		return len(c.pub.Sent()) == 2
+	})
+	close(g.gate)
+	c.pub.Hold(false)
+	c.pub.Release(-1, relay.Result{Outcome: relay.Confirmed})
+	c.waitDrained()
 }

@@ -151,7 +151,8 @@ func (r *Relay) markConfirmed(ctx context.Context, confirmed []settlement) error
 	for _, done := range handedOff {
 		done()
 	}
-	signal(r.wakeRead) // the window has room
+	signal(r.wakeDispatch) // the window has room
+	signal(r.wakeRead)     // and so has memory
 	if refused > 0 {
 		r.cfg.Logger.Warn("marks refused: lease no longer held at the published epoch, or row already processed",
 			"refused", refused)
@@ -204,6 +205,7 @@ func (r *Relay) recordFailures(ctx context.Context, failed []settlement) error {
 	for _, done := range handedOff {
 		done()
 	}
+	signal(r.wakeDispatch)
 	signal(r.wakeRead)
 	for _, s := range failed {
 		r.cfg.Logger.Debug("publish failed; key backs off", "id", s.f.msg.ID, "key", s.f.msg.CorrelationID,
