@@ -133,6 +133,13 @@ func TestProduceEndToEnd(t *testing.T) {
 			if p99, _ := c.Lookup(p + "commit_p99"); !(p99 > 0) {
 				t.Errorf("%s: %s commit p99 %v", c.Label, v, p99)
 			}
+			if findProduceVariant(v).relay != relayNone {
+				// The relay (a node, or the classic instance) ran and its
+				// backends were measured apart.
+				if whole, _ := c.Lookup(p + "pg_whole_us_per_msg"); !(whole > 0) {
+					t.Errorf("%s: %s whole PostgreSQL CPU per message %v", c.Label, v, whole)
+				}
+			}
 			if v == variantClassic {
 				continue
 			}
