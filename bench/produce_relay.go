@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -100,7 +101,9 @@ func startProduceRelay(ctx context.Context, o options, v *produceVariant, dbURL,
 // until the returned stop.
 func startProduceClassic(o options, dbURL, name string) (stop func(), failed func() error) {
 	c := &classicRelay{cfg: classicConfig{
-		Name: name, DBURL: dbURL, AMQPURL: o.AMQPURL, Batch: o.ClassicBatch, Interval: o.ClassicEvery,
+		// The article's batch and interval where the options leave them
+		// unset (a batch of 0 would read nothing, for ever).
+		Name: name, DBURL: dbURL, AMQPURL: o.AMQPURL, Batch: cmp.Or(o.ClassicBatch, 50), Interval: cmp.Or(o.ClassicEvery, time.Second),
 		Select: sqlClassicTableSelect, Mark: sqlClassicTableMark, Exchange: name,
 	}}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -107,7 +107,9 @@ func TestProduceEndToEnd(t *testing.T) {
 	for _, v := range produceVariants {
 		o.Produce.Variants = append(o.Produce.Variants, v.name)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	// Seven variants in two cells, two of them starting a relay: a loaded
+	// machine (load 30) needed over 3 minutes.
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	var cells []*result.Result
 	if err := runProduce(ctx, o, func(r *result.Result) { cells = append(cells, r) }); err != nil {
