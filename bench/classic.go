@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -72,6 +73,10 @@ type classicConfig struct {
 	AMQPURL  string        // the broker
 	Batch    int           // rows per batch (the article: 50)
 	Interval time.Duration // pause after a batch that was not full (the article: 1 s)
+	// Select and Mark replace sqlClassicSelect and sqlClassicMark (same
+	// columns and parameters), for a table other than Ordo's outbox;
+	// Exchange, when set, is every message's exchange.
+	Select, Mark, Exchange string
 }
 
 // classicRelay is one instance. Run blocks until ctx ends.
@@ -188,7 +193,8 @@ func (c *classicRelay) batch(ctx context.Context, s *classicSession) (int, error
 		return 0, fmt.Errorf("begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.Background()) }() // no-op after Commit
-	rows, err := tx.Query(bctx, sqlClassicSelect, c.cfg.Batch)
+	sel, mark := cmp.Or(c.cfg.Select, sqlClassicSelect), cmp.Or(c.cfg.Mark, sqlClassicMark)
+	rows, err := tx.Query(bctx, sel, c.cfg.Batch)
 	if err != nil {
 		return 0, fmt.Errorf("select batch: %w", err)
 	}
@@ -200,6 +206,7 @@ func (c *classicRelay) batch(ctx context.Context, s *classicSession) (int, error
 		if err == nil && len(headers) > 0 {
 			err = json.Unmarshal(headers, &x.headers)
 		}
+		x.exchange = cmp.Or(c.cfg.Exchange, x.exchange)
 		return x, err
 	})
 	if err != nil {
@@ -215,7 +222,7 @@ func (c *classicRelay) batch(ctx context.Context, s *classicSession) (int, error
 		}
 		ids[i] = batch[i].id
 	}
-	if _, err := tx.Exec(bctx, sqlClassicMark, ids); err != nil {
+	if _, err := tx.Exec(bctx, mark, ids); err != nil {
 		return 0, fmt.Errorf("mark batch: %w", err)
 	}
 	if err := tx.Commit(bctx); err != nil {

@@ -48,6 +48,7 @@ type produceOptions struct {
 	Reps       int           // repetitions of every (cell, variant)
 	Variants   []string      // variants to run; classic always first
 	WALInspect bool          // measure this database's WAL with pg_walinspect
+	Rate       int           // transactions a second over all producers (produce_pace.go); 0: closed loop
 }
 
 // defaultProduceOptions returns the produce scenario's defaults.
@@ -71,16 +72,17 @@ func addProduceFlags(fs *flag.FlagSet, p *produceOptions) {
 		return err
 	})
 	fs.IntVar(&p.Reps, "produce-reps", p.Reps, "repetitions of every variant in every cell (alternating); medians are reported")
-	listVar(fs, "produce-variants", "all", "comma-separated variants (classic, ordo-sql, ordo-sql-nonotify, ordo-enqueue, bare) or all; classic always runs", func(s string) (err error) {
+	listVar(fs, "produce-variants", "all", "comma-separated variants (classic, ordo-sql, ordo-sql-nonotify, ordo-enqueue, bare, ordo-sql-relay, classic-relay) or all; classic always runs", func(s string) (err error) {
 		p.Variants, err = parseProduceVariants(s)
 		return err
 	})
+	fs.IntVar(&p.Rate, "produce-rate", p.Rate, "paced: transactions a second over all producers, evenly spaced (0: each producer commits back to back)")
 	fs.BoolVar(&p.WALInspect, "produce-wal-inspect", p.WALInspect, "count the WAL of the run's own database with pg_walinspect (besides the server-wide LSN delta)")
 }
 
 func (p produceOptions) validate() error {
-	if p.Duration <= 0 || p.Warmup < 0 || p.Reps < 1 || p.Reps > 20 {
-		return errors.New("produce-duration must be positive, produce-warmup not negative, produce-reps 1..20")
+	if p.Duration <= 0 || p.Warmup < 0 || p.Reps < 1 || p.Reps > 20 || p.Rate < 0 {
+		return errors.New("produce-duration must be positive, produce-warmup and produce-rate not negative, produce-reps 1..20")
 	}
 	return nil
 }
@@ -126,6 +128,7 @@ type produceRun struct {
 	// behind by that much).
 	pgRelay       time.Duration
 	pendingGrowth int
+	notifies      int64 // notifications on the outbox's channel in the window
 	note          string
 }
 
@@ -173,9 +176,9 @@ func runProduce(ctx context.Context, o options, emit func(*result.Result)) error
 					fmt.Printf("produce: %-18s rows=%-3d producers=%-3d rep=%d tps=%8.0f commit p50=%6.2fms p99=%6.2fms pg=%5.0fµs/msg wal=%5.0fB/msg errors=%d\n",
 						name, rows, producers, rep+1, run.tps(), ms(run.commit.p50), ms(run.commit.p99),
 						run.perMsg(float64(run.pgBackend.Microseconds())), run.perMsg(float64(walOf(run))), run.errors)
-					if run.pgRelay > 0 {
-						fmt.Printf("produce: %-18s relay backends pg=%5.0fµs/msg, pending rows %+d over the window\n",
-							name, run.perMsg(float64(run.pgRelay.Microseconds())), run.pendingGrowth)
+					if run.pgRelay > 0 || run.notifies > 0 {
+						fmt.Printf("produce: %-18s relay backends pg=%5.0fµs/msg, pending rows %+d over the window, notifications %.2f/commit\n",
+							name, run.perMsg(float64(run.pgRelay.Microseconds())), run.pendingGrowth, float64(run.notifies)/max(float64(run.commits), 1))
 					}
 					runs = append(runs, run)
 				}
@@ -189,6 +192,7 @@ func runProduce(ctx context.Context, o options, emit func(*result.Result)) error
 		}
 	}
 	printProduceTable(os.Stdout, cells, p.Variants)
+	printRelayedTable(os.Stdout, cells, p.Variants)
 	if failedRuns > 0 {
 		return fmt.Errorf("%d run(s) failed and were left out of the medians (see the notes)", failedRuns)
 	}
@@ -239,14 +243,15 @@ func produceOnce(ctx context.Context, o options, v *produceVariant, rows, produc
 	if err != nil {
 		return run, err
 	}
-	if v.relay {
+	if v.relay != relayNone {
 		w.exchange = name
 	}
+	w.dbURL = dbURL
 	if err := prefillKeys(sctx, v, w, pool); err != nil {
 		return run, err
 	}
-	if v.relay {
-		relay, err := startProduceRelay(ctx, o, dbURL, name, func(ctx context.Context) (int, error) { return pendingRows(ctx, probe) })
+	if v.relay != relayNone {
+		relay, err := startProduceRelay(ctx, o, v, dbURL, name, func(ctx context.Context) (int, error) { return pendingRows(ctx, probe, v) })
 		if err != nil {
 			return run, err
 		}
@@ -355,6 +360,11 @@ func (pw *produceWindow) record(commit, tx time.Duration, err error) {
 func measureProduce(ctx context.Context, o options, v *produceVariant, w *produceWriter, pool, probe *pgxpool.Pool,
 	wal *walWatch, dbName string, run produceRun) (produceRun, error) {
 	var pw produceWindow
+	notifies, err := watchNotifies(ctx, w.dbURL, &pw.measuring)
+	if err != nil {
+		return run, err
+	}
+	defer notifies.close()
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
 	var wg sync.WaitGroup
@@ -362,7 +372,7 @@ func measureProduce(ctx context.Context, o options, v *produceVariant, w *produc
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			produceWork(wctx, v, w, pool, &pw, run.rows, uint64(i))
+			produceWork(wctx, v, w, pool, &pw, run.rows, uint64(i), o.Produce.Rate, run.producers)
 		}()
 	}
 	defer wg.Wait()
@@ -374,8 +384,8 @@ func measureProduce(ctx context.Context, o options, v *produceVariant, w *produc
 		return run, err
 	}
 	var pending0, pending1 int
-	if v.relay {
-		if pending0, err = pendingRows(ctx, probe); err != nil {
+	if v.relay != relayNone {
+		if pending0, err = pendingRows(ctx, probe, v); err != nil {
 			return run, err
 		}
 	}
@@ -393,8 +403,8 @@ func measureProduce(ctx context.Context, o options, v *produceVariant, w *produc
 	totals, berr := backends.stop(ctx)
 	lsn1, lerr := wal.lsn(ctx)
 	var perr error
-	if v.relay {
-		pending1, perr = pendingRows(ctx, probe)
+	if v.relay != relayNone {
+		pending1, perr = pendingRows(ctx, probe, v)
 	}
 	stop()
 	wg.Wait()
@@ -403,6 +413,7 @@ func measureProduce(ctx context.Context, o options, v *produceVariant, w *produc
 		return run, err
 	}
 	run.pendingGrowth = pending1 - pending0
+	run.notifies = notifies.n.Load()
 	run.pgRelay = totals[groupRelay]
 	pw.mu.Lock()
 	run.commits, run.errors = pw.commits, pw.errors
@@ -426,46 +437,14 @@ func measureProduce(ctx context.Context, o options, v *produceVariant, w *produc
 	return run, err
 }
 
-// pendingRows counts the outbox's pending rows.
-func pendingRows(ctx context.Context, q *pgxpool.Pool) (int, error) {
-	var n int
-	if err := q.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE processed_at IS NULL`).Scan(&n); err != nil {
-		return 0, fmt.Errorf("count pending rows: %w", err)
-	}
-	return n, nil
-}
-
-// keysHOT returns outbox_keys' updates and HOT updates, once the
-// statistics of every insert have arrived (each row inserted or updated
-// one counter row); 0, 0 where the database has no outbox_keys or no
-// counter was written.
-func keysHOT(ctx context.Context, q *pgxpool.Pool) (upd, hot int64, err error) {
-	var has bool
-	if err := q.QueryRow(ctx, `SELECT to_regclass('outbox_keys') IS NOT NULL`).Scan(&has); err != nil || !has {
-		return 0, 0, err
-	}
-	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_keys)`).Scan(&has); err != nil || !has {
-		return 0, 0, err // no counter was written (bare)
-	}
-	var rows int64
-	if err := q.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&rows); err != nil {
-		return 0, 0, fmt.Errorf("count outbox rows: %w", err)
-	}
-	err = harness.WaitUntil(ctx, 10*time.Second, 20*time.Millisecond, "outbox_keys statistics", func() (bool, error) {
-		var ins int64
-		err := q.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd, n_tup_ins FROM pg_stat_user_tables WHERE relname = 'outbox_keys'`).
-			Scan(&upd, &hot, &ins)
-		return upd+ins >= rows, err
-	})
-	return upd, hot, err
-}
-
 // produceWork commits transactions of rows messages back to back until ctx
 // ends. Keys are drawn uniformly and sorted within a transaction.
-func produceWork(ctx context.Context, v *produceVariant, w *produceWriter, pool *pgxpool.Pool, pw *produceWindow, rows int, seed uint64) {
+func produceWork(ctx context.Context, v *produceVariant, w *produceWriter, pool *pgxpool.Pool, pw *produceWindow, rows int,
+	seed uint64, rate, producers int) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), seed))
 	keys := make([]int, rows)
-	for ctx.Err() == nil {
+	pace := newPacer(rate, producers, rng)
+	for pace.wait(ctx) == nil {
 		for i := range keys {
 			keys[i] = rng.IntN(len(w.keys))
 		}

@@ -13,23 +13,24 @@ import (
 
 // produceSummary is one variant's medians over a cell's repetitions.
 type produceSummary struct {
-	runs       int
-	tps        float64 // transactions per second
-	msgsPerSec float64
-	commitP50  float64            // ms
-	commitP99  float64            // ms
-	txP99      float64            // ms, BEGIN to COMMIT returned
-	pgUs       float64            // producers' backends, µs of CPU per message
-	pgServerUs float64            // every postgres process, µs per message (an upper bound: other databases too)
-	walBytes   float64            // this database's WAL per message (the server's when not inspected)
-	walServer  float64            // the server's WAL per message (an upper bound)
-	walFPI     float64            // of walBytes, full-page images; NaN when not inspected
-	hotShare   float64            // outbox_keys' HOT updates ÷ its updates; NaN without updates
-	walByRel   map[string]float64 // this database's WAL per message, by relation
-	pgRelayUs  float64            // the relay node's backends, µs of CPU per message produced (ordo-sql-relay)
-	pendingUp  float64            // pending rows at the window's end less at its start (ordo-sql-relay)
-	errors     int                // summed over the runs
-	notes      []string
+	runs        int
+	tps         float64 // transactions per second
+	msgsPerSec  float64
+	commitP50   float64            // ms
+	commitP99   float64            // ms
+	txP99       float64            // ms, BEGIN to COMMIT returned
+	pgUs        float64            // producers' backends, µs of CPU per message
+	pgServerUs  float64            // every postgres process, µs per message (an upper bound: other databases too)
+	walBytes    float64            // this database's WAL per message (the server's when not inspected)
+	walServer   float64            // the server's WAL per message (an upper bound)
+	walFPI      float64            // of walBytes, full-page images; NaN when not inspected
+	hotShare    float64            // outbox_keys' HOT updates ÷ its updates; NaN without updates
+	walByRel    map[string]float64 // this database's WAL per message, by relation
+	pgRelayUs   float64            // the relay node's backends, µs of CPU per message produced (ordo-sql-relay)
+	pendingUp   float64            // pending rows at the window's end less at its start (ordo-sql-relay)
+	notifyPerTx float64            // notifications on the outbox's channel per committed transaction
+	errors      int                // summed over the runs
+	notes       []string
 }
 
 // median returns the median of vs, NaN for none. NaNs are left out.
@@ -73,6 +74,12 @@ func summarizeProduce(runs []produceRun) map[string]produceSummary {
 			walServer:  col(func(r produceRun) float64 { return r.perMsg(float64(r.walServer)) }),
 			pgRelayUs:  col(func(r produceRun) float64 { return r.perMsg(float64(r.pgRelay.Microseconds())) }),
 			pendingUp:  col(func(r produceRun) float64 { return float64(r.pendingGrowth) }),
+			notifyPerTx: col(func(r produceRun) float64 {
+				if r.commits == 0 {
+					return math.NaN()
+				}
+				return float64(r.notifies) / float64(r.commits)
+			}),
 			walFPI: col(func(r produceRun) float64 {
 				if r.walDB < 0 {
 					return math.NaN()
@@ -125,6 +132,7 @@ func produceCellResult(o options, rows, producers int, runs []produceRun) *resul
 	res.Param("payload", o.Payload)
 	res.Param("duration", o.Produce.Duration)
 	res.Param("reps", o.Produce.Reps)
+	res.Param("rate", o.Produce.Rate)
 	sums := summarizeProduce(runs)
 	base := sums[variantClassic]
 	for _, v := range o.Produce.Variants {
@@ -156,14 +164,25 @@ func produceCellResult(o options, rows, producers int, runs []produceRun) *resul
 		for _, rel := range rels {
 			res.Figure(p+"wal_"+rel+"_bytes_per_msg", s.walByRel[rel], "B")
 		}
-		if findProduceVariant(v).relay {
+		if findProduceVariant(v).relay != relayNone {
 			res.Figure(p+"pg_relay_us_per_msg", s.pgRelayUs, "µs")
 			res.Figure(p+"pending_growth", s.pendingUp, "rows")
+			res.Figure(p+"pg_whole_us_per_msg", s.pgUs+s.pgRelayUs, "µs")
+		}
+		if !math.IsNaN(s.notifyPerTx) {
+			res.Figure(p+"notifies_per_tx", s.notifyPerTx, "")
 		}
 		res.Figure(p+"errors", float64(s.errors), "")
 		if v != variantClassic {
 			res.Figure(p+"over_classic_tps", fratio(s.tps, base.tps), "×")
 			res.Figure(p+"over_classic_commit_p99", fratio(s.commitP99, base.commitP99), "×")
+		}
+		if cr, ok := sums[variantClassicRelay]; ok && v == variantOrdoSQLRelay {
+			// The like-for-like whole cost: both tables relayed meanwhile.
+			res.Figure(p+"over_classic_relay_tps", fratio(s.tps, cr.tps), "×")
+			res.Figure(p+"over_classic_relay_commit_p50", fratio(s.commitP50, cr.commitP50), "×")
+			res.Figure(p+"over_classic_relay_commit_p99", fratio(s.commitP99, cr.commitP99), "×")
+			res.Figure(p+"over_classic_relay_pg_whole", fratio(s.pgUs+s.pgRelayUs, cr.pgUs+cr.pgRelayUs), "×")
 		}
 		for _, n := range s.notes {
 			res.Note("%s: %s", v, n)
@@ -210,6 +229,36 @@ func printProduceTable(w io.Writer, cells []*result.Result, variants []string) {
 			fmt.Fprintf(w, "| %v | %v | %s | %.0f | %s | %.2f / %.2f | %s | %.0f / %.0f | %.0f (%.0f) |\n",
 				rows, producers, v, f("tps"), tpsRatio, f("commit_p50"), f("commit_p99"), p99Ratio,
 				f("pg_us_per_msg"), f("pg_server_us_per_msg"), f("wal_bytes_per_msg"), f("wal_fpi_bytes_per_msg"))
+		}
+	}
+}
+
+// printRelayedTable prints, for cells with a relayed variant, the whole
+// cost: the producers' and the relay's backends, the pending rows' growth
+// and the notifications per commit.
+func printRelayedTable(w io.Writer, cells []*result.Result, variants []string) {
+	header := false
+	for _, c := range cells {
+		for _, v := range variants {
+			p := figureName(v) + "_"
+			f := func(name string) float64 {
+				x, ok := c.Lookup(p + name)
+				if !ok {
+					return math.NaN()
+				}
+				return x
+			}
+			if math.IsNaN(f("tps")) || findProduceVariant(v).relay == relayNone {
+				continue
+			}
+			if !header {
+				fmt.Fprintln(w, "\n| cell | variant | tps | commit p50 / p99 ms | PG µs/msg producers + relay = whole | pending rows growth | notifications/commit |")
+				fmt.Fprintln(w, "|---|---|---|---|---|---|---|")
+				header = true
+			}
+			fmt.Fprintf(w, "| %s | %s | %.0f | %.2f / %.2f | %.0f + %.0f = %.0f | %+.0f | %.2f |\n", c.Label, v, f("tps"),
+				f("commit_p50"), f("commit_p99"), f("pg_us_per_msg"), f("pg_relay_us_per_msg"), f("pg_whole_us_per_msg"),
+				f("pending_growth"), f("notifies_per_tx"))
 		}
 	}
 }

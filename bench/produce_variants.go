@@ -20,7 +20,8 @@ import (
 // contract) or outbox.Producer.Enqueue, the classic outbox table of the
 // article, Ordo's table without its triggers (what the columns and
 // indexes cost by themselves), and the plain INSERT with a relay node
-// draining the outbox meanwhile (produce_relay.go).
+// draining the outbox meanwhile, and the classic table with a classic
+// relay draining it meanwhile (produce_relay.go).
 const (
 	variantClassic        = "classic"
 	variantOrdoSQL        = "ordo-sql"
@@ -28,6 +29,14 @@ const (
 	variantOrdoEnqueue    = "ordo-enqueue"
 	variantBare           = "bare"
 	variantOrdoSQLRelay   = "ordo-sql-relay"
+	variantClassicRelay   = "classic-relay"
+)
+
+// What relays a variant's table during its runs (produce_relay.go).
+const (
+	relayNone    = ""
+	relayOrdo    = "ordo"    // one Ordo node
+	relayClassic = "classic" // one classic relay instance (classic.go) on classic_outbox
 )
 
 // produceVariants is every variant, in the order a cell runs them. classic
@@ -38,7 +47,8 @@ var produceVariants = []produceVariant{
 	{name: variantOrdoSQLNoNotif, summary: "ordo-sql with the NOTIFY trigger disabled (where the schema still has it)", setup: setupOrdoNoNotify, write: writeOrdoSQL},
 	{name: variantOrdoEnqueue, summary: "Ordo's outbox through outbox.Producer.Enqueue, one statement per transaction", setup: setupOrdo, write: writeOrdoEnqueue},
 	{name: variantBare, summary: "Ordo's table, constraints and indexes with every trigger disabled; the producer supplies key_seq and occurred_at", setup: setupBare, write: writeBare},
-	{name: variantOrdoSQLRelay, summary: "ordo-sql while a relay node publishes the outbox to RabbitMQ and marks the rows (the whole cost: the producers' inserts, the relay's reads and marks)", setup: setupOrdo, write: writeOrdoSQL, relay: true},
+	{name: variantOrdoSQLRelay, summary: "ordo-sql while a relay node publishes the outbox to RabbitMQ and marks the rows (the whole cost: the producers' inserts, the relay's reads and marks)", setup: setupOrdo, write: writeOrdoSQL, relay: relayOrdo},
+	{name: variantClassicRelay, summary: "classic while one classic relay instance (the article's: oldest 50 pending rows FOR UPDATE SKIP LOCKED, publish each and wait for its confirm, mark, commit) drains classic_outbox to RabbitMQ: the like-for-like whole cost for ordo-sql-relay", setup: setupClassic, write: writeClassic, relay: relayClassic},
 }
 
 // produceVariant sets up its database once and then writes transactions.
@@ -52,8 +62,9 @@ type produceVariant struct {
 	// sorted (so that concurrent transactions take key locks in one
 	// order), inside tx.
 	write func(ctx context.Context, tx pgx.Tx, w *produceWriter, keys []int) error
-	// relay runs a relay node on the database during the run.
-	relay bool
+	// relay is what relays the table during the run: relayNone,
+	// relayOrdo or relayClassic.
+	relay string
 }
 
 func findProduceVariant(name string) *produceVariant {
@@ -72,6 +83,7 @@ type produceWriter struct {
 	partitions []int32  // partition of each key
 	pad        string   // payload padding
 	exchange   string   // the messages' exchange: the run's own where a relay publishes
+	dbURL      string   // the run's database
 	producer   *outbox.Producer
 	// bareSeq hands out key_seq values for the bare variant: unique across
 	// the run, so the table's (correlation_id, key_seq) key never refuses

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ordo-relay/ordo/bench/internal/harness"
 )
@@ -117,4 +118,29 @@ func (w *walWatch) byRelation(ctx context.Context, from, to int64) (map[string]i
 		return nil, 0, fmt.Errorf("inspect WAL: %w", err)
 	}
 	return out, fpi, nil
+}
+
+// keysHOT returns outbox_keys' updates and HOT updates, once the
+// statistics of every insert have arrived (each row inserted or updated
+// one counter row); 0, 0 where the database has no outbox_keys or no
+// counter was written.
+func keysHOT(ctx context.Context, q *pgxpool.Pool) (upd, hot int64, err error) {
+	var has bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass('outbox_keys') IS NOT NULL`).Scan(&has); err != nil || !has {
+		return 0, 0, err
+	}
+	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_keys)`).Scan(&has); err != nil || !has {
+		return 0, 0, err // no counter was written (bare)
+	}
+	var rows int64
+	if err := q.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&rows); err != nil {
+		return 0, 0, fmt.Errorf("count outbox rows: %w", err)
+	}
+	err = harness.WaitUntil(ctx, 10*time.Second, 20*time.Millisecond, "outbox_keys statistics", func() (bool, error) {
+		var ins int64
+		err := q.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd, n_tup_ins FROM pg_stat_user_tables WHERE relname = 'outbox_keys'`).
+			Scan(&upd, &hot, &ins)
+		return upd+ins >= rows, err
+	})
+	return upd, hot, err
 }

@@ -61,6 +61,7 @@ type partReader struct {
 	hot        bool      // a tail read is wanted (a notification, a poll, or a full page)
 	notified   bool      // a notification came since the last tail read began
 	armed      bool      // the Store notifies this partition's commits (see wake.go)
+	wakes      uint64    // notifications received: each disarms the partition
 	polledNew  bool      // new rows were found above the cursor while unarmed, since the last pass began
 }
 
@@ -232,8 +233,13 @@ func (p *partReader) pollTail() {
 	}
 }
 
-// notify is a notification of a commit to the partition.
-func (p *partReader) notify() { p.hot, p.notified = true, true }
+// notify is a notification of a commit to the partition, which disarmed
+// it (the Store's contract): its next commits do not notify until it is
+// armed again.
+func (p *partReader) notify() {
+	p.hot, p.notified, p.armed = true, true, false
+	p.wakes++
+}
 
 // listenLost is Listen's (re)connect: nothing is armed, and a
 // notification may have been lost, so read the tail and pass.

@@ -122,9 +122,11 @@ type Notifications interface {
 	// commits"). A partition is not armed while a producer's transaction
 	// that wrote to it without notifying is open; once Arm returns it
 	// armed, every commit to it that did not notify is visible to a read
-	// begun after Arm returned. Arming lasts
-	// until Disarm, or until Listen's connection ends (wake(-1) follows).
-	// It fails while Listen is not connected.
+	// begun after Arm returned. Arming lasts until the partition's first
+	// notification (Listen disarms it before it calls wake; commits racing
+	// that one may notify too), until Disarm, or until Listen's
+	// connection ends (wake(-1) follows). It fails while Listen is not
+	// connected.
 	Arm(ctx context.Context, partitions []int) ([]int, error)
 	// Disarm stops the notifications of partitions' commits (the relay
 	// polls them instead). Partitions not armed are left alone.

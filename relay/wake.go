@@ -15,8 +15,16 @@ import (
 // tests (and, when it is free, shares until its commit, so that Arm
 // succeeds only once every producer that did not notify has ended).
 //
+// A notification disarms its partition (Notifications' contract): one
+// commit notifies per arm, however many follow before the relay has read
+// it; the relay polls the partition and arms it again as below. Without
+// that, every commit to an armed partition notified for as long as the
+// rate stayed under busyRate, and at a steady 200 commits a second on a
+// loaded machine 32 producers queued on NOTIFY's lock (docs/design.md,
+// "Wake-ups").
+//
 // The relay keeps its partitions armed while commits are few: each one
-// notifies, the relay reads it at once, and a few hundred NOTIFYs a second
+// notifies, the relay reads it at once, and a few dozen NOTIFYs a second
 // cost the producers little. Once new rows come at busyRate or more (an
 // estimate over the last rateWindow), it disarms them and polls instead: a
 // tail read of every partition every 1/rate, between pollMin and pollMax,
@@ -30,8 +38,8 @@ import (
 // polled, and arming tried again, at half the time since the last new
 // row, up to PollInterval.
 const (
-	busyRate   = 500.0 // new rows a second: above, the relay polls
-	idleRate   = 250.0 // below, it arms again
+	busyRate   = 100.0 // new rows a second: above, the relay polls
+	idleRate   = 50.0  // below, it arms again
 	rateWindow = 50 * time.Millisecond
 	pollMin    = 2 * time.Millisecond
 	pollMax    = 5 * time.Millisecond
@@ -65,6 +73,11 @@ func (r *Relay) notified(p int) {
 			ps.rd.notify()
 			hit = true
 		}
+	}
+	if hit && p >= 0 {
+		// The notification disarmed p: arm it again once idle, after
+		// the read it asks for, without waiting for a poll.
+		r.armDue = true
 	}
 	if p < 0 {
 		r.armGen++
@@ -136,6 +149,7 @@ func (r *Relay) syncArms(ctx context.Context, idle bool) bool {
 	disarm := r.strays
 	r.strays = nil
 	var arm []int
+	wakes := map[int]uint64{}
 	for p, ps := range r.parts {
 		switch {
 		case busy && ps.rd.isArmed():
@@ -143,6 +157,7 @@ func (r *Relay) syncArms(ctx context.Context, idle bool) bool {
 			disarm = append(disarm, p)
 		case idle && !busy && !ps.rd.isArmed() && r.armDue:
 			arm = append(arm, p)
+			wakes[p] = ps.rd.wakes
 		}
 	}
 	if idle && !busy {
@@ -180,6 +195,12 @@ func (r *Relay) syncArms(ctx context.Context, idle bool) bool {
 		ps := r.parts[p]
 		if ps == nil {
 			r.strays = append(r.strays, p) // revoked meanwhile
+			continue
+		}
+		if ps.rd.wakes != wakes[p] {
+			// Notified since the arm began: that notification may have
+			// disarmed it after the arm. It counts as not armed (it is
+			// polled, and armed again), which costs at most a read.
 			continue
 		}
 		ps.rd.armedNow() // and read once more

@@ -137,6 +137,16 @@ func (s *Store) listenOnce(ctx context.Context, wake func(int), down *outage.Log
 		if n != nil {
 			// A payload that is not a partition is not ours: ignored.
 			if p, err := strconv.Atoi(n.Payload); err == nil && p >= 0 {
+				// A notification disarms its partition, before the
+				// relay wakes: the commits after it do not notify (nor
+				// take NOTIFY's lock) until the relay has read it and
+				// armed it again.
+				if armed[p] {
+					if err := applyArm(ctx, conn, armed, false, []int32{int32(p)}); err != nil {
+						wake(p)
+						return true, err
+					}
+				}
 				wake(p)
 			}
 		}

@@ -123,13 +123,14 @@ func (s *Store) Insert(partition int, keys ...string) []uuid.UUID {
 	return ids
 }
 
-// notify wakes the listeners of partition, if it is armed.
+// notify wakes the listeners of partition, if it is armed, and disarms it.
 func (s *Store) notify(partition int) {
 	s.mu.Lock()
 	var wake []func(int)
 	if s.armed[partition] {
 		wake = slices.Clone(s.wake)
 		s.woken++
+		delete(s.armed, partition) // a notification disarms its partition
 	}
 	s.mu.Unlock()
 	for _, w := range wake {

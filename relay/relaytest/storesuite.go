@@ -59,6 +59,7 @@ func StoreSuite(t *testing.T, newHarness func(t *testing.T) StoreHarness) {
 		{"prev key_seq steps over dead rows", storePrevKeySeqOverDead},
 		{"retention deletes only held, processed, live rows", storeRetention},
 		{"listen wakes the armed partitions", storeListen},
+		{"a notification disarms its partition", storeNotifyDisarms},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
