@@ -283,7 +283,7 @@ func produceSources(ctx context.Context, o options, srcs []*benchSource, sys *or
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				produceWork(wctx, v, w, s.rig.Pool, &s.pw, 1, uint64(i))
+				produceWork(wctx, v, w, s.rig.Pool, &s.pw, 1, uint64(i), 0, per) // closed loop: no rate
 			}()
 		}
 	}
