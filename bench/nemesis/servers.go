@@ -255,7 +255,11 @@ func (s *servers) startPostgres(ctx context.Context) error {
 
 func (s *servers) waitPostgres(ctx context.Context) error {
 	return harness.WaitUntil(ctx, serverBackTimeout, 100*time.Millisecond, "PostgreSQL to take connections", func() (bool, error) {
-		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		// Not 2 s: on this shared machine, while three nodes reconnect
+		// after a restart, a connection took 3-4 s for minutes, and a
+		// probe that gave up at 2 s never saw PostgreSQL back (seeds 7
+		// and 8 of the two-source profile, 1 December 2026).
+		cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 		defer cancel()
 		c, err := pgx.Connect(cctx, s.adminURL)
 		if err != nil {
