@@ -55,8 +55,10 @@ type RelayConfig struct {
 	RetentionChunk    int
 }
 
-// relayDerived are the fields of relay.Config the node sets from its own.
-var relayDerived = []confcheck.From{{Field: "Node", Source: "NodeName"}, {Field: "ReadTimeout", Source: "LeaseTTL"}}
+// relayDerived are the fields of relay.Config the node sets from its own
+// (the Budget, which several sources' relays share, in build).
+var relayDerived = []confcheck.From{{Field: "Node", Source: "NodeName"}, {Field: "ReadTimeout", Source: "LeaseTTL"},
+	{Field: "Budget", Source: "Sources"}}
 
 // relaySettings returns what a user may set of rc.
 func relaySettings(rc relay.Config) RelayConfig {
