@@ -350,24 +350,35 @@ func storeRetention(t *testing.T, h StoreHarness) {
 	}
 }
 
-func storeListen(t *testing.T, h StoreHarness) {
+// listen runs h's Store's Listen until the returned stop, which checks
+// its error; each wake-up goes to woke (size buffered). With strict, a
+// wake-up that finds woke full fails the test; else it is dropped.
+func listen(t *testing.T, h StoreHarness, size int, strict bool) (woke chan int, stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
-	woke := make(chan int, 16)
+	woke = make(chan int, size)
 	done := make(chan error, 1)
 	go func() {
 		done <- h.Store().Listen(ctx, func(p int) {
 			select {
 			case woke <- p:
 			default:
+				if strict {
+					t.Errorf("more than %d notifications unread", size)
+				}
 			}
 		})
 	}()
-	defer func() {
+	return woke, func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("Listen: %v", err)
 		}
-	}()
+	}
+}
+
+func storeListen(t *testing.T, h StoreHarness) {
+	woke, stop := listen(t, h, 16, false)
+	defer stop()
 	// wait returns once partition want is notified, failing on any
 	// partition in not (not armed: its commits must not notify).
 	wait := func(want int, not ...int) {
@@ -390,12 +401,12 @@ func storeListen(t *testing.T, h StoreHarness) {
 	arm := func(arm bool, parts ...int) {
 		t.Helper()
 		if !arm {
-			if err := h.Store().Disarm(ctx, parts); err != nil {
+			if err := h.Store().Disarm(ctxFor(t), parts); err != nil {
 				t.Fatalf("Disarm: %v", err)
 			}
 			return
 		}
-		got, err := h.Store().Arm(ctx, parts)
+		got, err := h.Store().Arm(ctxFor(t), parts)
 		if err != nil || !slices.Equal(got, parts) {
 			t.Fatalf("Arm(%v) = %v, %v; want all armed", parts, got, err)
 		}

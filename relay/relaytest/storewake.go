@@ -1,7 +1,6 @@
 package relaytest
 
 import (
-	"context"
 	"testing"
 	"time"
 )
@@ -14,24 +13,8 @@ import (
 // commits to partition 5 arrives before that of a later commit to
 // partition 7.
 func storeNotifyDisarms(t *testing.T, h StoreHarness) {
-	ctx, cancel := context.WithCancel(context.Background())
-	woke := make(chan int, 256)
-	done := make(chan error, 1)
-	go func() {
-		done <- h.Store().Listen(ctx, func(p int) {
-			select {
-			case woke <- p:
-			default:
-				t.Errorf("more than %d notifications unread", cap(woke))
-			}
-		})
-	}()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Listen: %v", err)
-		}
-	}()
+	woke, stop := listen(t, h, 256, true)
+	defer stop()
 	// until counts the notifications of each partition until one of
 	// partition want arrives.
 	until := func(want int) map[int]int {
