@@ -211,14 +211,7 @@ func printProduceTable(w io.Writer, cells []*result.Result, variants []string) {
 			}
 		}
 		for _, v := range variants {
-			p := figureName(v) + "_"
-			f := func(name string) float64 {
-				x, ok := c.Lookup(p + name)
-				if !ok {
-					return math.NaN()
-				}
-				return x
-			}
+			f := variantFigure(c, v)
 			if math.IsNaN(f("tps")) {
 				continue
 			}
@@ -233,6 +226,19 @@ func printProduceTable(w io.Writer, cells []*result.Result, variants []string) {
 	}
 }
 
+// variantFigure returns a lookup of variant v's figures in cell c: NaN
+// for a figure the cell does not have.
+func variantFigure(c *result.Result, v string) func(name string) float64 {
+	p := figureName(v) + "_"
+	return func(name string) float64 {
+		x, ok := c.Lookup(p + name)
+		if !ok {
+			return math.NaN()
+		}
+		return x
+	}
+}
+
 // printRelayedTable prints, for cells with a relayed variant, the whole
 // cost: the producers' and the relay's backends, the pending rows' growth
 // and the notifications per commit.
@@ -240,14 +246,7 @@ func printRelayedTable(w io.Writer, cells []*result.Result, variants []string) {
 	header := false
 	for _, c := range cells {
 		for _, v := range variants {
-			p := figureName(v) + "_"
-			f := func(name string) float64 {
-				x, ok := c.Lookup(p + name)
-				if !ok {
-					return math.NaN()
-				}
-				return x
-			}
+			f := variantFigure(c, v)
 			if math.IsNaN(f("tps")) || findProduceVariant(v).relay == relayNone {
 				continue
 			}
