@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/ordo-relay/ordo/internal/backoff"
 	"github.com/ordo-relay/ordo/relay"
 )
 
@@ -302,17 +303,10 @@ func (s *Store) readLocked(r *StoredRow, bare bool) relay.Row {
 
 // sleepCtx waits d, or until ctx ends (its error).
 func sleepCtx(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
+	if d > 0 && !backoff.Sleep(ctx, d) {
 		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
+	return nil
 }
 
 func (s *Store) findLocked(key string, keySeq int64) *StoredRow {
