@@ -53,7 +53,7 @@ type Relay struct {
 	settled        []settlement       // confirmed or failed, not yet written (writeback.go)
 	lastPublish    time.Time
 	lastStallCheck time.Time
-	lastNew        time.Time // when a read last found new rows or a commit was notified
+	lastNew        time.Time // when a read last found new rows or a commit was notified (at first: Run's start)
 	rate           float64   // new rows a second, decaying (wake.go)
 	rateAt         time.Time // when rate was last updated
 	busy           bool      // polling, not armed (wake.go)
@@ -185,6 +185,11 @@ func signal(c chan struct{}) {
 // Listen fails for good (after settling the same way).
 func (r *Relay) Run(ctx context.Context) error {
 	r.perKeyLimit = relayhook.PerKeyLimit(ctx) // 1 but in tests; set before any goroutine reads it
+	r.mu.Lock()
+	// The polls of partitions that could not be armed back off from
+	// here (wake.go), not from PollInterval at once.
+	r.lastNew = time.Now()
+	r.mu.Unlock()
 	var marks errgroup.Group
 	markCtx, stopMark := context.WithCancel(context.Background())
 	defer stopMark()

@@ -82,6 +82,10 @@ func (r *Relay) notified(p int) {
 	if p < 0 {
 		r.armGen++
 		r.strays = nil // their locks went with the connection
+		// Listen has just connected: arm once idle. An arm tried
+		// before it connected failed, and nothing else may ask again
+		// before the poll (up to PollInterval).
+		r.armDue = true
 	}
 	r.mu.Unlock()
 	// Another node's partition is another node's business: with N nodes,
@@ -178,8 +182,9 @@ func (r *Relay) syncArms(ctx context.Context, idle bool) bool {
 	}
 	armed, err := r.store.Arm(ctx, arm)
 	if err != nil {
-		// Not listening: the partitions are polled, every PollInterval
-		// at most, until Listen connects again.
+		// Not listening: Listen's connect calls notified(-1), which
+		// asks again. Otherwise the next poll does; the partitions are
+		// polled meanwhile.
 		if ctx.Err() == nil {
 			r.cfg.Logger.Debug("arm partitions", "err", err)
 		}

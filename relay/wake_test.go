@@ -161,3 +161,47 @@ func TestCoreConfirmDoesNotWaitForRead(t *testing.T) {
 	c.pub.Release(-1, relay.Result{Outcome: relay.Confirmed})
 	c.waitDrained()
 }
+
+// TestCoreArmsOnceListening: a relay idle before its Listen connects (a
+// slow connection at start) cannot arm then (Arm fails while not
+// listening); it arms once Listen connects, and a commit after that is
+// delivered by its notification, without waiting for the poll (a minute
+// here). It waited for the poll when the failed arm had used up the
+// reason to arm (relay TestNotifyWakesWithoutPolling, about one run in
+// three under load).
+func TestCoreArmsOnceListening(t *testing.T) {
+	t.Parallel()
+	c := newCore(t, time.Hour, func(cfg *relay.Config) { cfg.PollInterval = time.Minute })
+	release := c.store.HoldListen()
+	first := c.store.Insert(1, "first")[0]
+	c.start()
+	testkit.WaitFor(t, waitTimeout, "the first row delivered", func() bool { return c.delivered(first) })
+	testkit.WaitFor(t, waitTimeout, "an arm tried (and failed) before Listen connects", func() bool { return c.store.ArmCalls() > 0 })
+	release()
+	testkit.WaitFor(t, waitTimeout, "every partition armed once Listen connected", c.allArmed)
+	id := c.store.Insert(2, "later")[0]
+	testkit.WaitFor(t, waitTimeout, "the commit after the arm delivered", func() bool { return c.delivered(id) })
+}
+
+// TestCoreRefusedArmIsTriedAgainSoon: a partition that cannot be armed at
+// start (a producer's transaction is open on it) is polled, and arming
+// tried again, at half the time since the last new row, counted from the
+// relay's start when none came yet: not only at the poll (a minute here).
+func TestCoreRefusedArmIsTriedAgainSoon(t *testing.T) {
+	t.Parallel()
+	c := newCore(t, time.Hour, func(cfg *relay.Config) { cfg.PollInterval = time.Minute })
+	c.store.RefuseArm(2, true)
+	c.start()
+	testkit.WaitFor(t, waitTimeout, "the other partitions armed", func() bool {
+		for p := range coreParts {
+			if p != 2 && !c.store.Armed(p) {
+				return false
+			}
+		}
+		return true
+	})
+	c.store.RefuseArm(2, false) // the producer's transaction ended
+	testkit.WaitFor(t, waitTimeout, "partition 2 armed once it may be", c.allArmed)
+	id := c.store.Insert(2, "later")[0]
+	testkit.WaitFor(t, waitTimeout, "the commit after the arm delivered", func() bool { return c.delivered(id) })
+}

@@ -3,6 +3,7 @@ package relaytest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"slices"
 	"sync"
 	"time"
@@ -21,19 +22,22 @@ import (
 type Store struct {
 	leases *LeaseTable
 
-	mu     sync.Mutex
-	rows   []*StoredRow // in seq order
-	byID   map[uuid.UUID]*StoredRow
-	keySeq map[string]int64
-	seq    int64
-	wake   []func(int)
-	armed  map[int]bool // partitions whose inserts wake listeners
-	refuse map[int]bool // partitions Arm refuses, as an open producer's transaction would
-	woken  int          // notifications sent
-	onArm  func()       // runs at the start of every Arm (SetBeforeArm)
-	reads  int
-	delay  time.Duration
-	slow   map[uuid.UUID]time.Duration // SetSlowRow
+	mu        sync.Mutex
+	rows      []*StoredRow // in seq order
+	byID      map[uuid.UUID]*StoredRow
+	keySeq    map[string]int64
+	seq       int64
+	wake      []func(int)
+	armed     map[int]bool  // partitions whose inserts wake listeners
+	refuse    map[int]bool  // partitions Arm refuses, as an open producer's transaction would
+	woken     int           // notifications sent
+	onArm     func()        // runs at the start of every Arm (SetBeforeArm)
+	arms      int           // Arm calls, failed ones included
+	listening int           // Listen calls connected (past HoldListen) and not ended
+	held      chan struct{} // HoldListen: Listen waits for it to close before it connects
+	reads     int
+	delay     time.Duration
+	slow      map[uuid.UUID]time.Duration // SetSlowRow
 
 	prevErr   error
 	prevCalls int
@@ -406,28 +410,71 @@ func (s *Store) deleteProcessed(node string, partition int, epoch int64, olderTh
 // partition, as a reconnect does.
 func (s *Store) Listen(ctx context.Context, wake func(partition int)) error {
 	s.mu.Lock()
+	held := s.held
+	s.mu.Unlock()
+	if held != nil {
+		select {
+		case <-held:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+	s.mu.Lock()
 	clear(s.armed)
 	s.wake = append(s.wake, wake)
 	n := len(s.wake) - 1
+	s.listening++
 	s.mu.Unlock()
 	wake(-1)
 	<-ctx.Done()
 	s.mu.Lock()
 	s.wake[n] = func(int) {}
+	s.listening--
 	s.mu.Unlock()
 	return nil
 }
 
-// Arm implements relay.Notifications. It refuses the partitions RefuseArm names.
+// ErrNotListening is what Arm returns while no Listen is connected, as
+// the real store's Arm fails then.
+var ErrNotListening = errors.New("relaytest: not listening")
+
+// HoldListen makes the Listen calls that start from now wait before they
+// connect (as a slow connection to the database does) until release.
+func (s *Store) HoldListen() (release func()) {
+	ch := make(chan struct{})
+	s.mu.Lock()
+	s.held = ch
+	s.mu.Unlock()
+	return sync.OnceFunc(func() {
+		s.mu.Lock()
+		s.held = nil
+		s.mu.Unlock()
+		close(ch)
+	})
+}
+
+// ArmCalls counts Arm calls, failed ones included.
+func (s *Store) ArmCalls() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.arms
+}
+
+// Arm implements relay.Notifications. It refuses the partitions RefuseArm
+// names, and fails with ErrNotListening while no Listen is connected.
 func (s *Store) Arm(_ context.Context, partitions []int) ([]int, error) {
 	s.mu.Lock()
 	f := s.onArm
+	s.arms++
 	s.mu.Unlock()
 	if f != nil {
 		f()
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.listening == 0 {
+		return nil, ErrNotListening
+	}
 	var armed []int
 	for _, p := range partitions {
 		if !s.refuse[p] {

@@ -60,6 +60,7 @@ func StoreSuite(t *testing.T, newHarness func(t *testing.T) StoreHarness) {
 		{"retention deletes only held, processed, live rows", storeRetention},
 		{"listen wakes the armed partitions", storeListen},
 		{"a notification disarms its partition", storeNotifyDisarms},
+		{"arm fails while not listening", storeArmNotListening},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -373,6 +374,14 @@ func listen(t *testing.T, h StoreHarness, size int, strict bool) (woke chan int,
 		if err := <-done; err != nil {
 			t.Errorf("Listen: %v", err)
 		}
+	}
+}
+
+// storeArmNotListening: Arm fails while no Listen is connected (the relay
+// then arms once Listen connects: its wake(-1) asks again).
+func storeArmNotListening(t *testing.T, h StoreHarness) {
+	if got, err := h.Store().Arm(ctxFor(t), []int{1, 2}); err == nil {
+		t.Fatalf("Arm without Listen = %v, nil; want an error", got)
 	}
 }
 
