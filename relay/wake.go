@@ -38,8 +38,8 @@ import (
 // polled, and arming tried again, at half the time since the last new
 // row, up to PollInterval.
 const (
-	busyRate   = 500.0 // new rows a second: above, the relay polls
-	idleRate   = 250.0 // below, it arms again
+	busyRate   = 100.0 // new rows a second: above, the relay polls
+	idleRate   = 50.0  // below, it arms again
 	rateWindow = 50 * time.Millisecond
 	pollMin    = 2 * time.Millisecond
 	pollMax    = 5 * time.Millisecond

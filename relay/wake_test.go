@@ -205,3 +205,34 @@ func TestCoreRefusedArmIsTriedAgainSoon(t *testing.T) {
 	id := c.store.Insert(2, "later")[0]
 	testkit.WaitFor(t, waitTimeout, "the commit after the arm delivered", func() bool { return c.delivered(id) })
 }
+
+// TestCoreSteadyRateIsNotNotified: commits at a steady 250 a second, a
+// rate a relay once kept its partitions armed through (it polled only
+// from 500 a second), so that every commit notified and, on a loaded
+// machine, producers queued on NOTIFY's lock (docs/design.md, "Wake-ups").
+// The relay must poll at such a rate: few of the second half's commits
+// notify. Every row is delivered in order.
+func TestCoreSteadyRateIsNotNotified(t *testing.T) {
+	t.Parallel()
+	c := newCore(t, time.Hour, func(cfg *relay.Config) { cfg.PollInterval = time.Minute })
+	c.start()
+	testkit.WaitFor(t, waitTimeout, "every partition armed", c.allArmed)
+	const n, every = 500, 4 * time.Millisecond
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	var before int
+	for i := range n {
+		<-tick.C
+		if i == n/2 {
+			before = c.store.Notifications()
+		}
+		c.store.Insert(i%coreParts, fmt.Sprintf("key-%d", i%50))
+	}
+	c.waitDrained()
+	notified := c.store.Notifications() - before
+	t.Logf("the second half of %d commits, one every %v, sent %d notifications", n, every, notified)
+	if notified > n/2/5 {
+		t.Fatalf("%d of the last %d commits at a steady %v notified: at this rate the relay must poll, not keep its partitions armed",
+			notified, n/2, every)
+	}
+}
