@@ -11,6 +11,7 @@ WITH prev AS (
     FROM ordo_leases
     WHERE partition = ANY($3::int[])
       AND (owner IS NULL OR owner = $1 OR expires_at < clock_timestamp())
+    ORDER BY partition
     FOR UPDATE
 ), claimed AS (
     UPDATE ordo_leases AS l
@@ -36,11 +37,15 @@ SELECT partition, epoch FROM claimed`
 	sqlRenew = `
 WITH held AS (
     SELECT * FROM unnest($3::int[], $4::bigint[]) AS h(partition, epoch)
+), mine AS (
+    SELECT l.partition FROM ordo_leases AS l JOIN held AS h ON l.partition = h.partition
+    WHERE l.epoch = h.epoch AND l.owner = $1
+    ORDER BY l.partition
+    FOR UPDATE OF l
 ), renewed AS (
     UPDATE ordo_leases AS l
     SET expires_at = clock_timestamp() + make_interval(secs => $2)
-    FROM held AS h
-    WHERE l.partition = h.partition AND l.epoch = h.epoch AND l.owner = $1
+    FROM mine WHERE l.partition = mine.partition
     RETURNING l.partition
 ), lost AS (
     INSERT INTO ordo_lease_audit (node, partition, epoch, event, detail)
@@ -52,11 +57,16 @@ SELECT partition FROM renewed`
 
 	// sqlRelease frees leases still held at the same epoch and records it.
 	sqlRelease = `
-WITH released AS (
+WITH mine AS (
+    SELECT l.partition FROM ordo_leases AS l
+    JOIN unnest($2::int[], $3::bigint[]) AS h(partition, epoch) ON l.partition = h.partition
+    WHERE l.epoch = h.epoch AND l.owner = $1
+    ORDER BY l.partition
+    FOR UPDATE OF l
+), released AS (
     UPDATE ordo_leases AS l
     SET owner = NULL, expires_at = '-infinity'
-    FROM unnest($2::int[], $3::bigint[]) AS h(partition, epoch)
-    WHERE l.partition = h.partition AND l.epoch = h.epoch AND l.owner = $1
+    FROM mine WHERE l.partition = mine.partition
     RETURNING l.partition, l.epoch
 )
 INSERT INTO ordo_lease_audit (node, partition, epoch, event)

@@ -68,6 +68,7 @@ m AS (SELECT * FROM unnest($2::uuid[], $3::int[], $4::bigint[]) AS m(id, partiti
 held AS (
     SELECT l.partition, l.epoch FROM ordo_leases AS l
     WHERE l.owner = $1 AND (l.partition, l.epoch) IN (SELECT DISTINCT partition, epoch FROM m)
+    ORDER BY l.partition
     FOR SHARE)`
 
 // sqlRefused records, once per partition and epoch, the rows a write
