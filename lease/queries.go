@@ -1,6 +1,14 @@
 package lease
 
 // The Leaser's SQL, on the ordo_leases and ordo_lease_audit tables.
+//
+// Every statement that locks several ordo_leases rows locks them in
+// ascending partition order, as the relay's writes do (relay/pgstore,
+// sqlHeld), so that none of them can deadlock another (docs/design.md,
+// "Lease row locks"): an ORDER BY partition ... FOR UPDATE CTE locks the
+// rows as its sort emits them, and the UPDATE after it touches only rows
+// it holds. An UPDATE ... FROM unnest(...) alone would lock them in the
+// order of its join, here the order of the Go map the arrays came from.
 const (
 	// sqlClaim takes free, expired or own leases, bumping the epoch so any
 	// earlier holder's writes are refused from now on, and records the
@@ -30,10 +38,10 @@ WITH prev AS (
 )
 SELECT partition, epoch FROM claimed`
 
-	// sqlRenew extends leases still held at the same epoch, returning
-	// them, and records the others as lost in the same statement, so that
-	// a renewal that ran always leaves its audit (a second statement could
-	// be lost with the connection).
+	// sqlRenew extends leases still held at the same epoch (locked in
+	// partition order first), returning them, and records the others as
+	// lost in the same statement, so that a renewal that ran always leaves
+	// its audit (a second statement could be lost with the connection).
 	sqlRenew = `
 WITH held AS (
     SELECT * FROM unnest($3::int[], $4::bigint[]) AS h(partition, epoch)
@@ -56,6 +64,7 @@ WITH held AS (
 SELECT partition FROM renewed`
 
 	// sqlRelease frees leases still held at the same epoch and records it.
+	// Like sqlRenew, it locks them in partition order first.
 	sqlRelease = `
 WITH mine AS (
     SELECT l.partition FROM ordo_leases AS l
