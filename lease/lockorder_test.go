@@ -164,10 +164,11 @@ func TestLeaseRowsLockedInOneOrder(t *testing.T) {
 // one step at a time, for pairs of partitions (x, y) in both roles: a
 // blocker transaction locks x's lease row FOR UPDATE; the leaser releases
 // x and y (given in that order) and waits behind the blocker; a mark of
-// rows in x and y starts and waits too; the blocker commits. With lock
-// order by the array (the release) and by a hash (the mark), the release
-// took x and waited for y while the mark held y FOR SHARE and waited for
-// x: a deadlock in about half the rounds. With both in ascending order,
+// rows in x and y starts and waits too; the blocker commits. When the
+// release locked in its array's order and the mark in its join's, the
+// release took x and waited for y while the mark held y FOR SHARE and
+// waited for x: a deadlock in the 4 rounds whose x is the higher (the
+// mark's plan happened to lock ascending). With both in ascending order,
 // whoever waits holds nothing the other wants.
 func TestReleaseAndMarkStepByStep(t *testing.T) {
 	rig := newLockRig(t, 1, 1)
@@ -191,12 +192,14 @@ func releaseAndMark(t *testing.T, rig *lockRig, x, y int) (deadlocks int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer blocker.Rollback(context.Background()) // after a failure: lets the others finish
+	var g errgroup.Group
+	defer func() {
+		_ = blocker.Rollback(context.Background()) // after a failure: lets the others finish
+		_ = g.Wait()
+	}()
 	if _, err := blocker.Exec(ctx, `SELECT FROM ordo_leases WHERE partition = $1 FOR UPDATE`, x); err != nil {
 		t.Fatal(err)
 	}
-	var g errgroup.Group
-	defer g.Wait()
 	var releaseErr, markErr error
 	g.Go(func() error {
 		releaseErr = rig.l.ReleaseNow(ctx, rig.conn, []relay.Lease{held[x], held[y]})
