@@ -1,6 +1,14 @@
 package lease
 
 // The Leaser's SQL, on the ordo_leases and ordo_lease_audit tables.
+//
+// Every statement that locks several ordo_leases rows locks them in
+// ascending partition order, as the relay's writes do (relay/pgstore,
+// sqlHeld), so that none of them can deadlock another (docs/design.md,
+// "Lease row locks"): an ORDER BY partition ... FOR UPDATE CTE locks the
+// rows as its sort emits them, and the UPDATE after it touches only rows
+// it holds. An UPDATE ... FROM unnest(...) alone would lock them in the
+// order of its join, here the order of the Go map the arrays came from.
 const (
 	// sqlClaim takes free, expired or own leases, bumping the epoch so any
 	// earlier holder's writes are refused from now on, and records the
@@ -11,6 +19,7 @@ WITH prev AS (
     FROM ordo_leases
     WHERE partition = ANY($3::int[])
       AND (owner IS NULL OR owner = $1 OR expires_at < clock_timestamp())
+    ORDER BY partition
     FOR UPDATE
 ), claimed AS (
     UPDATE ordo_leases AS l
@@ -29,18 +38,22 @@ WITH prev AS (
 )
 SELECT partition, epoch FROM claimed`
 
-	// sqlRenew extends leases still held at the same epoch, returning
-	// them, and records the others as lost in the same statement, so that
-	// a renewal that ran always leaves its audit (a second statement could
-	// be lost with the connection).
+	// sqlRenew extends leases still held at the same epoch (locked in
+	// partition order first), returning them, and records the others as
+	// lost in the same statement, so that a renewal that ran always leaves
+	// its audit (a second statement could be lost with the connection).
 	sqlRenew = `
 WITH held AS (
     SELECT * FROM unnest($3::int[], $4::bigint[]) AS h(partition, epoch)
+), mine AS (
+    SELECT l.partition FROM ordo_leases AS l JOIN held AS h ON l.partition = h.partition
+    WHERE l.epoch = h.epoch AND l.owner = $1
+    ORDER BY l.partition
+    FOR UPDATE OF l
 ), renewed AS (
     UPDATE ordo_leases AS l
     SET expires_at = clock_timestamp() + make_interval(secs => $2)
-    FROM held AS h
-    WHERE l.partition = h.partition AND l.epoch = h.epoch AND l.owner = $1
+    FROM mine WHERE l.partition = mine.partition
     RETURNING l.partition
 ), lost AS (
     INSERT INTO ordo_lease_audit (node, partition, epoch, event, detail)
@@ -51,12 +64,18 @@ WITH held AS (
 SELECT partition FROM renewed`
 
 	// sqlRelease frees leases still held at the same epoch and records it.
+	// Like sqlRenew, it locks them in partition order first.
 	sqlRelease = `
-WITH released AS (
+WITH mine AS (
+    SELECT l.partition FROM ordo_leases AS l
+    JOIN unnest($2::int[], $3::bigint[]) AS h(partition, epoch) ON l.partition = h.partition
+    WHERE l.epoch = h.epoch AND l.owner = $1
+    ORDER BY l.partition
+    FOR UPDATE OF l
+), released AS (
     UPDATE ordo_leases AS l
     SET owner = NULL, expires_at = '-infinity'
-    FROM unnest($2::int[], $3::bigint[]) AS h(partition, epoch)
-    WHERE l.partition = h.partition AND l.epoch = h.epoch AND l.owner = $1
+    FROM mine WHERE l.partition = mine.partition
     RETURNING l.partition, l.epoch
 )
 INSERT INTO ordo_lease_audit (node, partition, epoch, event)

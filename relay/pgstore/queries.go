@@ -62,12 +62,17 @@ SELECT greatest(min(k), 0) FROM run`
 
 // sqlHeld is the lease check shared by every relay write: the leases of
 // node at the epochs given, locked FOR SHARE until the write commits, so
-// no claim can slip between the check and the write.
+// no claim can slip between the check and the write. They are locked in
+// partition order (the LockRows sits above the sort), as the leaser locks
+// them to renew, release or claim: in any other order a write holding 3
+// and waiting for 7 and a renewal holding 7 and waiting for 3 deadlock
+// (docs/design.md, "Lease row locks").
 const sqlHeld = `
 m AS (SELECT * FROM unnest($2::uuid[], $3::int[], $4::bigint[]) AS m(id, partition, epoch)),
 held AS (
     SELECT l.partition, l.epoch FROM ordo_leases AS l
     WHERE l.owner = $1 AND (l.partition, l.epoch) IN (SELECT DISTINCT partition, epoch FROM m)
+    ORDER BY l.partition
     FOR SHARE)`
 
 // sqlRefused records, once per partition and epoch, the rows a write
