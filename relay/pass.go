@@ -77,6 +77,7 @@ type readReq struct {
 	before   int64 // the partition's cursor when the read began
 	first    bool  // the first page of a pass
 	notified bool  // a tail read for a notification
+	from     int64 // a page of a pass: the pass's cursor when the read began
 }
 
 // passNo is the current pass, which entries record as the last that saw them.
@@ -116,6 +117,7 @@ func (p *partReader) begin(pass bool, now time.Time) (req readReq, after int64) 
 		req.notified, req.first = p.notified, true
 		p.hot, p.notified, p.polledNew = false, false, false
 	}
+	req.from = p.passCursor
 	return req, p.passCursor
 }
 
@@ -127,15 +129,32 @@ func (p *partReader) readFailed(req readReq) {
 
 // pageRead takes in the rows (got, in seq order, limit asked) that req's
 // read returned at now, with gap the partition's pass gap after they were
-// queued. It reports how many of them count as new commits for the wake-up
-// rate (counted false: the rate is left alone), and whether a pass has
-// just read everything (then the caller sweeps and calls passEnded).
-func (p *partReader) pageRead(req readReq, got []Row, limit int, now time.Time, gap time.Duration) (commits int, counted, passDone bool) {
+// queued, and leftOut the seq of the first of them left out because memory
+// was full (0: none). It reports how many of them count as new commits for
+// the wake-up rate (counted false: the rate is left alone), and whether a
+// pass has just read everything (then the caller sweeps and calls
+// passEnded).
+//
+// A pass that left rows out resumes below the first of them once memory
+// has room (Relay.readRefusedLocked), instead of reading on to the end
+// and starting over from the partition's first pending row: a backlog
+// larger than the read-ahead is read about once, not once per pass
+// (TestCoreReadAheadFullReadsEachRowAboutOnce). A page that left out its
+// first row (one row larger than the room) made no progress: the pass
+// reads on, and a later pass comes back for it.
+func (p *partReader) pageRead(req readReq, got []Row, limit int, leftOut int64, now time.Time, gap time.Duration) (commits int, counted, passDone bool) {
 	fresh := len(got) > 0 && got[len(got)-1].Seq > req.before
 	short := len(got) < limit
+	if leftOut > 0 && (!req.pass || leftOut-1 <= req.from) {
+		p.dirty = true
+	}
 	if req.pass {
 		if len(got) > 0 {
 			p.passCursor = max(p.passCursor, got[len(got)-1].Seq)
+		}
+		if leftOut > 0 && leftOut-1 > req.from {
+			p.passCursor = leftOut - 1
+			short = false // not done: it reads from there again
 		}
 		if fresh && req.notified {
 			commits, counted = countAbove(got, req.before), true // commits, not a backlog

@@ -60,7 +60,13 @@ func (r *Relay) readOnce(ctx context.Context) (bool, error) {
 // Budget it asks for bytes every time, so that a relay refused them is
 // known to be waiting for them (budget.go).
 func (r *Relay) readRefusedLocked() bool {
-	full := r.bytes >= r.cfg.ReadAheadBytes
+	if r.leftOut && r.bytes <= r.cfg.ReadAheadBytes/2 {
+		r.leftOut = false
+	}
+	// After a read left rows out for memory, the next waits until half
+	// the read-ahead is free: a read per freed row would read a page to
+	// keep a row or two of it.
+	full := r.bytes >= r.cfg.ReadAheadBytes || r.leftOut
 	if r.share != nil {
 		full = !r.share.mayRead() || full
 	}
@@ -93,8 +99,8 @@ func (r *Relay) ingestRead(plan readPlan, rows []Row, took time.Duration) (skipp
 		if plan.alone == ps {
 			ps.slow.readOK(limit, r.cfg.BatchSize)
 		}
-		r.ingestLocked(ps, got)
-		commits, counted, passDone := ps.rd.pageRead(req, got, limit, now, r.passGapLocked(ps))
+		leftOut := r.ingestLocked(ps, got)
+		commits, counted, passDone := ps.rd.pageRead(req, got, limit, leftOut, now, r.passGapLocked(ps))
 		if counted {
 			r.rateLocked(now, commits)
 		}
@@ -112,8 +118,9 @@ func (r *Relay) ingestRead(plan readPlan, rows []Row, took time.Duration) (skipp
 // queued take the database's word on their state if it is newer than
 // memory's (readGen), and new rows join their key's queue in key_seq
 // order. A parked row's followers are not kept: they cannot go before an
-// operator acts, and the next pass reads them again.
-func (r *Relay) ingestLocked(ps *partState, rows []Row) {
+// operator acts, and the next pass reads them again. It returns the seq of
+// the first row it left out because memory was full (0: none).
+func (r *Relay) ingestLocked(ps *partState, rows []Row) (leftOut int64) {
 	for i := range rows {
 		row := rows[i]
 		ps.rd.saw(row.Seq)
@@ -145,8 +152,13 @@ func (r *Relay) ingestLocked(ps *partState, rows []Row) {
 		})
 		if at > 0 && r.memoryFullLocked() {
 			// Memory is full and the row waits behind others of its key
-			// (blocked ones, say): leave it for a later pass.
-			ps.rd.wantPass()
+			// (blocked ones, say): leave it for later (pageRead says
+			// when), and read again only once half the read-ahead is
+			// free (readRefusedLocked).
+			if leftOut == 0 {
+				leftOut = row.Seq
+			}
+			r.leftOut = true
 			continue
 		}
 		k.rows = slices.Insert(k.rows, at, e)
@@ -157,6 +169,7 @@ func (r *Relay) ingestLocked(ps *partState, rows []Row) {
 		}
 		r.pushReadyLocked(k)
 	}
+	return leftOut
 }
 
 // dropFollowersLocked forgets the queued rows behind k's parked head.
