@@ -32,7 +32,7 @@ const (
 // distribution (latency and classic-latency). A chart whose results are
 // missing is skipped with a message; it fails only when none could be
 // drawn.
-func runCharts(_ context.Context, o options, _ func(*result.Result)) error {
+func runCharts(_ context.Context, o chartsOptions, _ func(*result.Result)) error {
 	docs, err := readResults(o.Out)
 	if err != nil {
 		return err

@@ -10,7 +10,7 @@ import (
 
 // runLatency measures Ordo's commit-to-delivery latency with one node:
 // see latencyOnce.
-func runLatency(ctx context.Context, o options, emit func(*result.Result)) error {
+func runLatency(ctx context.Context, o latencyOptions, emit func(*result.Result)) error {
 	res, err := latencyOnce(ctx, o, ordo(1))
 	if err != nil {
 		return err
@@ -21,8 +21,8 @@ func runLatency(ctx context.Context, o options, emit func(*result.Result)) error
 
 // runClassicLatency measures the classic relay's latency the same way,
 // with the first count of -instances (default 1).
-func runClassicLatency(ctx context.Context, o options, emit func(*result.Result)) error {
-	res, err := latencyOnce(ctx, o, classic(o.Instances[0]))
+func runClassicLatency(ctx context.Context, o classicLatencyOptions, emit func(*result.Result)) error {
+	res, err := latencyOnce(ctx, o.latencyOptions, classic(o.Instances[0], o.classicPolling))
 	if err != nil {
 		return err
 	}
@@ -36,13 +36,13 @@ func runClassicLatency(ctx context.Context, o options, emit func(*result.Result)
 // paced by a ticker. Latency is the consumer's receive time minus the time
 // the producer's COMMIT returned, both on the bench's clock; commits in
 // the first -warmup (2 s) are not measured.
-func latencyOnce(ctx context.Context, o options, spec systemSpec) (*result.Result, error) {
-	rate, keys := o.rateOr(1000), o.keysOr(10000)
+func latencyOnce(ctx context.Context, o latencyOptions, spec systemSpec) (*result.Result, error) {
+	rate, keys := orDefault(o.Rate, 1000), orDefault(o.Keys, 10000)
 	scenario := "latency"
 	if spec.classic {
 		scenario = "classic-latency"
 	}
-	r, err := newRig(ctx, o, scenario, int32(o.Workers+2))
+	r, err := newRig(ctx, o.common, scenario, int32(o.Workers+2))
 	if err != nil {
 		return nil, err
 	}
@@ -57,8 +57,8 @@ func latencyOnce(ctx context.Context, o options, spec systemSpec) (*result.Resul
 	res.Param("warmup", o.Warmup)
 	res.Param("partitions", o.Partitions)
 	if spec.classic {
-		res.Param("batch", o.ClassicBatch)
-		res.Param("interval", o.ClassicEvery)
+		res.Param("batch", spec.relay.ClassicBatch)
+		res.Param("interval", spec.relay.ClassicEvery)
 	} else {
 		res.Param("confirm_window", o.ConfirmWindow)
 	}
@@ -67,7 +67,7 @@ func latencyOnce(ctx context.Context, o options, spec systemSpec) (*result.Resul
 	if err != nil {
 		return nil, err
 	}
-	sys, err := spec.start(ctx, r, o)
+	sys, err := spec.start(ctx, r)
 	if err != nil {
 		return nil, err
 	}

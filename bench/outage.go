@@ -24,7 +24,7 @@ const outageTail = 2 * time.Second
 // the broker throughout. Measured from the restore: the first delivery of
 // a message committed during the outage, and the moment every message
 // committed before the restore has arrived.
-func runOutage(ctx context.Context, o options, emit func(*result.Result)) error {
+func runOutage(ctx context.Context, o outageOptions, emit func(*result.Result)) error {
 	res, err := outageOnce(ctx, o)
 	if err != nil {
 		return err
@@ -33,9 +33,9 @@ func runOutage(ctx context.Context, o options, emit func(*result.Result)) error 
 	return nil
 }
 
-func outageOnce(ctx context.Context, o options) (*result.Result, error) {
-	rate, keys := o.rateOr(500), o.keysOr(1000)
-	r, err := newRig(ctx, o, "outage", int32(o.Workers+1))
+func outageOnce(ctx context.Context, o outageOptions) (*result.Result, error) {
+	rate, keys := orDefault(o.Rate, 500), orDefault(o.Keys, 1000)
+	r, err := newRig(ctx, o.common, "outage", int32(o.Workers+1))
 	if err != nil {
 		return nil, err
 	}

@@ -16,8 +16,8 @@ import (
 // their Placed (first deliveries), with the classic relay on
 // -race-instances instances (default 2) and then with Ordo on -race-nodes
 // nodes (default 3).
-func runRace(ctx context.Context, o options, emit func(*result.Result)) error {
-	for _, spec := range []systemSpec{classic(o.RaceInstances), ordo(o.RaceNodes)} {
+func runRace(ctx context.Context, o raceOptions, emit func(*result.Result)) error {
+	for _, spec := range []systemSpec{classic(o.RaceInstances, o.classicPolling), ordo(o.RaceNodes)} {
 		res, err := raceOnce(ctx, o, spec)
 		if err != nil {
 			return fmt.Errorf("%s: %w", spec, err)
@@ -27,9 +27,9 @@ func runRace(ctx context.Context, o options, emit func(*result.Result)) error {
 	return nil
 }
 
-func raceOnce(ctx context.Context, o options, spec systemSpec) (*result.Result, error) {
-	rate := o.rateOr(250)
-	r, err := newRig(ctx, o, "race", int32(o.Workers+2))
+func raceOnce(ctx context.Context, o raceOptions, spec systemSpec) (*result.Result, error) {
+	rate := orDefault(o.Rate, 250)
+	r, err := newRig(ctx, o.common, "race", int32(o.Workers+2))
 	if err != nil {
 		return nil, err
 	}
@@ -46,7 +46,7 @@ func raceOnce(ctx context.Context, o options, spec systemSpec) (*result.Result, 
 	if err != nil {
 		return nil, err
 	}
-	sys, err := spec.start(ctx, r, o)
+	sys, err := spec.start(ctx, r)
 	if err != nil {
 		return nil, err
 	}

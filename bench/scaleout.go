@@ -33,7 +33,7 @@ func parseScaleShapes(s string) ([]string, error) {
 
 // scaleGroups returns the backlog of a scaleout shape: many keys (rows
 // over rows/10 keys) or hot (rows over 10 keys).
-func scaleGroups(o options, shape string) []rowGroup {
+func scaleGroups(o scaleoutOptions, shape string) []rowGroup {
 	if shape == "hot" {
 		return []rowGroup{{prefix: "key", keys: hotKeys, rows: o.ScaleHot}}
 	}
@@ -47,7 +47,7 @@ func scaleGroups(o options, shape string) []rowGroup {
 // runs once per -scale-shapes shape (many keys, then 10 hot keys) and
 // prints one RESULT line per shape and node count. It refuses to run
 // where no CPU cgroup is writable.
-func runScaleout(ctx context.Context, o options, emit func(*result.Result)) error {
+func runScaleout(ctx context.Context, o scaleoutOptions, emit func(*result.Result)) error {
 	probe, err := newCPUCaps(cgroupRoot, o.ScaleCap, o.ScalePeriod)
 	if err != nil {
 		return err
@@ -82,7 +82,7 @@ func runScaleout(ctx context.Context, o options, emit func(*result.Result)) erro
 // scaleoutOnce is one drain with n capped nodes. one is the one-node
 // msgs/s of the same shape in this run (0 when not measured), for the
 // efficiency.
-func scaleoutOnce(ctx context.Context, o options, shape string, n int, one float64) (*result.Result, error) {
+func scaleoutOnce(ctx context.Context, o scaleoutOptions, shape string, n int, one float64) (*result.Result, error) {
 	caps, err := newCPUCaps(cgroupRoot, o.ScaleCap, o.ScalePeriod)
 	if err != nil {
 		return nil, err
@@ -98,7 +98,7 @@ func scaleoutOnce(ctx context.Context, o options, shape string, n int, one float
 	var spread float64
 	var rebalances int
 	plan := drainPlan{
-		scenario: "scaleout", label: fmt.Sprintf("%s-%d", shape, n), groups: scaleGroups(o, shape), analyze: true,
+		scenario: "scaleout", label: fmt.Sprintf("%s-%d", shape, n), groups: scaleGroups(o, shape), payload: o.Payload, analyze: true,
 		before: func(ctx context.Context, r *harness.Rig, sys system, _ *result.Result) error {
 			committed = time.Now()
 			if throttled0, err = caps.throttled(); err != nil {
@@ -112,7 +112,7 @@ func scaleoutOnce(ctx context.Context, o options, shape string, n int, one float
 			return err
 		},
 	}
-	d, _, err := drainBacklog(ctx, o, spec, plan)
+	d, _, err := drainBacklog(ctx, o.common, spec, plan)
 	if err != nil {
 		return nil, err
 	}
