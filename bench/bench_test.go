@@ -315,7 +315,8 @@ func TestDefaultScenarioAndQuick(t *testing.T) {
 	o := parseOne[compareOptions](t, none, "-quick", "compare", "-rows", "5000")
 	if o.drain.Rows != 5000 || o.broker.Rows != 5000 || o.classic.Rows != 5000 || o.drain.Keys != 2000 || o.failover.Reps != 1 ||
 		o.race.Orders != 1000 || o.latency.Duration != 10*time.Second || o.classicLatency.Duration != 10*time.Second {
-		t.Fatalf("-quick with -rows 5000: %+v", o)
+		t.Fatalf("-quick with -rows 5000: rows %d/%d/%d (drain/broker/classic), keys %d, reps %d, orders %d, durations %v/%v",
+			o.drain.Rows, o.broker.Rows, o.classic.Rows, o.drain.Keys, o.failover.Reps, o.race.Orders, o.latency.Duration, o.classicLatency.Duration)
 	}
 	if !slices.Equal(o.drain.Nodes, []int{1, 2, 3}) || !slices.Equal(o.classic.Instances, []int{1, 2}) {
 		t.Fatalf("compare: drain nodes %v, classic instances %v; want 1,2,3 and 1,2", o.drain.Nodes, o.classic.Instances)
