@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"strconv"
 	"strings"
@@ -15,6 +17,30 @@ import (
 	"github.com/ordo-relay/ordo/partition"
 	"github.com/ordo-relay/ordo/wire"
 )
+
+// brokerOptions are broker's: a backlog published with pipelined confirms.
+type brokerOptions struct {
+	common
+	backlog
+	BrokerWindow int // unconfirmed publishes in flight
+}
+
+func defaultBrokerOptions() brokerOptions {
+	return brokerOptions{backlog: defaultBacklog(), BrokerWindow: 1024}
+}
+
+func (o *brokerOptions) addFlags(fs *flag.FlagSet) {
+	o.backlog.addFlags(fs)
+	fs.IntVar(&o.BrokerWindow, "broker-window", o.BrokerWindow, "most unconfirmed publishes in flight")
+}
+
+func (o brokerOptions) validate() error {
+	var errs []error
+	if o.BrokerWindow < 1 || o.BrokerWindow > 65535 {
+		errs = append(errs, fmt.Errorf("broker-window %d out of range 1..65535", o.BrokerWindow))
+	}
+	return errors.Join(append(errs, o.backlog.validate())...)
+}
 
 // runBroker measures the broker's ceiling for this machine: a bare
 // amqp091-go publisher with no database, one channel in confirm mode, at

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"image/color"
 	"math"
@@ -26,6 +27,20 @@ const (
 	chartShapes   = "shapes.png"
 	chartLatency  = "latency.png"
 )
+
+// chartsOptions are charts': where the PNGs go.
+type chartsOptions struct {
+	common
+	Charts string // the directory the PNGs go to
+}
+
+func defaultChartsOptions() chartsOptions { return chartsOptions{Charts: "docs"} }
+
+func (o *chartsOptions) addFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.Charts, "charts", o.Charts, "directory for the PNGs")
+}
+
+func (o chartsOptions) validate() error { return nil }
 
 // runCharts draws the charts from the newest results under -out: the
 // scale-out curve (scaleout), the shapes bars (shapes) and the latency

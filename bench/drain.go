@@ -2,12 +2,61 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"time"
 
 	"github.com/ordo-relay/ordo/bench/internal/harness"
 	"github.com/ordo-relay/ordo/bench/internal/result"
 )
+
+// drainOptions are drain's: a backlog drained by each count of -nodes.
+type drainOptions struct {
+	common
+	backlog
+	Analyze bool  // ANALYZE the outbox after loading it
+	Nodes   []int // node counts, one run each
+}
+
+func defaultDrainOptions() drainOptions {
+	return drainOptions{backlog: defaultBacklog(), Analyze: true, Nodes: []int{1}}
+}
+
+func (o *drainOptions) addFlags(fs *flag.FlagSet) {
+	o.backlog.addFlags(fs)
+	analyzeVar(fs, &o.Analyze)
+	countsVar(fs, "nodes", &o.Nodes, "comma-separated Ordo node counts, one run each")
+}
+
+func analyzeVar(fs *flag.FlagSet, p *bool) {
+	fs.BoolVar(p, "analyze", *p, "ANALYZE the outbox after loading it, as autovacuum would soon")
+}
+
+// classicOptions are classic's: drain's backlog through the classic relay
+// on each count of -instances.
+type classicOptions struct {
+	common
+	backlog
+	classicPolling
+	Analyze   bool  // ANALYZE the outbox after loading it
+	Instances []int // instance counts, one run each
+}
+
+func defaultClassicOptions() classicOptions {
+	return classicOptions{backlog: defaultBacklog(), classicPolling: defaultClassicPolling(), Analyze: true, Instances: []int{1, 2}}
+}
+
+func (o *classicOptions) addFlags(fs *flag.FlagSet) {
+	o.backlog.addFlags(fs)
+	o.classicPolling.addFlags(fs)
+	analyzeVar(fs, &o.Analyze)
+	countsVar(fs, "instances", &o.Instances, "comma-separated classic instance counts, one run each")
+}
+
+func (o classicOptions) validate() error {
+	return errors.Join(o.backlog.validate(), o.classicPolling.validate())
+}
 
 // runDrain measures how fast Ordo drains a backlog, once for each count in
 // -nodes (default 1): see drainOnce.

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"slices"
 	"sync"
@@ -21,6 +23,49 @@ const (
 	// kill or a join: far above the targets, so a miss is measured, not cut.
 	eventTimeout = 60 * time.Second
 )
+
+// clusterOptions are failover's and join's: -reps events on 3 nodes under
+// a steady load, judged against a target.
+type clusterOptions struct {
+	common
+	keyedTraffic
+	Reps   int           // repetitions
+	Target time.Duration // the target the figures are judged against
+}
+
+// failoverOptions are failover's (-failover-target), joinOptions join's
+// (-join-target).
+type (
+	failoverOptions struct{ clusterOptions }
+	joinOptions     struct{ clusterOptions }
+)
+
+func defaultFailoverOptions() failoverOptions {
+	return failoverOptions{clusterOptions{keyedTraffic: defaultKeyedTraffic(), Reps: 3, Target: 3 * time.Second}}
+}
+
+func defaultJoinOptions() joinOptions {
+	return joinOptions{clusterOptions{keyedTraffic: defaultKeyedTraffic(), Reps: 3, Target: 5 * time.Second}}
+}
+
+func (o *failoverOptions) addFlags(fs *flag.FlagSet) {
+	o.clusterOptions.addFlags(fs, "failover-target")
+}
+func (o *joinOptions) addFlags(fs *flag.FlagSet) { o.clusterOptions.addFlags(fs, "join-target") }
+
+func (o *clusterOptions) addFlags(fs *flag.FlagSet, target string) {
+	o.keyedTraffic.addFlags(fs)
+	fs.IntVar(&o.Reps, "reps", o.Reps, "repetitions")
+	fs.DurationVar(&o.Target, target, o.Target, "target")
+}
+
+func (o clusterOptions) validate() error {
+	var errs []error
+	if o.Reps < 1 || o.Reps > 20 {
+		errs = append(errs, fmt.Errorf("reps %d out of range 1..20", o.Reps))
+	}
+	return errors.Join(append(errs, o.keyedTraffic.validate())...)
+}
 
 // runFailover measures failover: 3 gossiping nodes under a steady load of
 // -rate commits a second (default 500; keys uniform over -keys, default

@@ -2,11 +2,68 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"time"
 
 	"github.com/ordo-relay/ordo/bench/internal/result"
 )
+
+// latencyOptions are latency's: a steady load for -duration.
+type latencyOptions struct {
+	common
+	keyedTraffic
+	Duration time.Duration // how long producers run
+	Warmup   time.Duration // commits in this first part are not measured
+}
+
+func defaultLatencyOptions() latencyOptions {
+	return latencyOptions{keyedTraffic: defaultKeyedTraffic(), Duration: 30 * time.Second, Warmup: 2 * time.Second}
+}
+
+func (o *latencyOptions) addFlags(fs *flag.FlagSet) {
+	o.keyedTraffic.addFlags(fs)
+	fs.DurationVar(&o.Duration, "duration", o.Duration, "how long producers run")
+	warmupVar(fs, &o.Warmup)
+}
+
+func warmupVar(fs *flag.FlagSet, p *time.Duration) {
+	fs.DurationVar(p, "warmup", *p, "commits in this first part of a run are not measured")
+}
+
+func (o latencyOptions) validate() error {
+	var errs []error
+	switch {
+	case o.Duration <= 0 || o.Warmup < 0:
+		errs = append(errs, errors.New("duration must be positive and warmup not negative"))
+	case o.Warmup >= o.Duration:
+		errs = append(errs, fmt.Errorf("warmup %v must be shorter than duration %v", o.Warmup, o.Duration))
+	}
+	return errors.Join(append(errs, o.keyedTraffic.validate())...)
+}
+
+// classicLatencyOptions are classic-latency's: latency's, through the
+// classic relay on the first count of -instances.
+type classicLatencyOptions struct {
+	latencyOptions
+	classicPolling
+	Instances []int // the first is the instance count
+}
+
+func defaultClassicLatencyOptions() classicLatencyOptions {
+	return classicLatencyOptions{latencyOptions: defaultLatencyOptions(), classicPolling: defaultClassicPolling(), Instances: []int{1}}
+}
+
+func (o *classicLatencyOptions) addFlags(fs *flag.FlagSet) {
+	o.latencyOptions.addFlags(fs)
+	o.classicPolling.addFlags(fs)
+	countsVar(fs, "instances", &o.Instances, "classic instances: the first of these comma-separated counts")
+}
+
+func (o classicLatencyOptions) validate() error {
+	return errors.Join(o.latencyOptions.validate(), o.classicPolling.validate())
+}
 
 // runLatency measures Ordo's commit-to-delivery latency with one node:
 // see latencyOnce.

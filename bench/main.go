@@ -125,6 +125,41 @@ var nemesisScenario = newScenario("nemesis",
 		return nemesis.Run(ctx, o.config())
 	})
 
+// nemesisOptions are the nemesis scenario's.
+type nemesisOptions struct {
+	common
+	Rate    int            // orders a second (0: the nemesis's default)
+	Seed    int64          // the schedule's seed (0: drawn and printed)
+	Profile string         // short (about 2 minutes) or long (10 minutes or more)
+	Kinds   []nemesis.Kind // the kinds of fault to run (the others' steps are left out of the plan)
+}
+
+func defaultNemesisOptions() nemesisOptions { return nemesisOptions{Profile: nemesis.ProfileShort} }
+
+func (o *nemesisOptions) addFlags(fs *flag.FlagSet) {
+	rateVar(fs, &o.Rate)
+	fs.Int64Var(&o.Seed, "seed", o.Seed, "seed of the fault schedule (0: draw one and print it)")
+	fs.StringVar(&o.Profile, "profile", o.Profile, "short (about 2 minutes) or long (10 minutes or more)")
+	listVar(fs, "kinds", "all", "comma-separated kinds of fault to run, or all", func(s string) (err error) {
+		o.Kinds, err = nemesis.ParseKinds(s)
+		return err
+	})
+}
+
+func (o nemesisOptions) validate() error {
+	if o.Profile != nemesis.ProfileShort && o.Profile != nemesis.ProfileLong {
+		return fmt.Errorf("profile %q: want %s or %s", o.Profile, nemesis.ProfileShort, nemesis.ProfileLong)
+	}
+	return checkRate(o.Rate)
+}
+
+// config returns the nemesis's settings.
+func (o nemesisOptions) config() nemesis.Config {
+	return nemesis.Config{PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Out: o.Out, Partitions: o.Partitions,
+		ConfirmWindow: o.ConfirmWindow, NodeBin: o.NodeBin, Timeout: o.Timeout, Rate: o.Rate,
+		Seed: o.Seed, Scenario: nemesis.ScenarioRelay, Profile: o.Profile, Kinds: o.Kinds}
+}
+
 // compareScenario is the default: see runCompare. Its flags are those of
 // the scenarios it runs (compareOptions).
 var compareScenario = newScenario("compare", "broker, classic, drain, latency, race, failover and join in one go, with a table of ratios",

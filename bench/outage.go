@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"net/url"
@@ -15,6 +17,32 @@ import (
 // outageTail is how long the producer keeps going after the backlog has
 // drained, to see the node back in its steady state.
 const outageTail = 2 * time.Second
+
+// outageOptions are outage's: a steady load while the broker link is cut.
+type outageOptions struct {
+	common
+	keyedTraffic
+	Before time.Duration // steady running before the cut
+	Outage time.Duration // how long the broker link stays cut
+}
+
+func defaultOutageOptions() outageOptions {
+	return outageOptions{keyedTraffic: defaultKeyedTraffic(), Before: 3 * time.Second, Outage: 10 * time.Second}
+}
+
+func (o *outageOptions) addFlags(fs *flag.FlagSet) {
+	o.keyedTraffic.addFlags(fs)
+	fs.DurationVar(&o.Before, "before", o.Before, "steady running before the cut")
+	fs.DurationVar(&o.Outage, "outage", o.Outage, "how long the broker link stays cut")
+}
+
+func (o outageOptions) validate() error {
+	var errs []error
+	if o.Before < 0 || o.Outage <= 0 {
+		errs = append(errs, errors.New("before must not be negative and outage must be positive"))
+	}
+	return errors.Join(append(errs, o.keyedTraffic.validate())...)
+}
 
 // runOutage measures recovery from a broker outage. A producer commits
 // -rate rows a second (default 500, one row per transaction, keys drawn

@@ -2,11 +2,47 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"time"
 
 	"github.com/ordo-relay/ordo/bench/internal/result"
 )
+
+// raceOptions are race's: -orders orders through the classic relay, then
+// through Ordo.
+type raceOptions struct {
+	common
+	traffic
+	classicPolling
+	Orders        int // orders, two messages each
+	RaceInstances int // classic instances
+	RaceNodes     int // Ordo nodes
+}
+
+func defaultRaceOptions() raceOptions {
+	return raceOptions{traffic: defaultTraffic(), classicPolling: defaultClassicPolling(), Orders: 5000, RaceInstances: 2, RaceNodes: 3}
+}
+
+func (o *raceOptions) addFlags(fs *flag.FlagSet) {
+	o.traffic.addFlags(fs)
+	o.classicPolling.addFlags(fs)
+	fs.IntVar(&o.Orders, "orders", o.Orders, "orders (two messages each)")
+	fs.IntVar(&o.RaceInstances, "race-instances", o.RaceInstances, "classic relay instances")
+	fs.IntVar(&o.RaceNodes, "race-nodes", o.RaceNodes, "Ordo nodes")
+}
+
+func (o raceOptions) validate() error {
+	var errs []error
+	if o.Orders < 1 {
+		errs = append(errs, fmt.Errorf("orders %d must be positive", o.Orders))
+	}
+	if o.RaceInstances < 1 || o.RaceInstances > 8 || o.RaceNodes < 1 || o.RaceNodes > 8 {
+		errs = append(errs, errors.New("race-instances and race-nodes must be 1..8"))
+	}
+	return errors.Join(append(errs, o.traffic.validate(), o.classicPolling.validate())...)
+}
 
 // runRace is the article's ordering problem made measurable: -orders
 // orders (default 5000), each an OrderPlaced and then, in a second

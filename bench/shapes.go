@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -100,6 +101,42 @@ func variantName(relay string, analyze bool) string {
 		return relay + "-analyze"
 	}
 	return relay + "-noanalyze"
+}
+
+// shapesOptions are shapes': classic against Ordo in every backlog shape.
+type shapesOptions struct {
+	common
+	traffic // of the steady runs
+	classicPolling
+	Warmup      time.Duration // the steady runs' warm-up
+	Shapes      []string      // the shapes to run (see shapeDefs)
+	ShapeLimit  time.Duration // a drain not finished by then is reported as incomplete
+	ShapeSteady time.Duration // the steady run per shape (commit latency); 0 skips it
+}
+
+func defaultShapesOptions() shapesOptions {
+	return shapesOptions{traffic: defaultTraffic(), classicPolling: defaultClassicPolling(), Warmup: 2 * time.Second,
+		Shapes: shapeNames(), ShapeLimit: 5 * time.Minute, ShapeSteady: 10 * time.Second}
+}
+
+func (o *shapesOptions) addFlags(fs *flag.FlagSet) {
+	o.traffic.addFlags(fs)
+	o.classicPolling.addFlags(fs)
+	warmupVar(fs, &o.Warmup)
+	listVar(fs, "shapes", "all", "comma-separated shapes ("+strings.Join(shapeNames(), ", ")+") or all", func(s string) (err error) {
+		o.Shapes, err = parseShapes(s)
+		return err
+	})
+	fs.DurationVar(&o.ShapeLimit, "shape-limit", o.ShapeLimit, "a drain not finished by then is reported as incomplete")
+	fs.DurationVar(&o.ShapeSteady, "shape-steady", o.ShapeSteady, "steady run per shape for the producers' commit latency (0 skips it)")
+}
+
+func (o shapesOptions) validate() error {
+	var errs []error
+	if o.ShapeLimit < 0 || o.ShapeSteady < 0 || o.Warmup < 0 {
+		errs = append(errs, errors.New("shape-limit, shape-steady and warmup must not be negative"))
+	}
+	return errors.Join(append(errs, o.traffic.validate(), o.classicPolling.validate())...)
 }
 
 // runShapes drains every shape of -shapes: see shapeDefs and docs/bench.md.
