@@ -168,6 +168,9 @@ func (f *fanout) Set(s string) error {
 
 // IsBoolFlag lets a boolean flag (-analyze) be given without a value.
 func (f *fanout) IsBoolFlag() bool {
+	if len(f.flags) == 0 {
+		return false
+	}
 	b, ok := f.flags[0].Value.(interface{ IsBoolFlag() bool })
 	return ok && b.IsBoolFlag()
 }

@@ -296,10 +296,15 @@ func commonUsage() string {
 }
 
 // hintScenarioFlag adds, to an unknown common flag, that a scenario's
-// flags follow its name.
+// flags follow its name, and which scenarios take it.
 func hintScenarioFlag(err error) error {
-	if strings.HasPrefix(err.Error(), "flag provided but not defined") {
-		return fmt.Errorf("%w (%w: go run ./bench [common flags] <scenario> [its flags])", err, errNoScenarioFlag)
+	name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -")
+	if !ok {
+		return err
 	}
-	return err
+	if owners := flagOwners(name); len(owners) > 0 {
+		return fmt.Errorf("-%s is a flag of %s (%w: go run ./bench [common flags] <scenario> [its flags])",
+			name, strings.Join(owners, ", "), errNoScenarioFlag)
+	}
+	return fmt.Errorf("%w (%w: go run ./bench [common flags] <scenario> [its flags])", err, errNoScenarioFlag)
 }

@@ -63,7 +63,8 @@ type scenario struct {
 	name    string
 	summary string
 	// options returns a fresh copy of the scenario's defaults, a pointer
-	// to its own options type (options.go), with zero common flags.
+	// to its own options type (next to its run function), with zero common
+	// flags.
 	options func() settings
 	// run runs the scenario with options from its options func.
 	run func(ctx context.Context, o settings, emit func(*result.Result)) error
