@@ -74,15 +74,19 @@ func TestResultLine(t *testing.T) {
 	}
 }
 
-// parseOne parses args, which must name one scenario, and returns its
-// options.
-func parseOne(t *testing.T, lookup func(string) (string, bool), args ...string) options {
+// parseOne parses args, which must name one scenario whose options are of
+// type O, and returns them.
+func parseOne[O any](t *testing.T, lookup func(string) (string, bool), args ...string) O {
 	t.Helper()
 	invs, err := parseArgs(args, lookup, io.Discard)
 	if err != nil || len(invs) != 1 {
 		t.Fatalf("parseArgs(%q) = %d scenarios, %v; want one", args, len(invs), err)
 	}
-	return invs[0].o
+	o, ok := any(invs[0].o).(*O)
+	if !ok {
+		t.Fatalf("parseArgs(%q) gave options of type %T", args, invs[0].o)
+	}
+	return *o
 }
 
 func TestParseArgs(t *testing.T) {
@@ -95,14 +99,14 @@ func TestParseArgs(t *testing.T) {
 	if len(invs) != 2 || invs[0].s.name != "latency" || invs[1].s.name != "drain" {
 		t.Fatalf("%d scenarios, want latency then drain", len(invs))
 	}
-	lat, drain := invs[0].o, invs[1].o
-	if lat.Rate != 300 || lat.rateOr(1000) != 300 || lat.keysOr(10000) != 10000 {
+	lat, drain := invs[0].o.(*latencyOptions), invs[1].o.(*drainOptions)
+	if lat.Rate != 300 || orDefault(lat.Keys, 10000) != 10000 {
 		t.Fatalf("latency: rate %d, want 300 (its flag beats the environment)", lat.Rate)
 	}
-	if drain.Rows != 500 || drain.Rate != 0 || len(drain.Nodes) != 2 {
-		t.Fatalf("drain: rows %d rate %d nodes %v; want 500 (environment), 0 (not a drain flag), 1,2", drain.Rows, drain.Rate, drain.Nodes)
+	if drain.Rows != 500 || len(drain.Nodes) != 2 {
+		t.Fatalf("drain: rows %d nodes %v; want 500 (environment), 1,2", drain.Rows, drain.Nodes)
 	}
-	for _, o := range []options{lat, drain} {
+	for _, o := range []*common{&lat.common, &drain.common} {
 		if o.Partitions != 16 || o.Timeout != time.Minute {
 			t.Fatalf("common flags: partitions %d timeout %v, want 16 (flag) and 1m (environment)", o.Partitions, o.Timeout)
 		}
@@ -127,8 +131,7 @@ func TestParseArgs(t *testing.T) {
 }
 
 // TestScenarioHelpListsItsOwnFlags: -h after a scenario lists its flags
-// and no other scenario's; every scenario's flags are defined, and every
-// defined flag belongs to some scenario.
+// and no other scenario's; every scenario has a help.
 func TestScenarioHelpListsItsOwnFlags(t *testing.T) {
 	var b strings.Builder
 	if _, err := parseArgs([]string{"drain", "-h"}, nil, &b); !errors.Is(err, flag.ErrHelp) {
@@ -144,19 +147,104 @@ func TestScenarioHelpListsItsOwnFlags(t *testing.T) {
 			t.Errorf("drain -h lists %s:\n%s", other, b.String())
 		}
 	}
-	used := map[string]bool{}
-	for _, s := range append([]scenario{compareScenario, nemesisScenario}, scenarios...) {
-		for _, n := range s.flagNames() {
-			if flagDefs[n] == nil {
-				t.Errorf("scenario %s names flag %q, which flagDefs lacks", s.name, n)
-			}
-			used[n] = true
+	for _, s := range allScenarios() {
+		var b strings.Builder
+		if _, err := parseArgs([]string{s.name, "-h"}, nil, &b); !errors.Is(err, flag.ErrHelp) || !strings.Contains(b.String(), s.summary) {
+			t.Errorf("%s -h: %v\n%s", s.name, err, b.String())
 		}
 	}
-	for n := range flagDefs {
-		if !used[n] {
-			t.Errorf("flag %q belongs to no scenario", n)
+}
+
+// TestScenarioTakesOnlyItsFlags: each scenario takes exactly its flags
+// (all of them given here, with values in range, parse), and a flag of
+// another scenario given to it is an error that names the scenarios that
+// take it.
+func TestScenarioTakesOnlyItsFlags(t *testing.T) {
+	traffic := []string{"-payload", "10", "-rate", "100", "-workers", "2"}
+	keyed := append([]string{"-keys", "50"}, traffic...)
+	polling := []string{"-classic-batch", "10", "-classic-interval", "100ms"}
+	backlog := []string{"-rows", "500", "-keys", "50", "-payload", "10"}
+	join := func(parts ...[]string) []string { return slices.Concat(parts...) }
+	tests := []struct {
+		scenario string
+		own      []string // every flag of the scenario, with a value in range
+		foreign  string   // a flag of other scenarios
+		owner    string   // one of them
+	}{
+		{"drain", join(backlog, []string{"-analyze=false", "-nodes", "1,2"}), "-rate", "latency"},
+		{"outage", join(keyed, []string{"-before", "1s", "-outage", "2s"}), "-rows", "drain"},
+		{"latency", join(keyed, []string{"-duration", "5s", "-warmup", "1s"}), "-nodes", "drain"},
+		{"broker", join(backlog, []string{"-broker-window", "8"}), "-workers", "latency"},
+		{"classic", join(backlog, polling, []string{"-analyze", "-instances", "1"}), "-nodes", "drain"},
+		{"classic-latency", join(keyed, polling, []string{"-duration", "5s", "-warmup", "1s", "-instances", "2"}), "-rows", "broker"},
+		{"race", join(traffic, polling, []string{"-orders", "10", "-race-instances", "1", "-race-nodes", "1"}), "-keys", "drain"},
+		{"failover", join(keyed, []string{"-reps", "1", "-failover-target", "2s"}), "-join-target", "join"},
+		{"join", join(keyed, []string{"-reps", "1", "-join-target", "2s"}), "-failover-target", "failover"},
+		{"shapes", join(traffic, polling, []string{"-warmup", "1s", "-shapes", "10x2000", "-shape-limit", "1m", "-shape-steady", "0s"}),
+			"-duration", "latency"},
+		{"scaleout", []string{"-payload", "10", "-scale-nodes", "1,2", "-scale-cap", "0.5", "-scale-period", "20ms",
+			"-scale-shapes", "hot", "-scale-rows", "100", "-scale-hot-rows", "100"}, "-shapes", "shapes"},
+		{"consume", []string{"-workers", "2", "-consume-instances", "1", "-consume-orders", "10", "-consume-rate", "5",
+			"-consume-latency", "1s", "-consume-delay", "0s", "-consume-conns", "2", "-consume-lanes", "2", "-consume-shards", "2"},
+			"-produce-reps", "produce"},
+		{"produce", []string{"-payload", "10", "-keys", "5", "-produce-duration", "1s", "-produce-warmup", "0s",
+			"-produce-producers", "1", "-produce-rows", "1", "-produce-reps", "1", "-produce-variants", "all", "-produce-rate", "0",
+			"-produce-wal-inspect=false"}, "-consume-orders", "consume"},
+		{"sources", []string{"-payload", "10", "-sources-counts", "1", "-sources-cap", "0.5", "-sources-period", "20ms",
+			"-sources-rows", "100", "-sources-keys", "10", "-sources-producers", "2", "-sources-duration", "1s",
+			"-sources-warmup", "0s", "-sources-reps", "1", "-sources-nodes", "1", "-sources-node-cap", "0",
+			"-sources-pg-version", "16"}, "-produce-reps", "produce"},
+		{"charts", []string{"-charts", "/tmp/charts"}, "-rows", "drain"},
+		{"nemesis", []string{"-rate", "10", "-seed", "7", "-profile", "long", "-kinds", "all"}, "-workers", "latency"},
+		{"compare", join(backlog, polling, []string{"-analyze", "-broker-window", "8", "-rate", "100", "-workers", "2",
+			"-duration", "5s", "-warmup", "1s", "-orders", "10", "-race-instances", "1", "-race-nodes", "1", "-reps", "1",
+			"-failover-target", "2s", "-join-target", "2s"}), "-nodes", "drain"},
+	}
+	none := func(string) (string, bool) { return "", false }
+	tested := map[string]bool{}
+	for _, tc := range tests {
+		t.Run(tc.scenario, func(t *testing.T) {
+			tested[tc.scenario] = true
+			s := findScenario(tc.scenario)
+			var want, got []string
+			for _, a := range tc.own {
+				if name, ok := strings.CutPrefix(a, "-"); ok {
+					name, _, _ = strings.Cut(name, "=")
+					want = append(want, name)
+				}
+			}
+			scenarioFlagSet(s, s.options()).VisitAll(func(f *flag.Flag) { got = append(got, f.Name) })
+			slices.Sort(want)
+			if want = slices.Compact(want); !slices.Equal(got, want) {
+				t.Errorf("flags %v, want %v", got, want)
+			}
+			if _, err := parseArgs(append([]string{tc.scenario}, tc.own...), none, io.Discard); err != nil {
+				t.Errorf("its own flags: %v", err)
+			}
+			_, err := parseArgs([]string{tc.scenario, tc.foreign, "1"}, none, io.Discard)
+			var nf *notItsFlagError
+			if !errors.As(err, &nf) || nf.Common || !slices.Contains(nf.Owners, tc.owner) || slices.Contains(nf.Owners, tc.scenario) {
+				t.Fatalf("%s %s 1: %v; want it rejected as a flag of %s", tc.scenario, tc.foreign, err, tc.owner)
+			}
+			for _, want := range []string{tc.foreign + " is not a flag of " + tc.scenario + " but of ", tc.owner, "go run ./bench " + tc.scenario + " -h"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("message %q lacks %q", err, want)
+				}
+			}
+		})
+	}
+	for _, s := range allScenarios() {
+		if !tested[s.name] {
+			t.Errorf("scenario %s is not in the table", s.name)
 		}
+	}
+	var nf *notItsFlagError
+	if _, err := parseArgs([]string{"drain", "-quick"}, none, io.Discard); !errors.As(err, &nf) || !nf.Common {
+		t.Errorf("drain -quick: %v, want a common flag after the scenario", err)
+	}
+	if _, err := parseArgs([]string{"drain", "-nosuch"}, none, io.Discard); !errors.As(err, &nf) || len(nf.Owners) != 0 ||
+		!strings.Contains(err.Error(), "nor of any scenario") {
+		t.Errorf("drain -nosuch: %v, want no scenario's flag", err)
 	}
 }
 
@@ -224,15 +312,20 @@ func TestDefaultScenarioAndQuick(t *testing.T) {
 	if err != nil || len(invs) != 1 || invs[0].s.name != "compare" {
 		t.Fatalf("no scenario runs %d scenarios (%v), want compare", len(invs), err)
 	}
-	o := parseOne(t, none, "-quick", "compare", "-rows", "5000")
-	if o.Rows != 5000 || o.Keys != 2000 || o.Reps != 1 || o.Orders != 1000 || o.Duration != 10*time.Second {
-		t.Fatalf("-quick with -rows 5000: rows=%d keys=%d reps=%d orders=%d duration=%v", o.Rows, o.Keys, o.Reps, o.Orders, o.Duration)
+	o := parseOne[compareOptions](t, none, "-quick", "compare", "-rows", "5000")
+	if o.drain.Rows != 5000 || o.broker.Rows != 5000 || o.classic.Rows != 5000 || o.drain.Keys != 2000 || o.failover.Reps != 1 ||
+		o.race.Orders != 1000 || o.latency.Duration != 10*time.Second || o.classicLatency.Duration != 10*time.Second {
+		t.Fatalf("-quick with -rows 5000: rows %d/%d/%d (drain/broker/classic), keys %d, reps %d, orders %d, durations %v/%v",
+			o.drain.Rows, o.broker.Rows, o.classic.Rows, o.drain.Keys, o.failover.Reps, o.race.Orders, o.latency.Duration, o.classicLatency.Duration)
 	}
-	if c := parseOne(t, none, "-quick", "consume").Consume; c.Orders != 300 || c.Latency != 3*time.Second {
+	if !slices.Equal(o.drain.Nodes, []int{1, 2, 3}) || !slices.Equal(o.classic.Instances, []int{1, 2}) {
+		t.Fatalf("compare: drain nodes %v, classic instances %v; want 1,2,3 and 1,2", o.drain.Nodes, o.classic.Instances)
+	}
+	if c := parseOne[consumeOptions](t, none, "-quick", "consume").Consume; c.Orders != 300 || c.Latency != 3*time.Second {
 		t.Fatalf("-quick consume: orders %d latency %v, want 300 and 3s", c.Orders, c.Latency)
 	}
-	if o := parseOne(t, none, "-quick", "broker"); o.Reps != 3 {
-		t.Fatalf("-quick changed broker's reps (not its flag) to %d", o.Reps)
+	if o := parseOne[shapesOptions](t, none, "-quick", "shapes"); o.Warmup != 2*time.Second || !o.Quick {
+		t.Fatalf("-quick shapes: warmup %v quick %v, want 2s (not a -quick flag) and true", o.Warmup, o.Quick)
 	}
 }
 
@@ -314,7 +407,7 @@ func TestComparisonRatios(t *testing.T) {
 		mk("drain", "ordo-3", map[string]float64{"msgs_per_sec": 6000}),
 		mk("failover", "", map[string]float64{"publish_again_seconds_max": 3.5}),
 	}
-	o := options{Instances: []int{1}, RaceInstances: 2, RaceNodes: 3, FailoverTarget: 3 * time.Second, JoinTarget: 5 * time.Second}
+	o := defaultCompareOptions()
 	rows := buildComparison(rs, o)
 	byKey := map[string]comparisonRow{}
 	for _, r := range rows {

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"strconv"
 	"strings"
@@ -16,6 +18,30 @@ import (
 	"github.com/ordo-relay/ordo/wire"
 )
 
+// brokerOptions are broker's: a backlog published with pipelined confirms.
+type brokerOptions struct {
+	common
+	backlog
+	BrokerWindow int // unconfirmed publishes in flight
+}
+
+func defaultBrokerOptions() brokerOptions {
+	return brokerOptions{backlog: defaultBacklog(), BrokerWindow: 1024}
+}
+
+func (o *brokerOptions) addFlags(fs *flag.FlagSet) {
+	o.backlog.addFlags(fs)
+	fs.IntVar(&o.BrokerWindow, "broker-window", o.BrokerWindow, "most unconfirmed publishes in flight")
+}
+
+func (o brokerOptions) validate() error {
+	var errs []error
+	if o.BrokerWindow < 1 || o.BrokerWindow > 65535 {
+		errs = append(errs, fmt.Errorf("broker-window %d out of range 1..65535", o.BrokerWindow))
+	}
+	return errors.Join(append(errs, o.backlog.validate())...)
+}
+
 // runBroker measures the broker's ceiling for this machine: a bare
 // amqp091-go publisher with no database, one channel in confirm mode, at
 // most -broker-window (1024) unconfirmed publishes in flight, mandatory and
@@ -23,7 +49,7 @@ import (
 // the same consumer. -rows messages (default 100000) over -keys keys
 // (default 10000), round-robin, each key's messages in key_seq order (a
 // pipeline without nacks does not reorder, so the checker must find none).
-func runBroker(ctx context.Context, o options, emit func(*result.Result)) error {
+func runBroker(ctx context.Context, o brokerOptions, emit func(*result.Result)) error {
 	res, err := brokerOnce(ctx, o)
 	if err != nil {
 		return err
@@ -32,11 +58,11 @@ func runBroker(ctx context.Context, o options, emit func(*result.Result)) error 
 	return nil
 }
 
-func brokerOnce(ctx context.Context, o options) (*result.Result, error) {
-	keys := o.keysOr(10000)
+func brokerOnce(ctx context.Context, o brokerOptions) (*result.Result, error) {
+	keys := orDefault(o.Keys, 10000)
 	// The rig's database is not used; the rig gives the exchange, the
 	// consumer and the cleanups.
-	r, err := newRig(ctx, o, "broker", 1)
+	r, err := newRig(ctx, o.common, "broker", 1)
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +114,7 @@ type barePublish struct {
 // publishBare publishes n messages to exchange with pipelined confirms, at
 // most o.BrokerWindow unconfirmed, and returns once every one is
 // confirmed. Its connection and goroutines are gone when it returns.
-func publishBare(ctx context.Context, o options, exchange string, n, keys int) (*barePublish, error) {
+func publishBare(ctx context.Context, o brokerOptions, exchange string, n, keys int) (*barePublish, error) {
 	conn, err := amqp.DialConfig(o.AMQPURL, amqp.Config{
 		Heartbeat:  10 * time.Second,
 		Dial:       amqp.DefaultDial(10 * time.Second),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"image/color"
 	"math"
@@ -27,12 +28,26 @@ const (
 	chartLatency  = "latency.png"
 )
 
+// chartsOptions are charts': where the PNGs go.
+type chartsOptions struct {
+	common
+	Charts string // the directory the PNGs go to
+}
+
+func defaultChartsOptions() chartsOptions { return chartsOptions{Charts: "docs"} }
+
+func (o *chartsOptions) addFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.Charts, "charts", o.Charts, "directory for the PNGs")
+}
+
+func (o chartsOptions) validate() error { return nil }
+
 // runCharts draws the charts from the newest results under -out: the
 // scale-out curve (scaleout), the shapes bars (shapes) and the latency
 // distribution (latency and classic-latency). A chart whose results are
 // missing is skipped with a message; it fails only when none could be
 // drawn.
-func runCharts(_ context.Context, o options, _ func(*result.Result)) error {
+func runCharts(_ context.Context, o chartsOptions, _ func(*result.Result)) error {
 	docs, err := readResults(o.Out)
 	if err != nil {
 		return err

@@ -298,13 +298,13 @@ type classicSystem struct {
 
 // startClassic starts n instances on the rig's database; stop (or the
 // rig's close) stops them and waits.
-func startClassic(r *harness.Rig, o options, n int) *classicSystem {
+func startClassic(r *harness.Rig, cl classicPolling, n int) *classicSystem {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &classicSystem{cancel: cancel}
 	for i := range n {
 		c := &classicRelay{cfg: classicConfig{
 			Name: fmt.Sprintf("c%d", i+1), DBURL: r.DBURL, AMQPURL: r.Config.AMQPURL,
-			Batch: o.ClassicBatch, Interval: o.ClassicEvery,
+			Batch: cl.ClassicBatch, Interval: cl.ClassicEvery,
 		}}
 		s.relays = append(s.relays, c)
 		s.wg.Add(1)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -21,10 +22,7 @@ import (
 // end a table compares them (ratios, targets, RSS), which is also emitted
 // as the "compare" result. A scenario that fails is reported and the rest
 // still run.
-func runCompare(ctx context.Context, o options, emit func(*result.Result)) error {
-	co := o
-	co.Nodes = []int{1, 2, 3}
-	co.Instances = []int{1, 2}
+func runCompare(ctx context.Context, o compareOptions, emit func(*result.Result)) error {
 	var got []*result.Result
 	collect := func(res *result.Result) {
 		got = append(got, res)
@@ -32,13 +30,14 @@ func runCompare(ctx context.Context, o options, emit func(*result.Result)) error
 	}
 	start := time.Now()
 	var errs []error
-	for _, s := range compareSteps {
+	for _, s := range o.steps() {
 		if ctx.Err() != nil {
 			errs = append(errs, ctx.Err())
 			break
 		}
 		fmt.Printf("\n=== compare: %s (%v into the run)\n", s.name, time.Since(start).Round(time.Second))
-		if err := s.run(ctx, co, collect); err != nil {
+		*s.o.base() = o.common
+		if err := s.run(ctx, collect); err != nil {
 			fmt.Fprintf(os.Stderr, "bench: compare: %s: %v\n", s.name, err)
 			errs = append(errs, fmt.Errorf("%s: %w", s.name, err))
 		}
@@ -64,19 +63,116 @@ func runCompare(ctx context.Context, o options, emit func(*result.Result)) error
 	return errors.Join(errs...)
 }
 
-// compareSteps are the scenarios compare runs, in order.
-var compareSteps = []struct {
+// compareOptions are compare's: the options of every scenario it runs.
+// Each of its flags sets the flag of that name of every step that has it
+// (-rows: broker's, classic's and drain's), but -nodes and -instances:
+// compare runs drain on 1, 2 and 3 nodes and classic on 1 and 2
+// instances.
+type compareOptions struct {
+	common
+	broker         brokerOptions
+	classic        classicOptions
+	drain          drainOptions
+	latency        latencyOptions
+	classicLatency classicLatencyOptions
+	race           raceOptions
+	failover       failoverOptions
+	join           joinOptions
+}
+
+func defaultCompareOptions() compareOptions {
+	o := compareOptions{broker: defaultBrokerOptions(), classic: defaultClassicOptions(), drain: defaultDrainOptions(),
+		latency: defaultLatencyOptions(), classicLatency: defaultClassicLatencyOptions(), race: defaultRaceOptions(),
+		failover: defaultFailoverOptions(), join: defaultJoinOptions()}
+	o.drain.Nodes = []int{1, 2, 3}
+	o.classic.Instances = []int{1, 2}
+	o.classicLatency.Instances = []int{1}
+	return o
+}
+
+// compareStep is a scenario compare runs: its options (a pointer into
+// compareOptions) and its run with them.
+type compareStep struct {
 	name string
-	run  func(context.Context, options, func(*result.Result)) error
-}{
-	{"broker", runBroker},
-	{"classic", runClassic},
-	{"drain", runDrain},
-	{"latency", runLatency},
-	{"classic-latency", runClassicLatency},
-	{"race", runRace},
-	{"failover", runFailover},
-	{"join", runJoin},
+	o    settings
+	run  func(context.Context, func(*result.Result)) error
+}
+
+// steps are the scenarios compare runs, in order.
+func (o *compareOptions) steps() []compareStep {
+	type emitter = func(*result.Result)
+	return []compareStep{
+		{"broker", &o.broker, func(ctx context.Context, e emitter) error { return runBroker(ctx, o.broker, e) }},
+		{"classic", &o.classic, func(ctx context.Context, e emitter) error { return runClassic(ctx, o.classic, e) }},
+		{"drain", &o.drain, func(ctx context.Context, e emitter) error { return runDrain(ctx, o.drain, e) }},
+		{"latency", &o.latency, func(ctx context.Context, e emitter) error { return runLatency(ctx, o.latency, e) }},
+		{"classic-latency", &o.classicLatency, func(ctx context.Context, e emitter) error {
+			return runClassicLatency(ctx, o.classicLatency, e)
+		}},
+		{"race", &o.race, func(ctx context.Context, e emitter) error { return runRace(ctx, o.race, e) }},
+		{"failover", &o.failover, func(ctx context.Context, e emitter) error { return runFailover(ctx, o.failover, e) }},
+		{"join", &o.join, func(ctx context.Context, e emitter) error { return runJoin(ctx, o.join, e) }},
+	}
+}
+
+// addFlags registers, for every flag of a step but -nodes and
+// -instances, one flag that sets it in every step that has it.
+func (o *compareOptions) addFlags(fs *flag.FlagSet) {
+	for _, s := range o.steps() {
+		own := flag.NewFlagSet(s.name, flag.ContinueOnError)
+		s.o.addFlags(own)
+		own.VisitAll(func(f *flag.Flag) {
+			if f.Name == "nodes" || f.Name == "instances" {
+				return
+			}
+			if g := fs.Lookup(f.Name); g != nil {
+				g.Value.(*fanout).flags = append(g.Value.(*fanout).flags, f)
+				return
+			}
+			fs.Var(&fanout{flags: []*flag.Flag{f}}, f.Name, f.Usage)
+		})
+	}
+}
+
+func (o compareOptions) validate() error {
+	var errs []error
+	for _, s := range o.steps() {
+		if err := s.o.validate(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", s.name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// fanout is a flag of compare's that sets the flags of the same name of
+// several scenarios. Its default is the first's.
+type fanout struct {
+	flags []*flag.Flag
+}
+
+func (f *fanout) String() string {
+	if f == nil || len(f.flags) == 0 {
+		return ""
+	}
+	return f.flags[0].Value.String()
+}
+
+func (f *fanout) Set(s string) error {
+	for _, g := range f.flags {
+		if err := g.Value.Set(s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// IsBoolFlag lets a boolean flag (-analyze) be given without a value.
+func (f *fanout) IsBoolFlag() bool {
+	if len(f.flags) == 0 {
+		return false
+	}
+	b, ok := f.flags[0].Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
 }
 
 // comparisonRow is one line of the final table.
@@ -91,7 +187,7 @@ type comparisonRow struct {
 }
 
 // buildComparison picks the figures out of the results of one compare run.
-func buildComparison(rs []*result.Result, o options) []comparisonRow {
+func buildComparison(rs []*result.Result, o compareOptions) []comparisonRow {
 	fig := func(scenario, label, name string) float64 {
 		for _, r := range rs {
 			if r.Scenario == scenario && (label == "" || r.Label == label) {
@@ -126,31 +222,31 @@ func buildComparison(rs []*result.Result, o options) []comparisonRow {
 		lo := fig("latency", "ordo-1", "latency_"+q)
 		lc := fig("classic-latency", "", "latency_"+q)
 		rows = append(rows, comparisonRow{
-			what: "latency " + q + ", Ordo 1 node vs classic " + fmt.Sprint(o.Instances[0]) + " instance(s)", value: fmtMs(lo) + " vs " + fmtMs(lc),
+			what: "latency " + q + ", Ordo 1 node vs classic " + fmt.Sprint(o.classicLatency.Instances[0]) + " instance(s)", value: fmtMs(lo) + " vs " + fmtMs(lc),
 			vs: "classic ÷ Ordo", ratio: lc / lo, shown: fmtRatio(lc / lo), key: "latency_" + q + "_classic_over_ordo", unit: "x",
 		})
 	}
 	ar := fig("latency", "ordo-1", "achieved_rate")
 	rows = append(rows, comparisonRow{what: "latency: commits achieved (both runs)", value: fmtRate(ar) + " vs " + fmtRate(fig("classic-latency", "", "achieved_rate")), ratio: math.NaN()})
 
-	rc := fig("race", "classic-"+fmt.Sprint(o.RaceInstances), "reversed")
-	ro := fig("race", "ordo-"+fmt.Sprint(o.RaceNodes), "reversed")
+	rc := fig("race", "classic-"+fmt.Sprint(o.race.RaceInstances), "reversed")
+	ro := fig("race", "ordo-"+fmt.Sprint(o.race.RaceNodes), "reversed")
 	rows = append(rows, comparisonRow{
-		what:  fmt.Sprintf("race: orders Cancelled-before-Placed, classic %d vs Ordo %d", o.RaceInstances, o.RaceNodes),
-		value: fmtCount(rc) + " vs " + fmtCount(ro), vs: fmt.Sprintf("of %s orders", fmtCount(fig("race", "classic-"+fmt.Sprint(o.RaceInstances), "orders_committed"))),
+		what:  fmt.Sprintf("race: orders Cancelled-before-Placed, classic %d vs Ordo %d", o.race.RaceInstances, o.race.RaceNodes),
+		value: fmtCount(rc) + " vs " + fmtCount(ro), vs: fmt.Sprintf("of %s orders", fmtCount(fig("race", "classic-"+fmt.Sprint(o.race.RaceInstances), "orders_committed"))),
 		ratio: ro, shown: verdict(ro == 0, "Ordo none", "Ordo reversed some!"), key: "race_ordo_reversed",
 	})
 	rows = append(rows, comparisonRow{what: "race: checker reorders, classic vs Ordo",
-		value: fmtCount(countOf(rs, "race", "classic-"+fmt.Sprint(o.RaceInstances))) + " vs " + fmtCount(countOf(rs, "race", "ordo-"+fmt.Sprint(o.RaceNodes))), ratio: math.NaN()})
+		value: fmtCount(countOf(rs, "race", "classic-"+fmt.Sprint(o.race.RaceInstances))) + " vs " + fmtCount(countOf(rs, "race", "ordo-"+fmt.Sprint(o.race.RaceNodes))), ratio: math.NaN()})
 
 	fo := fig("failover", "", "publish_again_seconds_max")
 	rows = append(rows, comparisonRow{what: "failover: kill -9 → its partitions publish again (max of reps)", value: fmtSec(fo),
-		vs: "target " + fmtSec(o.FailoverTarget.Seconds()), ratio: fo, shown: verdict(fo <= o.FailoverTarget.Seconds(), "within", "ABOVE"), key: "failover_seconds_max", unit: "s"})
+		vs: "target " + fmtSec(o.failover.Target.Seconds()), ratio: fo, shown: verdict(fo <= o.failover.Target.Seconds(), "within", "ABOVE"), key: "failover_seconds_max", unit: "s"})
 	fc := fig("failover", "", "claimed_seconds_max")
 	rows = append(rows, comparisonRow{what: "failover: kill -9 → all claimed in ordo_lease_audit (max)", value: fmtSec(fc), ratio: fc, key: "failover_claimed_seconds_max", unit: "s"})
 	jn := fig("join", "", "join_seconds_max")
 	rows = append(rows, comparisonRow{what: "join: 3rd node start → converged and publishing (max of reps)", value: fmtSec(jn),
-		vs: "target " + fmtSec(o.JoinTarget.Seconds()), ratio: jn, shown: verdict(jn <= o.JoinTarget.Seconds(), "within", "ABOVE"), key: "join_seconds_max", unit: "s"})
+		vs: "target " + fmtSec(o.join.Target.Seconds()), ratio: jn, shown: verdict(jn <= o.join.Target.Seconds(), "within", "ABOVE"), key: "join_seconds_max", unit: "s"})
 	jl := fig("join", "", "join_from_started_line_seconds_max")
 	rows = append(rows, comparisonRow{what: "join: from its \"node started\" line (max)", value: fmtSec(jl), ratio: jl, key: "join_from_started_line_seconds_max", unit: "s"})
 

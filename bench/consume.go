@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"time"
@@ -16,9 +17,9 @@ import (
 	"github.com/ordo-relay/ordo/internal/testkit"
 )
 
-// consumeOptions are the consume scenario's knobs, its -consume-* flags
+// consumeFlags are the consume scenario's knobs, its -consume-* flags
 // (each also read from ORDO_BENCH_CONSUME_*, as before they were flags).
-type consumeOptions struct {
+type consumeFlags struct {
 	Instances []int         // instance counts, one run each (ORDO_BENCH_CONSUME_INSTANCES, default 1,2,3)
 	Orders    int           // orders in the drained backlog, two messages each (ORDO_BENCH_CONSUME_ORDERS, default 1000)
 	Rate      int           // orders per second of the latency phase (ORDO_BENCH_CONSUME_RATE, default 50)
@@ -29,15 +30,36 @@ type consumeOptions struct {
 	Shards    int           // S (ORDO_BENCH_CONSUME_SHARDS, default 12)
 }
 
-// defaultConsumeOptions returns the consume scenario's defaults.
+// consumeOptions are the consume scenario's: -workers and its -consume-*
+// flags.
+type consumeOptions struct {
+	common
+	Workers int          // producer goroutines, one connection each
+	Consume consumeFlags // its -consume-* flags
+}
+
 func defaultConsumeOptions() consumeOptions {
-	return consumeOptions{Instances: []int{1, 2, 3}, Orders: 1000, Rate: 50, Latency: 5 * time.Second,
+	return consumeOptions{Workers: 16, Consume: defaultConsumeFlags()}
+}
+
+func (o *consumeOptions) addFlags(fs *flag.FlagSet) {
+	workersVar(fs, &o.Workers)
+	addConsumeFlags(fs, &o.Consume)
+}
+
+func (o consumeOptions) validate() error {
+	return errors.Join(checkWorkers(o.Workers), o.Consume.validate())
+}
+
+// defaultConsumeFlags returns the consume scenario's defaults.
+func defaultConsumeFlags() consumeFlags {
+	return consumeFlags{Instances: []int{1, 2, 3}, Orders: 1000, Rate: 50, Latency: 5 * time.Second,
 		Delay: 20 * time.Millisecond, Conns: 16, Lanes: inbox.DefaultConfig("").Lanes, Shards: 12}
 }
 
 // addConsumeFlags registers the consume scenario's -consume-* flags on fs,
 // with c's values as their defaults.
-func addConsumeFlags(fs *flag.FlagSet, c *consumeOptions) {
+func addConsumeFlags(fs *flag.FlagSet, c *consumeFlags) {
 	countsVar(fs, "consume-instances", &c.Instances, "comma-separated inbox consumer instance counts, one run each")
 	fs.IntVar(&c.Orders, "consume-orders", c.Orders, "orders in the drained backlog, two messages each")
 	fs.IntVar(&c.Rate, "consume-rate", c.Rate, "orders per second of the latency phase")
@@ -48,7 +70,7 @@ func addConsumeFlags(fs *flag.FlagSet, c *consumeOptions) {
 	fs.IntVar(&c.Shards, "consume-shards", c.Shards, "inbox shards S")
 }
 
-func (c consumeOptions) validate() error {
+func (c consumeFlags) validate() error {
 	if c.Orders < 1 || c.Rate < 1 || c.Latency <= 0 || c.Delay < 0 || c.Conns < 2 || c.Shards < 1 || c.Lanes < 1 {
 		return fmt.Errorf("consume options out of range: %+v", c)
 	}
@@ -66,7 +88,7 @@ func (c consumeOptions) validate() error {
 // at Rate orders a second. Then it runs the same backlog through plain
 // competing consumers on one queue and counts the orders they handled out
 // of order.
-func runConsume(ctx context.Context, o options, emit func(*result.Result)) error {
+func runConsume(ctx context.Context, o consumeOptions, emit func(*result.Result)) error {
 	co := o.Consume
 	for _, n := range co.Instances {
 		res, err := consumeOnce(ctx, o, co, n)
@@ -87,11 +109,11 @@ func runConsume(ctx context.Context, o options, emit func(*result.Result)) error
 // handled table.
 type consumeRig struct {
 	*harness.Rig
-	o        options
+	o        consumeOptions
 	exchange string
 }
 
-func newConsumeRig(ctx context.Context, o options, label string) (*consumeRig, error) {
+func newConsumeRig(ctx context.Context, o consumeOptions, label string) (*consumeRig, error) {
 	r, err := harness.New(ctx, o.harness(), "consume", int32(o.Workers+4))
 	if err != nil {
 		return nil, err
@@ -160,7 +182,7 @@ func handledStats(ctx context.Context, pool *pgxpool.Pool) (total, distinct, out
 
 // waitHandled waits until n distinct messages are in bench_handled and
 // returns when the last was handled.
-func waitHandled(ctx context.Context, o options, pool *pgxpool.Pool, n int) (time.Time, error) {
+func waitHandled(ctx context.Context, o consumeOptions, pool *pgxpool.Pool, n int) (time.Time, error) {
 	var last time.Time
 	err := harness.WaitUntil(ctx, o.Timeout, 20*time.Millisecond, fmt.Sprintf("%d messages handled", n), func() (bool, error) {
 		var got int

@@ -23,7 +23,7 @@ import (
 // consumeBase is the 1-instance rate the speedups are computed against.
 var consumeBase float64
 
-func consumeOnce(ctx context.Context, o options, co consumeOptions, n int) (*result.Result, error) {
+func consumeOnce(ctx context.Context, o consumeOptions, co consumeFlags, n int) (*result.Result, error) {
 	r, err := newConsumeRig(ctx, o, "inbox")
 	if err != nil {
 		return nil, err
@@ -83,7 +83,7 @@ func consumeOnce(ctx context.Context, o options, co consumeOptions, n int) (*res
 
 // latencyPhase commits at co.Rate orders a second for co.Latency and
 // returns, for each of those messages, producer commit to handler insert.
-func (r *consumeRig) latencyPhase(ctx context.Context, co consumeOptions, node *harness.Node, already int) ([]time.Duration, error) {
+func (r *consumeRig) latencyPhase(ctx context.Context, co consumeFlags, node *harness.Node, already int) ([]time.Duration, error) {
 	p, err := newProducer(producerConfig{Rate: co.Rate, Workers: r.o.Workers, Payload: 100, Exchange: r.exchange,
 		Orders: true}, r.Pool, r.Config.Partitions)
 	if err != nil {
@@ -134,7 +134,7 @@ func (r *consumeRig) finishConsume(ctx context.Context, res *result.Result, rate
 	return res, nil
 }
 
-func addConsumeParams(res *result.Result, o options, co consumeOptions) {
+func addConsumeParams(res *result.Result, o consumeOptions, co consumeFlags) {
 	res.Param("orders", co.Orders)
 	res.Param("shards", co.Shards)
 	res.Param("partitions", o.Partitions)
@@ -172,7 +172,7 @@ type instances struct {
 	cs     []*inbox.Consumer
 }
 
-func startInstances(ctx context.Context, r *consumeRig, cfg inbox.Config, co consumeOptions, n int) (*instances, error) {
+func startInstances(ctx context.Context, r *consumeRig, cfg inbox.Config, co consumeFlags, n int) (*instances, error) {
 	cctx, cancel := context.WithCancel(ctx)
 	g := &instances{cancel: cancel}
 	for i := range n {
@@ -208,7 +208,7 @@ func startInstances(ctx context.Context, r *consumeRig, cfg inbox.Config, co con
 // waitBalanced waits until the instances own every shard, each its share,
 // and returns when, with how many messages were handled by then: the rate
 // is measured from there, leaving out the start-up handoffs.
-func (g *instances) waitBalanced(ctx context.Context, o options, pool *pgxpool.Pool, shards int) (time.Time, int, error) {
+func (g *instances) waitBalanced(ctx context.Context, o consumeOptions, pool *pgxpool.Pool, shards int) (time.Time, int, error) {
 	n := len(g.cs)
 	err := harness.WaitUntil(ctx, o.Timeout, 10*time.Millisecond, "shards balanced", func() (bool, error) {
 		total := 0
@@ -251,7 +251,7 @@ func (g *instances) stop() {
 
 // competingOnce runs the same backlog through n plain competing consumers
 // on one queue, each with co.Conns workers: the order-blind baseline.
-func competingOnce(ctx context.Context, o options, co consumeOptions, n int) (*result.Result, error) {
+func competingOnce(ctx context.Context, o consumeOptions, co consumeFlags, n int) (*result.Result, error) {
 	r, err := newConsumeRig(ctx, o, "competing")
 	if err != nil {
 		return nil, err
@@ -312,7 +312,7 @@ func competingOnce(ctx context.Context, o options, co consumeOptions, n int) (*r
 
 // startCompeting starts n consumers of queue, each a connection with
 // co.Conns workers sharing its deliveries; stop ends them and waits.
-func startCompeting(ctx context.Context, r *consumeRig, queue string, co consumeOptions, n int) (stop func(), err error) {
+func startCompeting(ctx context.Context, r *consumeRig, queue string, co consumeFlags, n int) (stop func(), err error) {
 	var conns []io.Closer
 	var wg sync.WaitGroup
 	stop = func() {

@@ -89,3 +89,51 @@ func TestDocumentedBenchCommandsParse(t *testing.T) {
 		}
 	}
 }
+
+// scenarioFlagsRow is a row of docs/bench.md's "which scenario takes which
+// flag" table: | `drain` | `-rows` `-keys` ... |.
+var scenarioFlagsRow = regexp.MustCompile("^\\| `([a-z-]+)` \\| ((?:`-[a-z*-]+` ?)+)\\|$")
+
+// TestDocumentedScenarioFlags checks docs/bench.md's table of which
+// scenario takes which flag against each scenario's flag set: every
+// scenario has a row, every flag of it is named (-produce-* names every
+// flag so prefixed) and the row names no other.
+func TestDocumentedScenarioFlags(t *testing.T) {
+	b, err := os.ReadFile("../docs/bench.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string][]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		m := scenarioFlagsRow.FindStringSubmatch(line)
+		if m == nil || findScenario(m[1]) == nil {
+			continue
+		}
+		if rows[m[1]] != nil {
+			t.Errorf("docs/bench.md: scenario %s has two rows", m[1])
+		}
+		rows[m[1]] = strings.Fields(strings.ReplaceAll(m[2], "`", ""))
+	}
+	for _, s := range allScenarios() {
+		doc, ok := rows[s.name]
+		if !ok {
+			t.Errorf("docs/bench.md: no row for scenario %s", s.name)
+			continue
+		}
+		used := map[string]bool{}
+		scenarioFlagSet(s, s.options()).VisitAll(func(f *flag.Flag) {
+			for _, d := range doc {
+				if d == "-"+f.Name || strings.HasSuffix(d, "*") && strings.HasPrefix("-"+f.Name, strings.TrimSuffix(d, "*")) {
+					used[d] = true
+					return
+				}
+			}
+			t.Errorf("docs/bench.md: the row of %s lacks -%s", s.name, f.Name)
+		})
+		for _, d := range doc {
+			if !used[d] {
+				t.Errorf("docs/bench.md: the row of %s names %s, which it does not take", s.name, d)
+			}
+		}
+	}
+}

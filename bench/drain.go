@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"time"
 
@@ -9,11 +11,58 @@ import (
 	"github.com/ordo-relay/ordo/bench/internal/result"
 )
 
+// drainOptions are drain's: a backlog drained by each count of -nodes.
+type drainOptions struct {
+	common
+	backlog
+	Analyze bool  // ANALYZE the outbox after loading it
+	Nodes   []int // node counts, one run each
+}
+
+func defaultDrainOptions() drainOptions {
+	return drainOptions{backlog: defaultBacklog(), Analyze: true, Nodes: []int{1}}
+}
+
+func (o *drainOptions) addFlags(fs *flag.FlagSet) {
+	o.backlog.addFlags(fs)
+	analyzeVar(fs, &o.Analyze)
+	countsVar(fs, "nodes", &o.Nodes, "comma-separated Ordo node counts, one run each")
+}
+
+func analyzeVar(fs *flag.FlagSet, p *bool) {
+	fs.BoolVar(p, "analyze", *p, "ANALYZE the outbox after loading it, as autovacuum would soon")
+}
+
+// classicOptions are classic's: drain's backlog through the classic relay
+// on each count of -instances.
+type classicOptions struct {
+	common
+	backlog
+	classicPolling
+	Analyze   bool  // ANALYZE the outbox after loading it
+	Instances []int // instance counts, one run each
+}
+
+func defaultClassicOptions() classicOptions {
+	return classicOptions{backlog: defaultBacklog(), classicPolling: defaultClassicPolling(), Analyze: true, Instances: []int{1, 2}}
+}
+
+func (o *classicOptions) addFlags(fs *flag.FlagSet) {
+	o.backlog.addFlags(fs)
+	o.classicPolling.addFlags(fs)
+	analyzeVar(fs, &o.Analyze)
+	countsVar(fs, "instances", &o.Instances, "comma-separated classic instance counts, one run each")
+}
+
+func (o classicOptions) validate() error {
+	return errors.Join(o.backlog.validate(), o.classicPolling.validate())
+}
+
 // runDrain measures how fast Ordo drains a backlog, once for each count in
 // -nodes (default 1): see drainOnce.
-func runDrain(ctx context.Context, o options, emit func(*result.Result)) error {
+func runDrain(ctx context.Context, o drainOptions, emit func(*result.Result)) error {
 	for _, n := range o.Nodes {
-		res, err := drainOnce(ctx, o, ordo(n))
+		res, err := drainOnce(ctx, o.common, o.backlog, o.Analyze, ordo(n))
 		if err != nil {
 			return fmt.Errorf("%d node(s): %w", n, err)
 		}
@@ -24,9 +73,9 @@ func runDrain(ctx context.Context, o options, emit func(*result.Result)) error {
 
 // runClassic drains the same backlog with the classic relay, once for
 // each count in -instances (default 1,2).
-func runClassic(ctx context.Context, o options, emit func(*result.Result)) error {
+func runClassic(ctx context.Context, o classicOptions, emit func(*result.Result)) error {
 	for _, n := range o.Instances {
-		res, err := drainOnce(ctx, o, classic(n))
+		res, err := drainOnce(ctx, o.common, o.backlog, o.Analyze, classic(n, o.classicPolling))
 		if err != nil {
 			return fmt.Errorf("%d instance(s): %w", n, err)
 		}
@@ -37,13 +86,14 @@ func runClassic(ctx context.Context, o options, emit func(*result.Result)) error
 
 // drainOnce measures how fast the relays of spec drain a backlog of -rows
 // rows (default 100000) over -keys keys (default 10000): see drainBacklog.
-func drainOnce(ctx context.Context, o options, spec systemSpec) (*result.Result, error) {
+func drainOnce(ctx context.Context, c common, b backlog, analyze bool, spec systemSpec) (*result.Result, error) {
 	scenario := "drain"
 	if spec.classic {
 		scenario = "classic"
 	}
-	plan := drainPlan{scenario: scenario, groups: []rowGroup{{prefix: "key", keys: o.keysOr(10000), rows: o.Rows}}, analyze: o.Analyze}
-	res, _, err := drainBacklog(ctx, o, spec, plan)
+	plan := drainPlan{scenario: scenario, groups: []rowGroup{{prefix: "key", keys: orDefault(b.Keys, 10000), rows: b.Rows}},
+		payload: b.Payload, analyze: analyze}
+	res, _, err := drainBacklog(ctx, c, spec, plan)
 	return res, err
 }
 
@@ -63,6 +113,7 @@ type drainPlan struct {
 	scenario string
 	label    string // the result's label; empty: the relay's name
 	groups   []rowGroup
+	payload  int  // approximate payload size in bytes
 	analyze  bool // ANALYZE outbox in the loading transaction
 	// autovacuumOff sets autovacuum_enabled = off on the outbox before
 	// loading, so that no statistics appear during the drain either.
@@ -96,7 +147,7 @@ type drainCosts struct {
 // starts when that COMMIT returns and stops when the consumer has every
 // row not of a poison group; the database must then show none of those
 // pending.
-func drainBacklog(ctx context.Context, o options, spec systemSpec, plan drainPlan) (*result.Result, drainCosts, error) {
+func drainBacklog(ctx context.Context, o common, spec systemSpec, plan drainPlan) (*result.Result, drainCosts, error) {
 	var costs drainCosts
 	r, err := newRig(ctx, o, plan.scenario, 4)
 	if err != nil {
@@ -117,12 +168,12 @@ func drainBacklog(ctx context.Context, o options, spec systemSpec, plan drainPla
 	}
 	res.Param("partitions", o.Partitions)
 	if spec.classic {
-		res.Param("batch", o.ClassicBatch)
-		res.Param("interval", o.ClassicEvery)
+		res.Param("batch", spec.relay.ClassicBatch)
+		res.Param("interval", spec.relay.ClassicEvery)
 	} else {
 		res.Param("confirm_window", o.ConfirmWindow)
 	}
-	res.Param("payload_bytes", o.Payload)
+	res.Param("payload_bytes", plan.payload)
 	res.Param("analyze", plan.analyze)
 	if plan.autovacuumOff {
 		res.Param("autovacuum", false)
@@ -136,7 +187,7 @@ func drainBacklog(ctx context.Context, o options, spec systemSpec, plan drainPla
 		return nil, costs, err
 	}
 	startAt := time.Now()
-	sys, err := spec.start(ctx, r, o)
+	sys, err := spec.start(ctx, r)
 	if err != nil {
 		return nil, costs, err
 	}
@@ -149,7 +200,7 @@ func drainBacklog(ctx context.Context, o options, spec systemSpec, plan drainPla
 		}
 	}
 	loadStart := time.Now()
-	load, err := loadGroups(ctx, r, plan.groups, o.Payload, plan.analyze)
+	load, err := loadGroups(ctx, r, plan.groups, plan.payload, plan.analyze)
 	if err != nil {
 		return nil, costs, err
 	}

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"slices"
 	"sync"
@@ -22,6 +24,49 @@ const (
 	eventTimeout = 60 * time.Second
 )
 
+// clusterOptions are failover's and join's: -reps events on 3 nodes under
+// a steady load, judged against a target.
+type clusterOptions struct {
+	common
+	keyedTraffic
+	Reps   int           // repetitions
+	Target time.Duration // the target the figures are judged against
+}
+
+// failoverOptions are failover's (-failover-target), joinOptions join's
+// (-join-target).
+type (
+	failoverOptions struct{ clusterOptions }
+	joinOptions     struct{ clusterOptions }
+)
+
+func defaultFailoverOptions() failoverOptions {
+	return failoverOptions{clusterOptions{keyedTraffic: defaultKeyedTraffic(), Reps: 3, Target: 3 * time.Second}}
+}
+
+func defaultJoinOptions() joinOptions {
+	return joinOptions{clusterOptions{keyedTraffic: defaultKeyedTraffic(), Reps: 3, Target: 5 * time.Second}}
+}
+
+func (o *failoverOptions) addFlags(fs *flag.FlagSet) {
+	o.clusterOptions.addFlags(fs, "failover-target")
+}
+func (o *joinOptions) addFlags(fs *flag.FlagSet) { o.clusterOptions.addFlags(fs, "join-target") }
+
+func (o *clusterOptions) addFlags(fs *flag.FlagSet, target string) {
+	o.keyedTraffic.addFlags(fs)
+	fs.IntVar(&o.Reps, "reps", o.Reps, "repetitions")
+	fs.DurationVar(&o.Target, target, o.Target, "target")
+}
+
+func (o clusterOptions) validate() error {
+	var errs []error
+	if o.Reps < 1 || o.Reps > 20 {
+		errs = append(errs, fmt.Errorf("reps %d out of range 1..20", o.Reps))
+	}
+	return errors.Join(append(errs, o.keyedTraffic.validate())...)
+}
+
 // runFailover measures failover: 3 gossiping nodes under a steady load of
 // -rate commits a second (default 500; keys uniform over -keys, default
 // 1000, so every key has many messages). Each of -reps repetitions waits
@@ -33,7 +78,7 @@ const (
 // when a survivor logged the membership change. The victim is then started
 // again (same name and gossip address) for the next repetition; victims
 // rotate n1, n2, n3.
-func runFailover(ctx context.Context, o options, emit func(*result.Result)) error {
+func runFailover(ctx context.Context, o failoverOptions, emit func(*result.Result)) error {
 	res, err := failoverOnce(ctx, o)
 	if err != nil {
 		return err
@@ -54,9 +99,9 @@ type failoverRep struct {
 	rejoined   time.Duration // victim restarted until converged again
 }
 
-func failoverOnce(ctx context.Context, o options) (*result.Result, error) {
-	rate, keys := o.rateOr(500), o.keysOr(1000)
-	r, err := newRig(ctx, o, "failover", int32(o.Workers+2))
+func failoverOnce(ctx context.Context, o failoverOptions) (*result.Result, error) {
+	rate, keys := orDefault(o.Rate, 500), orDefault(o.Keys, 1000)
+	r, err := newRig(ctx, o.common, "failover", int32(o.Workers+2))
 	if err != nil {
 		return nil, err
 	}
@@ -87,7 +132,7 @@ func failoverOnce(ctx context.Context, o options) (*result.Result, error) {
 	if _, _, err := cl.WaitConverged(ctx, all, harness.ConvergeTimeout); err != nil {
 		return nil, err
 	}
-	stopLoad, p, err := startLoad(ctx, r, o, rate, keys)
+	stopLoad, p, err := startLoad(ctx, r, o.traffic, o.Partitions, rate, keys)
 	if err != nil {
 		return nil, err
 	}
@@ -139,7 +184,7 @@ func failoverOnce(ctx context.Context, o options) (*result.Result, error) {
 	}
 	res.Seconds("publish_again_seconds_max", worst)
 	res.Seconds("claimed_seconds_max", worstClaim)
-	res.Seconds("target_seconds", o.FailoverTarget)
+	res.Seconds("target_seconds", o.Target)
 	ps := p.stats()
 	res.Figure("msgs", float64(ps.committed), "")
 	res.Figure("achieved_rate", float64(ps.committed)/ps.elapsed.Seconds(), "msg/s")
@@ -147,8 +192,8 @@ func failoverOnce(ctx context.Context, o options) (*result.Result, error) {
 	res.Figure("node_rss_peak", rss, "MiB")
 	res.Check = c.report(ids)
 	res.Finished = time.Now()
-	if worst > o.FailoverTarget {
-		res.Note("failover took %v, above the %v target", worst.Round(time.Millisecond), o.FailoverTarget)
+	if worst > o.Target {
+		res.Note("failover took %v, above the %v target", worst.Round(time.Millisecond), o.Target)
 	}
 	return res, nil
 }
@@ -269,8 +314,8 @@ func publishLag(first map[int]epochFirst, claims map[int]time.Time, commits map[
 // startLoad starts a producer of rate commits a second over keys keys.
 // stop ends it and waits for its transactions; it is idempotent and
 // returns the producer's error.
-func startLoad(ctx context.Context, r *harness.Rig, o options, rate, keys int) (stop func() error, p *producer, err error) {
-	p, err = newProducer(producerConfig{Rate: rate, Workers: o.Workers, Keys: keys, Payload: o.Payload, Exchange: r.Exchange}, r.Pool, o.Partitions)
+func startLoad(ctx context.Context, r *harness.Rig, t traffic, partitions, rate, keys int) (stop func() error, p *producer, err error) {
+	p, err = newProducer(producerConfig{Rate: rate, Workers: t.Workers, Keys: keys, Payload: t.Payload, Exchange: r.Exchange}, r.Pool, partitions)
 	if err != nil {
 		return nil, nil, err
 	}

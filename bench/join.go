@@ -18,7 +18,7 @@ import (
 // held by its owner, and the new node has published (a delivery with a
 // higher x-ordo-epoch) on each of its partitions. The 3rd node then stops
 // with SIGTERM for the next repetition.
-func runJoin(ctx context.Context, o options, emit func(*result.Result)) error {
+func runJoin(ctx context.Context, o joinOptions, emit func(*result.Result)) error {
 	res, err := joinOnce(ctx, o)
 	if err != nil {
 		return err
@@ -39,9 +39,9 @@ type joinRep struct {
 	done        time.Duration // max(converged, published)
 }
 
-func joinOnce(ctx context.Context, o options) (*result.Result, error) {
-	rate, keys := o.rateOr(500), o.keysOr(1000)
-	r, err := newRig(ctx, o, "join", int32(o.Workers+2))
+func joinOnce(ctx context.Context, o joinOptions) (*result.Result, error) {
+	rate, keys := orDefault(o.Rate, 500), orDefault(o.Keys, 1000)
+	r, err := newRig(ctx, o.common, "join", int32(o.Workers+2))
 	if err != nil {
 		return nil, err
 	}
@@ -71,7 +71,7 @@ func joinOnce(ctx context.Context, o options) (*result.Result, error) {
 	if _, _, err := cl.WaitConverged(ctx, two, harness.ConvergeTimeout); err != nil {
 		return nil, err
 	}
-	stopLoad, p, err := startLoad(ctx, r, o, rate, keys)
+	stopLoad, p, err := startLoad(ctx, r, o.traffic, o.Partitions, rate, keys)
 	if err != nil {
 		return nil, err
 	}
@@ -129,7 +129,7 @@ func joinOnce(ctx context.Context, o options) (*result.Result, error) {
 	}
 	res.Seconds("join_seconds_max", worst)
 	res.Seconds("join_from_started_line_seconds_max", worstFromLine)
-	res.Seconds("target_seconds", o.JoinTarget)
+	res.Seconds("target_seconds", o.Target)
 	ps := p.stats()
 	res.Figure("msgs", float64(ps.committed), "")
 	res.Figure("achieved_rate", float64(ps.committed)/ps.elapsed.Seconds(), "msg/s")
@@ -137,8 +137,8 @@ func joinOnce(ctx context.Context, o options) (*result.Result, error) {
 	res.Figure("node_rss_peak", rss, "MiB")
 	res.Check = c.report(ids)
 	res.Finished = time.Now()
-	if worst > o.JoinTarget {
-		res.Note("joining took %v, above the %v target", worst.Round(time.Millisecond), o.JoinTarget)
+	if worst > o.Target {
+		res.Note("joining took %v, above the %v target", worst.Round(time.Millisecond), o.Target)
 	}
 	return res, nil
 }

@@ -2,15 +2,72 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"time"
 
 	"github.com/ordo-relay/ordo/bench/internal/result"
 )
 
+// latencyOptions are latency's: a steady load for -duration.
+type latencyOptions struct {
+	common
+	keyedTraffic
+	Duration time.Duration // how long producers run
+	Warmup   time.Duration // commits in this first part are not measured
+}
+
+func defaultLatencyOptions() latencyOptions {
+	return latencyOptions{keyedTraffic: defaultKeyedTraffic(), Duration: 30 * time.Second, Warmup: 2 * time.Second}
+}
+
+func (o *latencyOptions) addFlags(fs *flag.FlagSet) {
+	o.keyedTraffic.addFlags(fs)
+	fs.DurationVar(&o.Duration, "duration", o.Duration, "how long producers run")
+	warmupVar(fs, &o.Warmup)
+}
+
+func warmupVar(fs *flag.FlagSet, p *time.Duration) {
+	fs.DurationVar(p, "warmup", *p, "commits in this first part of a run are not measured")
+}
+
+func (o latencyOptions) validate() error {
+	var errs []error
+	switch {
+	case o.Duration <= 0 || o.Warmup < 0:
+		errs = append(errs, errors.New("duration must be positive and warmup not negative"))
+	case o.Warmup >= o.Duration:
+		errs = append(errs, fmt.Errorf("warmup %v must be shorter than duration %v", o.Warmup, o.Duration))
+	}
+	return errors.Join(append(errs, o.keyedTraffic.validate())...)
+}
+
+// classicLatencyOptions are classic-latency's: latency's, through the
+// classic relay on the first count of -instances.
+type classicLatencyOptions struct {
+	latencyOptions
+	classicPolling
+	Instances []int // the first is the instance count
+}
+
+func defaultClassicLatencyOptions() classicLatencyOptions {
+	return classicLatencyOptions{latencyOptions: defaultLatencyOptions(), classicPolling: defaultClassicPolling(), Instances: []int{1}}
+}
+
+func (o *classicLatencyOptions) addFlags(fs *flag.FlagSet) {
+	o.latencyOptions.addFlags(fs)
+	o.classicPolling.addFlags(fs)
+	countsVar(fs, "instances", &o.Instances, "classic instances: the first of these comma-separated counts")
+}
+
+func (o classicLatencyOptions) validate() error {
+	return errors.Join(o.latencyOptions.validate(), o.classicPolling.validate())
+}
+
 // runLatency measures Ordo's commit-to-delivery latency with one node:
 // see latencyOnce.
-func runLatency(ctx context.Context, o options, emit func(*result.Result)) error {
+func runLatency(ctx context.Context, o latencyOptions, emit func(*result.Result)) error {
 	res, err := latencyOnce(ctx, o, ordo(1))
 	if err != nil {
 		return err
@@ -21,8 +78,8 @@ func runLatency(ctx context.Context, o options, emit func(*result.Result)) error
 
 // runClassicLatency measures the classic relay's latency the same way,
 // with the first count of -instances (default 1).
-func runClassicLatency(ctx context.Context, o options, emit func(*result.Result)) error {
-	res, err := latencyOnce(ctx, o, classic(o.Instances[0]))
+func runClassicLatency(ctx context.Context, o classicLatencyOptions, emit func(*result.Result)) error {
+	res, err := latencyOnce(ctx, o.latencyOptions, classic(o.Instances[0], o.classicPolling))
 	if err != nil {
 		return err
 	}
@@ -36,13 +93,13 @@ func runClassicLatency(ctx context.Context, o options, emit func(*result.Result)
 // paced by a ticker. Latency is the consumer's receive time minus the time
 // the producer's COMMIT returned, both on the bench's clock; commits in
 // the first -warmup (2 s) are not measured.
-func latencyOnce(ctx context.Context, o options, spec systemSpec) (*result.Result, error) {
-	rate, keys := o.rateOr(1000), o.keysOr(10000)
+func latencyOnce(ctx context.Context, o latencyOptions, spec systemSpec) (*result.Result, error) {
+	rate, keys := orDefault(o.Rate, 1000), orDefault(o.Keys, 10000)
 	scenario := "latency"
 	if spec.classic {
 		scenario = "classic-latency"
 	}
-	r, err := newRig(ctx, o, scenario, int32(o.Workers+2))
+	r, err := newRig(ctx, o.common, scenario, int32(o.Workers+2))
 	if err != nil {
 		return nil, err
 	}
@@ -57,8 +114,8 @@ func latencyOnce(ctx context.Context, o options, spec systemSpec) (*result.Resul
 	res.Param("warmup", o.Warmup)
 	res.Param("partitions", o.Partitions)
 	if spec.classic {
-		res.Param("batch", o.ClassicBatch)
-		res.Param("interval", o.ClassicEvery)
+		res.Param("batch", spec.relay.ClassicBatch)
+		res.Param("interval", spec.relay.ClassicEvery)
 	} else {
 		res.Param("confirm_window", o.ConfirmWindow)
 	}
@@ -67,7 +124,7 @@ func latencyOnce(ctx context.Context, o options, spec systemSpec) (*result.Resul
 	if err != nil {
 		return nil, err
 	}
-	sys, err := spec.start(ctx, r, o)
+	sys, err := spec.start(ctx, r)
 	if err != nil {
 		return nil, err
 	}

@@ -49,12 +49,10 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/ordo-relay/ordo/bench/internal/result"
 	"github.com/ordo-relay/ordo/bench/nemesis"
 	"github.com/ordo-relay/ordo/internal/testkit"
-	"github.com/ordo-relay/ordo/partition"
 )
 
 // scenario is one benchmark. run owns everything it creates and removes it
@@ -64,50 +62,118 @@ import (
 type scenario struct {
 	name    string
 	summary string
-	flags   []string // its own flags: keys of flagDefs (flags.go)
-	run     func(ctx context.Context, o options, emit func(*result.Result)) error
+	// options returns a fresh copy of the scenario's defaults, a pointer
+	// to its own options type (next to its run function), with zero common
+	// flags.
+	options func() settings
+	// run runs the scenario with options from its options func.
+	run func(ctx context.Context, o settings, emit func(*result.Result)) error
+}
+
+// settings is a scenario's options: a pointer to its own options type,
+// which embeds the common flags and has the scenario's own.
+type settings interface {
+	// base returns the common flags (promoted from the embedded common).
+	base() *common
+	// addFlags registers the scenario's own flags on fs, bound to the
+	// options' fields, with their values as defaults.
+	addFlags(fs *flag.FlagSet)
+	// validate reports every one of the scenario's own flags out of range.
+	validate() error
+}
+
+// newScenario makes a scenario whose options are of type O, starting from
+// defaults(), and run by run.
+func newScenario[O any, P interface {
+	*O
+	settings
+}](name, summary string, defaults func() O, run func(context.Context, O, func(*result.Result)) error) scenario {
+	return scenario{name: name, summary: summary,
+		options: func() settings { o := defaults(); return P(&o) },
+		run: func(ctx context.Context, o settings, emit func(*result.Result)) error {
+			return run(ctx, *o.(P), emit)
+		},
+	}
 }
 
 // scenarios is every scenario, in the order "all" runs them. compare is
 // kept out of "all": it runs most of the others itself.
 var scenarios = []scenario{
-	{"drain", "a backlog of pending rows drained by -nodes Ordo nodes: msgs/s, node RSS", []string{"rows", "keys", "payload", "analyze", "nodes"}, runDrain},
-	{"outage", "broker link cut under a steady producer: seconds to resume and to drain the backlog", []string{"keys", "payload", "rate", "workers", "before", "outage"}, runOutage},
-	{"latency", "commit-to-delivery latency at a fixed commit rate: p50, p99, max", []string{"keys", "payload", "rate", "workers", "duration", "warmup"}, runLatency},
-	{"broker", "a bare publisher with pipelined confirms and no database: the broker's ceiling in msgs/s", []string{"rows", "keys", "payload", "broker-window"}, runBroker},
-	{"classic", "the article's relay (50 oldest rows a second, one confirm at a time) as -instances instances: msgs/s", []string{"rows", "keys", "payload", "analyze", "instances", "classic-batch", "classic-interval"}, runClassic},
-	{"classic-latency", "the classic relay's commit-to-delivery latency at the latency scenario's rate", []string{"keys", "payload", "rate", "workers", "duration", "warmup", "instances", "classic-batch", "classic-interval"}, runClassicLatency},
-	{"race", "OrderPlaced then OrderCancelled per order: reversed arrivals, classic (2 instances) vs Ordo (3 nodes)", []string{"orders", "race-instances", "race-nodes", "payload", "rate", "workers", "classic-batch", "classic-interval"}, runRace},
-	{"failover", "kill -9 of one of 3 nodes under load: seconds until its partitions publish again", []string{"keys", "payload", "rate", "workers", "reps", "failover-target"}, runFailover},
-	{"join", "a 3rd node joins 2 under load: seconds until it publishes on each of its partitions", []string{"keys", "payload", "rate", "workers", "reps", "join-target"}, runJoin},
-	{"shapes", "classic vs Ordo in every backlog shape, with and without ANALYZE: msgs/s, ratios, whole cost per message", []string{"shapes", "shape-limit", "shape-steady", "payload", "workers", "rate", "warmup", "classic-batch", "classic-interval"}, runShapes},
-	{"scaleout", "1..4 Ordo nodes, each capped to -scale-cap of a core in a CPU cgroup: msgs/s, efficiency, server busy", []string{"scale-nodes", "scale-cap", "scale-period", "scale-shapes", "scale-rows", "scale-hot-rows", "payload"}, runScaleout},
-	{"consume", "inbox consumers, 1..3 instances: ordered handling msgs/s and commit-to-handled latency, vs competing consumers", []string{"workers", "consume-*"}, runConsume},
-	{"produce", "producers' cost: Ordo's outbox INSERT (plain SQL, Enqueue) vs a classic outbox table and a trigger-less one: tps, commit p50/p99, PG CPU and WAL per message", []string{"payload", "keys", "produce-*"}, runProduce},
-	{"sources", "one outbox database against two, each on a PostgreSQL cluster of the bench's own capped to -sources-cap of a core: drain msg/s and insert tps, ratios two ÷ one (root)", []string{"payload", "sources-*"}, runSources},
-	{"charts", "draw the PNG charts (scale-out, shapes, latency) from the newest results under -out into -charts", []string{"charts"}, runCharts},
+	newScenario("drain", "a backlog of pending rows drained by -nodes Ordo nodes: msgs/s, node RSS", defaultDrainOptions, runDrain),
+	newScenario("outage", "broker link cut under a steady producer: seconds to resume and to drain the backlog", defaultOutageOptions, runOutage),
+	newScenario("latency", "commit-to-delivery latency at a fixed commit rate: p50, p99, max", defaultLatencyOptions, runLatency),
+	newScenario("broker", "a bare publisher with pipelined confirms and no database: the broker's ceiling in msgs/s", defaultBrokerOptions, runBroker),
+	newScenario("classic", "the article's relay (50 oldest rows a second, one confirm at a time) as -instances instances: msgs/s", defaultClassicOptions, runClassic),
+	newScenario("classic-latency", "the classic relay's commit-to-delivery latency at the latency scenario's rate", defaultClassicLatencyOptions, runClassicLatency),
+	newScenario("race", "OrderPlaced then OrderCancelled per order: reversed arrivals, classic (2 instances) vs Ordo (3 nodes)", defaultRaceOptions, runRace),
+	newScenario("failover", "kill -9 of one of 3 nodes under load: seconds until its partitions publish again", defaultFailoverOptions, runFailover),
+	newScenario("join", "a 3rd node joins 2 under load: seconds until it publishes on each of its partitions", defaultJoinOptions, runJoin),
+	newScenario("shapes", "classic vs Ordo in every backlog shape, with and without ANALYZE: msgs/s, ratios, whole cost per message", defaultShapesOptions, runShapes),
+	newScenario("scaleout", "1..4 Ordo nodes, each capped to -scale-cap of a core in a CPU cgroup: msgs/s, efficiency, server busy", defaultScaleoutOptions, runScaleout),
+	newScenario("consume", "inbox consumers, 1..3 instances: ordered handling msgs/s and commit-to-handled latency, vs competing consumers", defaultConsumeOptions, runConsume),
+	newScenario("produce", "producers' cost: Ordo's outbox INSERT (plain SQL, Enqueue) vs a classic outbox table and a trigger-less one: tps, commit p50/p99, PG CPU and WAL per message", defaultProduceOptions, runProduce),
+	newScenario("sources", "one outbox database against two, each on a PostgreSQL cluster of the bench's own capped to -sources-cap of a core: drain msg/s and insert tps, ratios two ÷ one (root)", defaultSourcesOptions, runSources),
+	newScenario("charts", "draw the PNG charts (scale-out, shapes, latency) from the newest results under -out into -charts", defaultChartsOptions, runCharts),
 }
 
 // nemesisScenario is run only by name: it restarts the shared servers, so
 // neither all nor compare runs it. It is the nemesis command
 // (bench/cmd/nemesis) under the bench's flags.
-var nemesisScenario = scenario{"nemesis",
+var nemesisScenario = newScenario("nemesis",
 	"3 nodes and the order API under a seeded schedule of faults, checked from the deliveries (go run ./bench/cmd/nemesis)",
-	[]string{"rate", "seed", "profile", "kinds"},
-	func(ctx context.Context, o options, _ func(*result.Result)) error {
-		return nemesis.Run(ctx, o.nemesis())
-	}}
+	defaultNemesisOptions,
+	func(ctx context.Context, o nemesisOptions, _ func(*result.Result)) error {
+		return nemesis.Run(ctx, o.config())
+	})
 
-// nemesis returns the nemesis's settings from the bench's flags.
-func (o options) nemesis() nemesis.Config {
+// nemesisOptions are the nemesis scenario's.
+type nemesisOptions struct {
+	common
+	Rate    int            // orders a second (0: the nemesis's default)
+	Seed    int64          // the schedule's seed (0: drawn and printed)
+	Profile string         // short (about 2 minutes) or long (10 minutes or more)
+	Kinds   []nemesis.Kind // the kinds of fault to run (the others' steps are left out of the plan)
+}
+
+func defaultNemesisOptions() nemesisOptions { return nemesisOptions{Profile: nemesis.ProfileShort} }
+
+func (o *nemesisOptions) addFlags(fs *flag.FlagSet) {
+	rateVar(fs, &o.Rate)
+	fs.Int64Var(&o.Seed, "seed", o.Seed, "seed of the fault schedule (0: draw one and print it)")
+	fs.StringVar(&o.Profile, "profile", o.Profile, "short (about 2 minutes) or long (10 minutes or more)")
+	listVar(fs, "kinds", "all", "comma-separated kinds of fault to run, or all", func(s string) (err error) {
+		o.Kinds, err = nemesis.ParseKinds(s)
+		return err
+	})
+}
+
+func (o nemesisOptions) validate() error {
+	if o.Profile != nemesis.ProfileShort && o.Profile != nemesis.ProfileLong {
+		return fmt.Errorf("profile %q: want %s or %s", o.Profile, nemesis.ProfileShort, nemesis.ProfileLong)
+	}
+	return checkRate(o.Rate)
+}
+
+// config returns the nemesis's settings.
+func (o nemesisOptions) config() nemesis.Config {
 	return nemesis.Config{PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Out: o.Out, Partitions: o.Partitions,
 		ConfirmWindow: o.ConfirmWindow, NodeBin: o.NodeBin, Timeout: o.Timeout, Rate: o.Rate,
 		Seed: o.Seed, Scenario: nemesis.ScenarioRelay, Profile: o.Profile, Kinds: o.Kinds}
 }
 
-// compareScenario is the default: see runCompare.
-// Its flags are those of the scenarios it runs (scenario.flagNames).
-var compareScenario = scenario{"compare", "broker, classic, drain, latency, race, failover and join in one go, with a table of ratios", nil, runCompare}
+// compareScenario is the default: see runCompare. Its flags are those of
+// the scenarios it runs (compareOptions).
+var compareScenario = newScenario("compare", "broker, classic, drain, latency, race, failover and join in one go, with a table of ratios",
+	defaultCompareOptions, runCompare)
+
+// allScenarios is compare, nemesis and then every scenario of all.
+func allScenarios() []*scenario {
+	out := []*scenario{&compareScenario, &nemesisScenario}
+	for i := range scenarios {
+		out = append(out, &scenarios[i])
+	}
+	return out
+}
 
 // parseCounts parses "1,2,3" into positive counts of at most 8.
 func parseCounts(flagName, s string) ([]int, error) {
@@ -122,79 +188,10 @@ func parseCounts(flagName, s string) ([]int, error) {
 	return out, nil
 }
 
-func (o options) validate() error {
-	switch {
-	case o.ConfirmWindow < 1 || o.ConfirmWindow > 65535:
-		return fmt.Errorf("confirm-window %d out of range 1..65535", o.ConfirmWindow)
-	case o.BrokerWindow < 1 || o.BrokerWindow > 65535:
-		return fmt.Errorf("broker-window %d out of range 1..65535", o.BrokerWindow)
-	case o.Rows < 1:
-		return fmt.Errorf("rows %d must be positive", o.Rows)
-	case o.Keys < 0 || o.Rate < 0:
-		return errors.New("keys and rate must not be negative")
-	case o.Payload < 0 || o.Payload > 1<<20:
-		return fmt.Errorf("payload %d out of range 0..1MiB", o.Payload)
-	case o.Workers < 1 || o.Workers > 32:
-		return fmt.Errorf("workers %d out of range 1..32", o.Workers)
-	case o.Timeout <= 0 || o.Duration <= 0 || o.Warmup < 0 || o.Before < 0 || o.Outage <= 0:
-		return errors.New("timeout, duration and outage must be positive; warmup and before not negative")
-	case o.Warmup >= o.Duration:
-		return fmt.Errorf("warmup %v must be shorter than duration %v", o.Warmup, o.Duration)
-	case o.Reps < 1 || o.Reps > 20:
-		return fmt.Errorf("reps %d out of range 1..20", o.Reps)
-	case o.Orders < 1:
-		return fmt.Errorf("orders %d must be positive", o.Orders)
-	case o.RaceInstances < 1 || o.RaceInstances > 8 || o.RaceNodes < 1 || o.RaceNodes > 8:
-		return errors.New("race-instances and race-nodes must be 1..8")
-	case o.ClassicBatch < 1 || o.ClassicEvery <= 0:
-		return errors.New("classic-batch and classic-interval must be positive")
-	case o.ShapeLimit < 0 || o.ShapeSteady < 0:
-		return errors.New("shape-limit and shape-steady must not be negative")
-	case o.ScaleCap <= 0 || o.ScaleCap > 2 || o.ScalePeriod < time.Millisecond || o.ScalePeriod > time.Second:
-		return errors.New("scale-cap must be in (0, 2] cores and scale-period in [1ms, 1s]")
-	case o.ScaleRows < 10 || o.ScaleHot < 10:
-		return errors.New("scale-rows and scale-hot-rows must be at least 10")
-	case o.Profile != nemesis.ProfileShort && o.Profile != nemesis.ProfileLong:
-		return fmt.Errorf("profile %q: want %s or %s", o.Profile, nemesis.ProfileShort, nemesis.ProfileLong)
-	}
-	if err := o.Produce.validate(); err != nil {
-		return err
-	}
-	if err := o.Consume.validate(); err != nil {
-		return err
-	}
-	if err := o.Sources.validate(); err != nil {
-		return err
-	}
-	return partition.ValidateCount(o.Partitions)
-}
-
-// keysOr returns -keys, or def when it was left at 0.
-func (o options) keysOr(def int) int {
-	if o.Keys > 0 {
-		return o.Keys
-	}
-	return def
-}
-
-// rateOr returns -rate, or def when it was left at 0.
-func (o options) rateOr(def int) int {
-	if o.Rate > 0 {
-		return o.Rate
-	}
-	return def
-}
-
 func findScenario(name string) *scenario {
-	if name == compareScenario.name {
-		return &compareScenario
-	}
-	if name == nemesisScenario.name {
-		return &nemesisScenario
-	}
-	for i := range scenarios {
-		if scenarios[i].name == name {
-			return &scenarios[i]
+	for _, s := range allScenarios() {
+		if s.name == name {
+			return s
 		}
 	}
 	return nil
@@ -224,7 +221,7 @@ func run(ctx context.Context, invs []invocation) int {
 			fmt.Fprintln(os.Stderr, "bench: interrupted")
 			return 1
 		}
-		out := inv.o.Out
+		out := inv.o.base().Out
 		emit := func(res *result.Result) {
 			if !report(res, out) {
 				code = 1

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"net/url"
@@ -16,6 +18,32 @@ import (
 // drained, to see the node back in its steady state.
 const outageTail = 2 * time.Second
 
+// outageOptions are outage's: a steady load while the broker link is cut.
+type outageOptions struct {
+	common
+	keyedTraffic
+	Before time.Duration // steady running before the cut
+	Outage time.Duration // how long the broker link stays cut
+}
+
+func defaultOutageOptions() outageOptions {
+	return outageOptions{keyedTraffic: defaultKeyedTraffic(), Before: 3 * time.Second, Outage: 10 * time.Second}
+}
+
+func (o *outageOptions) addFlags(fs *flag.FlagSet) {
+	o.keyedTraffic.addFlags(fs)
+	fs.DurationVar(&o.Before, "before", o.Before, "steady running before the cut")
+	fs.DurationVar(&o.Outage, "outage", o.Outage, "how long the broker link stays cut")
+}
+
+func (o outageOptions) validate() error {
+	var errs []error
+	if o.Before < 0 || o.Outage <= 0 {
+		errs = append(errs, errors.New("before must not be negative and outage must be positive"))
+	}
+	return errors.Join(append(errs, o.keyedTraffic.validate())...)
+}
+
 // runOutage measures recovery from a broker outage. A producer commits
 // -rate rows a second (default 500, one row per transaction, keys drawn
 // from -keys, default 1000) for the whole run. The node reaches RabbitMQ
@@ -24,7 +52,7 @@ const outageTail = 2 * time.Second
 // the broker throughout. Measured from the restore: the first delivery of
 // a message committed during the outage, and the moment every message
 // committed before the restore has arrived.
-func runOutage(ctx context.Context, o options, emit func(*result.Result)) error {
+func runOutage(ctx context.Context, o outageOptions, emit func(*result.Result)) error {
 	res, err := outageOnce(ctx, o)
 	if err != nil {
 		return err
@@ -33,9 +61,9 @@ func runOutage(ctx context.Context, o options, emit func(*result.Result)) error 
 	return nil
 }
 
-func outageOnce(ctx context.Context, o options) (*result.Result, error) {
-	rate, keys := o.rateOr(500), o.keysOr(1000)
-	r, err := newRig(ctx, o, "outage", int32(o.Workers+1))
+func outageOnce(ctx context.Context, o outageOptions) (*result.Result, error) {
+	rate, keys := orDefault(o.Rate, 500), orDefault(o.Keys, 1000)
+	r, err := newRig(ctx, o.common, "outage", int32(o.Workers+1))
 	if err != nil {
 		return nil, err
 	}

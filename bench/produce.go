@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -38,67 +37,6 @@ import (
 // produceRunSlack bounds a run's setup, sampling and cleanup on top of its
 // warm-up and window.
 const produceRunSlack = 3 * time.Minute
-
-// produceOptions are the produce scenario's flags.
-type produceOptions struct {
-	Duration   time.Duration // measured time per run
-	Warmup     time.Duration // time per run before measuring starts
-	Producers  []int         // producer counts, one cell each
-	Rows       []int         // rows per transaction, one cell each
-	Reps       int           // repetitions of every (cell, variant)
-	Variants   []string      // variants to run; classic always first
-	WALInspect bool          // measure this database's WAL with pg_walinspect
-	Rate       int           // transactions a second over all producers (produce_pace.go); 0: closed loop
-}
-
-// defaultProduceOptions returns the produce scenario's defaults.
-func defaultProduceOptions() produceOptions {
-	all, _ := parseProduceVariants("all")
-	return produceOptions{Duration: 10 * time.Second, Warmup: time.Second, Producers: []int{1, 8, 32}, Rows: []int{1, 10},
-		Reps: 3, Variants: all, WALInspect: true}
-}
-
-// addProduceFlags registers the produce scenario's -produce-* flags on fs,
-// with p's values as their defaults.
-func addProduceFlags(fs *flag.FlagSet, p *produceOptions) {
-	fs.DurationVar(&p.Duration, "produce-duration", p.Duration, "measured time per run")
-	fs.DurationVar(&p.Warmup, "produce-warmup", p.Warmup, "time per run before measuring starts")
-	listVar(fs, "produce-producers", joinInts(p.Producers), "comma-separated producer counts (connections), 1 to 64", func(s string) (err error) {
-		p.Producers, err = parseRange("produce-producers", s, 1, 64)
-		return err
-	})
-	listVar(fs, "produce-rows", joinInts(p.Rows), "comma-separated rows per transaction, 1 to 1000", func(s string) (err error) {
-		p.Rows, err = parseRange("produce-rows", s, 1, 1000)
-		return err
-	})
-	fs.IntVar(&p.Reps, "produce-reps", p.Reps, "repetitions of every variant in every cell (alternating); medians are reported")
-	listVar(fs, "produce-variants", "all", "comma-separated variants (classic, ordo-sql, ordo-sql-nonotify, ordo-enqueue, bare, ordo-sql-relay, classic-relay) or all; classic always runs", func(s string) (err error) {
-		p.Variants, err = parseProduceVariants(s)
-		return err
-	})
-	fs.IntVar(&p.Rate, "produce-rate", p.Rate, "paced: transactions a second over all producers, evenly spaced (0: each producer commits back to back)")
-	fs.BoolVar(&p.WALInspect, "produce-wal-inspect", p.WALInspect, "count the WAL of the run's own database with pg_walinspect (besides the server-wide LSN delta)")
-}
-
-func (p produceOptions) validate() error {
-	if p.Duration <= 0 || p.Warmup < 0 || p.Reps < 1 || p.Reps > 20 || p.Rate < 0 {
-		return errors.New("produce-duration must be positive, produce-warmup and produce-rate not negative, produce-reps 1..20")
-	}
-	return nil
-}
-
-// parseRange parses "1,8,32" into counts from lo to hi.
-func parseRange(flagName, s string, lo, hi int) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < lo || n > hi {
-			return nil, fmt.Errorf("-%s %q: want comma-separated counts from %d to %d", flagName, s, lo, hi)
-		}
-		out = append(out, n)
-	}
-	return out, nil
-}
 
 // produceRun is what one run of one variant measured.
 type produceRun struct {
@@ -149,7 +87,7 @@ func (r produceRun) perMsg(v float64) float64 {
 	return v / float64(r.msgs())
 }
 
-func runProduce(ctx context.Context, o options, emit func(*result.Result)) error {
+func runProduce(ctx context.Context, o produceOptions, emit func(*result.Result)) error {
 	p := o.Produce
 	var cells []*result.Result
 	failedRuns := 0
@@ -210,7 +148,7 @@ func walOf(r produceRun) int64 {
 }
 
 // produceOnce runs one variant in a fresh database and measures it.
-func produceOnce(ctx context.Context, o options, v *produceVariant, rows, producers int) (produceRun, error) {
+func produceOnce(ctx context.Context, o produceOptions, v *produceVariant, rows, producers int) (produceRun, error) {
 	run := produceRun{variant: v.name, rows: rows, producers: producers, walDB: -1}
 	// A run that cannot finish (a server restarted under it, say) fails
 	// instead of hanging the scenario.
@@ -239,7 +177,7 @@ func produceOnce(ctx context.Context, o options, v *produceVariant, rows, produc
 	if run.note, err = v.setup(sctx, pool, o.Partitions); err != nil {
 		return run, err
 	}
-	w, err := newProduceWriter(o)
+	w, err := newProduceWriter(o.Partitions, orDefault(o.Keys, 10000), o.Payload)
 	if err != nil {
 		return run, err
 	}
@@ -286,18 +224,19 @@ func producePools(ctx context.Context, dbURL string, producers int) (pool, probe
 	return pool, probe, nil
 }
 
-func newProduceWriter(o options) (*produceWriter, error) {
-	out, err := outbox.NewProducer(o.Partitions)
+// newProduceWriter returns a writer of about payload bytes a message over
+// n keys, with their partitions out of partitions.
+func newProduceWriter(partitions, n, payload int) (*produceWriter, error) {
+	out, err := outbox.NewProducer(partitions)
 	if err != nil {
 		return nil, err
 	}
-	n := o.keysOr(10000)
 	w := &produceWriter{keys: make([]string, n), partitions: make([]int32, n), producer: out, exchange: produceExchange}
 	for i := range w.keys {
 		w.keys[i] = "key-" + strconv.Itoa(i)
-		w.partitions[i] = int32(partition.Of(w.keys[i], o.Partitions))
+		w.partitions[i] = int32(partition.Of(w.keys[i], partitions))
 	}
-	w.pad = strings.Repeat("x", max(0, o.Payload-len(`{"key":"key-1234","t":1767000000000000000,"pad":""}`)))
+	w.pad = strings.Repeat("x", max(0, payload-len(`{"key":"key-1234","t":1767000000000000000,"pad":""}`)))
 	return w, nil
 }
 
@@ -357,7 +296,7 @@ func (pw *produceWindow) record(commit, tx time.Duration, err error) {
 
 // measureProduce runs the producers through the warm-up and the window and
 // takes the samples at the window's edges.
-func measureProduce(ctx context.Context, o options, v *produceVariant, w *produceWriter, pool, probe *pgxpool.Pool,
+func measureProduce(ctx context.Context, o produceOptions, v *produceVariant, w *produceWriter, pool, probe *pgxpool.Pool,
 	wal *walWatch, dbName string, run produceRun) (produceRun, error) {
 	var pw produceWindow
 	notifies, err := watchNotifies(ctx, w.dbURL, &pw.measuring)

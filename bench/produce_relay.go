@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -53,7 +52,7 @@ type produceRelay struct {
 // name), starts v's relay on dbURL and waits until it is running and has
 // published every row already in the table (the prefill), so that the
 // window measures producers and relay in step.
-func startProduceRelay(ctx context.Context, o options, v *produceVariant, dbURL, name string,
+func startProduceRelay(ctx context.Context, o produceOptions, v *produceVariant, dbURL, name string,
 	pending func(context.Context) (int, error)) (*produceRelay, error) {
 	removeBroker, err := declareProduceBroker(ctx, o, name)
 	if err != nil {
@@ -99,11 +98,10 @@ func startProduceRelay(ctx context.Context, o options, v *produceVariant, dbURL,
 
 // startProduceClassic runs one classic relay instance on classic_outbox
 // until the returned stop.
-func startProduceClassic(o options, dbURL, name string) (stop func(), failed func() error) {
+func startProduceClassic(o produceOptions, dbURL, name string) (stop func(), failed func() error) {
+	poll := defaultClassicPolling() // the article's batch and interval
 	c := &classicRelay{cfg: classicConfig{
-		// The article's batch and interval where the options leave them
-		// unset (a batch of 0 would read nothing, for ever).
-		Name: name, DBURL: dbURL, AMQPURL: o.AMQPURL, Batch: cmp.Or(o.ClassicBatch, 50), Interval: cmp.Or(o.ClassicEvery, time.Second),
+		Name: name, DBURL: dbURL, AMQPURL: o.AMQPURL, Batch: poll.ClassicBatch, Interval: poll.ClassicEvery,
 		Select: sqlClassicTableSelect, Mark: sqlClassicTableMark, Exchange: name,
 	}}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -118,7 +116,7 @@ func startProduceClassic(o options, dbURL, name string) (stop func(), failed fun
 
 // declareProduceBroker declares the run's exchange and queue, both named
 // name, and returns their removal.
-func declareProduceBroker(ctx context.Context, o options, name string) (remove func(), err error) {
+func declareProduceBroker(ctx context.Context, o produceOptions, name string) (remove func(), err error) {
 	err = testkit.Channel(ctx, o.AMQPURL, func(ch *amqp.Channel) error {
 		if err := ch.ExchangeDeclare(name, "topic", false, false, false, false, nil); err != nil {
 			return err

@@ -123,12 +123,12 @@ func figureName(variant string) string { return strings.ReplaceAll(variant, "-",
 
 // produceCellResult turns one cell's runs into a Result: every variant's
 // medians, and its tps and commit p99 as ratios to classic's.
-func produceCellResult(o options, rows, producers int, runs []produceRun) *result.Result {
+func produceCellResult(o produceOptions, rows, producers int, runs []produceRun) *result.Result {
 	res := result.New("produce")
 	res.Label = fmt.Sprintf("%drows-%dproducers", rows, producers)
 	res.Param("rows_per_tx", rows)
 	res.Param("producers", producers)
-	res.Param("keys", o.keysOr(10000))
+	res.Param("keys", orDefault(o.Keys, 10000))
 	res.Param("payload", o.Payload)
 	res.Param("duration", o.Produce.Duration)
 	res.Param("reps", o.Produce.Reps)

@@ -14,7 +14,7 @@ import (
 
 func TestProduceFlags(t *testing.T) {
 	none := func(string) (string, bool) { return "", false }
-	o := parseOne(t, none, "produce", "-produce-producers", "2,4", "-produce-rows", "1,5", "-produce-variants", "ordo-sql,bare")
+	o := parseOne[produceOptions](t, none, "produce", "-produce-producers", "2,4", "-produce-rows", "1,5", "-produce-variants", "ordo-sql,bare")
 	p := o.Produce
 	if len(p.Producers) != 2 || p.Producers[1] != 4 || p.Rows[1] != 5 {
 		t.Fatalf("producers %v, rows %v", p.Producers, p.Rows)
@@ -22,7 +22,7 @@ func TestProduceFlags(t *testing.T) {
 	if strings.Join(p.Variants, ",") != "classic,ordo-sql,bare" {
 		t.Fatalf("variants %v: want classic first, then the ones asked for", p.Variants)
 	}
-	if o := parseOne(t, none, "produce"); len(o.Produce.Variants) != len(produceVariants) || o.Produce.Reps != 3 {
+	if o := parseOne[produceOptions](t, none, "produce"); len(o.Produce.Variants) != len(produceVariants) || o.Produce.Reps != 3 {
 		t.Fatalf("defaults: variants %v, reps %d", o.Produce.Variants, o.Produce.Reps)
 	}
 	for _, bad := range [][]string{
@@ -51,7 +51,7 @@ func TestProduceSummary(t *testing.T) {
 		run(variantOrdoSQL, 300, 6*time.Millisecond, 120*time.Millisecond, 60_000),
 	}
 	runs[5].walDB = -1 // not inspected: the server's figure stands in
-	o := options{Payload: 300, Produce: produceOptions{Variants: []string{variantClassic, variantOrdoSQL}, Reps: 3, Duration: time.Second}}
+	o := produceOptions{Payload: 300, Produce: produceFlags{Variants: []string{variantClassic, variantOrdoSQL}, Reps: 3, Duration: time.Second}}
 	res := produceCellResult(o, 2, 4, runs)
 	want := map[string]float64{
 		"classic_tps":                      2000,
@@ -97,11 +97,11 @@ func TestProduceEndToEnd(t *testing.T) {
 	}
 	testkit.RequirePostgres(t)
 	testkit.RequireRabbitMQ(t) // ordo-sql-relay runs a node
-	o := options{
+	o := produceOptions{
 		common: common{PostgresURL: testkit.PostgresURL(), AMQPURL: testkit.AMQPURL(), Out: t.TempDir(), Partitions: 8,
 			ConfirmWindow: 64, Timeout: time.Minute},
 		Keys: 50, Payload: 300,
-		Produce: produceOptions{Duration: 400 * time.Millisecond, Warmup: 100 * time.Millisecond, Producers: []int{2},
+		Produce: produceFlags{Duration: 400 * time.Millisecond, Warmup: 100 * time.Millisecond, Producers: []int{2},
 			Rows: []int{1, 3}, Reps: 1, WALInspect: true},
 	}
 	for _, v := range produceVariants {

@@ -2,11 +2,47 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"time"
 
 	"github.com/ordo-relay/ordo/bench/internal/result"
 )
+
+// raceOptions are race's: -orders orders through the classic relay, then
+// through Ordo.
+type raceOptions struct {
+	common
+	traffic
+	classicPolling
+	Orders        int // orders, two messages each
+	RaceInstances int // classic instances
+	RaceNodes     int // Ordo nodes
+}
+
+func defaultRaceOptions() raceOptions {
+	return raceOptions{traffic: defaultTraffic(), classicPolling: defaultClassicPolling(), Orders: 5000, RaceInstances: 2, RaceNodes: 3}
+}
+
+func (o *raceOptions) addFlags(fs *flag.FlagSet) {
+	o.traffic.addFlags(fs)
+	o.classicPolling.addFlags(fs)
+	fs.IntVar(&o.Orders, "orders", o.Orders, "orders (two messages each)")
+	fs.IntVar(&o.RaceInstances, "race-instances", o.RaceInstances, "classic relay instances")
+	fs.IntVar(&o.RaceNodes, "race-nodes", o.RaceNodes, "Ordo nodes")
+}
+
+func (o raceOptions) validate() error {
+	var errs []error
+	if o.Orders < 1 {
+		errs = append(errs, fmt.Errorf("orders %d must be positive", o.Orders))
+	}
+	if o.RaceInstances < 1 || o.RaceInstances > 8 || o.RaceNodes < 1 || o.RaceNodes > 8 {
+		errs = append(errs, errors.New("race-instances and race-nodes must be 1..8"))
+	}
+	return errors.Join(append(errs, o.traffic.validate(), o.classicPolling.validate())...)
+}
 
 // runRace is the article's ordering problem made measurable: -orders
 // orders (default 5000), each an OrderPlaced and then, in a second
@@ -16,8 +52,8 @@ import (
 // their Placed (first deliveries), with the classic relay on
 // -race-instances instances (default 2) and then with Ordo on -race-nodes
 // nodes (default 3).
-func runRace(ctx context.Context, o options, emit func(*result.Result)) error {
-	for _, spec := range []systemSpec{classic(o.RaceInstances), ordo(o.RaceNodes)} {
+func runRace(ctx context.Context, o raceOptions, emit func(*result.Result)) error {
+	for _, spec := range []systemSpec{classic(o.RaceInstances, o.classicPolling), ordo(o.RaceNodes)} {
 		res, err := raceOnce(ctx, o, spec)
 		if err != nil {
 			return fmt.Errorf("%s: %w", spec, err)
@@ -27,9 +63,9 @@ func runRace(ctx context.Context, o options, emit func(*result.Result)) error {
 	return nil
 }
 
-func raceOnce(ctx context.Context, o options, spec systemSpec) (*result.Result, error) {
-	rate := o.rateOr(250)
-	r, err := newRig(ctx, o, "race", int32(o.Workers+2))
+func raceOnce(ctx context.Context, o raceOptions, spec systemSpec) (*result.Result, error) {
+	rate := orDefault(o.Rate, 250)
+	r, err := newRig(ctx, o.common, "race", int32(o.Workers+2))
 	if err != nil {
 		return nil, err
 	}
@@ -46,7 +82,7 @@ func raceOnce(ctx context.Context, o options, spec systemSpec) (*result.Result, 
 	if err != nil {
 		return nil, err
 	}
-	sys, err := spec.start(ctx, r, o)
+	sys, err := spec.start(ctx, r)
 	if err != nil {
 		return nil, err
 	}

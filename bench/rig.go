@@ -7,16 +7,16 @@ import (
 )
 
 // harness returns the options the harness needs.
-func (o options) harness() harness.Config {
-	return harness.Config{PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Partitions: o.Partitions,
-		ConfirmWindow: o.ConfirmWindow, NodeBin: o.NodeBin, Timeout: o.Timeout}
+func (c common) harness() harness.Config {
+	return harness.Config{PostgresURL: c.PostgresURL, AMQPURL: c.AMQPURL, Partitions: c.Partitions,
+		ConfirmWindow: c.ConfirmWindow, NodeBin: c.NodeBin, Timeout: c.Timeout}
 }
 
 // newRig creates a scenario's rig (harness.New: the database, migrated,
 // with a pool of poolConns connections) and its topic exchange. On error,
 // whatever was created is removed.
-func newRig(ctx context.Context, o options, scenario string, poolConns int32) (*harness.Rig, error) {
-	r, err := harness.New(ctx, o.harness(), scenario, poolConns)
+func newRig(ctx context.Context, c common, scenario string, poolConns int32) (*harness.Rig, error) {
+	r, err := harness.New(ctx, c.harness(), scenario, poolConns)
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"math"
 	"os"
@@ -33,11 +34,52 @@ func parseScaleShapes(s string) ([]string, error) {
 
 // scaleGroups returns the backlog of a scaleout shape: many keys (rows
 // over rows/10 keys) or hot (rows over 10 keys).
-func scaleGroups(o options, shape string) []rowGroup {
+func scaleGroups(o scaleoutOptions, shape string) []rowGroup {
 	if shape == "hot" {
 		return []rowGroup{{prefix: "key", keys: hotKeys, rows: o.ScaleHot}}
 	}
 	return []rowGroup{{prefix: "key", keys: max(1, o.ScaleRows/10), rows: o.ScaleRows}}
+}
+
+// scaleoutOptions are scaleout's: capped Ordo nodes draining a backlog.
+type scaleoutOptions struct {
+	common
+	Payload     int           // approximate payload size in bytes
+	ScaleNodes  []int         // node counts
+	ScaleCap    float64       // CPU cap per node, in cores
+	ScalePeriod time.Duration // CFS period
+	ScaleShape  []string      // many, hot
+	ScaleRows   int           // rows of the many-keys backlog
+	ScaleHot    int           // rows of the hot-key (10 keys) backlog
+}
+
+func defaultScaleoutOptions() scaleoutOptions {
+	return scaleoutOptions{Payload: 300, ScaleNodes: []int{1, 2, 3, 4}, ScaleCap: 0.05, ScalePeriod: 10 * time.Millisecond,
+		ScaleShape: []string{"many", "hot"}, ScaleRows: 40000, ScaleHot: 5000}
+}
+
+func (o *scaleoutOptions) addFlags(fs *flag.FlagSet) {
+	payloadVar(fs, &o.Payload)
+	countsVar(fs, "scale-nodes", &o.ScaleNodes, "comma-separated node counts")
+	fs.Float64Var(&o.ScaleCap, "scale-cap", o.ScaleCap, "CPU cap per node, in cores")
+	fs.DurationVar(&o.ScalePeriod, "scale-period", o.ScalePeriod, "CFS period of the caps (raised to fit the kernel's 1 ms minimum quota: 20ms for 0.05 core)")
+	listVar(fs, "scale-shapes", strings.Join(o.ScaleShape, ","), "many (many keys) and/or hot (10 keys)", func(s string) (err error) {
+		o.ScaleShape, err = parseScaleShapes(s)
+		return err
+	})
+	fs.IntVar(&o.ScaleRows, "scale-rows", o.ScaleRows, "rows of the many-keys backlog (over rows/10 keys)")
+	fs.IntVar(&o.ScaleHot, "scale-hot-rows", o.ScaleHot, "rows of the hot-key backlog (over 10 keys)")
+}
+
+func (o scaleoutOptions) validate() error {
+	var errs []error
+	if o.ScaleCap <= 0 || o.ScaleCap > 2 || o.ScalePeriod < time.Millisecond || o.ScalePeriod > time.Second {
+		errs = append(errs, errors.New("scale-cap must be in (0, 2] cores and scale-period in [1ms, 1s]"))
+	}
+	if o.ScaleRows < 10 || o.ScaleHot < 10 {
+		errs = append(errs, errors.New("scale-rows and scale-hot-rows must be at least 10"))
+	}
+	return errors.Join(append(errs, checkPayload(o.Payload))...)
 }
 
 // runScaleout drains the same backlog with each count of -scale-nodes
@@ -47,7 +89,7 @@ func scaleGroups(o options, shape string) []rowGroup {
 // runs once per -scale-shapes shape (many keys, then 10 hot keys) and
 // prints one RESULT line per shape and node count. It refuses to run
 // where no CPU cgroup is writable.
-func runScaleout(ctx context.Context, o options, emit func(*result.Result)) error {
+func runScaleout(ctx context.Context, o scaleoutOptions, emit func(*result.Result)) error {
 	probe, err := newCPUCaps(cgroupRoot, o.ScaleCap, o.ScalePeriod)
 	if err != nil {
 		return err
@@ -82,7 +124,7 @@ func runScaleout(ctx context.Context, o options, emit func(*result.Result)) erro
 // scaleoutOnce is one drain with n capped nodes. one is the one-node
 // msgs/s of the same shape in this run (0 when not measured), for the
 // efficiency.
-func scaleoutOnce(ctx context.Context, o options, shape string, n int, one float64) (*result.Result, error) {
+func scaleoutOnce(ctx context.Context, o scaleoutOptions, shape string, n int, one float64) (*result.Result, error) {
 	caps, err := newCPUCaps(cgroupRoot, o.ScaleCap, o.ScalePeriod)
 	if err != nil {
 		return nil, err
@@ -98,7 +140,7 @@ func scaleoutOnce(ctx context.Context, o options, shape string, n int, one float
 	var spread float64
 	var rebalances int
 	plan := drainPlan{
-		scenario: "scaleout", label: fmt.Sprintf("%s-%d", shape, n), groups: scaleGroups(o, shape), analyze: true,
+		scenario: "scaleout", label: fmt.Sprintf("%s-%d", shape, n), groups: scaleGroups(o, shape), payload: o.Payload, analyze: true,
 		before: func(ctx context.Context, r *harness.Rig, sys system, _ *result.Result) error {
 			committed = time.Now()
 			if throttled0, err = caps.throttled(); err != nil {
@@ -112,7 +154,7 @@ func scaleoutOnce(ctx context.Context, o options, shape string, n int, one float
 			return err
 		},
 	}
-	d, _, err := drainBacklog(ctx, o, spec, plan)
+	d, _, err := drainBacklog(ctx, o.common, spec, plan)
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -102,11 +103,47 @@ func variantName(relay string, analyze bool) string {
 	return relay + "-noanalyze"
 }
 
+// shapesOptions are shapes': classic against Ordo in every backlog shape.
+type shapesOptions struct {
+	common
+	traffic // of the steady runs
+	classicPolling
+	Warmup      time.Duration // the steady runs' warm-up
+	Shapes      []string      // the shapes to run (see shapeDefs)
+	ShapeLimit  time.Duration // a drain not finished by then is reported as incomplete
+	ShapeSteady time.Duration // the steady run per shape (commit latency); 0 skips it
+}
+
+func defaultShapesOptions() shapesOptions {
+	return shapesOptions{traffic: defaultTraffic(), classicPolling: defaultClassicPolling(), Warmup: 2 * time.Second,
+		Shapes: shapeNames(), ShapeLimit: 5 * time.Minute, ShapeSteady: 10 * time.Second}
+}
+
+func (o *shapesOptions) addFlags(fs *flag.FlagSet) {
+	o.traffic.addFlags(fs)
+	o.classicPolling.addFlags(fs)
+	warmupVar(fs, &o.Warmup)
+	listVar(fs, "shapes", "all", "comma-separated shapes ("+strings.Join(shapeNames(), ", ")+") or all", func(s string) (err error) {
+		o.Shapes, err = parseShapes(s)
+		return err
+	})
+	fs.DurationVar(&o.ShapeLimit, "shape-limit", o.ShapeLimit, "a drain not finished by then is reported as incomplete")
+	fs.DurationVar(&o.ShapeSteady, "shape-steady", o.ShapeSteady, "steady run per shape for the producers' commit latency (0 skips it)")
+}
+
+func (o shapesOptions) validate() error {
+	var errs []error
+	if o.ShapeLimit < 0 || o.ShapeSteady < 0 || o.Warmup < 0 {
+		errs = append(errs, errors.New("shape-limit, shape-steady and warmup must not be negative"))
+	}
+	return errors.Join(append(errs, o.traffic.validate(), o.classicPolling.validate())...)
+}
+
 // runShapes drains every shape of -shapes: see shapeDefs and docs/bench.md.
 // Each drain is a result of its own (scenario "shape"); each shape then
 // gets a summary (scenario "shapes") with the ratios and the whole cost
 // per message, and the run ends with a table of them all.
-func runShapes(ctx context.Context, o options, emit func(*result.Result)) error {
+func runShapes(ctx context.Context, o shapesOptions, emit func(*result.Result)) error {
 	want := map[string]bool{}
 	for _, n := range o.Shapes {
 		want[n] = true
@@ -142,7 +179,7 @@ func runShapes(ctx context.Context, o options, emit func(*result.Result)) error 
 }
 
 // runShape runs one shape's drains and returns its summary.
-func runShape(ctx context.Context, o options, def shapeDef, emit func(*result.Result), stopWait float64) (*result.Result, error) {
+func runShape(ctx context.Context, o shapesOptions, def shapeDef, emit func(*result.Result), stopWait float64) (*result.Result, error) {
 	sum := result.New("shapes")
 	switch def.name {
 	case shapeStopWait:
@@ -158,8 +195,8 @@ func runShape(ctx context.Context, o options, def shapeDef, emit func(*result.Re
 	}
 	drain := func(spec systemSpec, groups []rowGroup, analyze bool, label string) (*result.Result, drainCosts, error) {
 		plan := drainPlan{scenario: "shape", label: def.name + "-" + label, groups: groups, analyze: analyze,
-			autovacuumOff: true, limit: o.ShapeLimit}
-		res, costs, err := drainBacklog(ctx, o, spec, plan)
+			payload: o.Payload, autovacuumOff: true, limit: o.ShapeLimit}
+		res, costs, err := drainBacklog(ctx, o.common, spec, plan)
 		if err != nil {
 			return nil, costs, fmt.Errorf("%s: %w", label, err)
 		}
@@ -169,7 +206,7 @@ func runShape(ctx context.Context, o options, def shapeDef, emit func(*result.Re
 	var ordoRuns []*result.Result
 	for _, analyze := range def.analyze {
 		if def.classic {
-			res, costs, err := drain(classic(1), def.groups, analyze, variantName("classic", analyze))
+			res, costs, err := drain(classic(1, o.classicPolling), def.groups, analyze, variantName("classic", analyze))
 			if err != nil {
 				return nil, err
 			}
@@ -303,11 +340,8 @@ func unitOf(res *result.Result, name string) string {
 // publisher with one unconfirmed publish at a time (confirm mode,
 // mandatory, persistent), one key: the fastest any relay can send one
 // key's messages in strict order.
-func stopWaitRun(ctx context.Context, o options, emit func(*result.Result)) (*result.Result, error) {
-	so := o
-	so.BrokerWindow = 1
-	so.Keys = 1
-	so.Rows = 5000
+func stopWaitRun(ctx context.Context, o shapesOptions, emit func(*result.Result)) (*result.Result, error) {
+	so := brokerOptions{common: o.common, backlog: backlog{Rows: 5000, Keys: 1, Payload: o.Payload}, BrokerWindow: 1}
 	if o.Quick {
 		so.Rows = 1000
 	}
@@ -333,7 +367,7 @@ func stopWaitRun(ctx context.Context, o options, emit func(*result.Result)) (*re
 
 // durableRun drains the same backlog with one Ordo node into the default
 // (transient, exclusive) queue and into a durable one, side by side.
-func durableRun(ctx context.Context, o options, def shapeDef, emit func(*result.Result)) (*result.Result, error) {
+func durableRun(ctx context.Context, o shapesOptions, def shapeDef, emit func(*result.Result)) (*result.Result, error) {
 	sum := result.New("shapes")
 	rows, keys, _ := planSize(def.groups)
 	sum.Param("msgs", rows)
@@ -345,8 +379,8 @@ func durableRun(ctx context.Context, o options, def shapeDef, emit func(*result.
 			label = "durable-queue"
 		}
 		plan := drainPlan{scenario: "shape", label: def.name + "-" + label, groups: def.groups, analyze: true,
-			autovacuumOff: true, limit: o.ShapeLimit, durable: durable}
-		res, _, err := drainBacklog(ctx, o, ordo(1), plan)
+			payload: o.Payload, autovacuumOff: true, limit: o.ShapeLimit, durable: durable}
+		res, _, err := drainBacklog(ctx, o.common, ordo(1), plan)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", label, err)
 		}
@@ -371,12 +405,10 @@ func durableRun(ctx context.Context, o options, def shapeDef, emit func(*result.
 
 // steadyRun is a short latency run with one Ordo node (the producers'
 // commit latency and the single-row insert's cost), with keys keys.
-func steadyRun(ctx context.Context, o options, keys int) (*result.Result, error) {
-	so := o
-	so.Keys = keys
-	so.Duration = o.ShapeSteady
-	so.Warmup = min(o.Warmup, o.ShapeSteady/5)
-	so.Rate = o.rateOr(500)
+func steadyRun(ctx context.Context, o shapesOptions, keys int) (*result.Result, error) {
+	so := latencyOptions{common: o.common, keyedTraffic: keyedTraffic{traffic: o.traffic, Keys: keys},
+		Duration: o.ShapeSteady, Warmup: min(o.Warmup, o.ShapeSteady/5)}
+	so.Rate = orDefault(o.Rate, 500)
 	res, err := latencyOnce(ctx, so, ordo(1))
 	if err != nil {
 		return nil, fmt.Errorf("steady run: %w", err)

@@ -75,7 +75,7 @@ func TestParseShapes(t *testing.T) {
 		t.Fatalf("unknown shape: %v", err)
 	}
 	none := func(string) (string, bool) { return "", false }
-	if o := parseOne(t, none, "shapes", "-shapes", "1x20000"); len(o.Shapes) != 1 || o.Shapes[0] != "1x20000" {
+	if o := parseOne[shapesOptions](t, none, "shapes", "-shapes", "1x20000"); len(o.Shapes) != 1 || o.Shapes[0] != "1x20000" {
 		t.Fatalf("-shapes 1x20000: %v", o.Shapes)
 	}
 }
@@ -333,7 +333,7 @@ func TestCharts(t *testing.T) {
 	l.AddSeries("latency_ms", []float64{-0.5, 1, 2, 3, 50})
 	write(l)
 
-	o := options{common: common{Out: dir}, Charts: filepath.Join(dir, "charts")}
+	o := chartsOptions{common: common{Out: dir}, Charts: filepath.Join(dir, "charts")}
 	if err := runCharts(context.Background(), o, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -351,7 +351,7 @@ func TestCharts(t *testing.T) {
 			t.Errorf("%s is %v", f, b)
 		}
 	}
-	if err := runCharts(context.Background(), options{common: common{Out: t.TempDir()}, Charts: t.TempDir()}, nil); err == nil {
+	if err := runCharts(context.Background(), chartsOptions{common: common{Out: t.TempDir()}, Charts: t.TempDir()}, nil); err == nil {
 		t.Fatal("charts from no results did not fail")
 	}
 }
@@ -365,12 +365,12 @@ func TestShapesEndToEnd(t *testing.T) {
 	}
 	testkit.RequirePostgres(t)
 	testkit.RequireRabbitMQ(t)
-	o := options{
+	o := shapesOptions{
 		common: common{PostgresURL: testkit.PostgresURL(), AMQPURL: testkit.AMQPURL(), Out: t.TempDir(),
 			Partitions: 8, ConfirmWindow: 64, NodeBin: testkit.BuildBinary(t, "github.com/ordo-relay/ordo/cmd/node"),
 			Timeout: 60 * time.Second},
-		Payload: 50, ClassicBatch: 50, ClassicEvery: 100 * time.Millisecond,
-		ShapeLimit: 60 * time.Second, Workers: 2, Warmup: 200 * time.Millisecond,
+		traffic: traffic{Payload: 50, Workers: 2}, classicPolling: classicPolling{ClassicBatch: 50, ClassicEvery: 100 * time.Millisecond},
+		ShapeLimit: 60 * time.Second, Warmup: 200 * time.Millisecond,
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

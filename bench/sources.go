@@ -30,8 +30,8 @@ import (
 // One source against two is alternated -sources-reps times; the summary
 // gives the medians and the ratios two ÷ one.
 
-// sourcesOptions are the sources scenario's flags.
-type sourcesOptions struct {
+// sourcesFlags are the sources scenario's flags.
+type sourcesFlags struct {
 	Counts    []int         // source counts, alternated within each repetition
 	Cap       float64       // CPU cap of each PostgreSQL cluster, in cores
 	Period    time.Duration // CFS period of the caps
@@ -46,15 +46,36 @@ type sourcesOptions struct {
 	PGVersion string        // PostgreSQL major version of the clusters
 }
 
-// defaultSourcesOptions returns the sources scenario's defaults.
+// sourcesOptions are the sources scenario's: -payload and its -sources-*
+// flags.
+type sourcesOptions struct {
+	common
+	Payload int          // approximate payload size in bytes
+	Sources sourcesFlags // its -sources-* flags
+}
+
 func defaultSourcesOptions() sourcesOptions {
-	return sourcesOptions{Counts: []int{1, 2}, Cap: 0.25, Period: 20 * time.Millisecond, Rows: 10000, Keys: 1000,
+	return sourcesOptions{Payload: 300, Sources: defaultSourcesFlags()}
+}
+
+func (o *sourcesOptions) addFlags(fs *flag.FlagSet) {
+	payloadVar(fs, &o.Payload)
+	addSourcesFlags(fs, &o.Sources)
+}
+
+func (o sourcesOptions) validate() error {
+	return errors.Join(checkPayload(o.Payload), o.Sources.validate())
+}
+
+// defaultSourcesFlags returns the sources scenario's defaults.
+func defaultSourcesFlags() sourcesFlags {
+	return sourcesFlags{Counts: []int{1, 2}, Cap: 0.25, Period: 20 * time.Millisecond, Rows: 10000, Keys: 1000,
 		Producers: 4, Duration: 10 * time.Second, Warmup: 2 * time.Second, Reps: 2, Nodes: 1, PGVersion: "15"}
 }
 
 // addSourcesFlags registers the -sources-* flags on fs, with p's values as
 // their defaults.
-func addSourcesFlags(fs *flag.FlagSet, p *sourcesOptions) {
+func addSourcesFlags(fs *flag.FlagSet, p *sourcesFlags) {
 	listVar(fs, "sources-counts", joinInts(p.Counts), "comma-separated source counts (1 or 2), alternated within each repetition", func(s string) (err error) {
 		p.Counts, err = parseRange("sources-counts", s, 1, 2)
 		return err
@@ -72,7 +93,7 @@ func addSourcesFlags(fs *flag.FlagSet, p *sourcesOptions) {
 	fs.StringVar(&p.PGVersion, "sources-pg-version", p.PGVersion, "PostgreSQL major version of the clusters (pg_createcluster's)")
 }
 
-func (p sourcesOptions) validate() error {
+func (p sourcesFlags) validate() error {
 	switch {
 	case p.Cap <= 0 || p.Cap > 2 || p.NodeCap < 0 || p.NodeCap > 2:
 		return errors.New("sources-cap must be in (0, 2] cores and sources-node-cap in [0, 2]")
@@ -108,7 +129,7 @@ const srcMaxConns = 150
 // runSources makes the clusters, runs every source count -sources-reps
 // times (alternating), emits one result per run and a summary of medians
 // and ratios.
-func runSources(ctx context.Context, o options, emit func(*result.Result)) error {
+func runSources(ctx context.Context, o sourcesOptions, emit func(*result.Result)) error {
 	p := o.Sources
 	if err := checkPGTools(os.Geteuid(), exec.LookPath); err != nil {
 		return err
@@ -248,7 +269,7 @@ func startSourceClusters(ctx context.Context, pcs *pgClusters, caps *cpuCaps, n 
 
 // sourcesSummary returns the medians of every source count's runs and the
 // ratios of the largest count to one source.
-func sourcesSummary(p sourcesOptions, runs []*result.Result) *result.Result {
+func sourcesSummary(p sourcesFlags, runs []*result.Result) *result.Result {
 	res := result.New("sources")
 	res.Label = "summary"
 	res.Param("cap_cores", p.Cap)

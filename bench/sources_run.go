@@ -31,7 +31,7 @@ type benchSource struct {
 // sourcesOnce is one run with one source per cluster: the backlog is
 // loaded into every source before the nodes start, the nodes drain it,
 // then the producers write into every source while the nodes relay.
-func sourcesOnce(ctx context.Context, o options, clusters []sourceCluster) (*result.Result, error) {
+func sourcesOnce(ctx context.Context, o sourcesOptions, clusters []sourceCluster) (*result.Result, error) {
 	p := o.Sources
 	n := len(clusters)
 	res := result.New("sources")
@@ -84,7 +84,7 @@ func sourcesOnce(ctx context.Context, o options, clusters []sourceCluster) (*res
 // openSources creates a database (migrated, with an exchange and a
 // consumer) on each cluster. The returned close removes whatever was
 // created, also on error.
-func openSources(ctx context.Context, o options, clusters []sourceCluster) ([]*benchSource, func(), error) {
+func openSources(ctx context.Context, o sourcesOptions, clusters []sourceCluster) ([]*benchSource, func(), error) {
 	var srcs []*benchSource
 	closeAll := func() {
 		for i := len(srcs) - 1; i >= 0; i-- {
@@ -198,7 +198,7 @@ func addSourceCPU(res *result.Result, prefix string, srcs []*benchSource, a, b c
 // drainSources starts the nodes on every source and waits until each
 // source's backlog has arrived. The rate is the backlog's rows over the
 // first to the last delivery, per source and of all together.
-func drainSources(ctx context.Context, o options, srcs []*benchSource, nodeRig *harness.Rig, res *result.Result) (*ordoSystem, error) {
+func drainSources(ctx context.Context, o sourcesOptions, srcs []*benchSource, nodeRig *harness.Rig, res *result.Result) (*ordoSystem, error) {
 	a, err := sampleSources(srcs, nil)
 	if err != nil {
 		return nil, err
@@ -236,7 +236,7 @@ func drainSources(ctx context.Context, o options, srcs []*benchSource, nodeRig *
 // startSourceNodes starts -sources-nodes nodes relaying every source,
 // each in a cgroup of the raised weight (raiseWeight), capped when
 // -sources-node-cap is set. They stop at nodeRig's close.
-func startSourceNodes(ctx context.Context, o options, srcs []*benchSource, nodeRig *harness.Rig) (*ordoSystem, error) {
+func startSourceNodes(ctx context.Context, o sourcesOptions, srcs []*benchSource, nodeRig *harness.Rig) (*ordoSystem, error) {
 	p := o.Sources
 	c, err := harness.NewCluster(nodeRig, o.AMQPURL, p.Nodes, p.Nodes > 1)
 	if err != nil {
@@ -266,7 +266,7 @@ func startSourceNodes(ctx context.Context, o options, srcs []*benchSource, nodeR
 // evenly over the sources (one row per transaction, the plain INSERT of
 // the produce scenario's ordo-sql), while the nodes relay, and measures
 // the commits in the window after the warm-up.
-func produceSources(ctx context.Context, o options, srcs []*benchSource, sys *ordoSystem, res *result.Result) error {
+func produceSources(ctx context.Context, o sourcesOptions, srcs []*benchSource, sys *ordoSystem, res *result.Result) error {
 	p := o.Sources
 	v := findProduceVariant(variantOrdoSQL)
 	wctx, stop := context.WithCancel(ctx)
@@ -333,10 +333,8 @@ func firstErr(errs ...error) error {
 }
 
 // sourceWriter is a produce writer of keys keys to exchange.
-func sourceWriter(o options, keys int, exchange string) (*produceWriter, error) {
-	oo := o
-	oo.Keys = keys
-	w, err := newProduceWriter(oo)
+func sourceWriter(o sourcesOptions, keys int, exchange string) (*produceWriter, error) {
+	w, err := newProduceWriter(o.Partitions, keys, o.Payload)
 	if err != nil {
 		return nil, err
 	}
@@ -348,7 +346,7 @@ func sourceWriter(o options, keys int, exchange string) (*produceWriter, error) 
 // outbox holds (the backlog's and the producers') and returns the checker's
 // report over them: lost, reordered or skipped per (source, key), since
 // every source has an exchange, a queue and a checker of its own.
-func checkSource(ctx context.Context, o options, s *benchSource) (result.Check, error) {
+func checkSource(ctx context.Context, o sourcesOptions, s *benchSource) (result.Check, error) {
 	rows, err := s.rig.Pool.Query(ctx, `SELECT id::text FROM outbox ORDER BY seq`)
 	if err != nil {
 		return result.Check{}, fmt.Errorf("source %s: list rows: %w", s.name, err)

@@ -19,13 +19,13 @@ import (
 
 func TestSourcesFlags(t *testing.T) {
 	none := func(string) (string, bool) { return "", false }
-	p := parseOne(t, none, "sources").Sources
+	p := parseOne[sourcesOptions](t, none, "sources").Sources
 	if !slices.Equal(p.Counts, []int{1, 2}) || p.Cap != 0.25 || p.Reps != 2 || p.Producers != 4 || p.Nodes != 1 || p.PGVersion != "15" {
 		t.Fatalf("defaults %+v", p)
 	}
 	env := map[string]string{"ORDO_BENCH_SOURCES_REPS": "3"}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
-	p = parseOne(t, lookup, "sources", "-sources-counts", "2,1", "-sources-cap", "0.25", "-sources-node-cap", "0.5",
+	p = parseOne[sourcesOptions](t, lookup, "sources", "-sources-counts", "2,1", "-sources-cap", "0.25", "-sources-node-cap", "0.5",
 		"-sources-producers", "8", "-sources-period", "50ms").Sources
 	if !slices.Equal(p.Counts, []int{2, 1}) || p.Cap != 0.25 || p.NodeCap != 0.5 || p.Producers != 8 ||
 		p.Period != 50*time.Millisecond || p.Reps != 3 {
@@ -239,7 +239,7 @@ func TestSourcesSummary(t *testing.T) {
 		r.Check.Lost = lost
 		return r
 	}
-	p := defaultSourcesOptions()
+	p := defaultSourcesFlags()
 	p.Reps = 3
 	sum := sourcesSummary(p, []*result.Result{run(1, 100, 10, 0), run(2, 190, 21, 0), run(1, 120, 11, 0), run(2, 250, 30, 1), run(1, 80, 9, 0), run(2, 200, 20, 0)})
 	for name, want := range map[string]float64{"drain_msgs_per_sec_1": 100, "drain_msgs_per_sec_2": 200, "insert_tps_1": 10, "insert_tps_2": 21,
@@ -262,9 +262,10 @@ func TestSourcesOnRealClusters(t *testing.T) {
 		t.Skip("set ORDO_BENCH_SOURCES_IT=1 to make real PostgreSQL clusters (root, pg_createcluster)")
 	}
 	testkit.RequireRabbitMQ(t)
-	o := defaultOptions()
+	o := defaultSourcesOptions()
+	o.common = defaultCommon()
 	o.AMQPURL, o.Out, o.Partitions, o.Timeout = testkit.AMQPURL(), t.TempDir(), 8, 2*time.Minute
-	o.Sources = sourcesOptions{Counts: []int{1, 2}, Cap: 0.3, Period: 20 * time.Millisecond, Rows: 1000, Keys: 100,
+	o.Sources = sourcesFlags{Counts: []int{1, 2}, Cap: 0.3, Period: 20 * time.Millisecond, Rows: 1000, Keys: 100,
 		Producers: 4, Duration: time.Second, Warmup: 200 * time.Millisecond, Reps: 1, Nodes: 1, PGVersion: "15"}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

@@ -30,16 +30,19 @@ var (
 // systemSpec says which relay to run, and how many of it.
 type systemSpec struct {
 	classic bool
-	n       int      // Ordo nodes or classic instances
-	env     []string // Ordo: extra ORDO_* variables for every node
+	n       int            // Ordo nodes or classic instances
+	relay   classicPolling // classic: how the instances poll
+	env     []string       // Ordo: extra ORDO_* variables for every node
 	// onStart, when set, is called with every Ordo node right after its
 	// process started (to move it into a CPU cgroup, say); an error stops
 	// the start.
 	onStart func(slot int, n *harness.Node) error
 }
 
-func ordo(n int) systemSpec    { return systemSpec{n: n} }
-func classic(n int) systemSpec { return systemSpec{classic: true, n: n} }
+func ordo(n int) systemSpec { return systemSpec{n: n} }
+func classic(n int, cl classicPolling) systemSpec {
+	return systemSpec{classic: true, n: n, relay: cl}
+}
 
 // String is "ordo-3" or "classic-2".
 func (s systemSpec) String() string {
@@ -65,12 +68,12 @@ func (s systemSpec) addParams(res *result.Result) {
 // start starts the relays on the rig and returns once they are ready:
 // Ordo nodes converged on a map with every lease held, classic instances
 // started (they connect on their own).
-func (s systemSpec) start(ctx context.Context, r *harness.Rig, o options) (system, error) {
+func (s systemSpec) start(ctx context.Context, r *harness.Rig) (system, error) {
 	if s.classic {
 		if err := classicIndex(ctx, r); err != nil {
 			return nil, err
 		}
-		return startClassic(r, o, s.n), nil
+		return startClassic(r, s.relay, s.n), nil
 	}
 	return startOrdoWith(ctx, r, s.n, s.env, s.onStart)
 }

@@ -1,0 +1,94 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// produceOptions are the produce scenario's: -payload, -keys and its
+// -produce-* flags.
+type produceOptions struct {
+	common
+	Payload int          // approximate payload size in bytes
+	Keys    int          // distinct correlation ids (0: 10000)
+	Produce produceFlags // its -produce-* flags
+}
+
+func defaultProduceOptions() produceOptions {
+	return produceOptions{Payload: 300, Produce: defaultProduceFlags()}
+}
+
+func (o *produceOptions) addFlags(fs *flag.FlagSet) {
+	payloadVar(fs, &o.Payload)
+	keysVar(fs, &o.Keys)
+	addProduceFlags(fs, &o.Produce)
+}
+
+func (o produceOptions) validate() error {
+	return errors.Join(checkPayload(o.Payload), checkKeys(o.Keys), o.Produce.validate())
+}
+
+// produceFlags are the produce scenario's flags.
+type produceFlags struct {
+	Duration   time.Duration // measured time per run
+	Warmup     time.Duration // time per run before measuring starts
+	Producers  []int         // producer counts, one cell each
+	Rows       []int         // rows per transaction, one cell each
+	Reps       int           // repetitions of every (cell, variant)
+	Variants   []string      // variants to run; classic always first
+	WALInspect bool          // measure this database's WAL with pg_walinspect
+	Rate       int           // transactions a second over all producers (produce_pace.go); 0: closed loop
+}
+
+// defaultProduceFlags returns the produce scenario's defaults.
+func defaultProduceFlags() produceFlags {
+	all, _ := parseProduceVariants("all")
+	return produceFlags{Duration: 10 * time.Second, Warmup: time.Second, Producers: []int{1, 8, 32}, Rows: []int{1, 10},
+		Reps: 3, Variants: all, WALInspect: true}
+}
+
+// addProduceFlags registers the produce scenario's -produce-* flags on fs,
+// with p's values as their defaults.
+func addProduceFlags(fs *flag.FlagSet, p *produceFlags) {
+	fs.DurationVar(&p.Duration, "produce-duration", p.Duration, "measured time per run")
+	fs.DurationVar(&p.Warmup, "produce-warmup", p.Warmup, "time per run before measuring starts")
+	listVar(fs, "produce-producers", joinInts(p.Producers), "comma-separated producer counts (connections), 1 to 64", func(s string) (err error) {
+		p.Producers, err = parseRange("produce-producers", s, 1, 64)
+		return err
+	})
+	listVar(fs, "produce-rows", joinInts(p.Rows), "comma-separated rows per transaction, 1 to 1000", func(s string) (err error) {
+		p.Rows, err = parseRange("produce-rows", s, 1, 1000)
+		return err
+	})
+	fs.IntVar(&p.Reps, "produce-reps", p.Reps, "repetitions of every variant in every cell (alternating); medians are reported")
+	listVar(fs, "produce-variants", "all", "comma-separated variants (classic, ordo-sql, ordo-sql-nonotify, ordo-enqueue, bare, ordo-sql-relay, classic-relay) or all; classic always runs", func(s string) (err error) {
+		p.Variants, err = parseProduceVariants(s)
+		return err
+	})
+	fs.IntVar(&p.Rate, "produce-rate", p.Rate, "paced: transactions a second over all producers, evenly spaced (0: each producer commits back to back)")
+	fs.BoolVar(&p.WALInspect, "produce-wal-inspect", p.WALInspect, "count the WAL of the run's own database with pg_walinspect (besides the server-wide LSN delta)")
+}
+
+func (p produceFlags) validate() error {
+	if p.Duration <= 0 || p.Warmup < 0 || p.Reps < 1 || p.Reps > 20 || p.Rate < 0 {
+		return errors.New("produce-duration must be positive, produce-warmup and produce-rate not negative, produce-reps 1..20")
+	}
+	return nil
+}
+
+// parseRange parses "1,8,32" into counts from lo to hi.
+func parseRange(flagName, s string, lo, hi int) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < lo || n > hi {
+			return nil, fmt.Errorf("-%s %q: want comma-separated counts from %d to %d", flagName, s, lo, hi)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
