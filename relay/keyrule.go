@@ -43,7 +43,7 @@ func (r *Relay) headLocked(k *keyState, now time.Time) (*entry, bool) {
 // next row, read later, is judged by the database (the row below it is
 // marked by then).
 func (r *Relay) forgetIfIdleLocked(k *keyState) {
-	if len(k.rows) > 0 || k.flights.live() > 0 || k.inReady || r.backingOff[k] || r.leaseWait[k] {
+	if len(k.rows) > 0 || k.flights.live() > 0 || k.inReady || r.backingOff[k] || r.leaseWait[k] || k.gapFrom > 0 {
 		return
 	}
 	if ps := k.part; ps.keys[k.name] == k {

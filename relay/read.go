@@ -99,6 +99,13 @@ func (r *Relay) ingestRead(plan readPlan, rows []Row, took time.Duration) (skipp
 		if plan.alone == ps {
 			ps.slow.readOK(limit, r.cfg.BatchSize)
 		}
+		if req.first {
+			// A new pass reads every key from its first pending row:
+			// the gaps are found again.
+			for _, k := range ps.keys {
+				k.gapFrom = 0
+			}
+		}
 		leftOut := r.ingestLocked(ps, got)
 		commits, counted, passDone := ps.rd.pageRead(req, got, limit, leftOut, now, r.passGapLocked(ps))
 		if counted {
@@ -119,7 +126,16 @@ func (r *Relay) ingestRead(plan readPlan, rows []Row, took time.Duration) (skipp
 // memory's (readGen), and new rows join their key's queue in key_seq
 // order. A parked row's followers are not kept: they cannot go before an
 // operator acts, and the next pass reads them again. It returns the seq of
-// the first row it left out because memory was full (0: none).
+// the first row it left out for memory (0: none).
+//
+// Memory holds each key's rows without a gap: once a row of a key is left
+// out because memory is full, the key's rows above it are left out too
+// (keyState.gapFrom) until it is read again and kept, or a new pass
+// starts over. A row above a gap cannot go before the gap is read, and a
+// memory full of such rows holds nothing that may go: each pass from the
+// partition's first pending row then let one row of each key in, the one
+// just below its queue (TestCoreReadAheadFullKeepsKeysContiguous,
+// TestIngestKeepsKeysContiguous).
 func (r *Relay) ingestLocked(ps *partState, rows []Row) (leftOut int64) {
 	for i := range rows {
 		row := rows[i]
@@ -150,16 +166,24 @@ func (r *Relay) ingestLocked(ps *partState, rows []Row) (leftOut int64) {
 		at, _ := slices.BinarySearchFunc(k.rows, row.KeySeq, func(x *entry, ks int64) int {
 			return int(min(max(x.row.KeySeq-ks, -1), 1))
 		})
-		if at > 0 && r.memoryFullLocked() {
-			// Memory is full and the row waits behind others of its key
-			// (blocked ones, say): leave it for later (pageRead says
-			// when), and read again only once half the read-ahead is
-			// free (readRefusedLocked).
+		gap := k.gapFrom > 0 && row.KeySeq > k.gapFrom
+		full := !gap && at > 0 && r.memoryFullLocked()
+		if gap || full {
+			// Above its key's gap, or memory is full and the row waits
+			// behind others of its key: leave it for later (pageRead
+			// says when); after a row left out for memory, read again
+			// only once half the read-ahead is free (readRefusedLocked).
 			if leftOut == 0 {
 				leftOut = row.Seq
 			}
-			r.leftOut = true
+			if full {
+				k.gapFrom = row.KeySeq
+				r.leftOut = true
+			}
 			continue
+		}
+		if row.KeySeq == k.gapFrom {
+			k.gapFrom = 0 // the gap is read: the rows above it may follow
 		}
 		k.rows = slices.Insert(k.rows, at, e)
 		ps.queued[row.ID] = e

@@ -56,6 +56,7 @@ type keyState struct {
 	published int64        // highest key_seq published in this epoch
 	confirmed int64        // highest key_seq confirmed in this epoch
 	failGen   uint64       // readGen after its last failure record (readgen.go)
+	gapFrom   int64        // key_seq of a row left out for memory since its pass began: none above it is queued (0: none)
 	inReady   bool
 }
 

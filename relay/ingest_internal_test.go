@@ -1,0 +1,70 @@
+package relay
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// TestIngestKeepsKeysContiguous: a key whose rows were left out for
+// memory keeps no row above the first left out, even once memory has
+// room again (a tail read above it, say), until that row is read and
+// kept: memory holds each key's rows from its head without a gap.
+func TestIngestKeepsKeysContiguous(t *testing.T) {
+	rows := make([]Row, 30)
+	for i := range rows {
+		rows[i] = Row{ID: uuid.New(), Partition: 0, Seq: int64(i + 1), CorrelationID: "k", KeySeq: int64(i + 1),
+			Exchange: "x", RoutingKey: "r", Type: "t", Payload: make([]byte, 300)}
+	}
+	size := rowSize(&rows[0])
+	r, err := New(Config{Node: "t", ReadAheadBytes: 10 * size}, nil, nil, allLeases{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.apply(Assigned{Lease: Lease{Partition: 0, Epoch: 1, Deadline: time.Now().Add(time.Hour)}})
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ps := r.parts[0]
+	k := ps.key("k")
+	keySeqs := func() (first, last int64, n int) {
+		return k.rows[0].row.KeySeq, k.rows[len(k.rows)-1].row.KeySeq, len(k.rows)
+	}
+	if left := r.ingestLocked(ps, rows[:20]); left == 0 {
+		t.Fatal("a read of twice the read-ahead left nothing out")
+	}
+	first, last, n := keySeqs()
+	t.Logf("first read: key_seq %d..%d kept (%d rows)", first, last, n)
+	leftFrom := last + 1
+	// Half of them go (published and marked): memory has room again.
+	for _, e := range k.rows[:5] {
+		delete(ps.queued, e.row.ID)
+		r.addBytesLocked(-e.size)
+	}
+	k.rows = k.rows[5:]
+	r.ingestLocked(ps, rows[20:]) // a tail read above the rows left out
+	first, last, n = keySeqs()
+	if int(last-first+1) != n {
+		t.Fatalf("memory holds key_seq %d..%d in %d rows: a gap", first, last, n)
+	}
+	if last >= leftFrom {
+		t.Fatalf("key_seq %d kept above the rows left out from %d", last, leftFrom)
+	}
+	// Every row kept goes: the key, idle, is not forgotten while it has a
+	// gap (a new key state would take the next row read, above the gap).
+	for _, e := range k.rows {
+		delete(ps.queued, e.row.ID)
+		r.addBytesLocked(-e.size)
+	}
+	k.rows, k.inReady, r.ready = nil, false, nil // as the dispatch loop leaves it
+	r.forgetIfIdleLocked(k)
+	r.ingestLocked(ps, rows[25:])
+	if k2 := ps.keys["k"]; k2 != nil && len(k2.rows) > 0 {
+		t.Fatalf("key_seq %d kept above the gap: the idle key was forgotten with it", k2.rows[0].row.KeySeq)
+	}
+	// The rows left out, read again, are kept while there is room.
+	r.ingestLocked(ps, rows[leftFrom-1:20])
+	if first, last, _ := keySeqs(); first != leftFrom || last < leftFrom+5 {
+		t.Fatalf("the rows left out, read again with room, kept as key_seq %d..%d", first, last)
+	}
+}
