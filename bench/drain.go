@@ -264,6 +264,16 @@ func drainBacklog(ctx context.Context, o common, spec systemSpec, plan drainPlan
 	if err := addUsage(res, sys, relayCPU0, got); err != nil {
 		return nil, costs, err
 	}
+	if ordo, ok := sys.(*ordoSystem); ok && got > 0 {
+		// Rows read per message delivered: 1 is every row read once.
+		n, err := ordo.readRows(ctx)
+		if err != nil {
+			res.Note("read rows: %v", err)
+		} else {
+			res.Figure("read_rows", n, "")
+			res.Figure("read_rows_per_msg", n/float64(got), "")
+		}
+	}
 	if poisoned > 0 {
 		n, err := r.Parked(ctx)
 		if err != nil {

@@ -158,6 +158,27 @@ func (s *ordoSystem) usage() (time.Duration, float64, error) {
 	return cpu, rss, nil
 }
 
+// readRows returns the rows the running nodes' relays have read so far
+// (ordo_relay_read_rows_total, summed): the read path's amplification is
+// this over the messages delivered.
+func (s *ordoSystem) readRows(ctx context.Context) (float64, error) {
+	var sum float64
+	for _, n := range s.c.Nodes {
+		if n == nil || n.Exited() {
+			continue
+		}
+		v, found, err := n.Metric(ctx, "ordo_relay_read_rows_total")
+		if err != nil {
+			return 0, err
+		}
+		if !found {
+			return 0, fmt.Errorf("node %s: no ordo_relay_read_rows_total on its /metrics", n.Name)
+		}
+		sum += v
+	}
+	return sum, nil
+}
+
 // stop stops every node (SIGTERM, in parallel) and waits for them.
 func (s *ordoSystem) stop() error {
 	errs := make(chan error, len(s.c.Nodes))

@@ -1,9 +1,11 @@
 package harness
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -258,4 +260,49 @@ func ProcCPU(pid int) (time.Duration, error) {
 // contains substr.
 func (n *Node) LineAfter(substr string, t time.Time) (time.Time, bool) {
 	return n.Proc.LineAfter(substr, t)
+}
+
+// Metric returns the sum of every sample of the counter or gauge name on
+// the node's /metrics (every label set), and whether the page had it.
+func (n *Node) Metric(ctx context.Context, name string) (float64, bool, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+n.HTTPAddr+"/metrics", nil)
+	if err != nil {
+		return 0, false, err
+	}
+	client := &http.Client{Timeout: 5 * time.Second}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, false, fmt.Errorf("node %s metrics: %w", n.Name, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, false, fmt.Errorf("node %s metrics: %s", n.Name, resp.Status)
+	}
+	return sumSamples(resp.Body, name)
+}
+
+// sumSamples sums the samples of metric name in a Prometheus text page.
+func sumSamples(page io.Reader, name string) (float64, bool, error) {
+	var sum float64
+	found := false
+	sc := bufio.NewScanner(page)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || rest == "" || (rest[0] != ' ' && rest[0] != '{') {
+			continue
+		}
+		fields := strings.Fields(rest[strings.LastIndex(rest, "}")+1:])
+		if len(fields) == 0 {
+			return 0, false, fmt.Errorf("metric line without a value: %q", line)
+		}
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil {
+			return 0, false, fmt.Errorf("metric line %q: %w", line, err)
+		}
+		sum += v
+		found = true
+	}
+	return sum, found, sc.Err()
 }
