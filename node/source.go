@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -21,6 +22,7 @@ type source struct {
 	name      string
 	pool      *pgxpool.Pool
 	leaseConn *pgx.ConnConfig // the leaser's and the health ping's connections
+	slowConns atomic.Int32    // consecutive connects of leaseConn that ran out of time (connectTimeout)
 	logger    *slog.Logger    // the node's, with a "source" attribute when it has several
 	wake      chan struct{}   // membership changes, fanned out to this source's leaser
 	leaser    *lease.Leaser
@@ -69,11 +71,41 @@ func (s *source) errorf(format string, args ...any) error {
 }
 
 // connect opens a connection of the source's own (the leaser's, the
-// health ping's), bounded by 5 s.
+// health ping's), bounded by connectTimeout of the connects of the source
+// that ran out of time in a row.
 func (s *source) connect(ctx context.Context) (*pgx.Conn, error) {
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	slow := s.slowConns.Load()
+	cctx, cancel := context.WithTimeout(ctx, connectTimeout(int(slow)))
 	defer cancel()
-	return pgx.ConnectConfig(cctx, s.leaseConn.Copy())
+	conn, err := pgx.ConnectConfig(cctx, s.leaseConn.Copy())
+	switch {
+	case err == nil:
+		s.slowConns.Store(0)
+	case cctx.Err() != nil && ctx.Err() == nil:
+		s.slowConns.CompareAndSwap(slow, slow+1)
+	}
+	return conn, err
+}
+
+// Bounds of one connect of the source's own connections (connect).
+const (
+	connectTimeoutMin = 5 * time.Second
+	connectTimeoutMax = 40 * time.Second
+)
+
+// connectTimeout is the bound of a connect after slow connects in a row
+// ran out of time: 5 s, doubled for each, up to 40 s. A server that takes
+// longer than the bound to start a session (a PostgreSQL just restarted,
+// on a loaded machine: 5-20 s) is never reached by connects that give up
+// at a fixed bound and start over, each costing it a session start of
+// its own (issue 27); one that refuses or resets fails fast whatever the
+// bound.
+func connectTimeout(slow int) time.Duration {
+	d := connectTimeoutMin
+	for i := 0; i < slow && d < connectTimeoutMax; i++ {
+		d *= 2
+	}
+	return min(d, connectTimeoutMax)
 }
 
 // stampSource is the relay.Publisher of one source: it sets each
