@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -19,15 +20,16 @@ import (
 // the database fences (docs/design.md, "Sources"). The node's broker
 // connection, gossip and HTTP server are shared by every source.
 type source struct {
-	name      string
-	pool      *pgxpool.Pool
-	leaseConn *pgx.ConnConfig // the leaser's and the health ping's connections
-	slowConns atomic.Int32    // consecutive connects of leaseConn that ran out of time (connectTimeout)
-	logger    *slog.Logger    // the node's, with a "source" attribute when it has several
-	wake      chan struct{}   // membership changes, fanned out to this source's leaser
-	leaser    *lease.Leaser
-	relay     *relay.Relay
-	backlog   *Backlog
+	name       string
+	pool       *pgxpool.Pool
+	leaseConn  *pgx.ConnConfig // the leaser's and the health ping's connections
+	slowConns  atomic.Int32    // consecutive connects of leaseConn that ran out of time (connectTimeout)
+	connectMin time.Duration   // the first bound of connect (0: connectTimeoutMin; tests shorten it)
+	logger     *slog.Logger    // the node's, with a "source" attribute when it has several
+	wake       chan struct{}   // membership changes, fanned out to this source's leaser
+	leaser     *lease.Leaser
+	relay      *relay.Relay
+	backlog    *Backlog
 }
 
 // openSources opens a pool per source and migrates each database, in
@@ -75,7 +77,7 @@ func (s *source) errorf(format string, args ...any) error {
 // that ran out of time in a row.
 func (s *source) connect(ctx context.Context) (*pgx.Conn, error) {
 	slow := s.slowConns.Load()
-	cctx, cancel := context.WithTimeout(ctx, connectTimeout(int(slow)))
+	cctx, cancel := context.WithTimeout(ctx, connectTimeout(int(slow), cmp.Or(s.connectMin, connectTimeoutMin)))
 	defer cancel()
 	conn, err := pgx.ConnectConfig(cctx, s.leaseConn.Copy())
 	switch {
@@ -87,25 +89,23 @@ func (s *source) connect(ctx context.Context) (*pgx.Conn, error) {
 	return conn, err
 }
 
-// Bounds of one connect of the source's own connections (connect).
-const (
-	connectTimeoutMin = 5 * time.Second
-	connectTimeoutMax = 40 * time.Second
-)
+// connectTimeoutMin is the first bound of a connect of the source's own
+// connections (connect, connectTimeout).
+const connectTimeoutMin = 5 * time.Second
 
 // connectTimeout is the bound of a connect after slow connects in a row
-// ran out of time: 5 s, doubled for each, up to 40 s. A server that takes
-// longer than the bound to start a session (a PostgreSQL just restarted,
-// on a loaded machine: 5-20 s) is never reached by connects that give up
-// at a fixed bound and start over, each costing it a session start of
-// its own (issue 27); one that refuses or resets fails fast whatever the
-// bound.
-func connectTimeout(slow int) time.Duration {
-	d := connectTimeoutMin
-	for i := 0; i < slow && d < connectTimeoutMax; i++ {
+// ran out of time: lo, doubled for each, up to 8·lo (5 s to 40 s). A
+// server that takes longer than a fixed bound to start a session (a
+// PostgreSQL just restarted, on a loaded machine: 5-20 s) is never
+// reached by connects that give up at that bound and start over, each
+// costing it a session start of its own (issue 27); one that refuses or
+// resets fails fast whatever the bound.
+func connectTimeout(slow int, lo time.Duration) time.Duration {
+	d := lo
+	for i := 0; i < slow && d < 8*lo; i++ {
 		d *= 2
 	}
-	return min(d, connectTimeoutMax)
+	return min(d, 8*lo)
 }
 
 // stampSource is the relay.Publisher of one source: it sets each
