@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ordo-relay/ordo/internal/backoff"
 	"github.com/ordo-relay/ordo/lease"
 	"github.com/ordo-relay/ordo/relay"
 	"github.com/ordo-relay/ordo/wire"
@@ -101,11 +102,7 @@ const connectTimeoutMin = 5 * time.Second
 // costing it a session start of its own (issue 27); one that refuses or
 // resets fails fast whatever the bound.
 func connectTimeout(slow int, lo time.Duration) time.Duration {
-	d := lo
-	for i := 0; i < slow && d < 8*lo; i++ {
-		d *= 2
-	}
-	return min(d, 8*lo)
+	return backoff.Doubled(slow, lo, 8*lo)
 }
 
 // stampSource is the relay.Publisher of one source: it sets each

@@ -41,6 +41,8 @@ type Store struct {
 	arms   chan armRequest // served by Listen on its connection
 
 	listening atomic.Bool // Listen is connected and serves arms
+
+	listenConnectMin time.Duration // the first bound of Listen's connect (0: listenConnectMin; tests shorten it)
 }
 
 var _ relay.Store = (*Store)(nil)
