@@ -25,7 +25,8 @@ import (
 //   - A database is reachable while a ping on a connection of its own
 //     has succeeded within dbWindow (the lease TTL minus its margin): the
 //     node declares the database lost when its leases lapse, not later.
-//     A stalled link is caught by the ping's timeout, like a closed one.
+//     A stalled link is caught like a closed one: no ping answers (each
+//     is bounded by dbWindow, then its connection is replaced).
 //   - The broker is reachable while the publisher has a channel open; a
 //     change counts once it has lasted brokerGrace, so a channel reopened
 //     after a 404 moves nothing. A stalled link is caught by the
