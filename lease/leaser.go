@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ordo-relay/ordo/internal/backoff"
 	"github.com/ordo-relay/ordo/internal/outage"
 	"github.com/ordo-relay/ordo/relay"
 )
@@ -122,6 +123,11 @@ func (l *Leaser) Run(ctx context.Context) error {
 	var conn *pgx.Conn
 	defer func() { l.releaseAll(conn) }()
 	down := outage.New(l.cfg.Logger, "lease database")
+	// Failed connects are tried again after a backoff with jitter, from
+	// about RenewEvery: every node's leasers lose their connections at the
+	// same moment when the database restarts, and a slow server is not
+	// helped by all of them coming back in step (issue 27).
+	redial := backoff.New(l.cfg.RenewEvery, 3*l.cfg.RenewEvery)
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -135,11 +141,15 @@ func (l *Leaser) Run(ctx context.Context) error {
 		if conn == nil || conn.IsClosed() {
 			c, err := l.cfg.Connect(ctx)
 			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
 				down.Fail(err)
-				t.Reset(l.cfg.RenewEvery)
+				t.Reset(redial.Next())
 				continue
 			}
 			conn = c
+			redial.Reset()
 		}
 		next, err := l.tick(ctx, conn)
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ordo-relay/ordo/internal/backoff"
 	"github.com/ordo-relay/ordo/membership"
 	"github.com/ordo-relay/ordo/relay/rabbitmq"
 	"github.com/ordo-relay/ordo/wire"
@@ -24,7 +25,8 @@ import (
 //   - A database is reachable while a ping on a connection of its own
 //     has succeeded within dbWindow (the lease TTL minus its margin): the
 //     node declares the database lost when its leases lapse, not later.
-//     A stalled link is caught by the ping's timeout, like a closed one.
+//     A stalled link is caught like a closed one: no ping answers (each
+//     is bounded by dbWindow, then its connection is replaced).
 //   - The broker is reachable while the publisher has a channel open; a
 //     change counts once it has lasted brokerGrace, so a channel reopened
 //     after a 404 moves nothing. A stalled link is caught by the
@@ -139,7 +141,14 @@ func (h *healthMonitor) set(hl membership.Health) {
 }
 
 // pingLoop pings d's database every h.every on a connection of its own,
-// each ping and each connect bounded by h.every, until ctx ends.
+// until ctx ends. A ping may take up to dbWindow: the verdict (compute)
+// goes by when the last successful ping was sent, so a slower bound
+// delays nothing, and a ping that merely ran long does not cost the
+// connection. A connect has the source's own bound (source.connect), and
+// a failed one is tried again after a backoff with jitter: connects given
+// up every h.every and started over would each cost the server a session
+// start, every node's and every source's at once after a restart, and
+// keep a slow server slow (issue 27).
 func (h *healthMonitor) pingLoop(ctx context.Context, d *dbPing) {
 	var conn *pgx.Conn
 	defer func() {
@@ -149,22 +158,28 @@ func (h *healthMonitor) pingLoop(ctx context.Context, d *dbPing) {
 			cancel()
 		}
 	}()
+	bo := backoff.New(h.every, max(h.every, time.Second))
 	t := time.NewTicker(h.every)
 	defer t.Stop()
 	for {
-		sent := time.Now()
-		pctx, cancel := context.WithTimeout(ctx, h.every)
-		var err error
 		if conn == nil || conn.IsClosed() {
-			conn, err = d.connect(pctx)
+			c, err := d.connect(ctx)
+			if err != nil {
+				if !backoff.Sleep(ctx, bo.Next()) {
+					return
+				}
+				continue
+			}
+			conn = c
+			bo.Reset()
 		}
-		if err == nil {
-			err = conn.Ping(pctx)
-		}
+		sent := time.Now()
+		pctx, cancel := context.WithTimeout(ctx, h.dbWindow)
+		err := conn.Ping(pctx)
 		cancel()
 		if err == nil {
 			d.lastPing.Store(sent.UnixNano())
-		} else if conn != nil {
+		} else {
 			cctx, cancel := context.WithTimeout(context.Background(), h.every)
 			_ = conn.Close(cctx)
 			cancel()

@@ -1,14 +1,17 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ordo-relay/ordo/internal/backoff"
 	"github.com/ordo-relay/ordo/lease"
 	"github.com/ordo-relay/ordo/relay"
 	"github.com/ordo-relay/ordo/wire"
@@ -18,14 +21,16 @@ import (
 // the database fences (docs/design.md, "Sources"). The node's broker
 // connection, gossip and HTTP server are shared by every source.
 type source struct {
-	name      string
-	pool      *pgxpool.Pool
-	leaseConn *pgx.ConnConfig // the leaser's and the health ping's connections
-	logger    *slog.Logger    // the node's, with a "source" attribute when it has several
-	wake      chan struct{}   // membership changes, fanned out to this source's leaser
-	leaser    *lease.Leaser
-	relay     *relay.Relay
-	backlog   *Backlog
+	name       string
+	pool       *pgxpool.Pool
+	leaseConn  *pgx.ConnConfig // the leaser's and the health ping's connections
+	slowConns  atomic.Int32    // consecutive connects of leaseConn that ran out of time (connectTimeout)
+	connectMin time.Duration   // the first bound of connect (0: connectTimeoutMin; tests shorten it)
+	logger     *slog.Logger    // the node's, with a "source" attribute when it has several
+	wake       chan struct{}   // membership changes, fanned out to this source's leaser
+	leaser     *lease.Leaser
+	relay      *relay.Relay
+	backlog    *Backlog
 }
 
 // openSources opens a pool per source and migrates each database, in
@@ -69,11 +74,35 @@ func (s *source) errorf(format string, args ...any) error {
 }
 
 // connect opens a connection of the source's own (the leaser's, the
-// health ping's), bounded by 5 s.
+// health ping's), bounded by connectTimeout of the connects of the source
+// that ran out of time in a row.
 func (s *source) connect(ctx context.Context) (*pgx.Conn, error) {
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	slow := s.slowConns.Load()
+	cctx, cancel := context.WithTimeout(ctx, connectTimeout(int(slow), cmp.Or(s.connectMin, connectTimeoutMin)))
 	defer cancel()
-	return pgx.ConnectConfig(cctx, s.leaseConn.Copy())
+	conn, err := pgx.ConnectConfig(cctx, s.leaseConn.Copy())
+	switch {
+	case err == nil:
+		s.slowConns.Store(0)
+	case cctx.Err() != nil && ctx.Err() == nil:
+		s.slowConns.CompareAndSwap(slow, slow+1)
+	}
+	return conn, err
+}
+
+// connectTimeoutMin is the first bound of a connect of the source's own
+// connections (connect, connectTimeout).
+const connectTimeoutMin = 5 * time.Second
+
+// connectTimeout is the bound of a connect after slow connects in a row
+// ran out of time: lo, doubled for each, up to 8·lo (5 s to 40 s). A
+// server that takes longer than a fixed bound to start a session (a
+// PostgreSQL just restarted, on a loaded machine: 5-20 s) is never
+// reached by connects that give up at that bound and start over, each
+// costing it a session start of its own (issue 27); one that refuses or
+// resets fails fast whatever the bound.
+func connectTimeout(slow int, lo time.Duration) time.Duration {
+	return backoff.Doubled(slow, lo, 8*lo)
 }
 
 // stampSource is the relay.Publisher of one source: it sets each

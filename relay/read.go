@@ -3,6 +3,7 @@ package relay
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -45,7 +46,9 @@ func (r *Relay) readOnce(ctx context.Context) (bool, error) {
 			req.ps.rd.readFailed(req)
 		}
 		r.mu.Unlock()
-		if timedOut {
+		if timedOut && !errors.Is(err, ErrNoConnection) {
+			// It timed out waiting for a connection: the server is
+			// slow, not the rows (ErrNoConnection). Back off.
 			err = r.readTimedOut(ctx, plan, err)
 		}
 		return false, err

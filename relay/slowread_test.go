@@ -1,7 +1,10 @@
 package relay_test
 
 import (
+	"context"
+	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -50,6 +53,47 @@ func TestCoreSlowRowIsReadAlone(t *testing.T) {
 	if st := c.r.Stats(); st.SlowRows != 3 || st.SlowReads < 4 {
 		t.Fatalf("%d slow reads (want 4 or more), %d rows charged (want 3)", st.SlowReads, st.SlowRows)
 	}
+}
+
+// TestCoreNoConnectionIsNotASlowRead: a read that runs out of time waiting
+// for a database connection (a server slow to take connections after a
+// restart, issue 27) says nothing of the rows it asked for: the relay
+// backs off, splits nothing and charges nothing, and once connections
+// come it reads the partitions together and drains them. (Taken for a
+// slow read, it split every partition to be read alone, in turns, each
+// read waiting for a connection.)
+func TestCoreNoConnectionIsNotASlowRead(t *testing.T) {
+	c := newCore(t, 0, func(cfg *relay.Config) { cfg.ReadTimeout = 50 * time.Millisecond })
+	s := &noConnStore{Store: c.store.ForNode(c.cfg.Node)}
+	s.down.Store(true)
+	c.withStore(s)
+	ids := c.insert(12, 3)
+	c.start()
+	testkit.WaitFor(t, waitTimeout, "reads that waited for a connection", func() bool { return s.waited.Load() >= 5 })
+	s.down.Store(false)
+	testkit.WaitFor(t, waitTimeout, "every row marked", c.marked(ids, -1))
+	if st := c.r.Stats(); st.SlowReads != 0 || st.SlowRows != 0 {
+		t.Fatalf("%d slow reads, %d rows charged after %d reads that waited for a connection (want none)",
+			st.SlowReads, st.SlowRows, s.waited.Load())
+	}
+}
+
+// noConnStore is a Store whose reads, while down, wait for a connection
+// until their context ends, as pgstore's do when the pool cannot connect
+// in time.
+type noConnStore struct {
+	relay.Store
+	down   atomic.Bool
+	waited atomic.Int64
+}
+
+func (s *noConnStore) ReadPending(ctx context.Context, cursors []relay.Cursor, limit int) ([]relay.Row, error) {
+	if s.down.Load() {
+		<-ctx.Done()
+		s.waited.Add(1)
+		return nil, fmt.Errorf("read pending rows: %w: %w", relay.ErrNoConnection, ctx.Err())
+	}
+	return s.Store.ReadPending(ctx, cursors, limit)
 }
 
 // marked reports whether every row of ids outside partition except is marked.

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/google/uuid"
@@ -34,6 +35,16 @@ type Row struct {
 	// be looked up with Store.PrevKeySeq.
 	PrevDead bool
 }
+
+// ErrNoConnection is wrapped by the error of a Store operation that did
+// not run because no database connection could be had in time (its
+// context ended while it waited for one). A read that timed out so says
+// nothing of the rows it asked for: the relay backs off instead of
+// splitting it (docs/design.md, "A slow row is read alone"), since a
+// server slow to take connections (restarting, overloaded) would
+// otherwise have every partition read alone, each read of it waiting
+// for a connection in turn (issue 27).
+var ErrNoConnection = errors.New("no database connection in time")
 
 // Cursor asks for one partition's pending rows whose seq is above After.
 type Cursor struct {

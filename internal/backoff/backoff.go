@@ -43,6 +43,19 @@ func Attempt(n int, lo, hi time.Duration) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
+// Doubled is lo doubled n times, capped at hi, without jitter: the bound
+// of an attempt after n attempts in a row ran out of time, for a server
+// that may simply be slower than lo (a connect to a PostgreSQL just
+// restarted on a loaded machine: given up at a fixed bound and started
+// over, it never succeeds, and each attempt costs the server as much).
+func Doubled(n int, lo, hi time.Duration) time.Duration {
+	d := lo
+	for i := 0; i < n && d < hi; i++ {
+		d *= 2
+	}
+	return min(d, hi)
+}
+
 // Sleep waits d or until ctx ends; it reports whether d passed.
 func Sleep(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)

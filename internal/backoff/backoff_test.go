@@ -44,3 +44,14 @@ func TestSleepEndsWithContext(t *testing.T) {
 		t.Fatal("Sleep of 1ms did not pass")
 	}
 }
+
+func TestDoubled(t *testing.T) {
+	for _, c := range []struct {
+		n    int
+		want time.Duration
+	}{{0, time.Second}, {1, 2 * time.Second}, {3, 8 * time.Second}, {4, 10 * time.Second}, {40, 10 * time.Second}} {
+		if got := Doubled(c.n, time.Second, 10*time.Second); got != c.want {
+			t.Errorf("Doubled(%d, 1s, 10s) = %v, want %v", c.n, got, c.want)
+		}
+	}
+}

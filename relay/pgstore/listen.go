@@ -1,6 +1,7 @@
 package pgstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -85,8 +86,9 @@ func (s *Store) request(ctx context.Context, req armRequest) ([]int, error) {
 func (s *Store) Listen(ctx context.Context, wake func(partition int)) error {
 	down := outage.New(s.logger, "PostgreSQL listener")
 	bo := backoff.New(100*time.Millisecond, 2*time.Second)
+	slow := 0 // connects in a row that ran out of time
 	for {
-		listened, err := s.listenOnce(ctx, wake, down)
+		listened, err := s.listenOnce(ctx, wake, down, &slow)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -100,7 +102,13 @@ func (s *Store) Listen(ctx context.Context, wake func(partition int)) error {
 	}
 }
 
-func (s *Store) listenOnce(ctx context.Context, wake func(int), down *outage.Log) (listened bool, err error) {
+// listenConnectMin is the first bound of Listen's connect; it doubles
+// after each connect in a row that ran out of time, up to 8 times as much
+// (backoff.Doubled): a server slower to start a session than a fixed bound
+// would never be reached (issue 27).
+const listenConnectMin = 10 * time.Second
+
+func (s *Store) listenOnce(ctx context.Context, wake func(int), down *outage.Log, slow *int) (listened bool, err error) {
 	cfg := s.pool.Config().ConnConfig.Copy()
 	// An arm request interrupts the wait for notifications by a deadline
 	// on the socket, now. (The pool's handler may send a cancel request
@@ -109,12 +117,18 @@ func (s *Store) listenOnce(ctx context.Context, wake func(int), down *outage.Log
 	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
 	}
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	lo := cmp.Or(s.listenConnectMin, listenConnectMin)
+	cctx, cancel := context.WithTimeout(ctx, backoff.Doubled(*slow, lo, 8*lo))
 	conn, err := pgx.ConnectConfig(cctx, cfg)
+	timedOut := cctx.Err() != nil && ctx.Err() == nil
 	cancel()
 	if err != nil {
+		if timedOut {
+			*slow++
+		}
 		return false, fmt.Errorf("connect: %w", err)
 	}
+	*slow = 0
 	defer conn.Close(context.Background())
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{outbox.NotifyChannel}.Sanitize()); err != nil {
 		return false, fmt.Errorf("listen: %w", err)

@@ -41,6 +41,8 @@ type Store struct {
 	arms   chan armRequest // served by Listen on its connection
 
 	listening atomic.Bool // Listen is connected and serves arms
+
+	listenConnectMin time.Duration // the first bound of Listen's connect (0: listenConnectMin; tests shorten it)
 }
 
 var _ relay.Store = (*Store)(nil)
@@ -72,7 +74,14 @@ func (s *Store) readPending(ctx context.Context, query string, cursors []relay.C
 	for i, c := range cursors {
 		parts[i], after[i] = int32(c.Partition), c.After
 	}
-	rows, err := s.pool.Query(ctx, query, planFresh, parts, after, limit)
+	// The connection first, apart: a read that timed out waiting for one
+	// did not run (relay.ErrNoConnection).
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read pending rows: %w: %w", relay.ErrNoConnection, err)
+	}
+	defer conn.Release()
+	rows, err := conn.Query(ctx, query, planFresh, parts, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("read pending rows: %w", err)
 	}

@@ -1,0 +1,36 @@
+package pgstore
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
+)
+
+// TestListenReachesASlowServer: Listen's connect that ran out of time
+// gives the next one twice as long, so a server slower to start a session
+// than the first bound (a PostgreSQL just restarted on a loaded machine,
+// issue 27) is listened to after a few attempts instead of never. Here
+// the first bound is 200 ms and every reply of the server comes 300 ms
+// late.
+func TestListenReachesASlowServer(t *testing.T) {
+	testkit.RequirePostgres(t)
+	proxy := testkit.NewProxy(t, testkit.HostPort(t, testkit.PostgresURL()))
+	proxy.DelayReplies(300 * time.Millisecond)
+	pool := testkit.NewPool(t, proxy.URL(testkit.PostgresURL()), 1)
+	s := New(pool, "n1", testkit.Logger(t, 0))
+	s.listenConnectMin = 200 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Listen(ctx, func(int) {}) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Listen: %v", err)
+		}
+	}()
+	began := time.Now()
+	testkit.WaitFor(t, 30*time.Second, "Listen connected", s.listening.Load)
+	t.Logf("listening %v after the start", time.Since(began))
+}
