@@ -383,8 +383,8 @@ func sourcePartitions(o *options) []error {
 	}
 	seen := map[string]bool{}
 	for _, item := range o.SourcePartitions {
-		name, count, _ := strings.Cut(item, "=")
-		if wire.ValidateSource(name) != nil {
+		name, count, ok := strings.Cut(item, "=")
+		if !ok || wire.ValidateSource(name) != nil {
 			bad("an item is not NAME=COUNT, NAME a source name (%s)", "[a-z][a-z0-9_-]*, 1 to 32 bytes")
 			continue
 		}
