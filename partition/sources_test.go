@@ -143,8 +143,7 @@ func TestAssignSourcesGolden(t *testing.T) {
 // 32 partitions or more keep Assign's bound; per-source balance costs more
 // when every source is small (as Assign at P=16 is near the bound: see
 // docs/assignment.md, "Many sources"), so four sources of 16, and 8 with
-// 16, get a looser
-// one.
+// 16, get a looser one.
 func TestAssignSourcesMovement(t *testing.T) {
 	for _, c := range []struct {
 		sources []Source
