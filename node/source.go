@@ -59,7 +59,9 @@ func openSources(ctx context.Context, cfg Config, logger *slog.Logger) ([]*sourc
 		if err := migrate(ctx, s.pool, s.partitions, s.logger); err != nil {
 			closeAll()
 			if len(cfg.Sources) > 0 {
-				err = mismatchHint(err, s.name)
+				if err := mismatchHint(err, s.name); err != nil {
+					return nil, err
+				}
 			}
 			return nil, s.errorf("%w", err)
 		}
@@ -67,14 +69,14 @@ func openSources(ctx context.Context, cfg Config, logger *slog.Logger) ([]*sourc
 	return out, nil
 }
 
-// mismatchHint returns err, a migration error of the source named name,
-// with a hint naming the source's own count when it is a
-// *outbox.PartitionMismatchError: that error's hint, the node's count,
-// would change every source without a count of its own.
+// mismatchHint returns, when err (a migration error of the source named
+// name) is a *outbox.PartitionMismatchError, the same mismatch with a
+// hint naming the source's own count (its hint, the node's count, would
+// change every source without a count of its own); else nil.
 func mismatchHint(err error, name string) error {
 	var pm *outbox.PartitionMismatchError
 	if !errors.As(err, &pm) {
-		return err
+		return nil
 	}
 	return &sourceMismatchError{source: name, err: pm}
 }
@@ -88,9 +90,9 @@ type sourceMismatchError struct {
 }
 
 func (e *sourceMismatchError) Error() string {
-	return fmt.Sprintf("outbox was installed with %d partitions but this node is configured with %d for it; "+
+	return fmt.Sprintf("source %s: outbox was installed with %d partitions but this node is configured with %d for this source; "+
 		"the partition count cannot change after install (set Sources[%s].Partitions: node -source-partitions %s=%d, ORDO_SOURCE_PARTITIONS)",
-		e.err.Installed, e.err.Configured, e.source, e.source, e.err.Installed)
+		e.source, e.err.Installed, e.err.Configured, e.source, e.source, e.err.Installed)
 }
 
 func (e *sourceMismatchError) Unwrap() error { return e.err }
