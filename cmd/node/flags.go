@@ -73,7 +73,7 @@ var nodeFlags = []nodeFlag{
 	{name: "amqp-url", field: "AMQP.URL", help: "RabbitMQ URL, or a comma-separated list of broker nodes tried in turn"},
 	{name: "node-name", field: "NodeName", help: "this node's name (lease owner and gossip name); keep it stable across restarts"},
 	{name: "http-addr", field: "HTTPAddr", help: "address for the cluster page, /healthz, /readyz, /status, /metrics and /admin"},
-	{name: "partitions", field: "Partitions", help: "partition count P; fixed at install"},
+	{name: "partitions", field: "Partitions", help: "partition count P (of every source without -source-partitions); fixed at install"},
 	{name: "db-max-conns", field: "DBMaxConns", help: "PostgreSQL pool size"},
 	{name: "lease-ttl", field: "LeaseTTL", help: "partition lease lifetime; renewed every third of it"},
 	{name: "admin-token", field: "AdminToken", help: "bearer token for the /admin actions (empty: actions off)"},
