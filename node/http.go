@@ -148,7 +148,7 @@ func (v *view) status(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	now := time.Now()
-	st := Status{Node: v.cfg.NodeName, Partitions: v.cfg.Partitions, Broker: v.pub.Connected(), BrokerURL: v.pub.URL(),
+	st := Status{Node: v.cfg.NodeName, Partitions: v.srcs[0].partitions, Broker: v.pub.Connected(), BrokerURL: v.pub.URL(),
 		BrokerState: v.pub.Status(), Members: v.memberList(), Degradation: v.degradation(), Sources: []SourceStatus{}}
 	up := false
 	for _, s := range v.srcs {

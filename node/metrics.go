@@ -164,7 +164,7 @@ func (c collector) collectSource(ch chan<- prometheus.Metric, src *source) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, src.name)
 	}
 	v := c.v
-	gauge(descPartitions, float64(v.cfg.Partitions))
+	gauge(descPartitions, float64(src.partitions))
 	gauge(descAssigned, float64(len(v.assignment(src).Owned(v.cfg.NodeName))))
 	gauge(descHeld, float64(len(v.held(src))))
 	c.collectBacklog(src, gauge, counter)

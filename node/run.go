@@ -200,7 +200,7 @@ func (b *built) abandon(err error) error {
 func (b *built) want(s *source) func() []int {
 	return func() []int {
 		if b.members == nil {
-			all := make([]int, b.cfg.Partitions)
+			all := make([]int, s.partitions)
 			for i := range all {
 				all[i] = i
 			}
@@ -209,7 +209,7 @@ func (b *built) want(s *source) func() []int {
 		if !b.members.Joined() {
 			return nil
 		}
-		return assignSources(b.members, sourceNames(b.cfg.sources()), b.cfg.Partitions)[s.name].Owned(b.cfg.NodeName)
+		return assignSources(b.members, b.cfg.sources())[s.name].Owned(b.cfg.NodeName)
 	}
 }
 
@@ -261,7 +261,8 @@ func (b *built) run(ctx context.Context, ready func(httpAddr string)) error {
 		}
 	}
 	b.logger.Info("node started", "http", b.ln.Addr().String(), "gossip", b.cfg.Gossip.BindAddr,
-		"partitions", b.cfg.Partitions, "confirm_window", b.cfg.Relay.Window, "sources", sourceNames(b.cfg.sources()))
+		"partitions", b.cfg.Partitions, "confirm_window", b.cfg.Relay.Window, "sources", sourceNames(b.cfg.sources()),
+		"source_partitions", sourceCounts(b.srcs))
 	if ready != nil {
 		ready(b.ln.Addr().String())
 	}

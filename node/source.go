@@ -3,6 +3,7 @@ package node
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/ordo-relay/ordo/internal/backoff"
 	"github.com/ordo-relay/ordo/lease"
+	"github.com/ordo-relay/ordo/outbox"
 	"github.com/ordo-relay/ordo/relay"
 	"github.com/ordo-relay/ordo/wire"
 )
@@ -31,6 +33,10 @@ type source struct {
 	leaser     *lease.Leaser
 	relay      *relay.Relay
 	backlog    *Backlog
+
+	// partitions is P, as installed in its database (Config.sources
+	// resolves it).
+	partitions int
 }
 
 // openSources opens a pool per source and migrates each database, in
@@ -45,7 +51,7 @@ func openSources(ctx context.Context, cfg Config, logger *slog.Logger) ([]*sourc
 		}
 	}
 	for _, sc := range srcs {
-		s := &source{name: sc.Name, logger: logger, wake: make(chan struct{}, 1)}
+		s := &source{name: sc.Name, partitions: sc.Partitions, logger: logger, wake: make(chan struct{}, 1)}
 		if len(srcs) > 1 || sc.Name != wire.DefaultSource {
 			s.logger = logger.With("source", sc.Name)
 		}
@@ -55,13 +61,46 @@ func openSources(ctx context.Context, cfg Config, logger *slog.Logger) ([]*sourc
 			return nil, s.errorf("%w", err)
 		}
 		out = append(out, s)
-		if err := migrate(ctx, s.pool, cfg.Partitions, s.logger); err != nil {
+		if err := migrate(ctx, s.pool, s.partitions, s.logger); err != nil {
 			closeAll()
+			if len(cfg.Sources) > 0 {
+				if err := mismatchHint(err, s.name); err != nil {
+					return nil, err
+				}
+			}
 			return nil, s.errorf("%w", err)
 		}
 	}
 	return out, nil
 }
+
+// mismatchHint returns, when err (a migration error of the source named
+// name) is a *outbox.PartitionMismatchError, the same mismatch with a
+// hint naming the source's own count (its hint, the node's count, would
+// change every source without a count of its own); else nil.
+func mismatchHint(err error, name string) error {
+	var pm *outbox.PartitionMismatchError
+	if !errors.As(err, &pm) {
+		return nil
+	}
+	return &sourceMismatchError{source: name, err: pm}
+}
+
+// sourceMismatchError is a partition count mismatch of one source of
+// Config.Sources. It unwraps to the *outbox.PartitionMismatchError, so
+// errors.Is(err, outbox.ErrPartitionMismatch) holds.
+type sourceMismatchError struct {
+	source string
+	err    *outbox.PartitionMismatchError
+}
+
+func (e *sourceMismatchError) Error() string {
+	return fmt.Sprintf("source %s: outbox was installed with %d partitions but this node is configured with %d for this source; "+
+		"the partition count cannot change after install (set Sources[%s].Partitions: node -source-partitions %s=%d, ORDO_SOURCE_PARTITIONS)",
+		e.source, e.err.Installed, e.err.Configured, e.source, e.source, e.err.Installed)
+}
+
+func (e *sourceMismatchError) Unwrap() error { return e.err }
 
 // errorf formats an error of the source, naming it when it is not the
 // one-source form's.

@@ -3,6 +3,7 @@ package node
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -30,19 +31,36 @@ type Source struct {
 
 	// PostgresURL is the source's database, as pgx parses it.
 	PostgresURL string
+
+	// Partitions is the source's partition count P: 0, the default,
+	// means Config.Partitions. Like Config.Partitions it is fixed in the
+	// source's database when its outbox is installed, and a node
+	// configured with another count for it refuses to start, so every
+	// node that relays the source uses the count its database holds.
+	// 1..4096 when set.
+	Partitions int
 }
 
 // sources returns the sources the node relays: Sources when set, else
-// the one-source form, PostgresURL named wire.DefaultSource.
+// the one-source form, PostgresURL named wire.DefaultSource; each with
+// its partition count resolved (Config.Partitions where it has none).
+// Everything that needs a source's count reads it here.
 func (c Config) sources() []Source {
+	srcs := []Source{{Name: wire.DefaultSource, PostgresURL: c.PostgresURL}}
 	if len(c.Sources) > 0 {
-		return c.Sources
+		srcs = slices.Clone(c.Sources)
 	}
-	return []Source{{Name: wire.DefaultSource, PostgresURL: c.PostgresURL}}
+	for i := range srcs {
+		if srcs[i].Partitions == 0 {
+			srcs[i].Partitions = c.Partitions
+		}
+	}
+	return srcs
 }
 
 // validateSources records every problem of Sources: too many, a bad or
-// repeated name, a URL pgx cannot parse. Each is reported at "Sources".
+// repeated name, a URL pgx cannot parse, a partition count out of range.
+// Each is reported at "Sources".
 func (c Config) validateSources(ck *confcheck.Checker) {
 	ck.Require(len(c.Sources) <= MaxSources, "Sources", "%d sources, at most %d (they are gossiped)", len(c.Sources), MaxSources)
 	var seen []string
@@ -60,6 +78,10 @@ func (c Config) validateSources(ck *confcheck.Checker) {
 		if _, err := pgxpool.ParseConfig(s.PostgresURL); err != nil {
 			ck.Require(false, "Sources", "source %q: %v", s.Name, redact(err))
 		}
+		if s.Partitions != 0 {
+			err := partition.ValidateCount(s.Partitions)
+			ck.Require(err == nil, "Sources", "source %q: %v (0 means Partitions)", s.Name, err)
+		}
 	}
 }
 
@@ -76,26 +98,26 @@ type eligibleFor interface {
 }
 
 // assignSources returns the map over (source, partition) pairs of
-// sources, each of partitions partitions, as every node computes it from
+// sources, each of its own partition count, as every node computes it from
 // its view of the members: partition.AssignSources over the members
 // eligible for at least one source, each source's draft without those
 // not eligible for it (partition.Source.Without). A node cut off from one
 // database is left out of that source only, and the balance over all
 // pairs holds whenever nobody is left out. With the one source default
 // it is partition.Assign over membership.Eligible, as before sources.
-func assignSources(m eligibleFor, sources []string, partitions int) partition.SourceAssignment {
+func assignSources(m eligibleFor, sources []Source) partition.SourceAssignment {
 	eligible := make(map[string][]string, len(sources))
 	var all []string
 	for _, s := range sources {
-		eligible[s] = m.EligibleFor(s)
-		all = append(all, eligible[s]...)
+		eligible[s.Name] = m.EligibleFor(s.Name)
+		all = append(all, eligible[s.Name]...)
 	}
 	slices.Sort(all)
 	all = slices.Compact(all)
 	srcs := make([]partition.Source, len(sources))
 	for i, s := range sources {
-		srcs[i] = partition.Source{Name: s, Count: partitions,
-			Without: slices.DeleteFunc(slices.Clone(all), func(m string) bool { return slices.Contains(eligible[s], m) })}
+		srcs[i] = partition.Source{Name: s.Name, Count: s.Partitions,
+			Without: slices.DeleteFunc(slices.Clone(all), func(m string) bool { return slices.Contains(eligible[s.Name], m) })}
 	}
 	a, err := partition.AssignSources(all, srcs)
 	if err != nil {
@@ -111,4 +133,14 @@ func sourceNames(sources []Source) []string {
 		names[i] = s.Name
 	}
 	return names
+}
+
+// sourceCounts returns each source's partition count as "name/P",
+// space-separated, for the log.
+func sourceCounts(srcs []*source) string {
+	parts := make([]string, len(srcs))
+	for i, s := range srcs {
+		parts[i] = fmt.Sprintf("%s/%d", s.name, s.partitions)
+	}
+	return strings.Join(parts, " ")
 }

@@ -17,7 +17,7 @@ func (f fakeEligible) EligibleFor(source string) []string { return f[source] }
 // billing and keeps exactly its share of default.
 func TestAssignSources(t *testing.T) {
 	members := []string{"n1", "n2", "n3"}
-	one := assignSources(fakeEligible{"default": members}, []string{"default"}, 64)
+	one := assignSources(fakeEligible{"default": members}, []Source{{Name: "default", Partitions: 64}})
 	want, err := partition.Assign(members, 64)
 	if err != nil {
 		t.Fatal(err)
@@ -26,9 +26,9 @@ func TestAssignSources(t *testing.T) {
 		t.Fatalf("one source: %v, want partition.Assign's %v", one["default"], want)
 	}
 
-	sources := []string{"default", "billing"}
-	all := assignSources(fakeEligible{"default": members, "billing": members}, sources, 12)
-	cut := assignSources(fakeEligible{"default": members, "billing": {"n1", "n2"}}, sources, 12)
+	sources := []Source{{Name: "default", Partitions: 12}, {Name: "billing", Partitions: 12}}
+	all := assignSources(fakeEligible{"default": members, "billing": members}, sources)
+	cut := assignSources(fakeEligible{"default": members, "billing": {"n1", "n2"}}, sources)
 	if got := cut["billing"].Owned("n3"); len(got) != 0 {
 		t.Errorf("n3, cut off from billing, owns billing partitions %v", got)
 	}

@@ -32,7 +32,7 @@ type SourceStatus struct {
 func (v *view) sourceStatus(ctx context.Context, s *source, now time.Time) SourceStatus {
 	perr := s.pool.Ping(ctx)
 	snap := s.backlog.Snapshot()
-	ss := SourceStatus{Name: s.name, Partitions: v.cfg.Partitions, Held: v.held(s), Assignment: v.assignment(s),
+	ss := SourceStatus{Name: s.name, Partitions: s.partitions, Held: v.held(s), Assignment: v.assignment(s),
 		Leases: snap.Partitions, Relay: s.relay.Stats(), Reachable: perr == nil && snap.Fresh(now, v.backlogMaxAge())}
 	if !ss.Reachable {
 		s.logger.Debug("status: database unavailable", "ping", perr, "backlog", snap.Err)

@@ -48,10 +48,10 @@ func (v *view) memberList() []membership.Member {
 // (what the leaser of s wants: built.want).
 func (v *view) assignment(s *source) partition.Assignment {
 	if v.members == nil {
-		a, _ := partition.Assign([]string{v.cfg.NodeName}, v.cfg.Partitions)
+		a, _ := partition.Assign([]string{v.cfg.NodeName}, s.partitions)
 		return a
 	}
-	return assignSources(v.members, sourceNames(v.cfg.sources()), v.cfg.Partitions)[s.name]
+	return assignSources(v.members, v.cfg.sources())[s.name]
 }
 
 // assigned returns how many partitions, of every source, are assigned to

@@ -112,6 +112,17 @@ func TestAssignSourcesGolden(t *testing.T) {
 	if d := got.Diff(want); d != nil {
 		t.Errorf("AssignSources(node-a..c, default/4 billing/5) =\n%q\nwant\n%q", got, want)
 	}
+	// Unequal counts, as in node's TestSourcesOwnCounts (8 and 16):
+	// per source 2..3 and 5..6 partitions, 8 pairs each in all.
+	got = mustAssignSources(t, []string{"node-c", "node-a", "node-b"}, []Source{{Name: "billing", Count: 16}, {Name: "default", Count: 8}})
+	want = SourceAssignment{
+		"default": {"node-b", "node-c", "node-a", "node-a", "node-c", "node-b", "node-a", "node-b"},
+		"billing": {"node-b", "node-c", "node-a", "node-c", "node-b", "node-c", "node-b", "node-c",
+			"node-a", "node-b", "node-c", "node-c", "node-b", "node-a", "node-a", "node-a"},
+	}
+	if d := got.Diff(want); d != nil {
+		t.Errorf("AssignSources(node-a..c, default/8 billing/16) =\n%q\nwant\n%q", got, want)
+	}
 	for _, c := range []struct {
 		members []string
 		sources []Source
@@ -131,8 +142,8 @@ func TestAssignSourcesGolden(t *testing.T) {
 // required when a member joins or leaves, N uniform in 1..10. Sources of
 // 32 partitions or more keep Assign's bound; per-source balance costs more
 // when every source is small (as Assign at P=16 is near the bound: see
-// docs/assignment.md, "Many sources"), so four sources of 16 get a looser
-// one.
+// docs/assignment.md, "Many sources"), so four sources of 16, and 8 with
+// 16, get a looser one.
 func TestAssignSourcesMovement(t *testing.T) {
 	for _, c := range []struct {
 		sources []Source
@@ -142,6 +153,8 @@ func TestAssignSourcesMovement(t *testing.T) {
 		{[]Source{{Name: "default", Count: 64}, {Name: "billing", Count: 32}, {Name: "eu", Count: 32}}, movementBound},
 		{[]Source{{Name: "default", Count: 256}, {Name: "billing", Count: 64}}, movementBound},
 		{[]Source{{Name: "a", Count: 16}, {Name: "b", Count: 16}, {Name: "c", Count: 16}, {Name: "d", Count: 16}}, 1.4},
+		{[]Source{{Name: "default", Count: 64}, {Name: "billing", Count: 16}}, movementBound},
+		{[]Source{{Name: "default", Count: 8}, {Name: "billing", Count: 16}}, 1.4},
 	} {
 		t.Run(fmt.Sprint(c.sources), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(27, uint64(len(c.sources))))

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -16,6 +17,8 @@ import (
 	"github.com/ordo-relay/ordo/internal/envflag"
 	"github.com/ordo-relay/ordo/membership"
 	"github.com/ordo-relay/ordo/node"
+	"github.com/ordo-relay/ordo/partition"
+	"github.com/ordo-relay/ordo/wire"
 )
 
 // envPrefix prefixes the environment variable of every flag of "node":
@@ -30,6 +33,11 @@ type options struct {
 	// LogFormat is json, text, or auto (json unless stderr, where logs go,
 	// is a terminal).
 	LogFormat string
+	// SourcePartitions are the items of -source-partitions, NAME=COUNT
+	// each, as given: parseConfig moves each count into the Sources entry
+	// it names (sourcePartitions) once every flag and the environment are
+	// read, since -source may come after it, or from the environment.
+	SourcePartitions sourceCounts
 }
 
 // defaultOptions returns the defaults of every flag: node.DefaultConfig
@@ -61,10 +69,11 @@ type nodeFlag struct {
 var nodeFlags = []nodeFlag{
 	{name: "postgres-url", field: "PostgresURL", help: "PostgreSQL URL of the outbox database (the one-source form: the source named default)"},
 	{name: "source", field: "Sources", env: "ORDO_SOURCES", help: "an outbox database to relay, NAME=POSTGRES_URL; repeat it for each (the environment takes space-separated pairs); replaces -postgres-url (name its database default)"},
+	{name: "source-partitions", field: "SourcePartitions", help: "the partition count of one -source, NAME=COUNT; repeat it for each (the environment takes space-separated pairs); a source without one has -partitions; fixed at install"},
 	{name: "amqp-url", field: "AMQP.URL", help: "RabbitMQ URL, or a comma-separated list of broker nodes tried in turn"},
 	{name: "node-name", field: "NodeName", help: "this node's name (lease owner and gossip name); keep it stable across restarts"},
 	{name: "http-addr", field: "HTTPAddr", help: "address for the cluster page, /healthz, /readyz, /status, /metrics and /admin"},
-	{name: "partitions", field: "Partitions", help: "partition count P; fixed at install"},
+	{name: "partitions", field: "Partitions", help: "partition count P (of every source without -source-partitions); fixed at install"},
 	{name: "db-max-conns", field: "DBMaxConns", help: "PostgreSQL pool size"},
 	{name: "lease-ttl", field: "LeaseTTL", help: "partition lease lifetime; renewed every third of it"},
 	{name: "admin-token", field: "AdminToken", help: "bearer token for the /admin actions (empty: actions off)"},
@@ -127,6 +136,8 @@ func newNodeFlagSet(o *options, out io.Writer) *flag.FlagSet {
 			fs.Var((*gossipKeys)(p), f.name, f.help)
 		case *[]node.Source:
 			fs.Var((*sourceList)(p), f.name, f.help)
+		case *sourceCounts:
+			fs.Var(p, f.name, f.help)
 		default:
 			panic(fmt.Sprintf("flag -%s: field %s has type %T, which has no flag type", f.name, f.field, p))
 		}
@@ -223,6 +234,7 @@ func parseConfig(args []string, lookup func(string) (string, bool), out io.Write
 	if err := checkLogFormat(o.LogFormat); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, sourcePartitions(&o)...)
 	errs = append(errs, flagProblems(o.Validate())...)
 	if len(errs) > 0 {
 		return o, errs
@@ -342,6 +354,61 @@ func (l *sourceList) Set(v string) error {
 		*l = append(*l, node.Source{Name: name, PostgresURL: url})
 	}
 	return nil
+}
+
+// sourceCounts is a flag.Value of -source-partitions items, NAME=COUNT
+// each: every Set appends the space-separated items it is given (a
+// repeated flag, or the environment's list). They are checked and
+// applied by sourcePartitions, after parsing.
+type sourceCounts []string
+
+func (l *sourceCounts) String() string { return strings.Join(*l, " ") }
+
+func (l *sourceCounts) Set(v string) error {
+	*l = append(*l, strings.Fields(v)...)
+	return nil
+}
+
+// sourcePartitions sets the partition count of each source that
+// -source-partitions names, and returns every problem of its items, each
+// naming the flag: an item that is not NAME=COUNT, a count that is not
+// one (partition.ValidateCount: 0 is refused too, not read as "the
+// default"), a name that is not one of -source's, a name given twice.
+// An item is quoted only by its name, once the name is a valid one: a
+// URL given here by mistake may hold a password.
+func sourcePartitions(o *options) []error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("-source-partitions (%s): %s", envOf("source-partitions"), fmt.Sprintf(format, args...)))
+	}
+	seen := map[string]bool{}
+	for _, item := range o.SourcePartitions {
+		name, count, ok := strings.Cut(item, "=")
+		if !ok || wire.ValidateSource(name) != nil {
+			bad("an item is not NAME=COUNT, NAME a source name (%s)", "[a-z][a-z0-9_-]*, 1 to 32 bytes")
+			continue
+		}
+		n, err := strconv.Atoi(count)
+		if err != nil {
+			bad("source %q: the count is not a whole number: want NAME=COUNT", name)
+		} else if err := partition.ValidateCount(n); err != nil {
+			bad("source %q: %v", name, err)
+			n = 0
+		}
+		i := slices.IndexFunc(o.Sources, func(s node.Source) bool { return s.Name == name })
+		switch {
+		case seen[name]:
+			bad("source %q is given twice", name)
+		case len(o.Sources) == 0:
+			bad("source %q: there is no -source (%s); the one-source form's count is -partitions", name, envOf("source"))
+		case i < 0:
+			bad("source %q is not one of -source (%s)", name, envOf("source"))
+		case n > 0:
+			o.Sources[i].Partitions = n
+		}
+		seen[name] = true
+	}
+	return errs
 }
 
 // gossipKeys is a flag.Value of comma-separated base64 gossip keys. It

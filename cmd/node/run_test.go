@@ -135,6 +135,8 @@ func flagTestValue(t *testing.T, f nodeFlag, v reflect.Value) (string, any) {
 		return " a:1, b:2 ,", []string{"a:1", "b:2"}
 	case *[][]byte:
 		return testGossipKey + "," + testGossipKey, [][]byte{[]byte("0123456789abcdef"), []byte("0123456789abcdef")}
+	case *sourceCounts:
+		return "a=8 b=16", sourceCounts{"a=8", "b=16"}
 	case *[]node.Source:
 		return "a=postgres://h/a b=postgres://h/b", []node.Source{{Name: "a", PostgresURL: "postgres://h/a"}, {Name: "b", PostgresURL: "postgres://h/b"}}
 	}

@@ -64,11 +64,11 @@ func printStatus(w io.Writer, st node.Status) {
 		sources = []node.SourceStatus{{Name: wire.DefaultSource, Reachable: true, Partitions: st.Partitions,
 			Held: st.Held, Assignment: st.Assignment, Leases: st.Leases, Relay: st.Relay}}
 	}
-	held := 0
+	held, total := 0, 0 // each source has its own count
 	for _, s := range sources {
-		held += len(s.Held)
+		held, total = held+len(s.Held), total+s.Partitions
 	}
-	fmt.Fprintf(w, "node %s: %d of %d partitions held, broker connected: %v\n", st.Node, held, st.Partitions*len(sources), st.Broker)
+	fmt.Fprintf(w, "node %s: %d of %d partitions held, broker connected: %v\n", st.Node, held, total, st.Broker)
 	fmt.Fprintf(w, "relay: published %d, marked %d, failed %d, refused %d, in flight %d\n\n",
 		st.Relay.Published, st.Relay.Marked, st.Relay.Failed, st.Relay.Refused, st.Relay.InFlight)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
