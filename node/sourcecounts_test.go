@@ -2,7 +2,6 @@ package node_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 
 	"github.com/ordo-relay/ordo/internal/confcheck"
 	"github.com/ordo-relay/ordo/internal/nodehook"
@@ -25,24 +23,12 @@ import (
 // countsRig is two outbox databases installed with different partition
 // counts, default with 8 and billing with 16, each published to an
 // exchange of its own with a checker on it (per (source, key) order).
-type countsRig struct {
-	counts    map[string]int
-	dbs       map[string]*testkit.Outbox
-	exchanges map[string]string
-	checkers  map[string]*testkit.Checker
-}
+type countsRig struct{ *sourceRig }
 
 var countsSources = []string{wire.DefaultSource, "billing"}
 
 func newCountsRig(t *testing.T) *countsRig {
-	r := &countsRig{counts: map[string]int{wire.DefaultSource: 8, "billing": 16}, dbs: map[string]*testkit.Outbox{},
-		exchanges: map[string]string{}, checkers: map[string]*testkit.Checker{}}
-	for _, s := range countsSources {
-		r.dbs[s] = testkit.NewOutbox(t, r.counts[s], 3)
-		r.exchanges[s] = testkit.NewExchange(t)
-		r.checkers[s] = testkit.NewChecker(t, testkit.AMQPURL(), r.exchanges[s], "m")
-	}
-	return r
+	return &countsRig{newSourceRigCounts(t, map[string]int{wire.DefaultSource: 8, "billing": 16})}
 }
 
 // config returns the config of a node named name relaying both
@@ -61,26 +47,6 @@ func (r *countsRig) config(name string) node.Config {
 	return cfg
 }
 
-// enqueue commits one message of key to source's outbox and expects it.
-func (r *countsRig) enqueue(ctx context.Context, source, key string) error {
-	ob := r.dbs[source]
-	var id string
-	err := pgx.BeginFunc(ctx, ob.Pool, func(tx pgx.Tx) error {
-		ids, err := ob.Producer.Enqueue(ctx, tx, outbox.Message{CorrelationID: key, Exchange: r.exchanges[source],
-			RoutingKey: "m", Type: "t", Payload: json.RawMessage(`{}`)})
-		if err == nil {
-			id = ids[0].String()
-		}
-		return err
-	})
-	if err == nil {
-		r.checkers[source].Expect(id)
-	}
-	return err
-}
-
-// backlog commits n messages of each of keys keys to each source, and
-// checks that billing's reach partitions 8..15, which a node that used
 // the node's count (8) for billing would never read.
 func (r *countsRig) backlog(t *testing.T, keys, n int) {
 	t.Helper()

@@ -26,17 +26,22 @@ import (
 // checker on it, so that each checker checks per-key order within one
 // source: per (source, key) order. The two use the same keys.
 type sourceRig struct {
-	partitions int
-	dbs        map[string]*testkit.Outbox
-	exchanges  map[string]string
-	checkers   map[string]*testkit.Checker
+	counts    map[string]int // each source's partition count
+	dbs       map[string]*testkit.Outbox
+	exchanges map[string]string
+	checkers  map[string]*testkit.Checker
 }
 
 func newSourceRig(t *testing.T, partitions int) *sourceRig {
-	r := &sourceRig{partitions: partitions, dbs: map[string]*testkit.Outbox{},
+	return newSourceRigCounts(t, map[string]int{wire.DefaultSource: partitions, "billing": partitions})
+}
+
+// newSourceRigCounts is newSourceRig with a partition count per source.
+func newSourceRigCounts(t *testing.T, counts map[string]int) *sourceRig {
+	r := &sourceRig{counts: counts, dbs: map[string]*testkit.Outbox{},
 		exchanges: map[string]string{}, checkers: map[string]*testkit.Checker{}}
 	for _, name := range []string{wire.DefaultSource, "billing"} {
-		r.dbs[name] = testkit.NewOutbox(t, partitions, 3)
+		r.dbs[name] = testkit.NewOutbox(t, counts[name], 3)
 		r.exchanges[name] = testkit.NewExchange(t)
 		r.checkers[name] = testkit.NewChecker(t, testkit.AMQPURL(), r.exchanges[name])
 	}

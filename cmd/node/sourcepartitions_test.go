@@ -17,16 +17,6 @@ import (
 // node's -partitions). Each check refuses on its own, naming the flag and
 // its variable, and every problem is reported at once.
 func TestParseConfigSourcePartitions(t *testing.T) {
-	env := func(kv ...string) func(string) (string, bool) {
-		return func(k string) (string, bool) {
-			for i := 0; i+1 < len(kv); i += 2 {
-				if kv[i] == k {
-					return kv[i+1], true
-				}
-			}
-			return "", false
-		}
-	}
 	two := []string{"-source", "default=postgres://h/a", "-source", "billing=postgres://h/b"}
 	counts := func(d, b int) []node.Source {
 		return []node.Source{{Name: "default", PostgresURL: "postgres://h/a", Partitions: d},

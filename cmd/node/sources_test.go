@@ -9,22 +9,25 @@ import (
 	"github.com/ordo-relay/ordo/node"
 )
 
+// env returns a lookup of the environment holding the pairs kv (name,
+// value, name, value, ...).
+func env(kv ...string) func(string) (string, bool) {
+	return func(k string) (string, bool) {
+		for i := 0; i+1 < len(kv); i += 2 {
+			if kv[i] == k {
+				return kv[i+1], true
+			}
+		}
+		return "", false
+	}
+}
+
 // TestParseConfigSources: -source is repeatable, ORDO_SOURCES takes
 // space-separated pairs, the command line beats the environment, a bad
 // item is refused without quoting it (a URL may hold a password), every
 // problem of the list is reported at -source, and -source with
 // -postgres-url is refused, from flags or the environment.
 func TestParseConfigSources(t *testing.T) {
-	env := func(kv ...string) func(string) (string, bool) {
-		return func(k string) (string, bool) {
-			for i := 0; i+1 < len(kv); i += 2 {
-				if kv[i] == k {
-					return kv[i+1], true
-				}
-			}
-			return "", false
-		}
-	}
 	two := []node.Source{{Name: "default", PostgresURL: "postgres://h/a"}, {Name: "billing", PostgresURL: "postgres://h/b?sslmode=disable"}}
 	for _, c := range []struct {
 		name string
