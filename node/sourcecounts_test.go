@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/ordo-relay/ordo/internal/confcheck"
 	"github.com/ordo-relay/ordo/internal/nodehook"
 	"github.com/ordo-relay/ordo/internal/nodetest"
