@@ -49,6 +49,18 @@ func TestStalledDeadLetterKeepsLeases(t *testing.T) {
 	pub := newPublisher(t, cfg.Exchange)
 	pub.publish("poison", 1) // dials the dead-letter connection
 	testkit.WaitFor(t, 30*time.Second, "first dead letter", func() bool { return queueDepth(t, c.Topology().DeadQueue()) == 1 })
+	// And recorded: its confirm came and its transaction committed. In the
+	// queue is not enough: a stall before the confirm comes back fails the
+	// first dead letter too, and it is dead-lettered again (a third in the
+	// queue, where the test counts two).
+	testkit.WaitFor(t, 30*time.Second, "first dead letter recorded", func() bool {
+		var n int
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM ordo_inbox_messages
+			WHERE consumer = $1 AND correlation_id = 'poison' AND dead_at IS NOT NULL`, cfg.Name).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	})
 
 	proxy.Stall()
 	pub.publish("poison2", 1)
