@@ -15,20 +15,24 @@ import (
 	"github.com/ordo-relay/ordo/outbox"
 )
 
-// TestSteadyRateWaitsNoInterval: a producer commits one row every 10 ms
+// TestSteadyRateWaitsNoInterval: a producer commits one row every 25 ms
 // into one partition, and the node's own commit-to-confirm histogram
 // (ordo_commit_to_confirm_seconds) must put at least half of the messages
 // within 32 ms. A relay that reads a partition again only every so often
 // fails: it once started a pass at most every 100 ms, a commit that came
 // within that gap waited for it, and 77-87 % of these messages took over
 // 32 ms (the median was near 50 ms, the maximum near 100), on a quiet or
-// a loaded machine. The shape is checked, not a timing: a relay that reads
-// at once confirms most of them within 8 ms under -race, and 83-90 % within
-// 32 ms at a load average of 30 on two cores.
+// a loaded machine (at 10 ms between commits; at 25 ms about 68 % would).
+// The shape is checked, not a timing: a relay that reads at once confirms
+// most of them within 8 ms under -race. 40 commits a second stay under
+// the relay's busy threshold (relay/wake.go: it polls from 100 new rows a
+// second), so the notified path is what this checks; at 10 ms between
+// commits the rate sat on that threshold, and under load the test failed
+// now and then with 52 % and 83 % over 32 ms.
 func TestSteadyRateWaitsNoInterval(t *testing.T) {
 	t.Parallel()
 	testkit.RequireRabbitMQ(t)
-	const partitions, n, every = 1, 300, 10 * time.Millisecond
+	const partitions, n, every = 1, 300, 25 * time.Millisecond
 	ob := testkit.NewOutbox(t, partitions, 3)
 	dbURL, pool, prod := ob.URL, ob.Pool, ob.Producer
 	ctx := testkit.Context(t, 2*time.Minute)
