@@ -49,28 +49,34 @@ func TestParseConfigSources(t *testing.T) {
 		{"with ORDO_POSTGRES_URL", []string{"-source", "b=postgres://h/b"}, env("ORDO_POSTGRES_URL", "postgres://h/a"), nil,
 			[]string{"are both set"}},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			o, err := parseConfig(c.args, c.env, io.Discard)
-			if len(c.errs) == 0 {
-				if err != nil {
-					t.Fatal(err)
-				}
-				if !slices.Equal(o.Sources, c.want) {
-					t.Fatalf("sources %+v, want %+v", o.Sources, c.want)
-				}
-				return
-			}
-			if err == nil {
-				t.Fatalf("accepted: %+v", o.Sources)
-			}
-			for _, want := range c.errs {
-				if !strings.Contains(err.Error(), want) {
-					t.Errorf("the error does not say %q:\n%v", want, err)
-				}
-			}
-			if strings.Contains(err.Error(), "secret") {
-				t.Errorf("the error shows a password:\n%v", err)
-			}
-		})
+		t.Run(c.name, func(t *testing.T) { checkSourcesParse(t, c.args, c.env, c.want, c.errs) })
+	}
+}
+
+// checkSourcesParse parses args with env: with no errs expected it must
+// give the sources want; else its error must say each of errs, and never
+// show the password "secret".
+func checkSourcesParse(t *testing.T, args []string, env func(string) (string, bool), want []node.Source, errs []string) {
+	t.Helper()
+	o, err := parseConfig(args, env, io.Discard)
+	if len(errs) == 0 {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(o.Sources, want) {
+			t.Fatalf("sources %+v, want %+v", o.Sources, want)
+		}
+		return
+	}
+	if err == nil {
+		t.Fatalf("accepted: %+v", o.Sources)
+	}
+	for _, w := range errs {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("the error does not say %q:\n%v", w, err)
+		}
+	}
+	if strings.Contains(err.Error(), "secret") {
+		t.Errorf("the error shows a password:\n%v", err)
 	}
 }
