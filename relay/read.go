@@ -63,13 +63,13 @@ func (r *Relay) readOnce(ctx context.Context) (bool, error) {
 // Budget it asks for bytes every time, so that a relay refused them is
 // known to be waiting for them (budget.go).
 func (r *Relay) readRefusedLocked() bool {
-	if r.leftOut && r.bytes <= r.cfg.ReadAheadBytes/2 {
-		r.leftOut = false
+	if r.halfFreeWait && r.bytes <= r.cfg.ReadAheadBytes/2 {
+		r.halfFreeWait = false
 	}
 	// After a read left rows out for memory, the next waits until half
 	// the read-ahead is free: a read per freed row would read a page to
 	// keep a row or two of it.
-	full := r.bytes >= r.cfg.ReadAheadBytes || r.leftOut
+	full := r.bytes >= r.cfg.ReadAheadBytes || r.halfFreeWait
 	if r.share != nil {
 		full = !r.share.mayRead() || full
 	}
@@ -181,7 +181,7 @@ func (r *Relay) ingestLocked(ps *partState, rows []Row) (leftOut int64) {
 			}
 			if full {
 				k.gapFrom = row.KeySeq
-				r.leftOut = true
+				r.halfFreeWait = true
 			}
 			continue
 		}
