@@ -277,13 +277,19 @@ func TestSIGSTOPLateCommitRefused(t *testing.T) {
 // TestSIGTERMWithPrefetch: an instance stopped with SIGTERM while holding
 // prefetched deliveries finishes the message in hand and leaves; the
 // successor handles the rest, never k+1 before k.
+//
+// a is stopped before b starts: started first, b's start-up (0.3 s, more
+// under load) let a finish all 200 before its SIGTERM, and b had nothing
+// left to take over (a CI run saw exactly that).
 func TestSIGTERMWithPrefetch(t *testing.T) {
 	e := newEnv(t)
-	a := e.start("a", "-prefetch", "50", "-handler-delay", "10ms")
+	a := e.start("a", "-prefetch", "50", "-handler-delay", "20ms")
 	want := e.publishAll(20, 10)
 	testkit.WaitFor(t, 30*time.Second, "a handled some", func() bool { return e.handledCount() >= 30 })
+	if n := stopped(t, a, "handled"); n >= 200 {
+		t.Fatalf("a handled all %d before its SIGTERM took effect", n)
+	}
 	b := e.start("b")
-	stopped(t, a, "handled")
 	by := e.waitAll(want)
 	testkit.WaitFor(t, 30*time.Second, "b owns every shard", func() bool { return e.ownsAll("b") })
 	stopped(t, b, "handled")
