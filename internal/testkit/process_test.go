@@ -222,10 +222,19 @@ func TestPickAddr(t *testing.T) {
 	ln.Close()
 }
 
+// TestPickPort: the ports handed out lie below the kernel's ephemeral
+// range, where no outgoing connection or listener on port 0 can take them
+// before they are used, and are free for TCP and UDP.
 func TestPickPort(t *testing.T) {
-	port, err := PickPort()
-	if err != nil || port <= 0 {
-		t.Fatalf("PickPort = %d, %v", port, err)
+	low := ephemeralLow()
+	for range 20 {
+		port, err := PickPort()
+		if err != nil || port < pickLow || port >= low || reserved[port] {
+			t.Fatalf("PickPort = %d, %v; want a port in %d..%d", port, err, pickLow, low-1)
+		}
+		if err := bindBoth(port); err != nil {
+			t.Fatalf("port %d from PickPort: %v", port, err)
+		}
 	}
 }
 
