@@ -22,6 +22,10 @@ import (
 // cut off from one source steps aside for that source's partitions only
 // (membership.EligibleFor).
 //
+//   - A source whose schema is not migrated yet (its database did not
+//     answer at start: migrations) is unreachable, whatever its pings
+//     say: the node has not started its leaser, so gossip must leave it
+//     out of that source's map.
 //   - A database is reachable while a ping on a connection of its own
 //     has succeeded within dbWindow (the lease TTL minus its margin): the
 //     node declares the database lost when its leases lapse, not later.
@@ -53,6 +57,7 @@ type healthMonitor struct {
 type dbPing struct {
 	name     string
 	connect  func(ctx context.Context) (*pgx.Conn, error)
+	migrated func() bool  // false until the source's schema is migrated: unreachable till then
 	lastPing atomic.Int64 // unix nanoseconds when the last successful ping was sent
 }
 
@@ -67,18 +72,23 @@ func newHealthMonitor(cfg Config, pub *rabbitmq.Publisher, srcs []*source,
 		perSource:   len(srcs) > 1 || srcs[0].name != wire.DefaultSource,
 	}
 	for _, s := range srcs {
-		d := &dbPing{name: s.name, connect: s.connect}
+		d := &dbPing{name: s.name, connect: s.connect, migrated: s.isMigrated}
 		d.lastPing.Store(time.Now().UnixNano()) // healthy until shown otherwise
 		h.dbs = append(h.dbs, d)
 	}
-	return h // the first tick advertises the sources, as a change from Healthy
+	// Advertise the sources, and those not migrated yet as unreachable,
+	// before gossip joins (a change from Healthy, which names none), so
+	// that no peer assigns this node a source it cannot relay yet.
+	h.set(h.compute(time.Now(), true))
+	return h
 }
 
 // compute returns the node's health at now, the broker as given.
 func (h *healthMonitor) compute(now time.Time, broker bool) membership.Health {
 	states := make([]membership.SourceState, len(h.dbs))
 	for i, d := range h.dbs {
-		states[i] = membership.SourceState{Name: d.name, Reachable: now.Sub(time.Unix(0, d.lastPing.Load())) < h.dbWindow}
+		fresh := now.Sub(time.Unix(0, d.lastPing.Load())) < h.dbWindow
+		states[i] = membership.SourceState{Name: d.name, Reachable: fresh && d.migrated()}
 	}
 	if !h.perSource {
 		return membership.Health{Broker: broker, Database: states[0].Reachable}

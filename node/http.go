@@ -114,6 +114,10 @@ func (v *view) readyz(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	rd := Readiness{Problems: []string{}}
 	for _, s := range v.srcs {
+		if !s.isMigrated() {
+			rd.Problems = append(rd.Problems, v.sourcePrefix(s)+"database unreachable since start (schema not migrated yet)")
+			continue
+		}
 		if err := s.pool.Ping(ctx); err != nil {
 			// The error names hosts, users and databases: log it, do not
 			// answer it.

@@ -17,7 +17,6 @@ import (
 	"github.com/ordo-relay/ordo/internal/nodehook"
 	"github.com/ordo-relay/ordo/lease"
 	"github.com/ordo-relay/ordo/membership"
-	"github.com/ordo-relay/ordo/outbox"
 	"github.com/ordo-relay/ordo/relay"
 	"github.com/ordo-relay/ordo/relay/pgstore"
 	"github.com/ordo-relay/ordo/relay/rabbitmq"
@@ -34,9 +33,13 @@ import (
 //
 // so that on the way down the relay stops reading and settles its
 // confirms, then the leases are released, then the node leaves the gossip
-// cluster, and last the broker connection and the HTTP server close. Run
-// returns the error of every component that failed (errors.Join); ctx's
-// end is not an error.
+// cluster, and last the broker connection and the HTTP server close.
+// Before any stage starts, every source's database is tried once and one
+// of them must be migrated (migrations.awaitStart); a source's leaser,
+// relay and backlog wait for its own migration, so that a source down at
+// start holds back only itself. Run returns the error of every component
+// that failed (errors.Join), or the fatal migration errors of the
+// sources (fatalMigrateError); ctx's end is not an error.
 func Run(ctx context.Context, cfg Config, opts Options) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -58,10 +61,16 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 			s.pool.Close()
 		}
 	}()
+	migs := startMigrations(ctx, srcs)
+	defer migs.stop()
+	if err := migs.awaitStart(ctx); err != nil || ctx.Err() != nil {
+		return err
+	}
 	n, err := build(cfg, opts, nodehook.From(ctx), logger, srcs)
 	if err != nil {
 		return err
 	}
+	n.migs = migs
 	if n.hooks.Built != nil {
 		n.hooks.Built(n.parts())
 	}
@@ -77,6 +86,7 @@ type built struct {
 	pub     *rabbitmq.Publisher
 	health  *healthMonitor
 	srcs    []*source // in Config order; the first is the one-source form's
+	migs    *migrations
 	ln      net.Listener
 	srv     *http.Server
 }
@@ -239,9 +249,9 @@ func (b *built) run(ctx context.Context, ready func(httpAddr string)) error {
 	st := &stages{fail: fail, logger: b.logger}
 	services := []component{{"broker", b.pub.Run}, {"http", serveHTTP(b.srv, b.ln)}}
 	for _, s := range b.srcs {
-		services = append(services, component{b.named("backlog", s), s.backlog.Run})
+		services = append(services, component{b.named("backlog", s), s.afterMigrated(s.backlog.Run)})
 	}
-	st.start("services", append(services, component{"health", b.health.Run})...)
+	st.start("services", append(services, component{"health", b.health.Run}, component{"migrations", b.migs.Run})...)
 	if b.members != nil {
 		gossip := []component{{"gossip", b.members.Run}}
 		if len(b.srcs) > 1 {
@@ -251,18 +261,20 @@ func (b *built) run(ctx context.Context, ready func(httpAddr string)) error {
 	}
 	var leasers, relays []component
 	for _, s := range b.srcs {
-		leasers = append(leasers, component{b.named("leases", s), s.leaser.Run})
-		relays = append(relays, component{b.named("relay", s), relayRun(b.hooks, s.relay)})
+		leasers = append(leasers, component{b.named("leases", s), s.afterMigrated(s.leaser.Run)})
+		relays = append(relays, component{b.named("relay", s), s.afterMigrated(relayRun(b.hooks, s.relay))})
 	}
 	st.start("leases", leasers...)
 	st.start("relay", relays...).after = func() {
 		for _, s := range b.srcs {
-			s.logger.Info("relay stopped; releasing leases", "stats", fmt.Sprintf("%+v", s.relay.Stats()))
+			if s.isMigrated() {
+				s.logger.Info("relay stopped; releasing leases", "stats", fmt.Sprintf("%+v", s.relay.Stats()))
+			}
 		}
 	}
 	b.logger.Info("node started", "http", b.ln.Addr().String(), "gossip", b.cfg.Gossip.BindAddr,
 		"partitions", b.cfg.Partitions, "confirm_window", b.cfg.Relay.Window, "sources", sourceNames(b.cfg.sources()),
-		"source_partitions", sourceCounts(b.srcs))
+		"source_partitions", sourceCounts(b.srcs), "waiting", waiting(b.srcs))
 	if ready != nil {
 		ready(b.ln.Addr().String())
 	}
@@ -297,28 +309,5 @@ func serveHTTP(srv *http.Server, ln net.Listener) func(context.Context) error {
 			err = errors.Join(err, serr)
 		}
 		return err
-	}
-}
-
-// migrate applies the outbox migrations, then the lease migrations,
-// retrying while PostgreSQL is unreachable, and refusing at once on a
-// partition count mismatch (outbox.Migrate checks it first).
-func migrate(ctx context.Context, pool *pgxpool.Pool, partitions int, logger *slog.Logger) error {
-	for attempt := 1; ; attempt++ {
-		err := outbox.Migrate(ctx, pool, partitions)
-		if err == nil {
-			err = lease.Migrate(ctx, pool, partitions)
-		}
-		if err == nil || errors.Is(err, outbox.ErrPartitionMismatch) || ctx.Err() != nil {
-			return err
-		}
-		if attempt == 1 || attempt%10 == 0 {
-			logger.Warn("cannot migrate the schema yet; retrying", "attempt", attempt, "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Second):
-		}
 	}
 }

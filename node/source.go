@@ -37,41 +37,59 @@ type source struct {
 	// partitions is P, as installed in its database (Config.sources
 	// resolves it).
 	partitions int
+	// migrated is closed once the source's schema has been migrated
+	// (migrations.migrateSource); explicit: the source comes from
+	// Config.Sources, not the one-source form.
+	migrated chan struct{}
+	explicit bool
 }
 
-// openSources opens a pool per source and migrates each database, in
-// order; on an error it closes what it opened. Migrations retry while a
-// database is unreachable, so a node starts once every source answers.
+// openSources opens a pool per source (it connects when first used);
+// on an error it closes what it opened. The databases are migrated
+// afterwards, each on its own (startMigrations).
 func openSources(ctx context.Context, cfg Config, logger *slog.Logger) ([]*source, error) {
 	srcs := cfg.sources()
 	out := make([]*source, 0, len(srcs))
-	closeAll := func() {
-		for _, s := range out {
-			s.pool.Close()
-		}
-	}
 	for _, sc := range srcs {
-		s := &source{name: sc.Name, partitions: sc.Partitions, logger: logger, wake: make(chan struct{}, 1)}
+		s := &source{name: sc.Name, partitions: sc.Partitions, logger: logger, wake: make(chan struct{}, 1),
+			migrated: make(chan struct{}), explicit: len(cfg.Sources) > 0}
 		if len(srcs) > 1 || sc.Name != wire.DefaultSource {
 			s.logger = logger.With("source", sc.Name)
 		}
 		var err error
 		if s.pool, s.leaseConn, err = openPool(ctx, cfg, sc.PostgresURL); err != nil {
-			closeAll()
-			return nil, s.errorf("%w", err)
-		}
-		out = append(out, s)
-		if err := migrate(ctx, s.pool, s.partitions, s.logger); err != nil {
-			closeAll()
-			if len(cfg.Sources) > 0 {
-				if err := mismatchHint(err, s.name); err != nil {
-					return nil, err
-				}
+			for _, o := range out {
+				o.pool.Close()
 			}
 			return nil, s.errorf("%w", err)
 		}
+		out = append(out, s)
 	}
 	return out, nil
+}
+
+// isMigrated reports whether the source's schema has been migrated: its
+// leaser, relay and backlog run, and its health may say reachable.
+func (s *source) isMigrated() bool {
+	select {
+	case <-s.migrated:
+		return true
+	default:
+		return false
+	}
+}
+
+// afterMigrated returns run as a component of source s: it waits for the
+// source's migration, then runs; it returns nil if ctx ends first.
+func (s *source) afterMigrated(run func(context.Context) error) func(context.Context) error {
+	return func(ctx context.Context) error {
+		select {
+		case <-s.migrated:
+			return run(ctx)
+		case <-ctx.Done():
+			return nil
+		}
+	}
 }
 
 // mismatchHint returns, when err (a migration error of the source named

@@ -144,3 +144,15 @@ func sourceCounts(srcs []*source) string {
 	}
 	return strings.Join(parts, " ")
 }
+
+// waiting returns the names of the sources not migrated yet,
+// space-separated, for the log: they start once their database answers.
+func waiting(srcs []*source) string {
+	var names []string
+	for _, s := range srcs {
+		if !s.isMigrated() {
+			names = append(names, s.name)
+		}
+	}
+	return strings.Join(names, " ")
+}

@@ -17,7 +17,11 @@ type SourceStatus struct {
 	// Reachable: the database answered a ping just now and the backlog
 	// snapshot is fresh. A source that is not reachable keeps its last
 	// snapshot (BacklogAgeSeconds says how old).
-	Reachable  bool              `json:"reachable"`
+	Reachable bool `json:"reachable"`
+	// Migrated: the source's schema has been migrated, and its leases,
+	// relay and backlog run. A source whose database did not answer at
+	// start is false (and unreachable) until it answers.
+	Migrated   bool              `json:"migrated"`
 	Partitions int               `json:"partitionCount"`
 	Held       []int             `json:"held"`
 	Assignment []string          `json:"assignment"` // this node's view: owner by partition
@@ -33,7 +37,8 @@ func (v *view) sourceStatus(ctx context.Context, s *source, now time.Time) Sourc
 	perr := s.pool.Ping(ctx)
 	snap := s.backlog.Snapshot()
 	ss := SourceStatus{Name: s.name, Partitions: s.partitions, Held: v.held(s), Assignment: v.assignment(s),
-		Leases: snap.Partitions, Relay: s.relay.Stats(), Reachable: perr == nil && snap.Fresh(now, v.backlogMaxAge())}
+		Leases: snap.Partitions, Relay: s.relay.Stats(), Migrated: s.isMigrated()}
+	ss.Reachable = ss.Migrated && perr == nil && snap.Fresh(now, v.backlogMaxAge())
 	if !ss.Reachable {
 		s.logger.Debug("status: database unavailable", "ping", perr, "backlog", snap.Err)
 	}

@@ -15,6 +15,7 @@ package pgmigrate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
@@ -28,6 +29,12 @@ import (
 // lockKey is the advisory lock key shared by every Ordo component's
 // migrations: 'ordo.migrate' read as ASCII, fitting in a signed 64-bit int.
 const lockKey int64 = 0x6f72646f2e6d6967
+
+// ErrNewerSchema is returned (wrapped, naming the component and both
+// versions) by Apply when the database holds a migration of the
+// component newer than any this binary has: a binary older than the
+// schema must not run on it, and trying again does not help.
+var ErrNewerSchema = errors.New("upgrade the binary")
 
 // Lock takes the migration lock for the rest of tx.
 func Lock(ctx context.Context, tx pgx.Tx) error {
@@ -69,8 +76,8 @@ func Apply(ctx context.Context, tx pgx.Tx, component string, fsys fs.FS, dir str
 		current = max(current, v)
 	}
 	if n := len(ms); n > 0 && current > ms[n-1].version {
-		return fmt.Errorf("%s schema version %d is newer than this binary knows (%d): upgrade the binary",
-			component, current, ms[n-1].version)
+		return fmt.Errorf("%s schema version %d is newer than this binary knows (%d): %w",
+			component, current, ms[n-1].version, ErrNewerSchema)
 	}
 	// Every migration not applied yet, also one numbered below the newest
 	// applied (written on a branch while a later one was merged first).

@@ -1,0 +1,218 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/ordo-relay/ordo/internal/backoff"
+	"github.com/ordo-relay/ordo/internal/pgmigrate"
+	"github.com/ordo-relay/ordo/lease"
+	"github.com/ordo-relay/ordo/outbox"
+)
+
+// The waits between a source's migration attempts (backoff, with
+// jitter): a database down at start is tried again soon, and one down for
+// long about every 5 s.
+const (
+	migrateRetryMin = 500 * time.Millisecond
+	migrateRetryMax = 5 * time.Second
+)
+
+// migrations migrates every source's database, each on its own, retrying
+// while it cannot be reached, so that a source down at start holds back
+// only itself (docs/design.md, "A source down at start"). A source's
+// leaser, relay and backlog start once its migration has succeeded
+// (source.migrated); until then its health says unreachable. An error
+// that trying again cannot mend (fatalMigrateError) ends that source's
+// attempts and stops the node: before it starts (awaitStart), or while
+// it runs (Run, a component of the services stage).
+//
+// Its goroutines, one a source, are owned by Run: stop cancels them and
+// waits for them.
+type migrations struct {
+	srcs   []*source
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	tried  []chan struct{} // per source: closed when its first attempt has ended
+	any    chan struct{}   // closed when a source has been migrated
+	failed chan struct{}   // closed when a source has failed for good
+
+	mu   sync.Mutex
+	errs []error // per source: its fatal error, or nil
+	once sync.Once
+	fail sync.Once
+}
+
+// startMigrations starts migrating every source of srcs, each in a
+// goroutine of its own, until ctx ends or stop is called.
+func startMigrations(ctx context.Context, srcs []*source) *migrations {
+	ctx, cancel := context.WithCancel(ctx)
+	m := &migrations{srcs: srcs, cancel: cancel, any: make(chan struct{}), failed: make(chan struct{}),
+		tried: make([]chan struct{}, len(srcs)), errs: make([]error, len(srcs))}
+	for i, s := range srcs {
+		m.tried[i] = make(chan struct{})
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			m.migrateSource(ctx, i, s)
+		}()
+	}
+	return m
+}
+
+// stop cancels the migrations still trying and waits for them.
+func (m *migrations) stop() {
+	m.cancel()
+	m.wg.Wait()
+}
+
+// awaitStart waits until every source has been tried once and one of
+// them has been migrated: with one source, until it is migrated, as
+// before sources. It returns the fatal errors of the sources tried
+// (errors.Join, in Config order), or nil if ctx ended first.
+func (m *migrations) awaitStart(ctx context.Context) error {
+	for _, t := range m.tried {
+		select {
+		case <-t:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+	if err := m.err(); err != nil {
+		return err
+	}
+	select {
+	case <-m.any:
+		return nil
+	case <-m.failed:
+		return m.err()
+	case <-ctx.Done():
+		return nil
+	}
+}
+
+// Run returns the fatal error of a source migrated after the node
+// started, or nil when ctx ends.
+func (m *migrations) Run(ctx context.Context) error {
+	select {
+	case <-m.failed:
+		return m.err()
+	case <-ctx.Done():
+		return nil
+	}
+}
+
+// err returns every source's fatal error, joined in Config order.
+func (m *migrations) err() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return errors.Join(m.errs...)
+}
+
+// migrateSource migrates the i-th source s, attempt after attempt, until
+// it succeeds, fails for good, or ctx ends.
+func (m *migrations) migrateSource(ctx context.Context, i int, s *source) {
+	bo := backoff.New(migrateRetryMin, migrateRetryMax)
+	defer m.triedOnce(i) // also when ctx ended during the first attempt
+	for attempt := 1; ; attempt++ {
+		err := s.migrate(ctx)
+		switch {
+		case err == nil:
+			close(s.migrated)
+			m.once.Do(func() { close(m.any) })
+			if attempt > 1 {
+				s.logger.Info("schema migrated; the source's leases and relay start", "attempts", attempt)
+			}
+			return
+		case ctx.Err() != nil:
+			return
+		case fatalMigrateError(err):
+			m.mu.Lock()
+			m.errs[i] = s.migrateError(err)
+			m.mu.Unlock()
+			m.fail.Do(func() { close(m.failed) })
+			return
+		}
+		if attempt == 1 || attempt%10 == 0 {
+			s.logger.Warn("cannot migrate the schema yet; retrying (the source's partitions wait, every other source relays)",
+				"attempt", attempt, "err", err)
+		}
+		m.triedOnce(i)
+		if !backoff.Sleep(ctx, bo.Next()) {
+			return
+		}
+	}
+}
+
+// triedOnce records that the i-th source's first attempt has ended.
+func (m *migrations) triedOnce(i int) {
+	select {
+	case <-m.tried[i]:
+	default:
+		close(m.tried[i])
+	}
+}
+
+// migrate applies the outbox migrations, then the lease migrations, to
+// the source's database, on a connection of the source's own
+// (source.connect: bounded, and longer after connects that ran out of
+// time, so that a database that does not answer costs an attempt of at
+// most 5 to 40 s and a shutdown ends it at once).
+func (s *source) migrate(ctx context.Context) error {
+	conn, err := s.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = conn.Close(cctx)
+		cancel()
+	}()
+	if err := outbox.Migrate(ctx, conn, s.partitions); err != nil {
+		return err
+	}
+	return lease.Migrate(ctx, conn, s.partitions)
+}
+
+// migrateError is err, a fatal migration error of s, as Run returns it:
+// naming the source, and with the count to set on a partition count
+// mismatch of Config.Sources (mismatchHint).
+func (s *source) migrateError(err error) error {
+	if s.explicit {
+		if err := mismatchHint(err, s.name); err != nil {
+			return err
+		}
+	}
+	return s.errorf("%w", err)
+}
+
+// fatalMigrateError reports whether a migration error is one that trying
+// again cannot mend, so that the node stops with it rather than wait:
+//
+//   - a partition count other than the installed one
+//     (outbox.ErrPartitionMismatch);
+//   - a schema newer than this binary (pgmigrate.ErrNewerSchema);
+//   - PostgreSQL refusing the login (SQLSTATE class 28: a wrong password,
+//     no pg_hba.conf entry) or a database that does not exist (3D000):
+//     the URL is the node's configuration, and only a restart changes it;
+//   - a migration statement refused (class 42: no privilege to create a
+//     table, an object in the way): it fails the same way every time.
+//
+// Anything else is taken as transient and tried again: no connection, a
+// timeout, a server starting or shutting down (57P01, 57P03), too many
+// connections (53300), a lock or serialization failure.
+func fatalMigrateError(err error) bool {
+	if errors.Is(err, outbox.ErrPartitionMismatch) || errors.Is(err, pgmigrate.ErrNewerSchema) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	return strings.HasPrefix(pgErr.Code, "28") || strings.HasPrefix(pgErr.Code, "42") || pgErr.Code == "3D000"
+}

@@ -1,0 +1,198 @@
+package node_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/node"
+	"github.com/ordo-relay/ordo/outbox"
+	"github.com/ordo-relay/ordo/wire"
+)
+
+// enqueueKeys commits n messages to source, over keys k0..k(keys-1) in
+// turn, each expected by the source's checker.
+func (r *sourceRig) enqueueKeys(t *testing.T, source string, n, keys int) {
+	t.Helper()
+	ctx := testkit.Context(t, 60*time.Second)
+	for i := range n {
+		if err := r.enqueue(ctx, source, fmt.Sprintf("k%d", i%keys)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// sourceGauge returns the value of the gauge name of source; false when
+// it is absent.
+func sourceGauge(fams map[string]*dto.MetricFamily, name, source string) (float64, bool) {
+	for _, m := range fams[name].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "source" && l.GetValue() == source {
+				return m.GetGauge().GetValue(), true
+			}
+		}
+	}
+	return 0, false
+}
+
+// TestSourceDownAtStart: a node whose billing database does not answer
+// when it starts (its link through a proxy that refuses every
+// connection) starts anyway, relays everything committed to default, in
+// order, while billing is down, and shows billing as down (/status
+// reachable and migrated false, ordo_database_reachable 0); once the
+// link opens, billing is migrated and everything committed to it is
+// relayed too, per key in order, nothing lost. With the sources migrated
+// one after the other before the node starts, the node never starts
+// while billing is down.
+func TestSourceDownAtStart(t *testing.T) {
+	t.Parallel()
+	testkit.RequireRabbitMQ(t)
+	const partitions, keys = 4, 20
+	r := newSourceRig(t, partitions)
+	link := testkit.NewProxy(t, testkit.HostPort(t, r.dbs["billing"].URL))
+	link.Cut()
+	r.enqueueKeys(t, wire.DefaultSource, 100, keys)
+	r.enqueueKeys(t, "billing", 100, keys)
+
+	cfg := twoSources(r, link.URL(r.dbs["billing"].URL), "late", partitions)
+	cfg.Relay.PollInterval = 200 * time.Millisecond
+	addr, stop := runNode(t, cfg, node.Options{Logger: testkit.Logger(t, slog.LevelWarn)})
+	defer stop()
+	r.enqueueKeys(t, wire.DefaultSource, 100, keys)
+	r.enqueueKeys(t, "billing", 100, keys)
+
+	rep := r.checkers[wire.DefaultSource].WaitFor(t, 60*time.Second, func(rep testkit.Report) bool { return rep.Lost == 0 })
+	if !rep.OK() {
+		t.Fatalf("default, while billing is down: %s", rep.Detail())
+	}
+	t.Logf("default while billing is down: %s", rep)
+	st := sourceStatus(addr)
+	if b, d := st["billing"], st[wire.DefaultSource]; b.Reachable || b.Migrated || !d.Reachable || !d.Migrated {
+		t.Fatalf("/status while billing is down: billing reachable %v migrated %v, default reachable %v migrated %v; want false false true true",
+			b.Reachable, b.Migrated, d.Reachable, d.Migrated)
+	}
+	fams := scrapeMetrics(t, addr)
+	if v, ok := sourceGauge(fams, "ordo_database_reachable", "billing"); !ok || v != 0 {
+		t.Fatalf("ordo_database_reachable{source=billing} = %v (present %v) while billing is down, want 0", v, ok)
+	}
+	if got := r.checkers["billing"].Report().Distinct; got != 0 {
+		t.Fatalf("%d billing messages delivered while its link was refused", got)
+	}
+
+	link.Restore()
+	rep = r.checkers["billing"].WaitFor(t, 60*time.Second, func(rep testkit.Report) bool { return rep.Lost == 0 })
+	t.Logf("billing once its link opened: %s", rep)
+	if !rep.OK() {
+		t.Fatalf("billing: %s", rep.Detail())
+	}
+	testkit.WaitFor(t, 30*time.Second, "billing reachable on /status", func() bool {
+		b := sourceStatus(addr)["billing"]
+		return b.Reachable && b.Migrated
+	})
+	if rep := r.checkers[wire.DefaultSource].Report(); !rep.OK() {
+		t.Fatalf("default: %s", rep.Detail())
+	}
+}
+
+// TestSourceMismatchFoundLateStopsNode: a partition count mismatch of a
+// source that was down at start is found when it answers, and stops the
+// running node with the error that names the source, as it would have
+// at start.
+func TestSourceMismatchFoundLateStopsNode(t *testing.T) {
+	t.Parallel()
+	testkit.RequireRabbitMQ(t)
+	r := newSourceRig(t, 4)
+	link := testkit.NewProxy(t, testkit.HostPort(t, r.dbs["billing"].URL))
+	link.Cut()
+	cfg := twoSources(r, link.URL(r.dbs["billing"].URL), "mismatch-late", 4)
+	cfg.Sources[1].Partitions = 8 // installed with 4
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		done <- node.Run(ctx, cfg, node.Options{Logger: testkit.Logger(t, slog.LevelError), Ready: func(string) { close(ready) }})
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("the node did not start while billing was down: %v", err)
+	case <-time.After(30 * time.Second):
+		cancel()
+		<-done
+		t.Fatal("the node did not start within 30 s while billing was down")
+	}
+	link.Restore()
+	select {
+	case err := <-done:
+		if !errors.Is(err, outbox.ErrPartitionMismatch) {
+			t.Fatalf("Run: %v, want the partition mismatch of billing", err)
+		}
+		if want := "source billing: outbox was installed with 4 partitions but this node is configured with 8"; !strings.Contains(err.Error(), want) {
+			t.Fatalf("Run: %v\nwant it to say %q", err, want)
+		}
+	case <-time.After(60 * time.Second):
+		cancel()
+		<-done
+		t.Fatal("the node kept running for 60 s after billing's mismatch could be found")
+	}
+}
+
+// TestShutdownWhileSourceConnecting: a node stopped while a source's
+// migration is still connecting to a database that does not answer (a
+// proxy that holds every byte) returns at once, leaving no goroutine
+// (goleak, TestMain): before it started (the one-source form waits for
+// its only source) and after (billing still connecting, default relaying).
+func TestShutdownWhileSourceConnecting(t *testing.T) {
+	t.Parallel()
+	testkit.RequireRabbitMQ(t)
+	r := newSourceRig(t, 2)
+	link := testkit.NewProxy(t, testkit.HostPort(t, r.dbs["billing"].URL))
+	link.Stall()
+	defer link.Resume()
+
+	t.Run("before start", func(t *testing.T) {
+		cfg := twoSources(r, "", "stall-one", 2)
+		cfg.Sources, cfg.PostgresURL = nil, link.URL(r.dbs["billing"].URL)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- node.Run(ctx, cfg, node.Options{Logger: testkit.Logger(t, slog.LevelError)}) }()
+		select {
+		case err := <-done:
+			t.Fatalf("Run returned while its only source did not answer: %v", err)
+		case <-time.After(time.Second):
+		}
+		stopped := time.Now()
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("Run, stopped before it started: %v, want nil", err)
+		}
+		if d := time.Since(stopped); d > 2*time.Second {
+			t.Fatalf("Run took %v to return after its context ended", d)
+		}
+	})
+	t.Run("running", func(t *testing.T) {
+		cfg := twoSources(r, link.URL(r.dbs["billing"].URL), "stall-two", 2)
+		addr, stop := runNode(t, cfg, node.Options{Logger: testkit.Logger(t, slog.LevelError)})
+		var st map[string]node.SourceStatus
+		testkit.WaitFor(t, 30*time.Second, "default reachable on /status", func() bool {
+			st = sourceStatus(addr)
+			return st[wire.DefaultSource].Reachable
+		})
+		if b := st["billing"]; b.Migrated || b.Reachable {
+			t.Fatalf("/status: billing migrated %v, reachable %v while it does not answer; want false", b.Migrated, b.Reachable)
+		}
+		stopped := time.Now()
+		stop()
+		if d := time.Since(stopped); d > 5*time.Second {
+			t.Fatalf("the node took %v to stop while billing was connecting", d)
+		}
+	})
+}
