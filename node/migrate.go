@@ -23,6 +23,12 @@ const (
 	migrateRetryMax = 5 * time.Second
 )
 
+// startGrace bounds how long a node waits for every source's first
+// migration attempt before it starts with the sources migrated by then:
+// the first bound of a connect (connectTimeoutMin), so that a database
+// that does not answer at all has been tried once.
+const startGrace = connectTimeoutMin
+
 // migrations migrates every source's database, each on its own, retrying
 // while it cannot be reached, so that a source down at start holds back
 // only itself (docs/design.md, "A source down at start"). A source's
@@ -71,14 +77,21 @@ func (m *migrations) stop() {
 	m.wg.Wait()
 }
 
-// awaitStart waits until every source has been tried once and one of
-// them has been migrated: with one source, until it is migrated, as
-// before sources. It returns the fatal errors of the sources tried
+// awaitStart waits until every source has been tried once (or
+// startGrace has passed: an attempt may wait on another node's migration
+// lock, or on a link that stalled after connecting) and one source has
+// been migrated: with one source, until it is migrated, as before
+// sources. It returns the fatal errors of the sources tried by then
 // (errors.Join, in Config order), or nil if ctx ended first.
 func (m *migrations) awaitStart(ctx context.Context) error {
+	grace := time.NewTimer(startGrace)
+	defer grace.Stop()
+tried:
 	for _, t := range m.tried {
 		select {
 		case <-t:
+		case <-grace.C:
+			break tried
 		case <-ctx.Done():
 			return nil
 		}

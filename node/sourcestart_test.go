@@ -2,13 +2,18 @@ package node_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
@@ -82,6 +87,9 @@ func TestSourceDownAtStart(t *testing.T) {
 	if v, ok := sourceGauge(fams, "ordo_database_reachable", "billing"); !ok || v != 0 {
 		t.Fatalf("ordo_database_reachable{source=billing} = %v (present %v) while billing is down, want 0", v, ok)
 	}
+	if rd := readiness(t, addr); rd.Ready || !slices.Contains(rd.Problems, "source billing: database unreachable since start (schema not migrated yet)") {
+		t.Fatalf("/readyz while billing is down: %+v, want not ready, naming billing", rd)
+	}
 	if got := r.checkers["billing"].Report().Distinct; got != 0 {
 		t.Fatalf("%d billing messages delivered while its link was refused", got)
 	}
@@ -98,6 +106,42 @@ func TestSourceDownAtStart(t *testing.T) {
 	})
 	if rep := r.checkers[wire.DefaultSource].Report(); !rep.OK() {
 		t.Fatalf("default: %s", rep.Detail())
+	}
+}
+
+// readiness fetches a node's /readyz.
+func readiness(t *testing.T, addr string) node.Readiness {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var rd node.Readiness
+	if err := json.NewDecoder(resp.Body).Decode(&rd); err != nil {
+		t.Fatal(err)
+	}
+	return rd
+}
+
+// TestSourceFatalAtStart: a source whose database does not exist (SQLSTATE
+// 3D000: its URL is wrong, and only a restart changes it) stops the node
+// before it starts, with an error that names the source, rather than
+// being waited for like a database that does not answer.
+func TestSourceFatalAtStart(t *testing.T) {
+	t.Parallel()
+	r := newSourceRig(t, 2)
+	u, err := url.Parse(r.dbs["billing"].URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/ordo_no_such_database"
+	cfg := twoSources(r, u.String(), "fatal", 2)
+	err = node.Run(testkit.Context(t, 60*time.Second), cfg, node.Options{Logger: testkit.Logger(t, slog.LevelError),
+		Ready: func(string) { t.Error("the node started with a source whose database does not exist") }})
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "3D000" || !strings.HasPrefix(err.Error(), "source billing: ") {
+		t.Fatalf("Run: %v, want billing's 3D000 naming the source", err)
 	}
 }
 
@@ -195,4 +239,74 @@ func TestShutdownWhileSourceConnecting(t *testing.T) {
 			t.Fatalf("the node took %v to stop while billing was connecting", d)
 		}
 	})
+}
+
+// migrationLockKey is pgmigrate's advisory lock key ('ordo.mig' in
+// ASCII), held by every migration of a database while it runs.
+const migrationLockKey int64 = 0x6f72646f2e6d6967
+
+// TestSourceNotMigratedLeftOutOfMap: a node whose billing migration
+// cannot finish (another session holds the migration lock: its database
+// answers pings, but its leaser cannot start) says billing unreachable,
+// so the cluster leaves it out of billing's map: its peer keeps every
+// billing partition and relays every billing message, while the node
+// takes its share of default. Once the lock is released it migrates and
+// takes its billing share. A node that said billing reachable would be
+// given billing partitions it never claims, and their messages would
+// wait.
+func TestSourceNotMigratedLeftOutOfMap(t *testing.T) {
+	testkit.RequireRabbitMQ(t) // not parallel: two nodes with gossip
+	const partitions, keys = 4, 20
+	r := newSourceRig(t, partitions)
+	gossip := []string{testkit.FreeAddr(t), testkit.FreeAddr(t)}
+	cfgs := make([]node.Config, 2)
+	addrs := make([]string, 2)
+	for i, name := range []string{"m1", "m2"} {
+		cfgs[i] = twoSources(r, r.dbs["billing"].URL, name, partitions)
+		cfgs[i].Gossip.BindAddr, cfgs[i].Gossip.Join, cfgs[i].Gossip.RejoinInterval = gossip[i], gossip, time.Second
+		cfgs[i].Gossip.Insecure = true
+		cfgs[i].LeaseTTL = 5 * time.Second
+		cfgs[i].Relay.PollInterval = 200 * time.Millisecond
+	}
+	held := func(i int, source string) int { return len(sourceStatus(addrs[i])[source].Held) }
+	var stop func()
+	addrs[1], stop = runNode(t, cfgs[1], node.Options{Logger: testkit.Logger(t, slog.LevelWarn).With("node", "m2")})
+	defer stop()
+	testkit.WaitFor(t, 60*time.Second, "m2 alone holds every partition", func() bool {
+		return held(1, wire.DefaultSource) == partitions && held(1, "billing") == partitions
+	})
+
+	lock, err := r.dbs["billing"].Pool.Acquire(testkit.Context(t, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Release()
+	if _, err := lock.Exec(testkit.Context(t, 10*time.Second), `SELECT pg_advisory_lock($1)`, migrationLockKey); err != nil {
+		t.Fatal(err)
+	}
+	addrs[0], stop = runNode(t, cfgs[0], node.Options{Logger: testkit.Logger(t, slog.LevelWarn).With("node", "m1")})
+	defer stop()
+	testkit.WaitFor(t, 60*time.Second, "m1 holds its share of default", func() bool { return held(0, wire.DefaultSource) == partitions/2 })
+	if b := sourceStatus(addrs[0])["billing"]; b.Migrated || b.Reachable {
+		t.Fatalf("m1's /status: billing migrated %v, reachable %v while its migration waits; want false", b.Migrated, b.Reachable)
+	}
+	r.enqueueKeys(t, "billing", 100, keys)
+	rep := r.checkers["billing"].WaitFor(t, 30*time.Second, func(rep testkit.Report) bool { return rep.Lost == 0 })
+	if !rep.OK() {
+		t.Fatalf("billing while m1 cannot migrate it: %s", rep.Detail())
+	}
+	if n := held(1, "billing"); n != partitions {
+		t.Fatalf("m2 holds %d billing partitions while m1 cannot migrate billing, want all %d", n, partitions)
+	}
+
+	if _, err := lock.Exec(testkit.Context(t, 10*time.Second), `SELECT pg_advisory_unlock($1)`, migrationLockKey); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, 60*time.Second, "m1 takes its billing share once migrated", func() bool { return held(0, "billing") == partitions/2 })
+	r.enqueueKeys(t, "billing", 100, keys)
+	rep = r.checkers["billing"].WaitFor(t, 30*time.Second, func(rep testkit.Report) bool { return rep.Lost == 0 })
+	t.Logf("billing: %s", rep)
+	if !rep.OK() {
+		t.Fatalf("billing: %s", rep.Detail())
+	}
 }

@@ -38,7 +38,8 @@ func (v *view) sourceStatus(ctx context.Context, s *source, now time.Time) Sourc
 	snap := s.backlog.Snapshot()
 	ss := SourceStatus{Name: s.name, Partitions: s.partitions, Held: v.held(s), Assignment: v.assignment(s),
 		Leases: snap.Partitions, Relay: s.relay.Stats(), Migrated: s.isMigrated()}
-	ss.Reachable = ss.Migrated && perr == nil && snap.Fresh(now, v.backlogMaxAge())
+	// A source not migrated yet has no snapshot: its backlog waits too.
+	ss.Reachable = perr == nil && snap.Fresh(now, v.backlogMaxAge())
 	if !ss.Reachable {
 		s.logger.Debug("status: database unavailable", "ping", perr, "backlog", snap.Err)
 	}
