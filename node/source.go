@@ -85,6 +85,9 @@ func (s *source) afterMigrated(run func(context.Context) error) func(context.Con
 	return func(ctx context.Context) error {
 		select {
 		case <-s.migrated:
+			if ctx.Err() != nil { // both ready at once: stopping wins
+				return nil
+			}
 			return run(ctx)
 		case <-ctx.Done():
 			return nil
