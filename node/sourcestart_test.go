@@ -124,10 +124,13 @@ func readiness(t *testing.T, addr string) node.Readiness {
 	return rd
 }
 
-// TestSourceFatalAtStart: a source whose database does not exist (SQLSTATE
-// 3D000: its URL is wrong, and only a restart changes it) stops the node
-// before it starts, with an error that names the source, rather than
-// being waited for like a database that does not answer.
+// TestSourceFatalAtStart: an error of a source that waiting cannot mend
+// stops the node before it starts, with an error that names the source,
+// rather than being waited for like a database that does not answer:
+// a database that does not exist (SQLSTATE 3D000: its URL is wrong, and
+// only a restart changes it), and a partition count mismatch found
+// behind a slow link (every reply 300 ms late), well after default is
+// migrated: the node waits for every source's first attempt.
 func TestSourceFatalAtStart(t *testing.T) {
 	t.Parallel()
 	r := newSourceRig(t, 2)
@@ -136,12 +139,31 @@ func TestSourceFatalAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	u.Path = "/ordo_no_such_database"
-	cfg := twoSources(r, u.String(), "fatal", 2)
-	err = node.Run(testkit.Context(t, 60*time.Second), cfg, node.Options{Logger: testkit.Logger(t, slog.LevelError),
-		Ready: func(string) { t.Error("the node started with a source whose database does not exist") }})
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "3D000" || !strings.HasPrefix(err.Error(), "source billing: ") {
-		t.Fatalf("Run: %v, want billing's 3D000 naming the source", err)
+	slow := testkit.NewProxy(t, testkit.HostPort(t, r.dbs["billing"].URL))
+	slow.DelayReplies(300 * time.Millisecond)
+	for _, c := range []struct {
+		name  string
+		url   string
+		count int
+		is    func(error) bool
+	}{
+		{"no such database", u.String(), 0, func(err error) bool {
+			var pgErr *pgconn.PgError
+			return errors.As(err, &pgErr) && pgErr.Code == "3D000"
+		}},
+		{"mismatch behind a slow link", slow.URL(r.dbs["billing"].URL), 4, func(err error) bool {
+			return errors.Is(err, outbox.ErrPartitionMismatch)
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := twoSources(r, c.url, "fatal", 2)
+			cfg.Sources[1].Partitions = c.count
+			err := node.Run(testkit.Context(t, 60*time.Second), cfg, node.Options{Logger: testkit.Logger(t, slog.LevelError),
+				Ready: func(string) { t.Error("the node started") }})
+			if !c.is(err) || !strings.HasPrefix(err.Error(), "source billing: ") {
+				t.Fatalf("Run: %v, want billing's error, naming the source", err)
+			}
+		})
 	}
 }
 
