@@ -48,10 +48,10 @@ type migrations struct {
 	any    chan struct{}   // closed when a source has been migrated
 	failed chan struct{}   // closed when a source has failed for good
 
-	mu   sync.Mutex
-	errs []error // per source: its fatal error, or nil
-	once sync.Once
-	fail sync.Once
+	mu       sync.Mutex
+	errs     []error // per source: its fatal error, or nil
+	anyOnce  sync.Once
+	failOnce sync.Once
 }
 
 // startMigrations starts migrating every source of srcs, each in a
@@ -137,7 +137,7 @@ func (m *migrations) migrateSource(ctx context.Context, i int, s *source) {
 		switch {
 		case err == nil:
 			close(s.migrated)
-			m.once.Do(func() { close(m.any) })
+			m.anyOnce.Do(func() { close(m.any) })
 			if attempt > 1 {
 				s.logger.Info("schema migrated; the source's leases and relay start", "attempts", attempt)
 			}
@@ -148,7 +148,7 @@ func (m *migrations) migrateSource(ctx context.Context, i int, s *source) {
 			m.mu.Lock()
 			m.errs[i] = s.migrateError(err)
 			m.mu.Unlock()
-			m.fail.Do(func() { close(m.failed) })
+			m.failOnce.Do(func() { close(m.failed) })
 			return
 		}
 		if attempt == 1 || attempt%10 == 0 {
