@@ -127,7 +127,9 @@ func waitHeld(t *testing.T, urls []string, want int) {
 
 // TestIdleThenBurst: nodes that sat idle on an empty outbox, their
 // statements warmed, deliver a burst of 40,000 rows committed in one
-// transaction, in order, like nodes started on the backlog. Before the fix
+// transaction, in order. (Nodes started on a backlog: the bench's drain
+// and shapes, and node's large-backlog tests; this test no longer drains
+// the burst a second time that way only to log its rate.) Before the fix
 // they published nothing, for good: a generic plan cached on the empty
 // table made every read take seconds, and every row read was then thrown
 // away against a lease snapshot taken before the read.
@@ -153,14 +155,6 @@ func TestIdleThenBurst(t *testing.T) {
 			awaitWarm(t, urls, 8)
 			rate := f.awaitDrain(t, f.enqueueBurst(t))
 			t.Logf("%s: burst after idle drained at %.0f msg/s", tc.name, rate)
-			if !tc.analyze {
-				// The same burst on a node started after it, for comparison.
-				g := newFixture(t)
-				g.enqueueBurst(t)
-				start := time.Now()
-				g.startNodes(t, tc.nodes)
-				t.Logf("%s: cold start on the same burst drained at %.0f msg/s", tc.name, g.awaitDrain(t, start))
-			}
 		})
 	}
 }
