@@ -165,9 +165,10 @@ func build(cfg Config, opts Options, hooks nodehook.Hooks, logger *slog.Logger, 
 	pm := newPublishFamilies()
 	pub := hooks.Publisher(b.pub)
 	var budget *relay.Budget
-	if len(srcs) > 1 {
+	if len(srcs) > 1 && !hooks.UnsharedBudget {
 		// The sources' relays share the node's W and read-ahead, fairly
 		// and work-conserving (relay.Budget; docs/design.md, "Sharing W").
+		// Only the bench's A/B runs without it (nodehook).
 		budget = relay.NewBudget(cfg.Relay.Window, cfg.Relay.ReadAheadBytes)
 	}
 	for i, s := range srcs {

@@ -89,7 +89,7 @@ func (c cli) serve(ctx context.Context, o options) error {
 		return fmt.Errorf("node: %w", usageError(err))
 	}
 	defer flush()
-	if err := node.Run(ctx, o.Config, node.Options{Logger: logger, TracerProvider: tp}); err != nil {
+	if err := node.Run(benchHooks(ctx, c.lookup, logger), o.Config, node.Options{Logger: logger, TracerProvider: tp}); err != nil {
 		logger.Error("node stopped", "err", err)
 		return &exitError{status: 1, err: err, logged: true}
 	}

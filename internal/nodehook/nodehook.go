@@ -39,6 +39,12 @@ type Hooks struct {
 	// (internal/relayhook): per-key order is lost under nacks and
 	// returns, and the tests that show it set this.
 	PerKeyLimit int
+	// UnsharedBudget, with several sources, gives each source's relay
+	// the node's full confirm window and read-ahead instead of a share
+	// of one relay.Budget: the A side of the bench's A/B of the Budget
+	// (cmd/node sets it from ORDO_BENCH_UNSHARED_BUDGET, which only the
+	// bench's sources scenario sets).
+	UnsharedBudget bool
 	// Built, if set, is called once the node is built and before it
 	// starts, with its parts (a test reads the relay's stats, the
 	// publisher's state and the leases from them).
