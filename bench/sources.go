@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -44,6 +45,17 @@ type sourcesFlags struct {
 	Nodes     int           // Ordo nodes relaying every source
 	NodeCap   float64       // CPU cap per node in cores; 0 leaves them uncapped
 	PGVersion string        // PostgreSQL major version of the clusters
+	// Partitions are the sources' partition counts, s1's first; empty:
+	// every source has -partitions.
+	Partitions []int
+	// Budget are the budget modes of the runs of several sources,
+	// alternated within each repetition: budgetShared (the node's relays
+	// share one relay.Budget) and budgetUnshared (each has the node's
+	// full W and read-ahead: the node's bench hook).
+	Budget []string
+	// Trickle, when above 0, is the commits a second into the last source
+	// while the others drain, in place of its backlog (sources_budget.go).
+	Trickle int
 }
 
 // sourcesOptions are the sources scenario's: -payload and its -sources-*
@@ -70,7 +82,8 @@ func (o sourcesOptions) validate() error {
 // defaultSourcesFlags returns the sources scenario's defaults.
 func defaultSourcesFlags() sourcesFlags {
 	return sourcesFlags{Counts: []int{1, 2}, Cap: 0.25, Period: 20 * time.Millisecond, Rows: 10000, Keys: 1000,
-		Producers: 4, Duration: 10 * time.Second, Warmup: 2 * time.Second, Reps: 2, Nodes: 1, PGVersion: "15"}
+		Producers: 4, Duration: 10 * time.Second, Warmup: 2 * time.Second, Reps: 2, Nodes: 1, PGVersion: "15",
+		Budget: []string{budgetShared}}
 }
 
 // addSourcesFlags registers the -sources-* flags on fs, with p's values as
@@ -85,12 +98,13 @@ func addSourcesFlags(fs *flag.FlagSet, p *sourcesFlags) {
 	fs.IntVar(&p.Rows, "sources-rows", p.Rows, "backlog rows, split evenly over the sources")
 	fs.IntVar(&p.Keys, "sources-keys", p.Keys, "keys, split evenly over the sources")
 	fs.IntVar(&p.Producers, "sources-producers", p.Producers, "producer connections, split evenly over the sources")
-	fs.DurationVar(&p.Duration, "sources-duration", p.Duration, "measured producer window per run")
+	fs.DurationVar(&p.Duration, "sources-duration", p.Duration, "measured producer window per run (0: no producers, the drain only)")
 	fs.DurationVar(&p.Warmup, "sources-warmup", p.Warmup, "producers run this long before the window")
 	fs.IntVar(&p.Reps, "sources-reps", p.Reps, "repetitions of every source count (alternating); medians are reported")
 	fs.IntVar(&p.Nodes, "sources-nodes", p.Nodes, "Ordo nodes, each relaying every source")
 	fs.Float64Var(&p.NodeCap, "sources-node-cap", p.NodeCap, "CPU cap per node in cores (0: uncapped)")
 	fs.StringVar(&p.PGVersion, "sources-pg-version", p.PGVersion, "PostgreSQL major version of the clusters (pg_createcluster's)")
+	addSourcesBudgetFlags(fs, p)
 }
 
 func (p sourcesFlags) validate() error {
@@ -103,14 +117,14 @@ func (p sourcesFlags) validate() error {
 		return errors.New("sources-rows and sources-keys must be at least 2, keys at most rows")
 	case p.Producers < 2 || p.Producers > 64:
 		return errors.New("sources-producers must be 2..64")
-	case p.Duration <= 0 || p.Warmup < 0:
-		return errors.New("sources-duration must be positive and sources-warmup not negative")
+	case p.Duration < 0 || p.Warmup < 0:
+		return errors.New("sources-duration and sources-warmup must not be negative")
 	case p.Reps < 1 || p.Reps > 20 || p.Nodes < 1 || p.Nodes > 8:
 		return errors.New("sources-reps must be 1..20 and sources-nodes 1..8")
 	case p.PGVersion == "" || strings.Trim(p.PGVersion, "0123456789") != "":
 		return fmt.Errorf("sources-pg-version %q: want a major version such as 15", p.PGVersion)
 	}
-	return nil
+	return p.validateBudget()
 }
 
 // sourceNames are the sources' names: s1, s2.
@@ -183,15 +197,15 @@ func runSources(ctx context.Context, o sourcesOptions, emit func(*result.Result)
 	var runs []*result.Result
 	var errs []error
 	for rep := range p.Reps {
-		for _, n := range p.Counts {
+		for _, run := range p.runs() {
 			if ctx.Err() != nil {
 				return errors.Join(append(errs, ctx.Err())...)
 			}
-			fmt.Printf("\n=== sources: %d source(s), rep %d\n", n, rep+1)
-			res, err := sourcesOnce(ctx, o, clusters[:n])
+			fmt.Printf("\n=== sources: %s, rep %d\n", run, rep+1)
+			res, err := sourcesOnce(ctx, o, clusters[:run.n], run.budget)
 			if err != nil {
-				fmt.Fprintf(os.Stderr, "bench: sources: %d source(s), rep %d: %v\n", n, rep+1, err)
-				errs = append(errs, fmt.Errorf("%d source(s), rep %d: %w", n, rep+1, err))
+				fmt.Fprintf(os.Stderr, "bench: sources: %s, rep %d: %v\n", run, rep+1, err)
+				errs = append(errs, fmt.Errorf("%s, rep %d: %w", run, rep+1, err))
 				continue
 			}
 			res.Param("rep", rep+1)
@@ -201,7 +215,7 @@ func runSources(ctx context.Context, o sourcesOptions, emit func(*result.Result)
 	}
 	if len(runs) > 0 {
 		sum := sourcesSummary(p, runs)
-		printSourcesTable(os.Stdout, sum)
+		printSourcesTable(os.Stdout, p, sum)
 		emit(sum)
 	}
 	return errors.Join(errs...)
@@ -267,32 +281,45 @@ func startSourceClusters(ctx context.Context, pcs *pgClusters, caps *cpuCaps, n 
 	return out, nil
 }
 
-// sourcesSummary returns the medians of every source count's runs and the
-// ratios of the largest count to one source.
+// sourcesSummary returns the medians of every kind of run (sourcesRun:
+// a source count, and with several sources a budget mode), each figure
+// suffixed with the run's key, and the ratios: two sources ÷ one, and
+// the shared Budget ÷ none.
 func sourcesSummary(p sourcesFlags, runs []*result.Result) *result.Result {
 	res := result.New("sources")
 	res.Label = "summary"
 	res.Param("cap_cores", p.Cap)
 	res.Param("reps", p.Reps)
-	figs := []string{"drain_msgs_per_sec", "insert_tps", "drain_pg_busy", "insert_pg_busy", "drain_machine_busy", "insert_machine_busy"}
-	med := map[int]map[string]float64{}
-	for _, n := range p.Counts {
-		med[n] = map[string]float64{}
+	figs := []string{"drain_msgs_per_sec", "insert_tps", "drain_pg_busy", "insert_pg_busy", "drain_machine_busy", "insert_machine_busy",
+		"drain_msgs_per_sec_s1", "drain_msgs_per_sec_s2", "drain_max_unconfirmed", "trickle_p50_ms", "trickle_p99_ms"}
+	med := map[string]map[string]float64{}
+	for _, run := range p.runs() {
+		k := run.key()
+		med[k] = map[string]float64{}
 		for _, f := range figs {
 			var vs []float64
 			for _, r := range runs {
-				if v, ok := r.Lookup(f); ok && paramOf(r, "sources") == strconv.Itoa(n) {
+				if v, ok := r.Lookup(f); ok && runKeyOf(r) == k {
 					vs = append(vs, v)
 				}
 			}
-			med[n][f] = median(vs)
-			res.Figure(fmt.Sprintf("%s_%d", f, n), med[n][f], "")
+			if len(vs) == 0 {
+				continue
+			}
+			med[k][f] = median(vs)
+			res.Figure(f+"_"+k, med[k][f], "")
+		}
+	}
+	ratio := func(name, f string, a, b map[string]float64) {
+		if x, y := a[f], b[f]; x > 0 && y > 0 {
+			res.Figure(name, x/y, "×")
 		}
 	}
 	for _, f := range []string{"drain_msgs_per_sec", "insert_tps"} {
-		if one, two := med[1][f], med[2][f]; one > 0 && !math.IsNaN(two) {
-			res.Figure(strings.TrimSuffix(strings.TrimSuffix(f, "_msgs_per_sec"), "_tps")+"_ratio", two/one, "×")
-		}
+		ratio(strings.TrimSuffix(strings.TrimSuffix(f, "_msgs_per_sec"), "_tps")+"_ratio", f, med["2"], med["1"])
+	}
+	for _, f := range []string{"drain_msgs_per_sec", "drain_msgs_per_sec_s1", "drain_msgs_per_sec_s2", "trickle_p50_ms", "trickle_p99_ms"} {
+		ratio("budget_"+strings.TrimPrefix(f, "drain_")+"_ratio", f, med["2"], med["2_"+budgetUnshared])
 	}
 	for _, r := range runs {
 		res.Check = addReports(res.Check, r.Check)
@@ -301,21 +328,33 @@ func sourcesSummary(p sourcesFlags, runs []*result.Result) *result.Result {
 	return res
 }
 
+// runKeyOf is the key of the run r measured (sourcesRun.key).
+func runKeyOf(r *result.Result) string {
+	n, _ := strconv.Atoi(paramOf(r, "sources"))
+	return sourcesRun{n: n, budget: cmp.Or(paramOf(r, "budget"), budgetShared)}.key()
+}
+
 // printSourcesTable prints the summary's medians and ratios.
-func printSourcesTable(w io.Writer, sum *result.Result) {
+func printSourcesTable(w io.Writer, p sourcesFlags, sum *result.Result) {
 	get := func(name string) float64 {
 		if v, ok := sum.Lookup(name); ok {
 			return v
 		}
 		return math.NaN()
 	}
-	fmt.Fprintf(w, "\n%-8s %12s %10s %14s %14s\n", "sources", "drain msg/s", "insert tps", "drain pg_busy", "insert pg_busy")
-	for _, n := range []int{1, 2} {
-		if _, ok := sum.Lookup(fmt.Sprintf("drain_msgs_per_sec_%d", n)); !ok {
+	fmt.Fprintf(w, "\n%-22s %12s %9s %9s %10s %14s %14s %11s %11s\n", "run", "drain msg/s", "s1", "s2", "insert tps",
+		"drain pg_busy", "max unconfirmed", "trickle p50", "trickle p99")
+	for _, run := range p.runs() {
+		k := run.key()
+		if _, ok := sum.Lookup("drain_msgs_per_sec_" + k); !ok {
 			continue
 		}
-		fmt.Fprintf(w, "%-8d %12.0f %10.0f %14.2f %14.2f\n", n, get(fmt.Sprintf("drain_msgs_per_sec_%d", n)),
-			get(fmt.Sprintf("insert_tps_%d", n)), get(fmt.Sprintf("drain_pg_busy_%d", n)), get(fmt.Sprintf("insert_pg_busy_%d", n)))
+		fmt.Fprintf(w, "%-22s %12.0f %9.0f %9.0f %10.0f %14.2f %14.0f %9.0fms %9.0fms\n", run, get("drain_msgs_per_sec_"+k),
+			get("drain_msgs_per_sec_s1_"+k), get("drain_msgs_per_sec_s2_"+k), get("insert_tps_"+k), get("drain_pg_busy_"+k),
+			get("drain_max_unconfirmed_"+k), get("trickle_p50_ms_"+k), get("trickle_p99_ms_"+k))
 	}
 	fmt.Fprintf(w, "two ÷ one: drain %.2f×, insert %.2f×\n", get("drain_ratio"), get("insert_ratio"))
+	fmt.Fprintf(w, "Budget ÷ none (two sources): drain %.2f× (s1 %.2f×, s2 %.2f×), trickle p50 %.2f×, p99 %.2f×\n",
+		get("budget_msgs_per_sec_ratio"), get("budget_msgs_per_sec_s1_ratio"), get("budget_msgs_per_sec_s2_ratio"),
+		get("budget_trickle_p50_ms_ratio"), get("budget_trickle_p99_ms_ratio"))
 }

@@ -31,12 +31,16 @@ type benchSource struct {
 // sourcesOnce is one run with one source per cluster: the backlog is
 // loaded into every source before the nodes start, the nodes drain it,
 // then the producers write into every source while the nodes relay.
-func sourcesOnce(ctx context.Context, o sourcesOptions, clusters []sourceCluster) (*result.Result, error) {
+func sourcesOnce(ctx context.Context, o sourcesOptions, clusters []sourceCluster, budget string) (*result.Result, error) {
 	p := o.Sources
 	n := len(clusters)
 	res := result.New("sources")
 	res.Label = fmt.Sprintf("sources-%d", n)
 	res.Param("sources", n)
+	if n > 1 {
+		res.Label += "-" + budget
+		res.Param("budget", budget)
+	}
 	res.Param("cap_cores", p.Cap)
 	res.Param("period", p.Period)
 	res.Param("nodes", p.Nodes)
@@ -44,16 +48,23 @@ func sourcesOnce(ctx context.Context, o sourcesOptions, clusters []sourceCluster
 		res.Param("node_cap_cores", p.NodeCap)
 	}
 	res.Param("producers", p.Producers)
-	res.Param("msgs", p.Rows/n*n)
-	res.Param("keys", p.Keys/n*n)
-	res.Param("partitions", o.Partitions)
+	rows, keys := p.drainTarget(n)
+	res.Param("msgs", sum(rows))
+	res.Param("keys", sum(keys))
+	if p.Trickle > 0 {
+		res.Param("trickle", p.Trickle)
+	}
 	srcs, closeAll, err := openSources(ctx, o, clusters)
 	defer closeAll()
 	if err != nil {
 		return nil, err
 	}
-	for _, s := range srcs {
-		l, err := loadGroups(ctx, s.rig, []rowGroup{{prefix: "key", keys: p.Keys / n, rows: p.Rows / n}}, o.Payload, true)
+	for i, s := range srcs {
+		res.Param("partitions_"+s.name, s.rig.Config.Partitions)
+		if rows[i] == 0 {
+			continue
+		}
+		l, err := loadGroups(ctx, s.rig, []rowGroup{{prefix: "key", keys: keys[i], rows: rows[i]}}, o.Payload, true)
 		if err != nil {
 			return nil, fmt.Errorf("source %s: %w", s.name, err)
 		}
@@ -61,12 +72,14 @@ func sourcesOnce(ctx context.Context, o sourcesOptions, clusters []sourceCluster
 	}
 	nodeRig := &harness.Rig{Config: o.harness()}
 	defer nodeRig.Close() // stops the nodes, before the rigs drop the databases
-	sys, err := drainSources(ctx, o, srcs, nodeRig, res)
+	sys, err := drainSources(ctx, o, srcs, nodeRig, budget, res)
 	if err != nil {
 		return nil, err
 	}
-	if err := produceSources(ctx, o, srcs, sys, res); err != nil {
-		return nil, err
+	if p.Duration > 0 {
+		if err := produceSources(ctx, o, srcs, sys, res); err != nil {
+			return nil, err
+		}
 	}
 	for _, s := range srcs {
 		rep, err := checkSource(ctx, o, s)
@@ -95,6 +108,7 @@ func openSources(ctx context.Context, o sourcesOptions, clusters []sourceCluster
 	for i, c := range clusters {
 		cfg := o.harness()
 		cfg.PostgresURL = c.adminURL()
+		cfg.Partitions = o.Sources.partitionsOf(i, o.Partitions) // the source's migration, its rows' partitions
 		r, err := harness.New(ctx, cfg, "sources_"+names[i], int32(o.Sources.Producers/len(clusters)+2))
 		if err != nil {
 			return srcs, closeAll, fmt.Errorf("source %s: %w", names[i], err)
@@ -111,13 +125,20 @@ func openSources(ctx context.Context, o sourcesOptions, clusters []sourceCluster
 	return srcs, closeAll, nil
 }
 
-// sourcesEnv is the nodes' ORDO_SOURCES: every source's database by name.
-func sourcesEnv(srcs []*benchSource) string {
-	pairs := make([]string, len(srcs))
+// nodeSources is what the nodes are told of srcs (sourcesNodeEnv).
+func nodeSources(srcs []*benchSource) []nodeSource {
+	out := make([]nodeSource, len(srcs))
 	for i, s := range srcs {
-		pairs[i] = s.name + "=" + s.rig.DBURL
+		out[i] = nodeSource{name: s.name, url: s.rig.DBURL, partitions: s.rig.Config.Partitions}
 	}
-	return "ORDO_SOURCES=" + strings.Join(pairs, " ")
+	return out
+}
+
+func sum(ns []int) (t int) {
+	for _, n := range ns {
+		t += n
+	}
+	return t
 }
 
 // clusterSample is the CPU of every cluster's processes and its throttled
@@ -197,29 +218,44 @@ func addSourceCPU(res *result.Result, prefix string, srcs []*benchSource, a, b c
 
 // drainSources starts the nodes on every source and waits until each
 // source's backlog has arrived. The rate is the backlog's rows over the
-// first to the last delivery, per source and of all together.
-func drainSources(ctx context.Context, o sourcesOptions, srcs []*benchSource, nodeRig *harness.Rig, res *result.Result) (*ordoSystem, error) {
+// first to the last delivery, per source and of all together. With
+// -sources-trickle the last source has no backlog: from the first
+// delivery of the others until they have drained, it gets a steady
+// trickle, whose commit-to-delivery latency is reported. The nodes'
+// unconfirmed messages (every source's) are polled all along.
+func drainSources(ctx context.Context, o sourcesOptions, srcs []*benchSource, nodeRig *harness.Rig, budget string, res *result.Result) (*ordoSystem, error) {
 	a, err := sampleSources(srcs, nil)
 	if err != nil {
 		return nil, err
 	}
-	sys, err := startSourceNodes(ctx, o, srcs, nodeRig)
+	sys, err := startSourceNodes(ctx, o, srcs, nodeRig, budget)
 	if err != nil {
 		return nil, err
 	}
-	var first, last time.Time
-	total := 0
-	for _, s := range srcs {
-		if err := s.cons.waitDistinct(ctx, len(s.backlog), o.Timeout, sys.failed); err != nil {
-			return nil, fmt.Errorf("source %s: drain: %w", s.name, err)
+	peak := pollUnconfirmed(ctx, sys)
+	defer peak() // on error; idempotent
+	drained, stopTrickle := srcs, func() {}
+	var tr *trickle
+	if o.Sources.Trickle > 0 {
+		drained = srcs[:len(srcs)-1]
+		if err := drained[0].cons.waitDistinct(ctx, 1, o.Timeout, sys.failed); err != nil {
+			return nil, fmt.Errorf("source %s: drain: %w", drained[0].name, err)
 		}
-		f, l, got := deliverySpan(s.backlog, s.cons.receiveTimes())
-		total += got
-		res.Figure("drain_msgs_per_sec_"+s.name, float64(got)/l.Sub(f).Seconds(), "msg/s")
-		if first.IsZero() || f.Before(first) {
-			first = f
+		if tr, stopTrickle, err = startTrickle(ctx, o, srcs); err != nil {
+			return nil, err
 		}
-		last = maxTime(last, l)
+		defer stopTrickle() // on error; idempotent
+	}
+	total, first, last, err := waitDrained(ctx, o, drained, sys, res)
+	stopTrickle()
+	if err != nil {
+		return nil, err
+	}
+	res.Figure("drain_max_unconfirmed", peak(), "")
+	if tr != nil {
+		if err := trickleFigures(ctx, o, tr, srcs[len(srcs)-1], sys, res); err != nil {
+			return nil, err
+		}
 	}
 	b, err := sampleSources(srcs, sys)
 	if err != nil {
@@ -229,20 +265,61 @@ func drainSources(ctx context.Context, o sourcesOptions, srcs []*benchSource, no
 	res.Figure("drain_msgs_per_sec", float64(total)/last.Sub(first).Seconds(), "msg/s")
 	res.Seconds("drain_seconds", last.Sub(first))
 	addSourceCPU(res, "drain_", srcs, a, b, o.Sources.Cap)
-	fmt.Printf("drained %d rows from %d source(s) in %v\n", total, len(srcs), last.Sub(first).Round(time.Millisecond))
+	fmt.Printf("drained %d rows from %d source(s) in %v\n", total, len(drained), last.Sub(first).Round(time.Millisecond))
 	return sys, nil
+}
+
+// pollUnconfirmed polls the nodes' unconfirmed messages (unconfirmedPeak)
+// until the returned func is called, which returns the peak; it may be
+// called again.
+func pollUnconfirmed(ctx context.Context, sys *ordoSystem) func() float64 {
+	pctx, stop := context.WithCancel(ctx)
+	peak := make(chan float64, 1)
+	go func() { peak <- unconfirmedPeak(pctx, sys) }()
+	return sync.OnceValue(func() float64 { stop(); return <-peak })
+}
+
+// trickleFigures waits for the trickle's last rows and adds its latency.
+func trickleFigures(ctx context.Context, o sourcesOptions, tr *trickle, s *benchSource, sys *ordoSystem, res *result.Result) error {
+	p50, p99, n, err := waitTrickle(ctx, o, tr, s, sys.failed)
+	if err != nil {
+		return err
+	}
+	res.Figure("trickle_p50_ms", float64(p50)/float64(time.Millisecond), "ms")
+	res.Figure("trickle_p99_ms", float64(p99)/float64(time.Millisecond), "ms")
+	res.Figure("trickle_msgs", float64(n), "")
+	fmt.Printf("trickle into %s: %d messages, commit to delivery p50 %v, p99 %v\n", s.name, n, p50.Round(time.Millisecond), p99.Round(time.Millisecond))
+	return nil
+}
+
+// waitDrained waits until each of srcs has its backlog delivered, and
+// adds each one's rate.
+func waitDrained(ctx context.Context, o sourcesOptions, srcs []*benchSource, sys *ordoSystem, res *result.Result) (total int, first, last time.Time, err error) {
+	for _, s := range srcs {
+		if err := s.cons.waitDistinct(ctx, len(s.backlog), o.Timeout, sys.failed); err != nil {
+			return 0, first, last, fmt.Errorf("source %s: drain: %w", s.name, err)
+		}
+		f, l, got := deliverySpan(s.backlog, s.cons.receiveTimes())
+		total += got
+		res.Figure("drain_msgs_per_sec_"+s.name, float64(got)/l.Sub(f).Seconds(), "msg/s")
+		if first.IsZero() || f.Before(first) {
+			first = f
+		}
+		last = maxTime(last, l)
+	}
+	return total, first, last, nil
 }
 
 // startSourceNodes starts -sources-nodes nodes relaying every source,
 // each in a cgroup of the raised weight (raiseWeight), capped when
 // -sources-node-cap is set. They stop at nodeRig's close.
-func startSourceNodes(ctx context.Context, o sourcesOptions, srcs []*benchSource, nodeRig *harness.Rig) (*ordoSystem, error) {
+func startSourceNodes(ctx context.Context, o sourcesOptions, srcs []*benchSource, nodeRig *harness.Rig, budget string) (*ordoSystem, error) {
 	p := o.Sources
 	c, err := harness.NewCluster(nodeRig, o.AMQPURL, p.Nodes, p.Nodes > 1)
 	if err != nil {
 		return nil, err
 	}
-	c.Env = []string{sourcesEnv(srcs)}
+	c.Env = sourcesNodeEnv(nodeSources(srcs), o.Partitions, budget)
 	// Uncapped nodes get a quota of every core, which caps nothing, and
 	// the weight, as capped ones do.
 	caps, err := newCPUCaps(cgroupRoot, cmp.Or(p.NodeCap, float64(runtime.NumCPU())), p.Period)
@@ -275,7 +352,7 @@ func produceSources(ctx context.Context, o sourcesOptions, srcs []*benchSource, 
 	defer wg.Wait()
 	per := p.Producers / len(srcs)
 	for _, s := range srcs {
-		w, err := sourceWriter(o, p.Keys/len(srcs), s.rig.Exchange)
+		w, err := sourceWriter(o, s.rig.Config.Partitions, p.Keys/len(srcs), s.rig.Exchange)
 		if err != nil {
 			return err
 		}
@@ -332,9 +409,10 @@ func firstErr(errs ...error) error {
 	return nil
 }
 
-// sourceWriter is a produce writer of keys keys to exchange.
-func sourceWriter(o sourcesOptions, keys int, exchange string) (*produceWriter, error) {
-	w, err := newProduceWriter(o.Partitions, keys, o.Payload)
+// sourceWriter is a produce writer of keys keys to exchange, in a
+// source of partitions partitions.
+func sourceWriter(o sourcesOptions, partitions, keys int, exchange string) (*produceWriter, error) {
+	w, err := newProduceWriter(partitions, keys, o.Payload)
 	if err != nil {
 		return nil, err
 	}

@@ -20,26 +20,72 @@ import (
 func TestSourcesFlags(t *testing.T) {
 	none := func(string) (string, bool) { return "", false }
 	p := parseOne[sourcesOptions](t, none, "sources").Sources
-	if !slices.Equal(p.Counts, []int{1, 2}) || p.Cap != 0.25 || p.Reps != 2 || p.Producers != 4 || p.Nodes != 1 || p.PGVersion != "15" {
+	if !slices.Equal(p.Counts, []int{1, 2}) || p.Cap != 0.25 || p.Reps != 2 || p.Producers != 4 || p.Nodes != 1 || p.PGVersion != "15" ||
+		p.Partitions != nil || !slices.Equal(p.Budget, []string{budgetShared}) || p.Trickle != 0 {
 		t.Fatalf("defaults %+v", p)
 	}
 	env := map[string]string{"ORDO_BENCH_SOURCES_REPS": "3"}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	p = parseOne[sourcesOptions](t, lookup, "sources", "-sources-counts", "2,1", "-sources-cap", "0.25", "-sources-node-cap", "0.5",
-		"-sources-producers", "8", "-sources-period", "50ms").Sources
+		"-sources-producers", "8", "-sources-period", "50ms", "-sources-partitions", "8,32", "-sources-budget", "unshared,shared",
+		"-sources-duration", "0s").Sources
 	if !slices.Equal(p.Counts, []int{2, 1}) || p.Cap != 0.25 || p.NodeCap != 0.5 || p.Producers != 8 ||
-		p.Period != 50*time.Millisecond || p.Reps != 3 {
+		p.Period != 50*time.Millisecond || p.Reps != 3 || !slices.Equal(p.Partitions, []int{8, 32}) ||
+		!slices.Equal(p.Budget, []string{budgetUnshared, budgetShared}) || p.Duration != 0 {
 		t.Fatalf("parsed %+v", p)
 	}
 	for _, bad := range [][]string{
 		{"-sources-counts", "3"}, {"-sources-counts", "0"}, {"-sources-cap", "0"}, {"-sources-cap", "3"},
 		{"-sources-node-cap", "-1"}, {"-sources-period", "0s"}, {"-sources-rows", "1"}, {"-sources-keys", "30000"},
-		{"-sources-producers", "1"}, {"-sources-duration", "0s"}, {"-sources-reps", "0"}, {"-sources-nodes", "9"},
-		{"-sources-pg-version", "15; rm"},
+		{"-sources-producers", "1"}, {"-sources-duration", "-1s"}, {"-sources-reps", "0"}, {"-sources-nodes", "9"},
+		{"-sources-pg-version", "15; rm"}, {"-sources-partitions", "8"}, {"-sources-partitions", "8,16,32"},
+		{"-sources-partitions", "8,0"}, {"-sources-partitions", "8,4097"}, {"-sources-partitions", "8,x"},
+		{"-sources-budget", "none"}, {"-sources-budget", ""}, {"-sources-trickle", "-1"}, {"-sources-trickle", "50"},
 	} {
 		if _, err := parseArgs(append([]string{"sources"}, bad...), none, io.Discard); err == nil {
 			t.Errorf("%v accepted", bad)
 		}
+	}
+}
+
+// TestSourcesRunsAndNodeEnv: each repetition runs one source once and
+// two once per budget mode; the nodes get each source's partition count
+// where it is not -partitions, and the bench hook only when unshared; a
+// trickle leaves the last source without a backlog.
+func TestSourcesRunsAndNodeEnv(t *testing.T) {
+	p := defaultSourcesFlags()
+	p.Budget = []string{budgetShared, budgetUnshared}
+	var got []string
+	for _, r := range p.runs() {
+		got = append(got, r.key())
+	}
+	if !slices.Equal(got, []string{"1", "2", "2_unshared"}) {
+		t.Fatalf("runs %v", got)
+	}
+	srcs := []nodeSource{{"s1", "postgres://a/x", 8}, {"s2", "postgres://b/y", 32}}
+	for _, c := range []struct {
+		def    int
+		budget string
+		want   []string
+	}{
+		{8, budgetShared, []string{"ORDO_SOURCES=s1=postgres://a/x s2=postgres://b/y", "ORDO_SOURCE_PARTITIONS=s2=32"}},
+		{16, budgetUnshared, []string{"ORDO_SOURCES=s1=postgres://a/x s2=postgres://b/y", "ORDO_SOURCE_PARTITIONS=s1=8 s2=32",
+			"ORDO_BENCH_UNSHARED_BUDGET=1"}},
+	} {
+		if env := sourcesNodeEnv(srcs, c.def, c.budget); !slices.Equal(env, c.want) {
+			t.Errorf("-partitions %d, %s: env\n%q\nwant\n%q", c.def, c.budget, env, c.want)
+		}
+	}
+	if env := sourcesNodeEnv(srcs[:1], 8, budgetShared); len(env) != 1 {
+		t.Errorf("one source of -partitions: env %q", env)
+	}
+	p.Rows, p.Keys = 40000, 2000
+	if rows, keys := p.drainTarget(2); !slices.Equal(rows, []int{20000, 20000}) || !slices.Equal(keys, []int{1000, 1000}) {
+		t.Errorf("backlog %v over %v", rows, keys)
+	}
+	p.Trickle = 50
+	if rows, keys := p.drainTarget(2); !slices.Equal(rows, []int{40000, 0}) || !slices.Equal(keys, []int{2000, 0}) {
+		t.Errorf("with a trickle: backlog %v over %v", rows, keys)
 	}
 }
 
@@ -234,6 +280,9 @@ func TestSourcesSummary(t *testing.T) {
 	run := func(n int, drain, tps float64, lost int) *result.Result {
 		r := result.New("sources")
 		r.Param("sources", n)
+		if n > 1 {
+			r.Param("budget", budgetShared)
+		}
 		r.Figure("drain_msgs_per_sec", drain, "msg/s")
 		r.Figure("insert_tps", tps, "tps")
 		r.Check.Lost = lost
@@ -251,12 +300,34 @@ func TestSourcesSummary(t *testing.T) {
 	if sum.Check.Lost != 1 || sum.Passed() {
 		t.Fatalf("summary check %+v: a run's loss must fail it", sum.Check)
 	}
+
+	unshared := func(drain, p99 float64) *result.Result {
+		r := run(2, drain, 0, 0)
+		r.Params[len(r.Params)-1].Value = budgetUnshared
+		r.Figure("trickle_p99_ms", p99, "ms")
+		return r
+	}
+	shared := func(drain, p99 float64) *result.Result {
+		r := run(2, drain, 0, 0)
+		r.Figure("trickle_p99_ms", p99, "ms")
+		return r
+	}
+	p.Counts, p.Budget = []int{2}, []string{budgetShared, budgetUnshared}
+	sum = sourcesSummary(p, []*result.Result{shared(100, 20), unshared(50, 400), shared(110, 30), unshared(55, 500), shared(90, 10), unshared(45, 300)})
+	for name, want := range map[string]float64{"drain_msgs_per_sec_2": 100, "drain_msgs_per_sec_2_unshared": 50,
+		"budget_msgs_per_sec_ratio": 2, "trickle_p99_ms_2": 20, "trickle_p99_ms_2_unshared": 400, "budget_trickle_p99_ms_ratio": 0.05} {
+		if v, ok := sum.Lookup(name); !ok || v < want-1e-9 || v > want+1e-9 {
+			t.Errorf("%s = %v, want %v", name, v, want)
+		}
+	}
 }
 
 // TestSourcesOnRealClusters runs the scenario briefly as root: it makes
-// two capped clusters, relays both, checks every message, and drops the
-// clusters; then a run interrupted once its clusters exist leaves none
-// behind. Slow (about two minutes): set ORDO_BENCH_SOURCES_IT=1.
+// two capped clusters, relays one, then both with and without the shared
+// Budget, s2 of its own partition count (a node told another count than
+// the one s2 was migrated with refuses to start), checks every message,
+// and drops the clusters; then a run interrupted once its clusters exist
+// leaves none behind. Slow (about two minutes): set ORDO_BENCH_SOURCES_IT=1.
 func TestSourcesOnRealClusters(t *testing.T) {
 	if os.Getenv("ORDO_BENCH_SOURCES_IT") == "" {
 		t.Skip("set ORDO_BENCH_SOURCES_IT=1 to make real PostgreSQL clusters (root, pg_createcluster)")
@@ -266,25 +337,29 @@ func TestSourcesOnRealClusters(t *testing.T) {
 	o.common = defaultCommon()
 	o.AMQPURL, o.Out, o.Partitions, o.Timeout = testkit.AMQPURL(), t.TempDir(), 8, 2*time.Minute
 	o.Sources = sourcesFlags{Counts: []int{1, 2}, Cap: 0.3, Period: 20 * time.Millisecond, Rows: 1000, Keys: 100,
-		Producers: 4, Duration: time.Second, Warmup: 200 * time.Millisecond, Reps: 1, Nodes: 1, PGVersion: "15"}
+		Producers: 4, Duration: time.Second, Warmup: 200 * time.Millisecond, Reps: 1, Nodes: 1, PGVersion: "15",
+		Partitions: []int{8, 16}, Budget: []string{budgetShared, budgetUnshared}}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var got []*result.Result
 	if err := runSources(ctx, o, func(r *result.Result) { got = append(got, r) }); err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 3 {
-		t.Fatalf("%d results, want a run of each count and the summary", len(got))
+	if len(got) != 4 {
+		t.Fatalf("%d results, want a run of one source, two of two and the summary", len(got))
 	}
-	for _, r := range got[:2] {
+	for _, r := range got[:3] {
 		if !r.Passed() || r.Check.Distinct < 1000 {
 			t.Errorf("%s: %s", r.Label, r.Check.Detail())
 		}
-		for _, f := range []string{"drain_msgs_per_sec", "insert_tps", "drain_pg_busy_s1"} {
+		for _, f := range []string{"drain_msgs_per_sec", "insert_tps", "drain_pg_busy_s1", "drain_max_unconfirmed"} {
 			if v, _ := r.Lookup(f); !(v > 0) {
 				t.Errorf("%s: %s = %v", r.Label, f, v)
 			}
 		}
+	}
+	if l, p := got[2].Label, paramOf(got[2], "partitions_s2"); l != "sources-2-unshared" || p != "16" {
+		t.Errorf("third run %s, s2 of %s partitions; want sources-2-unshared, 16", l, p)
 	}
 	requireNoClusters(t)
 
