@@ -342,14 +342,14 @@ func printSourcesTable(w io.Writer, p sourcesFlags, sum *result.Result) {
 		}
 		return math.NaN()
 	}
-	fmt.Fprintf(w, "\n%-22s %12s %9s %9s %10s %14s %14s %11s %11s\n", "run", "drain msg/s", "s1", "s2", "insert tps",
+	fmt.Fprintf(w, "\n%-27s %12s %9s %9s %10s %14s %14s %11s %11s\n", "run", "drain msg/s", "s1", "s2", "insert tps",
 		"drain pg_busy", "max unconfirmed", "trickle p50", "trickle p99")
 	for _, run := range p.runs() {
 		k := run.key()
 		if _, ok := sum.Lookup("drain_msgs_per_sec_" + k); !ok {
 			continue
 		}
-		fmt.Fprintf(w, "%-22s %12.0f %9.0f %9.0f %10.0f %14.2f %14.0f %9.0fms %9.0fms\n", run, get("drain_msgs_per_sec_"+k),
+		fmt.Fprintf(w, "%-27s %12.0f %9.0f %9.0f %10.0f %14.2f %14.0f %9.0fms %9.0fms\n", run, get("drain_msgs_per_sec_"+k),
 			get("drain_msgs_per_sec_s1_"+k), get("drain_msgs_per_sec_s2_"+k), get("insert_tps_"+k), get("drain_pg_busy_"+k),
 			get("drain_max_unconfirmed_"+k), get("trickle_p50_ms_"+k), get("trickle_p99_ms_"+k))
 	}
