@@ -291,7 +291,7 @@ func sourcesSummary(p sourcesFlags, runs []*result.Result) *result.Result {
 	res.Param("cap_cores", p.Cap)
 	res.Param("reps", p.Reps)
 	figs := []string{"drain_msgs_per_sec", "insert_tps", "drain_pg_busy", "insert_pg_busy", "drain_machine_busy", "insert_machine_busy",
-		"drain_msgs_per_sec_s1", "drain_msgs_per_sec_s2", "drain_max_unconfirmed", "trickle_p50_ms", "trickle_p99_ms"}
+		"drain_msgs_per_sec_s1", "drain_msgs_per_sec_s2", "drain_max_unconfirmed", "drain_node_us_per_msg", "trickle_p50_ms", "trickle_p99_ms"}
 	med := map[string]map[string]float64{}
 	for _, run := range p.runs() {
 		k := run.key()
@@ -318,7 +318,7 @@ func sourcesSummary(p sourcesFlags, runs []*result.Result) *result.Result {
 	for _, f := range []string{"drain_msgs_per_sec", "insert_tps"} {
 		ratio(strings.TrimSuffix(strings.TrimSuffix(f, "_msgs_per_sec"), "_tps")+"_ratio", f, med["2"], med["1"])
 	}
-	for _, f := range []string{"drain_msgs_per_sec", "drain_msgs_per_sec_s1", "drain_msgs_per_sec_s2", "trickle_p50_ms", "trickle_p99_ms"} {
+	for _, f := range []string{"drain_msgs_per_sec", "drain_msgs_per_sec_s1", "drain_msgs_per_sec_s2", "drain_node_us_per_msg", "trickle_p50_ms", "trickle_p99_ms"} {
 		ratio("budget_"+strings.TrimPrefix(f, "drain_")+"_ratio", f, med["2"], med["2_"+budgetUnshared])
 	}
 	for _, r := range runs {
@@ -342,19 +342,19 @@ func printSourcesTable(w io.Writer, p sourcesFlags, sum *result.Result) {
 		}
 		return math.NaN()
 	}
-	fmt.Fprintf(w, "\n%-27s %12s %9s %9s %10s %14s %14s %11s %11s\n", "run", "drain msg/s", "s1", "s2", "insert tps",
-		"drain pg_busy", "max unconfirmed", "trickle p50", "trickle p99")
+	fmt.Fprintf(w, "\n%-27s %12s %9s %9s %10s %14s %15s %12s %11s %11s\n", "run", "drain msg/s", "s1", "s2", "insert tps",
+		"drain pg_busy", "max unconfirmed", "node µs/msg", "trickle p50", "trickle p99")
 	for _, run := range p.runs() {
 		k := run.key()
 		if _, ok := sum.Lookup("drain_msgs_per_sec_" + k); !ok {
 			continue
 		}
-		fmt.Fprintf(w, "%-27s %12.0f %9.0f %9.0f %10.0f %14.2f %14.0f %9.0fms %9.0fms\n", run, get("drain_msgs_per_sec_"+k),
+		fmt.Fprintf(w, "%-27s %12.0f %9.0f %9.0f %10.0f %14.2f %15.0f %12.0f %9.0fms %9.0fms\n", run, get("drain_msgs_per_sec_"+k),
 			get("drain_msgs_per_sec_s1_"+k), get("drain_msgs_per_sec_s2_"+k), get("insert_tps_"+k), get("drain_pg_busy_"+k),
-			get("drain_max_unconfirmed_"+k), get("trickle_p50_ms_"+k), get("trickle_p99_ms_"+k))
+			get("drain_max_unconfirmed_"+k), get("drain_node_us_per_msg_"+k), get("trickle_p50_ms_"+k), get("trickle_p99_ms_"+k))
 	}
 	fmt.Fprintf(w, "two ÷ one: drain %.2f×, insert %.2f×\n", get("drain_ratio"), get("insert_ratio"))
-	fmt.Fprintf(w, "Budget ÷ none (two sources): drain %.2f× (s1 %.2f×, s2 %.2f×), trickle p50 %.2f×, p99 %.2f×\n",
+	fmt.Fprintf(w, "Budget ÷ none (two sources): drain %.2f× (s1 %.2f×, s2 %.2f×), node µs/msg %.2f×, trickle p50 %.2f×, p99 %.2f×\n",
 		get("budget_msgs_per_sec_ratio"), get("budget_msgs_per_sec_s1_ratio"), get("budget_msgs_per_sec_s2_ratio"),
-		get("budget_trickle_p50_ms_ratio"), get("budget_trickle_p99_ms_ratio"))
+		get("budget_node_us_per_msg_ratio"), get("budget_trickle_p50_ms_ratio"), get("budget_trickle_p99_ms_ratio"))
 }

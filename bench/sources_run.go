@@ -264,6 +264,7 @@ func drainSources(ctx context.Context, o sourcesOptions, srcs []*benchSource, no
 	b.nodes -= a.nodes // the nodes started after a: all their CPU counts
 	res.Figure("drain_msgs_per_sec", float64(total)/last.Sub(first).Seconds(), "msg/s")
 	res.Seconds("drain_seconds", last.Sub(first))
+	res.Figure("drain_node_us_per_msg", b.nodes.Seconds()*1e6/float64(total), "µs") // their start's CPU included
 	addSourceCPU(res, "drain_", srcs, a, b, o.Sources.Cap)
 	fmt.Printf("drained %d rows from %d source(s) in %v\n", total, len(drained), last.Sub(first).Round(time.Millisecond))
 	return sys, nil
