@@ -68,3 +68,54 @@ func TestIngestKeepsKeysContiguous(t *testing.T) {
 		t.Fatalf("the rows left out, read again with room, kept as key_seq %d..%d", first, last)
 	}
 }
+
+// TestHalfFreeWaitUnderABudget: after a read left rows out for memory, the
+// next read waits until half of what memory held then is free, also when
+// memory was full at the relay's share of a Budget, far under its own
+// ReadAheadBytes. The wait once ended at half of ReadAheadBytes, which a
+// relay holding half of the Budget is always under, so it read again
+// after every row freed (TestBudgetReadAheadFullReadsEachRowAboutOnce).
+func TestHalfFreeWaitUnderABudget(t *testing.T) {
+	rows := make([]Row, 40)
+	for i := range rows {
+		rows[i] = Row{ID: uuid.New(), Partition: 0, Seq: int64(i + 1), CorrelationID: "k", KeySeq: int64(i + 1),
+			Exchange: "x", RoutingKey: "r", Type: "t", Payload: make([]byte, 300)}
+	}
+	size := rowSize(&rows[0])
+	budget := NewBudget(8, 20*size)
+	r, err := New(Config{Node: "t", ReadAheadBytes: 20 * size, Budget: budget}, nil, nil, allLeases{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := budget.join(make(chan struct{}, 1), make(chan struct{}, 1))
+	other.addBytes(10 * size) // the other relay holds its half
+	r.apply(Assigned{Lease: Lease{Partition: 0, Epoch: 1, Deadline: time.Now().Add(time.Hour)}})
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ps := r.parts[0]
+	k := ps.key("k")
+	if !other.mayRead() {
+		t.Fatal("the other relay, at its share, may not read: the test's setup is off")
+	}
+	if left := r.ingestLocked(ps, rows); left == 0 {
+		t.Fatal("a read past the relay's share left nothing out")
+	}
+	held := len(k.rows)
+	r.ready = append(r.ready, k) // rows to publish: a full read-ahead refuses reads
+	t.Logf("kept %d rows (%d bytes, ReadAheadBytes %d)", held, r.bytes, r.cfg.ReadAheadBytes)
+	free := func(n int) {
+		for _, e := range k.rows[:n] {
+			delete(ps.queued, e.row.ID)
+			r.addBytesLocked(-e.size)
+		}
+		k.rows = k.rows[n:]
+	}
+	free(held/2 - 1)
+	if !r.readRefusedLocked() {
+		t.Fatalf("read again with %d of %d rows still held: a read per freed row", len(k.rows), held)
+	}
+	free(len(k.rows) - held/2)
+	if r.readRefusedLocked() {
+		t.Fatalf("no read with %d of %d rows held: half of what memory held is free", len(k.rows), held)
+	}
+}

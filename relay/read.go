@@ -63,13 +63,16 @@ func (r *Relay) readOnce(ctx context.Context) (bool, error) {
 // Budget it asks for bytes every time, so that a relay refused them is
 // known to be waiting for them (budget.go).
 func (r *Relay) readRefusedLocked() bool {
-	if r.halfFreeWait && r.bytes <= r.cfg.ReadAheadBytes/2 {
-		r.halfFreeWait = false
+	if r.halfFreeBelow > 0 && r.bytes <= r.halfFreeBelow {
+		r.halfFreeBelow = 0
 	}
 	// After a read left rows out for memory, the next waits until half
-	// the read-ahead is free: a read per freed row would read a page to
-	// keep a row or two of it.
-	full := r.bytes >= r.cfg.ReadAheadBytes || r.halfFreeWait
+	// of what memory held then is free: a read per freed row would read a
+	// page to keep a row or two of it. Half of what it held, not half of
+	// ReadAheadBytes: with a Budget a relay may be full at its share, and
+	// a relay holding half of the Budget is always under half of its own
+	// ReadAheadBytes (TestBudgetReadAheadFullReadsEachRowAboutOnce).
+	full := r.bytes >= r.cfg.ReadAheadBytes || r.halfFreeBelow > 0
 	if r.share != nil {
 		full = !r.share.mayRead() || full
 	}
@@ -175,13 +178,13 @@ func (r *Relay) ingestLocked(ps *partState, rows []Row) (leftOut int64) {
 			// Above its key's gap, or memory is full and the row waits
 			// behind others of its key: leave it for later (pageRead
 			// says when); after a row left out for memory, read again
-			// only once half the read-ahead is free (readRefusedLocked).
+			// only once half of what memory holds is free (readRefusedLocked).
 			if leftOut == 0 {
 				leftOut = row.Seq
 			}
 			if full {
 				k.gapFrom = row.KeySeq
-				r.halfFreeWait = true
+				r.halfFreeBelow = max(r.bytes/2, 1)
 			}
 			continue
 		}

@@ -49,7 +49,7 @@ type Relay struct {
 	backingOff     map[*keyState]bool // keys whose head backs off until a time
 	leaseWait      map[*keyState]bool // keys whose partition's lease was not valid when they were due
 	bytes          int64              // queued rows and flights, for ReadAheadBytes (addBytesLocked)
-	halfFreeWait   bool               // a read left rows out for memory: read again below half of ReadAheadBytes
+	halfFreeBelow  int64              // a read left rows out for memory: read again at or below these bytes (half of what it held then); 0: not waiting
 	share          *share             // its part of Config.Budget; nil without one
 	settled        []settlement       // confirmed or failed, not yet written (writeback.go)
 	lastPublish    time.Time
