@@ -76,24 +76,38 @@ func newHealthMonitor(cfg Config, pub *rabbitmq.Publisher, srcs []*source,
 		d.lastPing.Store(time.Now().UnixNano()) // healthy until shown otherwise
 		h.dbs = append(h.dbs, d)
 	}
-	// Advertise the sources, and those not migrated yet as unreachable,
-	// before gossip joins (a change from Healthy, which names none), so
-	// that no peer assigns this node a source it cannot relay yet.
+	// Advertise the sources before gossip joins (a change from Healthy,
+	// which names none), leaving out those not migrated yet (compute).
 	h.set(h.compute(time.Now(), true))
 	return h
 }
 
 // compute returns the node's health at now, the broker as given.
+//
+// A source not migrated yet is left out of the sources the node lists,
+// as if it did not know it: a peer then leaves the node out of that
+// source's map at once (membership.Health.For). Listed as unreachable
+// ("!billing"), a peer that first saw the node that way counted its hold
+// from then, kept it eligible for LeaseTTL/2 and handed it a share of the
+// source that nobody claimed until the hold ran out
+// (TestSourceNotMigratedLeftOutOfMap). Database is false while one is.
 func (h *healthMonitor) compute(now time.Time, broker bool) membership.Health {
-	states := make([]membership.SourceState, len(h.dbs))
-	for i, d := range h.dbs {
+	states := make([]membership.SourceState, 0, len(h.dbs))
+	migrated := true
+	for _, d := range h.dbs {
 		fresh := now.Sub(time.Unix(0, d.lastPing.Load())) < h.dbWindow
-		states[i] = membership.SourceState{Name: d.name, Reachable: fresh && d.migrated()}
+		if !d.migrated() {
+			migrated = false
+			continue
+		}
+		states = append(states, membership.SourceState{Name: d.name, Reachable: fresh})
 	}
-	if !h.perSource {
-		return membership.Health{Broker: broker, Database: states[0].Reachable}
+	if !h.perSource || len(states) == 0 {
+		return membership.Health{Broker: broker, Database: len(states) > 0 && states[0].Reachable}
 	}
-	return membership.SourcesHealth(broker, states)
+	hl := membership.SourcesHealth(broker, states)
+	hl.Database = hl.Database && migrated
+	return hl
 }
 
 // Reachable reports whether source's database is reachable, as the node

@@ -101,7 +101,7 @@ tried:
 	}
 	select {
 	case <-m.any:
-		return nil
+		return m.err() // a source may have failed for good meanwhile
 	case <-m.failed:
 		return m.err()
 	case <-ctx.Done():
@@ -152,8 +152,11 @@ func (m *migrations) migrateSource(ctx context.Context, i int, s *source) {
 			return
 		}
 		if attempt == 1 || attempt%10 == 0 {
-			s.logger.Warn("cannot migrate the schema yet; retrying (the source's partitions wait, every other source relays)",
-				"attempt", attempt, "err", err)
+			msg := "cannot migrate the schema yet; retrying (the source's partitions wait, every other source relays)"
+			if len(m.srcs) == 1 {
+				msg = "cannot migrate the schema yet; retrying"
+			}
+			s.logger.Warn(msg, "attempt", attempt, "err", err)
 		}
 		m.triedOnce(i)
 		if !backoff.Sleep(ctx, bo.Next()) {

@@ -280,6 +280,10 @@ func (b *built) run(ctx context.Context, ready func(httpAddr string)) error {
 		ready(b.ln.Addr().String())
 	}
 	<-running.Done()
+	// The migrations still trying stop first: one that ended now would
+	// start its leaser while the node goes down, and say the source is
+	// reachable while the node leaves the cluster.
+	b.migs.stop()
 	return st.stop()
 }
 
