@@ -93,6 +93,9 @@ func TestSourceDownAtStart(t *testing.T) {
 	if got := r.checkers["billing"].Report().Distinct; got != 0 {
 		t.Fatalf("%d billing messages delivered while its link was refused", got)
 	}
+	if code := adminStatus(t, addr, "billing"); code != http.StatusServiceUnavailable {
+		t.Fatalf("/admin/parked?source=billing while billing is not migrated: %d, want 503", code)
+	}
 
 	link.Restore()
 	rep = r.checkers["billing"].WaitFor(t, 60*time.Second, func(rep testkit.Report) bool { return rep.Lost == 0 })
@@ -361,4 +364,15 @@ func watchLeast(httpAddr, source string, start int) func() int {
 		}
 	}()
 	return func() int { close(stop); return <-least }
+}
+
+// adminStatus returns the status code of GET /admin/parked?source=name.
+func adminStatus(t *testing.T, httpAddr, name string) int {
+	t.Helper()
+	resp, err := http.Get("http://" + httpAddr + "/admin/parked?source=" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }

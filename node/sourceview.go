@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"time"
 
@@ -32,9 +33,17 @@ type SourceStatus struct {
 	Relay             relay.Stats `json:"relay"`
 }
 
-// sourceStatus returns s as /status shows it, pinging its database.
+// errNotMigrated is /status's reason for a source not migrated yet,
+// which it does not ping.
+var errNotMigrated = errors.New("schema not migrated yet")
+
+// sourceStatus returns s as /status shows it, pinging its database once
+// it is migrated.
 func (v *view) sourceStatus(ctx context.Context, s *source, now time.Time) SourceStatus {
-	perr := s.pool.Ping(ctx)
+	perr := errNotMigrated
+	if s.isMigrated() {
+		perr = s.pool.Ping(ctx) // not before: on a stalled link each /status would wait out its deadline
+	}
 	snap := s.backlog.Snapshot()
 	ss := SourceStatus{Name: s.name, Partitions: s.partitions, Held: v.held(s), Assignment: v.assignment(s),
 		Leases: snap.Partitions, Relay: s.relay.Stats(), Migrated: s.isMigrated()}
@@ -64,11 +73,19 @@ func (v *view) sourcePrefix(s *source) string {
 // adminHandler serves /admin/ for every source: the query parameter
 // source names it (the CLI's -source); without one, wire.DefaultSource,
 // so that scripts of the one-source form keep working. A source the node
-// does not relay is 404.
+// does not relay is 404, one not migrated yet 503.
 func (v *view) adminHandler() http.Handler {
 	handlers := map[string]http.Handler{}
 	for _, s := range v.srcs {
-		handlers[s.name] = admin.Handler(admin.NewStore(s.pool), v.cfg.AdminToken, s.logger)
+		h := admin.Handler(admin.NewStore(s.pool), v.cfg.AdminToken, s.logger)
+		handlers[s.name] = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if !s.isMigrated() {
+				admin.WriteError(w, http.StatusServiceUnavailable,
+					"source "+s.name+" is not migrated yet: its database has not answered since the node started")
+				return
+			}
+			h.ServeHTTP(w, r)
+		})
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		name := r.URL.Query().Get("source")
