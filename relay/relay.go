@@ -50,6 +50,7 @@ type Relay struct {
 	leaseWait      map[*keyState]bool // keys whose partition's lease was not valid when they were due
 	bytes          int64              // queued rows and flights, for ReadAheadBytes (addBytesLocked)
 	halfFreeBelow  int64              // a read left rows out for memory: read again at or below these bytes (half of what it held then); 0: not waiting
+	readWaits      int64              // waitRead calls: a read loop that spins shows here (tests)
 	share          *share             // its part of Config.Budget; nil without one
 	settled        []settlement       // confirmed or failed, not yet written (writeback.go)
 	lastPublish    time.Time
