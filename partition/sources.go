@@ -84,6 +84,8 @@ func (a SourceAssignment) Diff(b SourceAssignment) []Pair {
 //     s.Without; those own none of s).
 //   - Balanced over all pairs: with T = ΣP_s, every member owns ⌊T/N⌋ or
 //     ⌈T/N⌉ pairs, when no source leaves a member out.
+//   - Isolated: a member left out of one source (Source.Without) moves no
+//     pair of any other source.
 //   - Near-minimal movement on a join or leave, as Assign (see
 //     docs/assignment.md for the measured figures). Adding or removing a
 //     source moves no pair of the sources drafted before it (the default
@@ -114,13 +116,28 @@ func AssignSources(members []string, sources []Source) (SourceAssignment, error)
 		if len(s.Without) > 0 {
 			draft = slices.DeleteFunc(slices.Clone(ms), func(m string) bool { return slices.Contains(s.Without, m) })
 		}
-		if len(draft) == 0 {
-			continue
+		var d *assignDraft
+		if len(draft) > 0 {
+			d = newAssignDraft(draft, s.Count, sourceSuffix(s.Name))
+			spreadExtras(d, draft, extras)
+			for p, m := range d.run() {
+				a[p] = draft[m]
+			}
 		}
-		d := newAssignDraft(draft, s.Count, sourceSuffix(s.Name))
-		spreadExtras(d, draft, extras)
-		for p, m := range d.run() {
-			a[p] = draft[m]
+		if len(draft) < len(ms) {
+			// The extras the sources drafted after this one are spread
+			// against are those of its draft over every member, as if
+			// nobody were left out: a member cut off from this source
+			// moves no pair of any other (TestAssignSourcesWithoutMovesNoOtherSource).
+			// Counted from the draft without it, a member left out of
+			// default lost or gained one of billing's extras.
+			d = newAssignDraft(ms, s.Count, sourceSuffix(s.Name))
+			spreadExtras(d, ms, extras)
+			d.run()
+			draft = ms
+		}
+		if d == nil {
+			continue // no members
 		}
 		for m, l := range d.load {
 			if l > d.q {
