@@ -18,7 +18,12 @@ func TestDatabaseOutageKeepsDeliveryInHand(t *testing.T) {
 	proxy := testkit.NewProxy(t, "127.0.0.1:5432")
 	pool := testkit.NewPool(t, proxy.URL(dbURL), 6)
 	cfg := consumerConfig(t, 2)
-	cfg.LeaseTTL = 4 * time.Second
+	// A worker may write until its last renewal + LeaseTTL/2; renewals
+	// come every LeaseTTL/3. With 4 s a suite run under load lost the
+	// lease: the renewal due just after the 1 s cut had to reconnect
+	// first and came 2.7 s after the cut, past the deadline (the
+	// deliveries were then redelivered: 19 retries).
+	cfg.LeaseTTL = 8 * time.Second
 	r := startConsumer(t, cfg, "a", pool, recordHandler("a"))
 	testkit.WaitFor(t, 30*time.Second, "shards owned", func() bool { return len(r.c.Owned()) == 2 })
 	pub := newPublisher(t, cfg.Exchange)
