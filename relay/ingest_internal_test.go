@@ -12,11 +12,7 @@ import (
 // room again (a tail read above it, say), until that row is read and
 // kept: memory holds each key's rows from its head without a gap.
 func TestIngestKeepsKeysContiguous(t *testing.T) {
-	rows := make([]Row, 30)
-	for i := range rows {
-		rows[i] = Row{ID: uuid.New(), Partition: 0, Seq: int64(i + 1), CorrelationID: "k", KeySeq: int64(i + 1),
-			Exchange: "x", RoutingKey: "r", Type: "t", Payload: make([]byte, 300)}
-	}
+	rows := keyRows(30)
 	size := rowSize(&rows[0])
 	r, err := New(Config{Node: "t", ReadAheadBytes: 10 * size}, nil, nil, allLeases{})
 	if err != nil {
@@ -76,11 +72,7 @@ func TestIngestKeepsKeysContiguous(t *testing.T) {
 // relay holding half of the Budget is always under, so it read again
 // after every row freed (TestBudgetReadAheadFullReadsEachRowAboutOnce).
 func TestHalfFreeWaitUnderABudget(t *testing.T) {
-	rows := make([]Row, 40)
-	for i := range rows {
-		rows[i] = Row{ID: uuid.New(), Partition: 0, Seq: int64(i + 1), CorrelationID: "k", KeySeq: int64(i + 1),
-			Exchange: "x", RoutingKey: "r", Type: "t", Payload: make([]byte, 300)}
-	}
+	rows := keyRows(40)
 	size := rowSize(&rows[0])
 	budget := NewBudget(8, 20*size)
 	r, err := New(Config{Node: "t", ReadAheadBytes: 20 * size, Budget: budget}, nil, nil, allLeases{})
@@ -118,4 +110,15 @@ func TestHalfFreeWaitUnderABudget(t *testing.T) {
 	if r.readRefusedLocked() {
 		t.Fatalf("no read with %d of %d rows held: half of what memory held is free", len(k.rows), held)
 	}
+}
+
+// keyRows returns n rows of key "k" in partition 0, key_seq and seq 1..n,
+// each with a 300-byte payload.
+func keyRows(n int) []Row {
+	rows := make([]Row, n)
+	for i := range rows {
+		rows[i] = Row{ID: uuid.New(), Partition: 0, Seq: int64(i + 1), CorrelationID: "k", KeySeq: int64(i + 1),
+			Exchange: "x", RoutingKey: "r", Type: "t", Payload: make([]byte, 300)}
+	}
+	return rows
 }
