@@ -12,7 +12,7 @@ import (
 	"github.com/ordo-relay/ordo/bench/internal/result"
 )
 
-// shapeDef is one backlog shape of the shapes scenario (issue 11): rows
+// shapeDef is one backlog shape of the shapes scenario: rows
 // over keys, drained on the same rows, in the same run, by the classic
 // relay and by one Ordo node, with and without ANALYZE after loading
 // (autovacuum off on the outbox for the run).

@@ -21,7 +21,7 @@ import (
 	"github.com/ordo-relay/ordo/bench/internal/result"
 )
 
-// The sources scenario (issue 27) measures what a second outbox database
+// The sources scenario measures what a second outbox database
 // buys: the same producers and the same node(s) against one source, then
 // against two, each source on a PostgreSQL cluster of the scenario's own
 // capped to -sources-cap of a core (sources_pg.go makes the clusters,

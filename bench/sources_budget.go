@@ -19,7 +19,7 @@ import (
 )
 
 // The sources scenario's per-source partition counts and its A/B of the
-// relay.Budget (issue 27): with several sources a node's relays share one
+// relay.Budget: with several sources a node's relays share one
 // Budget, its confirm window W and read-ahead bytes (docs/design.md,
 // "Sharing W and the read-ahead budget"). -sources-budget shared,unshared
 // alternates runs with it and runs where every relay has the node's full

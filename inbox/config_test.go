@@ -62,7 +62,7 @@ func TestParseMode(t *testing.T) {
 
 // TestConfigValidateReportsEveryProblem: Validate names every unusable
 // field at once, each a *confcheck.Problem, and leaves its receiver as it
-// was (issue 24 item 2).
+// was.
 func TestConfigValidateReportsEveryProblem(t *testing.T) {
 	c := inbox.DefaultConfig("shipping")
 	c.Logger = nil

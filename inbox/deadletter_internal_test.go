@@ -11,7 +11,7 @@ import (
 	"github.com/ordo-relay/ordo/internal/testkit"
 )
 
-// TestNackedDeadLettersDoNotLeakChannels is issue 22's defect 5: a nacked
+// TestNackedDeadLettersDoNotLeakChannels: a nacked
 // dead-letter publish must close its channel, or enough nacks exhaust the
 // connection's channel_max (2047) and every later dead letter fails. The
 // dead-letter queue here rejects every publish (max length 0,

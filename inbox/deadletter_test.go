@@ -15,7 +15,7 @@ import (
 	"github.com/ordo-relay/ordo/internal/testkit"
 )
 
-// TestStalledDeadLetterKeepsLeases is issue 22's defects 4 and 5: a
+// TestStalledDeadLetterKeepsLeases: a
 // dead-letter publish whose confirm cannot come (the broker's replies on
 // the dead-letter connection stalled, through a proxy, the consumers'
 // connection untouched) must not stop the lease renewals, nor the other

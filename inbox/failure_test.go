@@ -35,7 +35,7 @@ func failOnce(instance string, fail func(m *inbox.Message) bool) inbox.Handler {
 	}
 }
 
-// TestTransientFailureEveryMode is issue 22's defect 1 (and 2) through the
+// TestTransientFailureEveryMode: a transient failure, through the
 // real consumer: a handler that fails once, on a key's first message or
 // on any message, in every mode. Half the keys have a single message (an
 // order placed and never changed). Every message must be handled exactly
@@ -106,7 +106,7 @@ func broken(got map[string][]int64, want map[string]int64) bool {
 	return false
 }
 
-// TestPartialKeepsFailedMessage is issue 22's defect 2: in Partial mode a
+// TestPartialKeepsFailedMessage: in Partial mode a
 // failed message stored for retry (or dead-lettered) holds its key, so a
 // later message of the key arriving meanwhile waits behind it instead of
 // being handled first and deleting it.
@@ -157,7 +157,7 @@ func TestPartialKeepsFailedMessage(t *testing.T) {
 	}
 }
 
-// TestSkippedHeadsDoNotBlockRetries is issue 22's defect 6: a dead message
+// TestSkippedHeadsDoNotBlockRetries: a dead message
 // skipped by the operator makes the next stored message of its key due
 // even when that one is still a gap. Such rows, as many as a retry poll
 // takes, must not keep the shard's real retries from running.
@@ -199,7 +199,7 @@ func TestSkippedHeadsDoNotBlockRetries(t *testing.T) {
 	}
 }
 
-// TestMaxAttemptsOne is issue 22's defect 7: MaxAttempts = 1 means one
+// TestMaxAttemptsOne: MaxAttempts = 1 means one
 // handler attempt, then the dead-letter queue. A redelivery (which the
 // inbox counts as an attempt, since it cannot tell whether an earlier
 // delivery's handler ran) still gets its one run: it is not dead-lettered
@@ -248,7 +248,7 @@ func TestMaxAttemptsOne(t *testing.T) {
 	}
 }
 
-// TestBelowLowWaterHeldNotDropped is issue 22's defect 3: a message of a
+// TestBelowLowWaterHeldNotDropped: a message of a
 // key the inbox does not know, older than the retention low-water mark,
 // is either a redelivery of a key retention deleted or a first delivery
 // that came late (a key's first row parked at the relay and retried after

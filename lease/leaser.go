@@ -126,7 +126,7 @@ func (l *Leaser) Run(ctx context.Context) error {
 	// Failed connects are tried again after a backoff with jitter, from
 	// about RenewEvery: every node's leasers lose their connections at the
 	// same moment when the database restarts, and a slow server is not
-	// helped by all of them coming back in step (issue 27).
+	// helped by all of them coming back in step.
 	redial := backoff.New(l.cfg.RenewEvery, 3*l.cfg.RenewEvery)
 	t := time.NewTimer(0)
 	defer t.Stop()

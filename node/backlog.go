@@ -66,7 +66,7 @@ ORDER BY l.partition`)
 // the indexes, each stopping at its LIMIT. On a table without statistics
 // (a fresh backlog, before autovacuum's ANALYZE) PostgreSQL estimated 14
 // pending rows per partition and chose a bitmap heap scan and a sort of
-// every pending row of each partition, twice (issue 22): 4.2-5.5 s at
+// every pending row of each partition, twice: 4.2-5.5 s at
 // 400,000 rows and 13.7 s at 1,000,000, past the refresh timeout on every
 // refresh of a whole drain. Without bitmap and sequential scans the only
 // plans left are the index walks: 38-90 ms at 1,000,000 rows, half of

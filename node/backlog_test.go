@@ -71,8 +71,8 @@ func explain(t *testing.T, analyzed bool) string {
 // TestBacklogPlan: the backlog query walks the pending-by-partition
 // index of each partition in order and never scans the outbox nor sorts
 // its rows, whether the table was analyzed empty or never analyzed
-// (issue 22: without statistics it chose a bitmap heap scan and a sort of
-// every pending row of each partition).
+// (without statistics a looser query gets a bitmap heap scan and a sort
+// of every pending row of each partition).
 func TestBacklogPlan(t *testing.T) {
 	testkit.RequirePostgres(t)
 	for _, analyzed := range []bool{true, false} {

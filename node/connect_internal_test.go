@@ -13,7 +13,7 @@ import (
 // TestConnectWaitsLongerForASlowServer: a source's own connect (the
 // leaser's, the health ping's) that ran out of time gives the next one
 // twice as long, so a server slower to start a session than the first
-// bound (a PostgreSQL just restarted on a loaded machine, issue 27) is
+// bound (a PostgreSQL just restarted on a loaded machine) is
 // reached on the next attempt instead of never; a success starts the
 // bound over. Here the first bound is 200 ms and every reply of the
 // server comes 300 ms late.
@@ -52,7 +52,7 @@ func TestConnectWaitsLongerForASlowServer(t *testing.T) {
 // TestHealthPingReachesASlowServer: the health ping of a source whose
 // server answers later than the ping period (h.every) still connects and
 // pings, so the node does not call a slow database lost and hammer it with
-// connects started over every period (issue 27). Here the period is
+// connects started over every period. Here the period is
 // 100 ms and every reply comes 300 ms late.
 func TestHealthPingReachesASlowServer(t *testing.T) {
 	testkit.RequirePostgres(t)

@@ -172,7 +172,7 @@ func (h *healthMonitor) set(hl membership.Health) {
 // a failed one is tried again after a backoff with jitter: connects given
 // up every h.every and started over would each cost the server a session
 // start, every node's and every source's at once after a restart, and
-// keep a slow server slow (issue 27).
+// keep a slow server slow.
 func (h *healthMonitor) pingLoop(ctx context.Context, d *dbPing) {
 	var conn *pgx.Conn
 	defer func() {

@@ -18,9 +18,9 @@ import (
 	"github.com/ordo-relay/ordo/partition"
 )
 
-// largeBacklog is a backlog on which the backlog query of issue 22 (a
-// bitmap heap scan of every pending row of each partition, chosen on a
-// table without statistics) ran past its 2 s timeout on every refresh
+// largeBacklog is a backlog on which a backlog query planned as a
+// bitmap heap scan of every pending row of each partition (as PostgreSQL
+// chooses on a table without statistics) ran past its 2 s timeout on every refresh
 // while a node drained it, with a margin: alone on the table it took
 // 2.0-3.2 s at 250,000 rows (4.2-5.5 s at 400,000, 1.6-1.8 s at 150,000).
 // This test failed with it at 150,000 rows too, and passed at 100,000.
@@ -90,7 +90,7 @@ func metricSum(fams map[string]*dto.MetricFamily, name string) (sum float64, sam
 	return sum, len(f.GetMetric())
 }
 
-// TestBacklogMetricsDuringLargeDrain (issue 22, defect 10): while a node
+// TestBacklogMetricsDuringLargeDrain: while a node
 // drains a large backlog from a table without statistics, /metrics keeps
 // every partition's pending count and oldest age, fresh, and says the
 // backlog is available. The backlog query used to be cancelled at its

@@ -159,7 +159,7 @@ const connectTimeoutMin = 5 * time.Second
 // server that takes longer than a fixed bound to start a session (a
 // PostgreSQL just restarted, on a loaded machine: 5-20 s) is never
 // reached by connects that give up at that bound and start over, each
-// costing it a session start of its own (issue 27); one that refuses or
+// costing it a session start of its own; one that refuses or
 // resets fails fast whatever the bound.
 func connectTimeout(slow int, lo time.Duration) time.Duration {
 	return backoff.Doubled(slow, lo, 8*lo)

@@ -473,9 +473,9 @@ func TestCoreUnpublishableRowIsParked(t *testing.T) {
 }
 
 // TestCoreSlowReadLosesNothing: a read slower than the lease's remaining
-// validity, while renewals keep the lease, publishes what it read. Before
-// issue 9's fix every row was checked against a lease snapshot from before
-// the read, skipped, and read again at once, forever.
+// validity, while renewals keep the lease, publishes what it read: a
+// row checked against a lease snapshot from before the read would be
+// skipped, and read again at once, forever.
 func TestCoreSlowReadLosesNothing(t *testing.T) {
 	const ttl = 150 * time.Millisecond
 	c := newCore(t, ttl, nil)

@@ -10,7 +10,7 @@ import (
 	"github.com/ordo-relay/ordo/relay"
 )
 
-// TestCoreSynchronousUnsentWaits (issue 22, defect 9): a Publisher may
+// TestCoreSynchronousUnsentWaits: a Publisher may
 // settle a message inside Publish, Unsent included (its channel closed
 // under it). The relay used to put the row back at its key's head and
 // publish it again at once, in the same dispatch, forever: 100 % CPU, and

@@ -7,7 +7,7 @@ import (
 	"github.com/ordo-relay/ordo/relay"
 )
 
-// TestCoreHandoffFlapWaitsForEveryFlight (issue 22, defect 8): a
+// TestCoreHandoffFlapWaitsForEveryFlight: a
 // partition is revoked with publishes unconfirmed, then taken up again
 // (the Leaser's "wanted again before its release": an Assigned at the same
 // epoch; or lost and claimed again at a new epoch) and revoked again before

@@ -16,8 +16,8 @@ import (
 	"github.com/ordo-relay/ordo/relay"
 )
 
-// TestLeaseLapsesDuringBrokerWait is issue 14's "a check followed by an
-// unbounded wait is not a check", on the real servers. Node "stale" reads
+// TestLeaseLapsesDuringBrokerWait: "a check followed by an unbounded
+// wait is not a check", on the real servers. Node "stale" reads
 // a key's rows k and k+1 and starts publishing k, its lease checked; the
 // broker's answers to it are held back (the proxy delays replies), so its
 // first publish waits in the exchange check. Its database link is cut, so

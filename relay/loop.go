@@ -13,7 +13,7 @@ import (
 // read again; the dispatch loop publishes what may go, whenever something
 // may have become publishable. Apart, so that a confirmed key's next row
 // never waits for a read, an arm or a pass of its partition: with a
-// handful of hot keys every round trip counts (issue 23). Dispatch is
+// handful of hot keys every round trip counts. Dispatch is
 // dispatch.go, reads read.go.
 
 // readLoop reads pending rows while ctx lasts.

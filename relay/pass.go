@@ -3,7 +3,7 @@ package relay
 import "time"
 
 // How reads find every pending row without walking the backlog, and
-// without making a commit wait (issue 23).
+// without making a commit wait.
 //
 // A held partition is read two ways, both in seq order and a page at a
 // time:

@@ -14,7 +14,7 @@ import (
 // pass that leaves rows out for memory resumes below the first of them,
 // rather than reading on to the end and starting over from the first
 // pending row (121,682 rows read for 20,000 in the 10-hot-key drain at
-// 16 MiB, issue 23).
+// 16 MiB).
 func TestCoreReadAheadFullReadsEachRowAboutOnce(t *testing.T) {
 	t.Parallel()
 	c := newCore(t, time.Hour, func(cfg *relay.Config) {

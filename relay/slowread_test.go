@@ -57,7 +57,7 @@ func TestCoreSlowRowIsReadAlone(t *testing.T) {
 
 // TestCoreNoConnectionIsNotASlowRead: a read that runs out of time waiting
 // for a database connection (a server slow to take connections after a
-// restart, issue 27) says nothing of the rows it asked for: the relay
+// restart) says nothing of the rows it asked for: the relay
 // backs off, splits nothing and charges nothing, and once connections
 // come it reads the partitions together and drains them. (Taken for a
 // slow read, it split every partition to be read alone, in turns, each

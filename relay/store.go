@@ -43,7 +43,7 @@ type Row struct {
 // splitting it (docs/design.md, "A slow row is read alone"), since a
 // server slow to take connections (restarting, overloaded) would
 // otherwise have every partition read alone, each read of it waiting
-// for a connection in turn (issue 27).
+// for a connection in turn.
 var ErrNoConnection = errors.New("no database connection in time")
 
 // Cursor asks for one partition's pending rows whose seq is above After.

@@ -7,7 +7,7 @@ import (
 )
 
 // How the relay learns of commits without every producer's transaction
-// taking NOTIFY's lock (issue 23; docs/design.md, "Wake-ups").
+// taking NOTIFY's lock (docs/design.md, "Wake-ups").
 //
 // A NOTIFY serialises the commits of every transaction that issued one,
 // database-wide. So producers notify a partition only while its relay has

@@ -14,7 +14,7 @@ import (
 )
 
 // Burst sizes of the idle-then-burst tests: the shape that once stalled
-// every node for good (issue 9).
+// every node for good.
 const (
 	burstRows = 40000
 	burstKeys = 10000

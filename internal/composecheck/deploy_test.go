@@ -138,7 +138,7 @@ func TestPrometheusScrapesCompose(t *testing.T) {
 }
 
 // TestDashboardConsumerRow checks that the dashboard has a consumer row
-// querying every inbox family an operator watches (issue 25), and that
+// querying every inbox family an operator watches, and that
 // no two panels overlap (a panel added at a taken position hides another).
 func TestDashboardConsumerRow(t *testing.T) {
 	type grid struct{ X, Y, W, H int }

@@ -105,7 +105,7 @@ func (s *Store) Listen(ctx context.Context, wake func(partition int)) error {
 // listenConnectMin is the first bound of Listen's connect; it doubles
 // after each connect in a row that ran out of time, up to 8 times as much
 // (backoff.Doubled): a server slower to start a session than a fixed bound
-// would never be reached (issue 27).
+// would never be reached.
 const listenConnectMin = 10 * time.Second
 
 func (s *Store) listenOnce(ctx context.Context, wake func(int), down *outage.Log, slow *int) (listened bool, err error) {

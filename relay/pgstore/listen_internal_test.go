@@ -10,8 +10,8 @@ import (
 
 // TestListenReachesASlowServer: Listen's connect that ran out of time
 // gives the next one twice as long, so a server slower to start a session
-// than the first bound (a PostgreSQL just restarted on a loaded machine,
-// issue 27) is listened to after a few attempts instead of never. Here
+// than the first bound (a PostgreSQL just restarted on a loaded machine)
+// is listened to after a few attempts instead of never. Here
 // the first bound is 200 ms and every reply of the server comes 300 ms
 // late.
 func TestListenReachesASlowServer(t *testing.T) {
