@@ -1,5 +1,5 @@
 -- The relay reads each held partition's pending rows in seq order, a page
--- at a time (issue 11): one index range scan per partition, whose cost
+-- at a time: one index range scan per partition, whose cost
 -- follows the rows returned, not the backlog, and which is the only
 -- sensible plan with or without statistics. The two indexes the old
 -- key-head read walked are dropped, so a producer's insert maintains one

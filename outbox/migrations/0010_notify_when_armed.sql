@@ -1,4 +1,4 @@
--- Producers' commits no longer NOTIFY in the common case (issue 23). A
+-- Producers' commits do not NOTIFY in the common case. A
 -- transaction that issued NOTIFY takes one database-wide lock before its
 -- commit and holds it until after (PreCommit_Notify), so notifying
 -- producers cannot share a WAL flush: every producer paid for it on every

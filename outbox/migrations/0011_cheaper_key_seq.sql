@@ -1,4 +1,4 @@
--- A cheaper key_seq, same contract (issue 23): what the producer's INSERT
+-- A cheaper key_seq, same contract: what the producer's INSERT
 -- pays besides its own row, measured with `go run ./bench produce`
 -- (docs/performance.md, "The producers' side").
 --

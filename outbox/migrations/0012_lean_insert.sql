@@ -1,4 +1,4 @@
--- A cheaper INSERT, same contract (issue 23): the wake-up leaves the
+-- A cheaper INSERT, same contract: the wake-up leaves the
 -- statement trigger. Measured in one backend, one-row transactions,
 -- variants alternating (bench/pgbench/alternate.sh; docs/outbox-table.md,
 -- "What an insert costs").
