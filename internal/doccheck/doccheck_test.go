@@ -2,12 +2,14 @@ package doccheck
 
 import (
 	"bufio"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 // root is the repository's top directory, seen from this package.
@@ -157,11 +159,51 @@ func exists(p string) bool {
 	return false
 }
 
+// anchors are the link anchors of a Markdown file's headings, as GitHub
+// makes them: lower case, spaces to hyphens, punctuation dropped, and -1,
+// -2, ... after repeats.
+func anchors(t *testing.T, file string) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	inCode := false
+	for _, l := range lines(t, file) {
+		if strings.HasPrefix(strings.TrimSpace(l.text), "```") {
+			inCode = !inCode
+		}
+		if inCode || !strings.HasPrefix(l.text, "#") {
+			continue
+		}
+		title := strings.TrimSpace(strings.TrimLeft(l.text, "#"))
+		var b strings.Builder
+		for _, r := range strings.ToLower(title) {
+			switch {
+			case r == ' ':
+				b.WriteRune('-')
+			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+				b.WriteRune(r)
+			}
+		}
+		a := b.String()
+		if !out[a] {
+			out[a] = true
+			continue
+		}
+		for i := 1; ; i++ {
+			if n := fmt.Sprintf("%s-%d", a, i); !out[n] {
+				out[n] = true
+				break
+			}
+		}
+	}
+	return out
+}
+
 // TestDocsNameOnlyExistingPaths: every repository path a doc names, as a
 // Markdown link or a path in its text (relay/flight.go, cmd/node/,
 // deploy/prometheus/alerts.yml), exists, and every Go file named alone in
-// code (`flight.go`) is some file's name. A doc that names a file a change
-// removed sends its reader nowhere.
+// code (`flight.go`) is some file's name, and a link's #anchor is a
+// heading of the file it links to. A doc that names a file or a section a
+// change removed sends its reader nowhere.
 func TestDocsNameOnlyExistingPaths(t *testing.T) {
 	top := topDirs(t)
 	base := map[string]bool{}
@@ -176,9 +218,17 @@ func TestDocsNameOnlyExistingPaths(t *testing.T) {
 				if strings.Contains(target, "://") || strings.HasPrefix(target, "#") || strings.HasPrefix(target, "mailto:") {
 					continue
 				}
-				target, _, _ = strings.Cut(target, "#")
-				if !exists(filepath.ToSlash(filepath.Join(dir, target))) {
+				target, frag, _ := strings.Cut(target, "#")
+				file := filepath.ToSlash(filepath.Join(dir, target))
+				if target == "" {
+					file = l.file
+				}
+				if !exists(file) {
 					t.Errorf("%s:%d: link to %s, which does not exist", l.file, l.num, m[1])
+					continue
+				}
+				if frag != "" && strings.HasSuffix(file, ".md") && !anchors(t, file)[frag] {
+					t.Errorf("%s:%d: link to %s: %s has no heading with the anchor #%s", l.file, l.num, m[1], file, frag)
 				}
 			}
 			for _, m := range pathLike.FindAllStringSubmatch(l.text, -1) {
