@@ -1,6 +1,6 @@
 -- A cheaper key_seq, same contract: what the producer's INSERT
 -- pays besides its own row, measured with `go run ./bench produce`
--- (docs/performance.md, "The producers' side").
+-- (docs/performance.md).
 --
 -- 1. The key's counter is bumped with a plain UPDATE, and only a key's
 --    first row takes the INSERT ... ON CONFLICT path. An upsert that finds
