@@ -169,7 +169,7 @@ func (s flightState) String() string {
 // endFlightLocked ends f (marked, recorded, or never sent) and frees its
 // memory; see flightBook.move for done.
 func (r *Relay) endFlightLocked(f *flight) (done func()) {
-	r.addBytesLocked(-f.size)
+	r.mem.add(-f.size)
 	return r.flights.move(f, flightEnded)
 }
 
@@ -254,6 +254,6 @@ func (r *Relay) requeueLocked(f *flight, notBefore time.Time) {
 	e.row.NextAttemptAt = notBefore
 	k.rows = append([]*entry{e}, k.rows...)
 	k.part.queued[e.row.ID] = e
-	r.addBytesLocked(e.size)
+	r.mem.add(e.size)
 	r.pushReadyLocked(k)
 }

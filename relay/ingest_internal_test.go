@@ -35,7 +35,7 @@ func TestIngestKeepsKeysContiguous(t *testing.T) {
 	// Half of them go (published and marked): memory has room again.
 	for _, e := range k.rows[:5] {
 		delete(ps.queued, e.row.ID)
-		r.addBytesLocked(-e.size)
+		r.mem.add(-e.size)
 	}
 	k.rows = k.rows[5:]
 	r.ingestLocked(ps, rows[20:]) // a tail read above the rows left out
@@ -50,7 +50,7 @@ func TestIngestKeepsKeysContiguous(t *testing.T) {
 	// gap (a new key state would take the next row read, above the gap).
 	for _, e := range k.rows {
 		delete(ps.queued, e.row.ID)
-		r.addBytesLocked(-e.size)
+		r.mem.add(-e.size)
 	}
 	k.rows, k.inReady, r.ready = nil, false, nil // as the dispatch loop leaves it
 	r.forgetIfIdleLocked(k)
@@ -94,11 +94,11 @@ func TestHalfFreeWaitUnderABudget(t *testing.T) {
 	}
 	held := len(k.rows)
 	r.ready = append(r.ready, k) // rows to publish: a full read-ahead refuses reads
-	t.Logf("kept %d rows (%d bytes, ReadAheadBytes %d)", held, r.bytes, r.cfg.ReadAheadBytes)
+	t.Logf("kept %d rows (%d bytes, ReadAheadBytes %d)", held, r.mem.held(), r.cfg.ReadAheadBytes)
 	free := func(n int) {
 		for _, e := range k.rows[:n] {
 			delete(ps.queued, e.row.ID)
-			r.addBytesLocked(-e.size)
+			r.mem.add(-e.size)
 		}
 		k.rows = k.rows[n:]
 	}

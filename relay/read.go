@@ -62,21 +62,12 @@ func (r *Relay) readOnce(ctx context.Context) (bool, error) {
 // nothing to publish (one row is always allowed, however large). With a
 // Budget it asks for bytes every time, so that a relay refused them is
 // known to be waiting for them (budget.go).
+//
+// After a read left rows out for memory, the next waits until half of
+// what memory held then is free: a read per freed row would read a page
+// to keep a row or two of it (memory.refused).
 func (r *Relay) readRefusedLocked() bool {
-	if r.halfFreeBelow > 0 && r.bytes <= r.halfFreeBelow {
-		r.halfFreeBelow = 0
-	}
-	// After a read left rows out for memory, the next waits until half
-	// of what memory held then is free: a read per freed row would read a
-	// page to keep a row or two of it. Half of what it held, not half of
-	// ReadAheadBytes: with a Budget a relay may be full at its share, and
-	// a relay holding half of the Budget is always under half of its own
-	// ReadAheadBytes (TestBudgetReadAheadFullReadsEachRowAboutOnce).
-	full := r.bytes >= r.cfg.ReadAheadBytes || r.halfFreeBelow > 0
-	if r.share != nil {
-		full = !r.share.mayRead() || full
-	}
-	return full && (len(r.ready) > 0 || r.flights.live() > 0)
+	return r.mem.refused() && (len(r.ready) > 0 || r.flights.live() > 0)
 }
 
 // ingestRead stores what plan's read returned for its partitions and
@@ -157,9 +148,11 @@ func (r *Relay) ingestLocked(ps *partState, rows []Row) (leftOut int64) {
 		k := ps.key(row.CorrelationID)
 		if e := ps.queued[row.ID]; e != nil {
 			if r.gen.rowNewer(k) {
-				size := rowSize(&row) // a parked row read again after a retry has its payload now
-				r.bytes += size - e.size
-				e.row, e.size = row, size
+				// A row parked since it was queued is charged nothing
+				// now, and one retried since it was read parked is
+				// charged its payload.
+				e.row = row
+				r.mem.resize(&e.size, rowSize(&row))
 			}
 			e.seen = ps.rd.passNo()
 			r.pushReadyLocked(k)
@@ -173,7 +166,7 @@ func (r *Relay) ingestLocked(ps *partState, rows []Row) (leftOut int64) {
 			return int(min(max(x.row.KeySeq-ks, -1), 1))
 		})
 		gap := k.gapFrom > 0 && row.KeySeq > k.gapFrom
-		full := !gap && at > 0 && r.memoryFullLocked()
+		full := !gap && at > 0 && r.mem.full()
 		if gap || full {
 			// Above its key's gap, or memory is full and the row waits
 			// behind others of its key: leave it for later (pageRead
@@ -184,7 +177,7 @@ func (r *Relay) ingestLocked(ps *partState, rows []Row) (leftOut int64) {
 			}
 			if full {
 				k.gapFrom = row.KeySeq
-				r.halfFreeBelow = max(r.bytes/2, 1)
+				r.mem.leftOut()
 			}
 			continue
 		}
@@ -193,20 +186,27 @@ func (r *Relay) ingestLocked(ps *partState, rows []Row) (leftOut int64) {
 		}
 		k.rows = slices.Insert(k.rows, at, e)
 		ps.queued[row.ID] = e
-		r.addBytesLocked(e.size)
+		r.mem.add(e.size)
 		if at == 0 && row.Parked {
-			r.dropFollowersLocked(k)
+			r.parkHeadLocked(k)
 		}
 		r.pushReadyLocked(k)
 	}
 	return leftOut
 }
 
-// dropFollowersLocked forgets the queued rows behind k's parked head.
-func (r *Relay) dropFollowersLocked(k *keyState) {
+// parkHeadLocked is k's head parked: the queued rows behind it are
+// forgotten (the pass after an operator acts reads them again), and the
+// head keeps only what says where the key stands, charged nothing to
+// memory (rowSize): a parked key must not take the read-ahead of the keys
+// that may go.
+func (r *Relay) parkHeadLocked(k *keyState) {
+	head := k.rows[0]
+	head.row.Payload, head.row.Headers = nil, nil
+	r.mem.resize(&head.size, rowSize(&head.row))
 	for _, e := range k.rows[1:] {
 		delete(k.part.queued, e.row.ID)
-		r.addBytesLocked(-e.size)
+		r.mem.add(-e.size)
 	}
 	clear(k.rows[1:]) // the backing array would keep them alive
 	k.rows = k.rows[:1]
@@ -223,7 +223,7 @@ func (r *Relay) sweepLocked(ps *partState) {
 		k := ps.keys[e.row.CorrelationID]
 		k.rows = slices.DeleteFunc(k.rows, func(x *entry) bool { return x == e })
 		delete(ps.queued, id)
-		r.addBytesLocked(-e.size)
+		r.mem.add(-e.size)
 		r.pushReadyLocked(k)
 		if e.row.Parked {
 			// An operator skipped or purged it: this pass left its

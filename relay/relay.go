@@ -48,8 +48,7 @@ type Relay struct {
 	ready          []*keyState        // keys whose head may be publishable
 	backingOff     map[*keyState]bool // keys whose head backs off until a time
 	leaseWait      map[*keyState]bool // keys whose partition's lease was not valid when they were due
-	bytes          int64              // queued rows and flights, for ReadAheadBytes (addBytesLocked)
-	halfFreeBelow  int64              // a read left rows out for memory: read again at or below these bytes (half of what it held then); 0: not waiting
+	mem            memory             // bytes of queued rows and flights, for ReadAheadBytes and the Budget (memory.go)
 	readWaits      int64              // waitRead calls: a read loop that spins shows here (tests)
 	share          *share             // its part of Config.Budget; nil without one
 	settled        []settlement       // confirmed or failed, not yet written (writeback.go)
@@ -133,23 +132,9 @@ func New(cfg Config, store Store, pub Publisher, own Ownership) (*Relay, error) 
 	if cfg.Budget != nil {
 		r.share = cfg.Budget.join(r.wakeDispatch, r.wakeRead)
 	}
+	r.mem = newMemory(cfg.ReadAheadBytes, r.share)
 	r.flights = newFlightBook(r.share)
 	return r, nil
-}
-
-// addBytesLocked counts d more bytes held in memory (fewer when
-// negative), in the relay's and its Budget's count.
-func (r *Relay) addBytesLocked(d int64) {
-	r.bytes += d
-	if r.share != nil {
-		r.share.addBytes(d)
-	}
-}
-
-// memoryFullLocked reports whether the read-ahead is full: the relay's
-// own ReadAheadBytes, or its Budget's for it.
-func (r *Relay) memoryFullLocked() bool {
-	return r.bytes >= r.cfg.ReadAheadBytes || r.share != nil && r.share.memoryFull()
 }
 
 // windowFullLocked reports whether no flight may start now: the relay's
@@ -167,7 +152,7 @@ func (r *Relay) Stats() Stats {
 	for _, ps := range r.parts {
 		s.ReadAhead += len(ps.queued)
 	}
-	s.ReadAheadBytes = r.bytes
+	s.ReadAheadBytes = r.mem.held()
 	r.progress.fill(&s)
 	return s
 }

@@ -29,8 +29,10 @@ import (
 //   - Relay.settled holds the settlements waiting to be written
 //     (writeback.go); Relay.ready, backingOff and leaseWait hold keys
 //     waiting to be looked at by dispatch, for a time, or for a lease.
-//   - Relay.bytes counts the memory of rows read ahead and of flights
-//     (addBytesLocked, which keeps the Budget's count too).
+//   - Relay.mem (memory.go) counts the memory of rows read ahead and of
+//     flights, in the relay's count and its Budget's at once, and holds
+//     the half-free mark; only its methods change them. A parked head is
+//     charged nothing.
 //   - With a Config.Budget, Relay.share is the relay's part of it:
 //     flightBook takes and gives back its slots (flight.go), the read
 //     asks it for bytes (read.go). Its counts are under the Budget's lock.
@@ -68,7 +70,12 @@ type entry struct {
 	unsent int // publishes in a row settled Unsent (see Relay.unsentDelay)
 }
 
+// rowSize is what row r is charged in memory (memory.go): a parked row
+// nothing, it waits for an operator; any other its text and payload.
 func rowSize(r *Row) int64 {
+	if r.Parked {
+		return 0
+	}
 	return int64(len(r.Payload)+len(r.Headers)+len(r.CorrelationID)+len(r.Exchange)+len(r.RoutingKey)+len(r.Type)) + 400 // the Row, its entry, map slots and key state, roughly
 }
 
@@ -90,7 +97,7 @@ func (r *Relay) dropPartLocked(ps *partState) {
 		r.strays = append(r.strays, ps.id) // disarmed by the next syncArms
 	}
 	for _, e := range ps.queued {
-		r.addBytesLocked(-e.size)
+		r.mem.add(-e.size)
 	}
 	for _, k := range ps.keys {
 		delete(r.backingOff, k)

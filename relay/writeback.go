@@ -196,7 +196,7 @@ func (r *Relay) recordFailures(ctx context.Context, failed []settlement) error {
 		spanRecorded(f, f.e.row.Parked, f.e.row.Attempts, r.cfg.MaxAttempts)
 		r.requeueLocked(f, now.Add(delays[i]))
 		if f.e.row.Parked && r.currentLocked(f.key) {
-			r.dropFollowersLocked(f.key)
+			r.parkHeadLocked(f.key)
 		}
 	}
 	r.stats.Failed += int64(len(failed))
