@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -153,4 +154,44 @@ func TestMemoryBudgetInStepThroughParking(t *testing.T) {
 		c.waitDrained()
 		inStep(t, c, budget, "retried and published", 0)
 	})
+}
+
+// TestMemoryParkedKeysDoNotSlowOthers: parked heads that would fill the
+// read-ahead memory leave a hot key's drain at about the reads it takes
+// with no parked key: a parked key is charged nothing to memory, so
+// memory never counts as full for them.
+func TestMemoryParkedKeysDoNotSlowOthers(t *testing.T) {
+	const readAhead, hotRows = 48 << 10, 400
+	drain := func(t *testing.T, parked int) (reads, rows int64) {
+		c := newCore(t, 0, func(cfg *relay.Config) {
+			cfg.MaxAttempts = 2
+			cfg.ReadAheadBytes = readAhead
+		})
+		for i := range parked {
+			key := fmt.Sprintf("parked-%d", i)
+			ids := c.store.Insert(i%coreParts, key, key) // a head and a follower
+			c.store.Update(ids[0], func(r *relaytest.StoredRow) {
+				r.Payload = poisonPayload(2 << 10)
+				r.Parked, r.Attempts = true, 2
+			})
+		}
+		c.start()
+		testkit.WaitFor(t, waitTimeout, "every parked head read", func() bool { return c.r.Stats().ReadAhead >= parked })
+		st := c.r.Stats()
+		t.Logf("%d parked heads held: %d bytes charged (ReadAheadBytes %d)", st.ReadAhead, st.ReadAheadBytes, readAhead)
+		var hot []uuid.UUID
+		for range hotRows {
+			hot = append(hot, c.store.Insert(0, "hot")...)
+		}
+		waitProcessed(t, c, "hot key drained", hot...)
+		end := c.r.Stats()
+		return end.Reads - st.Reads, end.ReadRows - st.ReadRows
+	}
+	baseReads, baseRows := drain(t, 0)
+	reads, rows := drain(t, 120)
+	t.Logf("a %d-row hot key drained in %d reads (%d rows read) alone, %d reads (%d rows read) beside 120 parked keys",
+		hotRows, baseReads, baseRows, reads, rows)
+	if reads > 2*baseReads+5 {
+		t.Fatalf("beside 120 parked keys the hot key took %d reads, alone %d", reads, baseReads)
+	}
 }
