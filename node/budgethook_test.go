@@ -84,6 +84,37 @@ func (p gated) Publish(ctx context.Context, m *relay.Message, settle func(relay.
 // nodehook.Hooks.UnsharedBudget (each relay has all of W). Confirms are
 // held until both relays hold rows they could publish, so that what is
 // unconfirmed stands still and is counted.
+// budgetMetrics checks a node's Budget metrics while its W is taken (its
+// confirms held): every slot used, split over its sources as their
+// relays count them, and the bytes used are the sources' bytes.
+func budgetMetrics(t *testing.T, addr string, window int, parts *nodehook.Parts) {
+	t.Helper()
+	var slots, sourceSlots, bytes, sourceBytes float64
+	var relayBytes int64
+	ok := false
+	for deadline := time.Now().Add(10 * time.Second); !ok && time.Now().Before(deadline); {
+		fams := scrapeMetrics(t, addr)
+		slots, _ = metricSum(fams, "ordo_budget_slots_used")
+		sourceSlots, _ = metricSum(fams, "ordo_budget_source_slots_used")
+		bytes, _ = metricSum(fams, "ordo_budget_bytes_used")
+		sourceBytes, _ = metricSum(fams, "ordo_budget_source_bytes_used")
+		limit, _ := metricSum(fams, "ordo_budget_slots")
+		relayBytes = 0
+		for _, s := range parts.Sources {
+			relayBytes += s.Relay.Stats().ReadAheadBytes
+		}
+		ok = limit == float64(window) && slots == float64(window) && sourceSlots == slots &&
+			bytes > 0 && sourceBytes == bytes && float64(relayBytes) == bytes
+		if !ok {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if !ok {
+		t.Fatalf("budget metrics: %v slots used (sources %v, W %d); %v bytes used (sources %v, relays %d)",
+			slots, sourceSlots, window, bytes, sourceBytes, relayBytes)
+	}
+}
+
 func TestUnsharedBudgetHook(t *testing.T) {
 	testkit.RequireRabbitMQ(t)
 	const partitions, window, keys = 4, 8, 64
@@ -111,9 +142,12 @@ func TestUnsharedBudgetHook(t *testing.T) {
 			}
 			cfg := twoSources(r, r.dbs["billing"].URL, "budgethook-"+c.name, partitions)
 			cfg.Relay.Window = window
-			_, stop := nodetest.Run(t, cfg, node.Options{Logger: testkit.Logger(t, slog.LevelWarn)}, hooks)
+			addr, stop := nodetest.Run(t, cfg, node.Options{Logger: testkit.Logger(t, slog.LevelWarn)}, hooks)
 			defer stop()
 			testkit.WaitFor(t, 30*time.Second, fmt.Sprintf("%d unconfirmed", c.most), func() bool { now, _ := g.count(); return now == c.most })
+			if !c.unshared {
+				budgetMetrics(t, addr, window, parts.Load())
+			}
 			testkit.WaitFor(t, 30*time.Second, "both relays hold rows they may not publish", func() bool {
 				for _, s := range parts.Load().Sources {
 					if s.Relay.Stats().ReadAhead == 0 {

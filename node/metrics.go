@@ -79,6 +79,19 @@ var (
 	descWindow = prometheus.NewDesc("ordo_relay_confirm_window",
 		"The confirm window W.", srcLabel, nil)
 
+	descBudgetSlots = prometheus.NewDesc("ordo_budget_slots",
+		"The node's confirm window W, shared by its sources' relays.", nil, nil)
+	descBudgetSlotsUsed = prometheus.NewDesc("ordo_budget_slots_used",
+		"Slots of W taken: messages published and not yet marked, over every source.", nil, nil)
+	descBudgetBytes = prometheus.NewDesc("ordo_budget_bytes",
+		"The node's read-ahead budget in bytes (-read-ahead-bytes), shared by its sources' relays.", nil, nil)
+	descBudgetBytesUsed = prometheus.NewDesc("ordo_budget_bytes_used",
+		"Bytes of the read-ahead budget taken: rows read ahead and in flight, over every source.", nil, nil)
+	descBudgetSourceSlots = prometheus.NewDesc("ordo_budget_source_slots_used",
+		"Slots of W a source's relay has taken.", srcLabel, nil)
+	descBudgetSourceBytes = prometheus.NewDesc("ordo_budget_source_bytes_used",
+		"Bytes of the read-ahead budget a source's relay has taken.", srcLabel, nil)
+
 	descClaims = prometheus.NewDesc("ordo_lease_claims_total",
 		"Partition leases claimed.", srcLabel, nil)
 	descRenewFailures = prometheus.NewDesc("ordo_lease_renewal_failures_total",
@@ -118,6 +131,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 		descMarked, descRelayFailures, descParkedTotal, descRefused, descDeleted, descReads, descIdleReads,
 		descReadRows, descReadSeconds, descMarks, descMarkSeconds,
 		descLeaseSkipped, descStalled, descInFlight, descUnconfirmed, descWindow,
+		descBudgetSlots, descBudgetSlotsUsed, descBudgetBytes, descBudgetBytesUsed, descBudgetSourceSlots, descBudgetSourceBytes,
 		descClaims, descRenewFailures, descLosses, descHandoffs, descHandoffTimeouts, descRebalances,
 		descBrokerUp, descBrokerBlocked, descDatabaseUp, descMembers, descMembersGone, descDegraded,
 	} {
@@ -149,6 +163,33 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descMembers, float64(alive))
 	gauge(descMembersGone, float64(gone))
 	gauge(descDegraded, b2f(v.degradation().Degraded))
+	c.collectBudget(gauge)
+}
+
+// collectBudget exports the node's Budget: W and the read-ahead bytes its
+// sources' relays share, and what they use of them. With one source there
+// is no Budget, and they are that source's relay's own.
+func (c collector) collectBudget(gauge func(*prometheus.Desc, float64)) {
+	v := c.v
+	if v.budget != nil {
+		st := v.budget.Stats()
+		gauge(descBudgetSlots, float64(st.Window))
+		gauge(descBudgetSlotsUsed, float64(st.InFlight))
+		gauge(descBudgetBytes, float64(st.Bytes))
+		gauge(descBudgetBytesUsed, float64(st.BytesUsed))
+		return
+	}
+	var slots int
+	var bytes int64
+	for _, s := range v.srcs {
+		st := s.relay.Stats()
+		slots += st.InFlight
+		bytes += st.ReadAheadBytes
+	}
+	gauge(descBudgetSlots, float64(v.cfg.Relay.Window))
+	gauge(descBudgetSlotsUsed, float64(slots))
+	gauge(descBudgetBytes, float64(v.cfg.Relay.ReadAheadBytes))
+	gauge(descBudgetBytesUsed, float64(bytes))
 }
 
 // collectSource exports the families of one source, each series labelled
@@ -186,6 +227,13 @@ func (c collector) collectSource(ch chan<- prometheus.Metric, src *source) {
 	gauge(descInFlight, float64(s.InFlight))
 	gauge(descUnconfirmed, float64(s.Unconfirmed))
 	gauge(descWindow, float64(v.cfg.Relay.Window)) // a source may use all of W (relay.Budget)
+	if v.budget != nil {
+		gauge(descBudgetSourceSlots, float64(s.BudgetSlots))
+		gauge(descBudgetSourceBytes, float64(s.BudgetBytes))
+	} else {
+		gauge(descBudgetSourceSlots, float64(s.InFlight))
+		gauge(descBudgetSourceBytes, float64(s.ReadAheadBytes))
+	}
 
 	ls := src.leaser.Stats()
 	counter(descClaims, ls.Claims)

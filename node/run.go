@@ -185,7 +185,7 @@ func build(cfg Config, opts Options, hooks nodehook.Hooks, logger *slog.Logger, 
 		}
 		s.backlog = NewBacklog(s.pool, cfg.BacklogInterval, s.logger)
 	}
-	v := &view{cfg: cfg, srcs: srcs, pub: b.pub, members: b.members, health: b.health, logger: logger}
+	v := &view{cfg: cfg, srcs: srcs, pub: b.pub, members: b.members, health: b.health, logger: logger, budget: budget}
 	b.srv = newHTTPServer(newHTTP(v, pm), cfg.PProf, logger)
 	return b, nil
 }

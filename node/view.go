@@ -7,6 +7,7 @@ import (
 
 	"github.com/ordo-relay/ordo/membership"
 	"github.com/ordo-relay/ordo/partition"
+	"github.com/ordo-relay/ordo/relay"
 	"github.com/ordo-relay/ordo/relay/rabbitmq"
 )
 
@@ -20,6 +21,7 @@ type view struct {
 	members *membership.Membership // nil without gossip
 	health  *healthMonitor
 	logger  *slog.Logger
+	budget  *relay.Budget // the sources' shared W and read-ahead; nil with one source
 }
 
 // blocker is implemented by a publisher that knows whether the broker has

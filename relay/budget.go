@@ -193,6 +193,13 @@ func (s *share) addBytes(d int64) {
 	}
 }
 
+// counts returns the flights and bytes s counts for its relay.
+func (s *share) counts() (flights int, bytes int64) {
+	s.b.mu.Lock()
+	defer s.b.mu.Unlock()
+	return s.flights, s.bytes
+}
+
 // leave is s's relay stopping: it waits for nothing any more.
 func (s *share) leave() {
 	s.b.mu.Lock()

@@ -100,6 +100,11 @@ type Stats struct {
 	// ReadAheadBytes are the rows held in memory, not yet published.
 	InFlight, Unconfirmed, ReadAhead int
 	ReadAheadBytes                   int64
+	// BudgetSlots and BudgetBytes are what the relay's share of its
+	// Config.Budget counts: its flights and its bytes (ReadAheadBytes:
+	// one count, memory.go). 0 without a Budget.
+	BudgetSlots int
+	BudgetBytes int64
 }
 
 type settlement struct {
@@ -153,6 +158,9 @@ func (r *Relay) Stats() Stats {
 		s.ReadAhead += len(ps.queued)
 	}
 	s.ReadAheadBytes = r.mem.held()
+	if r.share != nil {
+		s.BudgetSlots, s.BudgetBytes = r.share.counts()
+	}
 	r.progress.fill(&s)
 	return s
 }

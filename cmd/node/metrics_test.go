@@ -108,6 +108,12 @@ var wantTypes = map[string]dto.MetricType{
 	"ordo_relay_in_flight":                      dto.MetricType_GAUGE,
 	"ordo_relay_unconfirmed":                    dto.MetricType_GAUGE,
 	"ordo_relay_confirm_window":                 dto.MetricType_GAUGE,
+	"ordo_budget_slots":                         dto.MetricType_GAUGE,
+	"ordo_budget_slots_used":                    dto.MetricType_GAUGE,
+	"ordo_budget_bytes":                         dto.MetricType_GAUGE,
+	"ordo_budget_bytes_used":                    dto.MetricType_GAUGE,
+	"ordo_budget_source_slots_used":             dto.MetricType_GAUGE,
+	"ordo_budget_source_bytes_used":             dto.MetricType_GAUGE,
 	"ordo_lease_claims_total":                   dto.MetricType_COUNTER,
 	"ordo_lease_renewal_failures_total":         dto.MetricType_COUNTER,
 	"ordo_lease_losses_total":                   dto.MetricType_COUNTER,
@@ -171,11 +177,15 @@ func TestMetricsUnderLoad(t *testing.T) {
 		// Each node's backlog snapshot refreshes on its own clock: wait
 		// for both.
 		parked := min(labelled(after[0], "ordo_partition_parked", poisonPart), labelled(after[1], "ordo_partition_parked", poisonPart))
-		if marked >= n && parked == 1 {
+		// Drained, nothing is held: the parked message is charged nothing.
+		held := value(after[0], "ordo_budget_bytes_used") + value(after[1], "ordo_budget_bytes_used") +
+			value(after[0], "ordo_budget_slots_used") + value(after[1], "ordo_budget_slots_used")
+		if marked >= n && parked == 1 && held == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after load: %v marked (want %d), partition %s shows %v parked on some node (want 1 on both)", marked, n, poisonPart, parked)
+			t.Fatalf("after load: %v marked (want %d), partition %s shows %v parked on some node (want 1 on both), budget bytes and slots used %v (want 0)",
+				marked, n, poisonPart, parked, held)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
