@@ -101,11 +101,15 @@ func drainOnce(ctx context.Context, c common, b backlog, analyze bool, spec syst
 // round-robin over them, so row i goes to key i mod keys. With poison,
 // each key's first row goes to an exchange that does not exist: Ordo
 // parks it, and the key's later rows (followers) wait behind it for good.
+// With parked too, those first rows are loaded parked already, as after
+// -max-attempts failures: the drain then times the other keys beside
+// parked keys, not the parking.
 type rowGroup struct {
 	prefix string
 	keys   int
 	rows   int
 	poison bool
+	parked bool
 }
 
 // drainPlan is what drainBacklog loads and how.

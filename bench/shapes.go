@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -112,11 +113,16 @@ type shapesOptions struct {
 	Shapes      []string      // the shapes to run (see shapeDefs)
 	ShapeLimit  time.Duration // a drain not finished by then is reported as incomplete
 	ShapeSteady time.Duration // the steady run per shape (commit latency); 0 skips it
+	// The parked shape's poison group: ParkedKeys keys (0: the shape's
+	// 200) of ParkedFollowers followers each, their heads loaded parked
+	// with ParkedLoaded (otherwise parked by the node during the drain).
+	ParkedKeys, ParkedFollowers int
+	ParkedLoaded                bool
 }
 
 func defaultShapesOptions() shapesOptions {
 	return shapesOptions{traffic: defaultTraffic(), classicPolling: defaultClassicPolling(), Warmup: 2 * time.Second,
-		Shapes: shapeNames(), ShapeLimit: 5 * time.Minute, ShapeSteady: 10 * time.Second}
+		Shapes: shapeNames(), ShapeLimit: 5 * time.Minute, ShapeSteady: 10 * time.Second, ParkedFollowers: 50}
 }
 
 func (o *shapesOptions) addFlags(fs *flag.FlagSet) {
@@ -129,12 +135,38 @@ func (o *shapesOptions) addFlags(fs *flag.FlagSet) {
 	})
 	fs.DurationVar(&o.ShapeLimit, "shape-limit", o.ShapeLimit, "a drain not finished by then is reported as incomplete")
 	fs.DurationVar(&o.ShapeSteady, "shape-steady", o.ShapeSteady, "steady run per shape for the producers' commit latency (0 skips it)")
+	fs.IntVar(&o.ParkedKeys, "parked-keys", o.ParkedKeys, "parked keys of the "+shapeParked+" shape (0: 200, 20 with -quick)")
+	fs.IntVar(&o.ParkedFollowers, "parked-followers", o.ParkedFollowers, "rows waiting behind each parked key of the "+shapeParked+" shape")
+	fs.BoolVar(&o.ParkedLoaded, "parked-loaded", o.ParkedLoaded, "load the "+shapeParked+" shape's poison rows parked already, instead of the node parking them during the drain")
+}
+
+// withParked sizes the parked shape's poison group as its flags say.
+func (o shapesOptions) withParked(def shapeDef) shapeDef {
+	if def.name != shapeParked {
+		return def
+	}
+	groups := slices.Clone(def.groups)
+	for i, g := range groups {
+		if !g.poison {
+			continue
+		}
+		if o.ParkedKeys > 0 {
+			g.keys = o.ParkedKeys
+		}
+		g.rows, g.parked = g.keys*(o.ParkedFollowers+1), o.ParkedLoaded
+		groups[i] = g
+	}
+	def.groups = groups
+	return def
 }
 
 func (o shapesOptions) validate() error {
 	var errs []error
 	if o.ShapeLimit < 0 || o.ShapeSteady < 0 || o.Warmup < 0 {
 		errs = append(errs, errors.New("shape-limit, shape-steady and warmup must not be negative"))
+	}
+	if o.ParkedKeys < 0 || o.ParkedFollowers < 0 {
+		errs = append(errs, errors.New("parked-keys and parked-followers must not be negative"))
 	}
 	return errors.Join(append(errs, o.traffic.validate(), o.classicPolling.validate())...)
 }
@@ -160,6 +192,7 @@ func runShapes(ctx context.Context, o shapesOptions, emit func(*result.Result)) 
 			errs = append(errs, ctx.Err())
 			break
 		}
+		def = o.withParked(def)
 		fmt.Printf("\n=== shapes: %s\n", def.name)
 		sum, err := runShape(ctx, o, def, emit, stopWait)
 		if err != nil {
