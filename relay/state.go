@@ -111,9 +111,12 @@ func (r *Relay) currentLocked(k *keyState) bool {
 	return r.parts[k.part.id] == k.part
 }
 
-// pushReadyLocked puts k in line for the dispatch loop, and wakes it.
+// pushReadyLocked puts k in line for the dispatch loop, and wakes it. A
+// key whose head is parked is not: it cannot go until a read brings its
+// head back unparked (after an operator's retry), and a pass would
+// otherwise line up every parked key for nothing.
 func (r *Relay) pushReadyLocked(k *keyState) {
-	if !k.inReady && len(k.rows) > 0 {
+	if !k.inReady && len(k.rows) > 0 && !k.rows[0].row.Parked {
 		k.inReady = true
 		r.ready = append(r.ready, k)
 		signal(r.wakeDispatch)
