@@ -80,3 +80,48 @@ func TestCloudEventsAccepted(t *testing.T) {
 		t.Fatalf("handled\n%q\nwant\n%q", got, want)
 	}
 }
+
+// TestCloudEventsKeysInParallel: CloudEvents without a correlation id,
+// of two subjects, are handled in two lanes at once: the handler of the
+// first waits until the second's has started.
+func TestCloudEventsKeysInParallel(t *testing.T) {
+	_, pool := newDB(t)
+	cfg := consumerConfig(t, 1)
+	cfg.Lanes = 2
+	started := map[string]chan struct{}{"ce-a": make(chan struct{}), "ce-b": make(chan struct{})}
+	var once sync.Map
+	record := recordHandler("a")
+	startConsumer(t, cfg, "a", pool, func(ctx context.Context, tx pgx.Tx, m *inbox.Message) error {
+		if _, loaded := once.LoadOrStore(m.CorrelationID, true); !loaded {
+			close(started[m.CorrelationID])
+		}
+		other := "ce-b"
+		if m.CorrelationID == "ce-b" {
+			other = "ce-a"
+		}
+		select {
+		case <-started[other]:
+		case <-time.After(10 * time.Second):
+			return fmt.Errorf("%s: the other subject's handler did not start: one lane for both", m.CorrelationID)
+		}
+		return record(ctx, tx, m)
+	})
+	for _, key := range []string{"ce-a", "ce-b"} {
+		testkit.WithChannel(t, func(ch *amqp.Channel) error {
+			return ch.PublishWithContext(context.Background(), cfg.Exchange, "order.placed", false, false, amqp.Publishing{
+				ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: []byte(`{}`),
+				Headers: amqp.Table{
+					"cloudEvents:specversion": "1.0", "cloudEvents:id": key + "-1", "cloudEvents:source": "/elsewhere",
+					"cloudEvents:type": "t", "cloudEvents:subject": key,
+					"x-ordo-key-seq": int64(1), "x-ordo-prev-key-seq": int64(0), "x-ordo-partition": int32(partition.Of(key, testPartitions)),
+				},
+			})
+		})
+	}
+	waitHandled(t, pool, map[string]int64{"ce-a": 1, "ce-b": 1})
+	checkOnceInOrder(t, handledSeqs(t, pool), map[string]int64{"ce-a": 1, "ce-b": 1})
+	var stored int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM ordo_inbox_messages`).Scan(&stored); err != nil || stored != 0 {
+		t.Fatalf("stored %d (%v), want none: each handled at its first run", stored, err)
+	}
+}

@@ -3,7 +3,9 @@ package inbox
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -19,9 +21,14 @@ const (
 
 // ErrInvalidMessage is returned (wrapped) by FromDelivery when a delivery
 // lacks a correlation id, or usable ordering headers (wire.ParseOrder:
-// x-ordo-key-seq, x-ordo-prev-key-seq, x-ordo-partition), or carries an
-// x-ordo-source that is not a source name (wire.Source). The consumer
-// dead-letters such a message and counts it.
+// x-ordo-key-seq, x-ordo-prev-key-seq, x-ordo-partition), carries an
+// x-ordo-source that is not a source name (wire.Source), or has text
+// PostgreSQL cannot store (a NUL byte or invalid UTF-8 in its correlation
+// id, message id, type, exchange, routing key, or a header's name or
+// string value). Store.Handle returns it (wrapped) for such a Message,
+// and when PostgreSQL refuses the message's own data (SQLSTATE class 22,
+// e.g. a timestamp out of its range). The consumer dead-letters such a
+// message as it came and counts it.
 var ErrInvalidMessage = errors.New("not an Ordo message")
 
 // Message is one delivery as the inbox sees it: the ordering fields parsed
@@ -68,6 +75,9 @@ func FromDelivery(d *amqp.Delivery) (*Message, error) {
 	if m.CorrelationID == "" {
 		return nil, fmt.Errorf("message %q: no correlation id: %w", d.MessageId, ErrInvalidMessage)
 	}
+	if err := checkText(m); err != nil {
+		return nil, fmt.Errorf("message %q: %w", d.MessageId, err)
+	}
 	o, err := wire.ParseOrder(d.Headers)
 	if err != nil {
 		return nil, fmt.Errorf("message %q: %w: %w", d.MessageId, err, ErrInvalidMessage)
@@ -84,9 +94,73 @@ func FromDelivery(d *amqp.Delivery) (*Message, error) {
 // retries (retryKey) must map to the same lane key.
 func laneKey(source, correlationID string) string { return source + "\x00" + correlationID }
 
-// deliveryLaneKey is laneKey of a delivery not parsed yet; an invalid
-// x-ordo-source gives the empty source (the delivery is dead-lettered).
+// deliveryLaneKey is laneKey of a delivery not parsed yet, with the key
+// FromDelivery resolves (the correlation id, else cloudEvents:subject);
+// an invalid x-ordo-source gives the empty source (the delivery is
+// dead-lettered).
 func deliveryLaneKey(d *amqp.Delivery) string {
 	source, _ := wire.Source(d.Headers)
-	return laneKey(source, d.CorrelationId)
+	key := d.CorrelationId
+	if key == "" {
+		key, _ = d.Headers[wire.HeaderCloudEventsSubject].(string)
+	}
+	return laneKey(source, key)
+}
+
+// checkText returns an error wrapping ErrInvalidMessage when a text field
+// of m, or a header's name or string value (nested tables and arrays
+// included), is text PostgreSQL cannot store: a NUL byte or invalid UTF-8.
+func checkText(m *Message) error {
+	for _, f := range []struct{ name, v string }{
+		{"correlation id", m.CorrelationID}, {"message id", m.ID}, {"type", m.Type},
+		{"exchange", m.Exchange}, {"routing key", m.RoutingKey},
+	} {
+		if !storable(f.v) {
+			return fmt.Errorf("%s %q: %w", f.name, f.v, errUnstorable)
+		}
+	}
+	return checkHeaderText("header", m.Headers)
+}
+
+// errUnstorable wraps ErrInvalidMessage for text PostgreSQL cannot store.
+var errUnstorable = fmt.Errorf("has a NUL byte or invalid UTF-8, which PostgreSQL cannot store: %w", ErrInvalidMessage)
+
+func checkHeaderText(path string, v any) error {
+	switch v := v.(type) {
+	case string:
+		if !storable(v) {
+			return fmt.Errorf("%s value %q: %w", path, v, errUnstorable)
+		}
+	case amqp.Table:
+		for k, e := range v {
+			if !storable(k) {
+				return fmt.Errorf("%s name %q: %w", path, k, errUnstorable)
+			}
+			if err := checkHeaderText(path+" "+k, e); err != nil {
+				return err
+			}
+		}
+	case map[string]any:
+		return checkHeaderText(path, amqp.Table(v))
+	case []any:
+		for _, e := range v {
+			if err := checkHeaderText(path, e); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// storable reports whether PostgreSQL can store s as text.
+func storable(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
+
+// storableText returns s with every NUL byte written as \x00 and every
+// invalid UTF-8 byte replaced by U+FFFD, so PostgreSQL can store it: a
+// handler's error text, say.
+func storableText(s string) string {
+	if storable(s) {
+		return s
+	}
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", `\x00`)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -125,17 +126,27 @@ func (s *Store) shardOf(partition int) int { return partition % s.cfg.Shards }
 // the key's stored messages that became next. It returns ErrFenced when
 // the lease f moved, and other errors when the database failed; in both
 // cases nothing about m was committed and the caller must not acknowledge
-// it. A handler error is not returned: it becomes Retrying or
-// DeadLettered. An empty m.Source is set to wire.DefaultSource (a Message
+// it. An error wrapping ErrInvalidMessage means m itself cannot be
+// stored (text PostgreSQL cannot store, or data it refuses: SQLSTATE
+// class 22); retrying it cannot help, and the Consumer dead-letters it. A
+// handler error is not returned: it becomes Retrying or DeadLettered. An empty m.Source is set to wire.DefaultSource (a Message
 // built by a program written before sources).
 func (s *Store) Handle(ctx context.Context, f Fence, m *Message, h Handler) (Outcome, error) {
 	if m.Source == "" {
 		m.Source = wire.DefaultSource
 	}
+	if err := checkText(m); err != nil {
+		s.stats.invalid.Add(1)
+		return 0, fmt.Errorf("message %q: %w", m.ID, err)
+	}
 	out, err := s.handle(ctx, f, m, h)
 	if err != nil {
 		if errors.Is(err, ErrFenced) {
 			s.stats.fenced.Add(1)
+		}
+		if dataException(err) {
+			s.stats.invalid.Add(1)
+			return 0, fmt.Errorf("message %q: PostgreSQL refused its data: %w: %w", m.ID, err, ErrInvalidMessage)
 		}
 		return 0, err
 	}
@@ -147,6 +158,14 @@ func (s *Store) Handle(ctx context.Context, f Fence, m *Message, h Handler) (Out
 		}
 	}
 	return out, nil
+}
+
+// dataException reports whether err is PostgreSQL refusing a value
+// (SQLSTATE class 22, data exception): for the inbox's own statements,
+// the message's data, not the database, is at fault.
+func dataException(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && strings.HasPrefix(pe.Code, "22")
 }
 
 type decision int
@@ -349,7 +368,7 @@ func (s *Store) runHandler(ctx context.Context, tx pgx.Tx, m *Message, h Handler
 // created for a new key: the store creates it again at last, in the same
 // statement.
 func (s *Store) failed(ctx context.Context, f Fence, m *Message, last int64, herr error) (Outcome, error) {
-	sm := withAttempts(m, 1, herr.Error())
+	sm := withAttempts(m, 1, storableText(herr.Error()))
 	sm.keyBase = last
 	due := s.cfg.backoff(1, rand.Float64()).Seconds()
 	if err := s.store(ctx, s.db, f, sm, &due); err != nil {

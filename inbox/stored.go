@@ -235,7 +235,7 @@ func (s *Store) handleStored(ctx context.Context, f Fence, m *storedMessage, h H
 // retryLater records a failed attempt of stored m, dead-lettering it when
 // it has had MaxAttempts.
 func (s *Store) retryLater(ctx context.Context, f Fence, m *storedMessage, herr error) (Outcome, error) {
-	m.lastError = herr.Error()
+	m.lastError = storableText(herr.Error())
 	if m.attempts >= s.cfg.MaxAttempts {
 		return s.deadLetter(ctx, f, m)
 	}

@@ -148,25 +148,35 @@ func (c *Consumer) deliver(ctx context.Context, f Fence, d *amqp.Delivery) error
 	ctx, span := c.startDelivery(ctx, f, d, m)
 	if err != nil {
 		endDelivery(span, 0, err)
-		if err := c.dead.raw(hctx, d, err.Error()); err != nil {
-			return err
-		}
-		c.invalid.Add(1)
-		c.cfg.Logger.Warn("inbox: invalid message dead-lettered", "shard", f.Shard, "err", err)
-		return ack(d)
+		return c.invalidDelivery(hctx, f, d, err)
 	}
 	out, err := c.handleInPlace(ctx, f, m)
 	endDelivery(span, out, err)
+	if errors.Is(err, ErrInvalidMessage) {
+		return c.invalidDelivery(hctx, f, d, err)
+	}
 	if err != nil {
 		return err
 	}
 	return ack(d)
 }
 
+// invalidDelivery dead-letters d as it came, counts it and acknowledges
+// it: the inbox cannot store it (why), so retrying cannot help.
+func (c *Consumer) invalidDelivery(ctx context.Context, f Fence, d *amqp.Delivery, why error) error {
+	if err := c.dead.raw(ctx, d, why.Error()); err != nil {
+		return err
+	}
+	c.invalid.Add(1)
+	c.cfg.Logger.Warn("inbox: invalid message dead-lettered", "shard", f.Shard, "err", why)
+	return ack(d)
+}
+
 // handleInPlace hands m to the Store, retrying with backoff while the
 // database fails and the lease holds: the delivery stays in hand, so a
 // database outage does not make the broker redeliver it (a redelivery
-// counts as an attempt).
+// counts as an attempt). A message PostgreSQL refuses (ErrInvalidMessage)
+// is not retried: it is its own fault, not the database's.
 func (c *Consumer) handleInPlace(ctx context.Context, f Fence, m *Message) (Outcome, error) {
 	backoff := c.cfg.RetryMin
 	for {
@@ -177,7 +187,7 @@ func (c *Consumer) handleInPlace(ctx context.Context, f Fence, m *Message) (Outc
 			c.dbDown.OK()
 			return out, nil
 		}
-		if errors.Is(err, ErrFenced) || ctx.Err() != nil {
+		if errors.Is(err, ErrFenced) || errors.Is(err, ErrInvalidMessage) || ctx.Err() != nil {
 			return 0, err
 		}
 		c.dbDown.Fail(err)
