@@ -29,7 +29,11 @@ func ordoHeaders(p int32) amqp.Table {
 // ones included) is invalid input, refused by FromDelivery, and by
 // Store.Handle for a Message built by hand, before anything is written.
 func TestUnstorableTextInvalid(t *testing.T) {
-	nested := func(v any) amqp.Table { h := ordoHeaders(0); h["nested"] = amqp.Table{"list": []any{"ok", v}}; return h }
+	nested := func(v any) amqp.Table {
+		h := ordoHeaders(0)
+		h["nested"] = amqp.Table{"list": []any{"ok", v}}
+		return h
+	}
 	for _, tc := range []struct {
 		name string
 		edit func(d *amqp.Delivery)
