@@ -21,7 +21,7 @@ type Stats struct {
 	GapsStored   int64 // ordo_inbox_gaps_stored_total: stored to wait for a predecessor
 	Retries      int64 // ordo_inbox_retries_total: failed or redelivered, stored for a retry
 	DeadLettered int64 // ordo_inbox_dead_lettered_total
-	Invalid      int64 // ordo_inbox_invalid_total: without correlation id or Ordo headers, dead-lettered
+	Invalid      int64 // ordo_inbox_invalid_total: without correlation id or Ordo headers, or with data PostgreSQL cannot store, dead-lettered
 	Fenced       int64 // ordo_inbox_fenced_total: writes refused because the lease moved
 	Rewinds      int64 // ordo_inbox_key_seq_rewinds_total: a handled key_seq seen again under another message id (producer key_seq went back)
 	StuckKeys    int   // ordo_inbox_stuck_keys: keys whose gap waited longer than GapWait (Consumer only)

@@ -30,7 +30,7 @@ var metricHelp = map[string]string{
 	metricStored:     "Messages stored to wait for a predecessor (gaps), or behind a stored earlier message of their key.",
 	metricRetries:    "Messages failed (or redelivered) and stored for a retry.",
 	metricDead:       "Messages dead-lettered (sent to <name>.dead, key held), held below the low-water mark included.",
-	metricInvalid:    "Deliveries without a correlation id or the Ordo headers, or with an invalid x-ordo-source, dead-lettered.",
+	metricInvalid:    "Deliveries without a correlation id or the Ordo headers, with an invalid x-ordo-source, or with data PostgreSQL cannot store, dead-lettered.",
 	metricFenced:     "Writes refused because the shard's lease moved.",
 	metricRewinds:    "A handled key_seq seen again under another message id (the producer's key_seq went back).",
 	metricStuck:      "Keys whose gap waited longer than GapWait.",
