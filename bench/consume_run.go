@@ -62,6 +62,7 @@ func consumeOnce(ctx context.Context, o consumeOptions, co consumeFlags, n int) 
 	}
 	res.Seconds("settle", settled.Sub(start))
 	cpu0 := sampleCPU()
+	stmts0, trips0 := group.trace.counts()
 	backends, err := startBackendCPU(ctx, r.Probe, r.Name)
 	if err != nil {
 		return nil, err
@@ -73,6 +74,10 @@ func consumeOnce(ctx context.Context, o consumeOptions, co consumeFlags, n int) 
 	}
 	rate := float64(2*co.Orders-before) / last.Sub(settled).Seconds()
 	addDrainCPU(ctx, res, cpu0, backends, 2*co.Orders-before)
+	stmts1, trips1 := group.trace.counts()
+	drained := float64(max(2*co.Orders-before, 1))
+	res.Figure("drain_statements_per_msg", float64(stmts1-stmts0)/drained, "")
+	res.Figure("drain_round_trips_per_msg", float64(trips1-trips0)/drained, "")
 	fmt.Printf("measuring latency at %d orders/s for %v\n", co.Rate, co.Latency)
 	lat, err := r.latencyPhase(ctx, co, node, 2*co.Orders)
 	if err != nil {
@@ -170,11 +175,12 @@ type instances struct {
 	wg     sync.WaitGroup
 	pools  []*pgxpool.Pool
 	cs     []*inbox.Consumer
+	trace  *stmtCounter // every instance's statements and round trips
 }
 
 func startInstances(ctx context.Context, r *consumeRig, cfg inbox.Config, co consumeFlags, n int) (*instances, error) {
 	cctx, cancel := context.WithCancel(ctx)
-	g := &instances{cancel: cancel}
+	g := &instances{cancel: cancel, trace: &stmtCounter{}}
 	for i := range n {
 		pc, err := pgxpool.ParseConfig(r.DBURL)
 		if err != nil {
@@ -182,6 +188,7 @@ func startInstances(ctx context.Context, r *consumeRig, cfg inbox.Config, co con
 			return nil, err
 		}
 		pc.MaxConns = int32(co.Conns)
+		pc.ConnConfig.Tracer = g.trace
 		pool, err := pgxpool.NewWithConfig(ctx, pc)
 		if err != nil {
 			g.stop()
