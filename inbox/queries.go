@@ -10,17 +10,25 @@ package inbox
 // check off (a Store used without leases).
 
 const (
-	// sqlDecide locks the key's row (if any) and returns its last handled
-	// key_seq and message id, whether the message is already stored,
-	// whether a stored message of the key precedes it (a retry, a dead
-	// message or a gap: the message must wait behind it), whether the key
-	// has never handled a message (no row, or one only held or moved by an
-	// operator), and the retention low-water mark. It also bounds how long this transaction may sit
+	// sqlDecide locks the key's row, creating it at last_seq $6 (0, or in
+	// Bootstrap mode the message's prev) for a new key, and returns its
+	// last handled key_seq (NULL only when another transaction created the
+	// row meanwhile: lock it with sqlLockKey) and message id, whether the
+	// message is already stored, whether a stored message of the key
+	// precedes it (a retry, a dead message or a gap: the message must wait
+	// behind it), whether the key has never handled a message (a new row,
+	// or one only held or moved by an operator), and the retention
+	// low-water mark. It also bounds how long this transaction may sit
 	// idle, so a paused process cannot hold the key's lock past its lease.
-	// $2 key, $3 key_seq, $4 idle timeout (ms, text), $5 source.
+	// One round trip for all of it. $2 key, $3 key_seq, $4 idle timeout
+	// (ms, text), $5 source, $6 a new key's last_seq.
 	sqlDecide = `
+WITH new AS (
+    INSERT INTO ordo_inbox_keys (consumer, source, correlation_id, last_seq) VALUES ($1, $5, $2, $6)
+    ON CONFLICT DO NOTHING RETURNING last_seq
+)
 SELECT set_config('idle_in_transaction_session_timeout', $4, true),
-       k.last_seq, coalesce(k.last_message_id, ''),
+       coalesce(k.last_seq, (SELECT last_seq FROM new)), coalesce(k.last_message_id, ''),
        EXISTS (SELECT 1 FROM ordo_inbox_messages WHERE consumer = $1 AND source = $5 AND correlation_id = $2 AND key_seq = $3),
        EXISTS (SELECT 1 FROM ordo_inbox_messages WHERE consumer = $1 AND source = $5 AND correlation_id = $2 AND key_seq < $3),
        k.last_message_id IS NULL,
@@ -33,7 +41,8 @@ LEFT JOIN LATERAL (
 
 	// sqlNewKey creates a key's row at last_seq $3 (0, or in Bootstrap
 	// mode the first message's prev); RETURNING is empty if another
-	// transaction created it first. $2 key, $4 source.
+	// transaction created it first. $2 key, $4 source. (sqlDecide does
+	// the same; this is for the rare race it leaves to sqlLockKey.)
 	sqlNewKey = `
 INSERT INTO ordo_inbox_keys (consumer, source, correlation_id, last_seq) VALUES ($1, $4, $2, $3)
 ON CONFLICT DO NOTHING RETURNING last_seq`
@@ -41,8 +50,11 @@ ON CONFLICT DO NOTHING RETURNING last_seq`
 	// sqlLockKey locks an existing key row. $2 key, $3 source.
 	sqlLockKey = `SELECT last_seq FROM ordo_inbox_keys WHERE consumer = $1 AND source = $3 AND correlation_id = $2 FOR UPDATE`
 
-	// sqlAdvance records a handled message, fenced. $2 key, $3 key_seq,
-	// $4 message id, $5 occurred_at, $6 shard, $7 owner, $8 epoch, $9 source.
+	// sqlAdvance records a handled message, fenced, and deletes the key's
+	// stored messages it passes. It returns the rows updated (0: fenced)
+	// and whether a stored message of the key is left after it (only then
+	// is there anything to follow). $2 key, $3 key_seq, $4 message id,
+	// $5 occurred_at, $6 shard, $7 owner, $8 epoch, $9 source.
 	sqlAdvance = `
 WITH fence AS (
     SELECT 1 FROM ordo_inbox_leases
@@ -57,7 +69,8 @@ WITH fence AS (
     DELETE FROM ordo_inbox_messages
     WHERE consumer = $1 AND source = $9 AND correlation_id = $2 AND key_seq <= $3 AND EXISTS (SELECT 1 FROM upd)
 )
-SELECT count(*) FROM upd`
+SELECT (SELECT count(*) FROM upd),
+       EXISTS (SELECT 1 FROM ordo_inbox_messages WHERE consumer = $1 AND source = $9 AND correlation_id = $2 AND key_seq > $3)`
 
 	// sqlStore stores a message, fenced; an existing row is kept as it is.
 	// It also creates the key's row at last_seq $20 if there is none, in

@@ -139,7 +139,7 @@ func (s *Store) Handle(ctx context.Context, f Fence, m *Message, h Handler) (Out
 		s.stats.invalid.Add(1)
 		return 0, fmt.Errorf("message %q: %w", m.ID, err)
 	}
-	out, err := s.handle(ctx, f, m, h)
+	out, more, err := s.handle(ctx, f, m, h)
 	if err != nil {
 		if errors.Is(err, ErrFenced) {
 			s.stats.fenced.Add(1)
@@ -151,7 +151,7 @@ func (s *Store) Handle(ctx context.Context, f Fence, m *Message, h Handler) (Out
 		return 0, err
 	}
 	s.stats.count(out)
-	if out == Handled || out == Retrying {
+	if more {
 		if err := s.follow(ctx, f, m.Source, m.CorrelationID, h); err != nil {
 			// m itself is settled; what follows is retried by the poll.
 			s.cfg.Logger.Warn("inbox: handle stored messages", "source", m.Source, "key", m.CorrelationID, "err", err)
@@ -177,44 +177,48 @@ const (
 	decHold // below the low-water mark, of a key never handled: see hold
 )
 
-func (s *Store) handle(ctx context.Context, f Fence, m *Message, h Handler) (Outcome, error) {
+// handle is Handle without the follow-up; more reports that stored
+// messages of m's key may have become next.
+func (s *Store) handle(ctx context.Context, f Fence, m *Message, h Handler) (out Outcome, more bool, err error) {
 	tx, err := s.db.Begin(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("begin: %w", err)
+		return 0, false, fmt.Errorf("begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	d, last, err := s.decide(ctx, tx, m)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	switch {
 	case d == decDuplicate:
-		return Duplicate, nil
+		return Duplicate, false, nil
 	case d == decGap:
-		return Stored, s.storeAndCommit(ctx, tx, f, withAttempts(m, 0, ""), nil)
+		return Stored, false, s.storeAndCommit(ctx, tx, f, withAttempts(m, 0, ""), nil)
 	case d == decHold:
-		return s.hold(ctx, tx, f, m, last)
+		out, err := s.hold(ctx, tx, f, m, last)
+		return out, false, err
 	case m.Redelivered:
 		// An earlier delivery may have crashed its handler: count that
 		// attempt in a commit of its own, then run from the stored copy.
 		due := 0.0
 		if err := s.storeAndCommit(ctx, tx, f, withAttempts(m, s.redeliveryAttempts(), "redelivered by the broker"), &due); err != nil {
-			return 0, err
+			return 0, false, err
 		}
-		return Retrying, nil
+		return Retrying, true, nil
 	}
 	if herr := s.runHandler(ctx, tx, m, h); herr != nil {
 		_ = tx.Rollback(ctx)
-		return s.failed(ctx, f, m, last, herr)
+		out, err := s.failed(ctx, f, m, last, herr)
+		return out, out == Retrying, err
 	}
-	if err := s.advance(ctx, tx, f, m); err != nil {
-		return 0, err
+	if more, err = s.advance(ctx, tx, f, m); err != nil {
+		return 0, false, err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, fmt.Errorf("commit: %w", err)
+		return 0, false, fmt.Errorf("commit: %w", err)
 	}
 	s.metrics.handled(m)
-	return Handled, nil
+	return Handled, more, nil
 }
 
 // redeliveryAttempts is the attempts a redelivery is stored with: one, as
@@ -239,7 +243,7 @@ func (s *Store) decide(ctx context.Context, tx pgx.Tx, m *Message) (decision, in
 		lowWater *time.Time
 		ignore   string
 	)
-	if err := tx.QueryRow(ctx, sqlDecide, s.cfg.Name, m.CorrelationID, m.KeySeq, s.idle, m.Source).
+	if err := tx.QueryRow(ctx, sqlDecide, s.cfg.Name, m.CorrelationID, m.KeySeq, s.idle, m.Source, s.newKeyBase(m)).
 		Scan(&ignore, &last, &lastID, &stored, &behind, &never, &lowWater); err != nil {
 		return 0, 0, fmt.Errorf("decide %s/%s/%d: %w", m.Source, m.CorrelationID, m.KeySeq, err)
 	}
@@ -249,13 +253,7 @@ func (s *Store) decide(ctx context.Context, tx pgx.Tx, m *Message) (decision, in
 	if last != nil && (m.KeySeq <= *last || stored) {
 		return decDuplicate, *last, nil
 	}
-	// Bootstrap joins a key at its first message seen: the key starts
-	// just before it, so that message is next, also when it is retried
-	// from the table.
-	base := int64(0)
-	if s.cfg.Mode == Bootstrap {
-		base = m.PrevKeySeq
-	}
+	base := s.newKeyBase(m)
 	if last != nil {
 		base = *last
 	}
@@ -281,6 +279,17 @@ func (s *Store) decide(ctx context.Context, tx pgx.Tx, m *Message) (decision, in
 		return decNext, *last, nil
 	}
 	return decGap, *last, nil
+}
+
+// newKeyBase is the last_seq a key's row is created at when m is the
+// first message of it seen: 0, or in Bootstrap mode, which joins a key at
+// its first message seen, just before m, so that m is next, also when it
+// is retried from the table.
+func (s *Store) newKeyBase(m *Message) int64 {
+	if s.cfg.Mode == Bootstrap {
+		return m.PrevKeySeq
+	}
+	return 0
 }
 
 // rewound reports a message whose key_seq was already handled under
@@ -336,17 +345,18 @@ func (s *Store) createKey(ctx context.Context, tx pgx.Tx, source, key string, ba
 	return last, nil
 }
 
-// advance records m as its key's last handled message, fenced.
-func (s *Store) advance(ctx context.Context, tx pgx.Tx, f Fence, m *Message) error {
+// advance records m as its key's last handled message, fenced; more
+// reports that stored messages of the key are left.
+func (s *Store) advance(ctx context.Context, tx pgx.Tx, f Fence, m *Message) (more bool, err error) {
 	var n int
 	if err := tx.QueryRow(ctx, sqlAdvance, s.cfg.Name, m.CorrelationID, m.KeySeq, m.ID,
-		nullTime(m.Timestamp), f.Shard, f.Owner, f.Epoch, m.Source).Scan(&n); err != nil {
-		return fmt.Errorf("advance %s/%s to %d: %w", m.Source, m.CorrelationID, m.KeySeq, err)
+		nullTime(m.Timestamp), f.Shard, f.Owner, f.Epoch, m.Source).Scan(&n, &more); err != nil {
+		return false, fmt.Errorf("advance %s/%s to %d: %w", m.Source, m.CorrelationID, m.KeySeq, err)
 	}
 	if n == 0 {
-		return fmt.Errorf("advance %s/%s to %d under shard %d epoch %d: %w", m.Source, m.CorrelationID, m.KeySeq, f.Shard, f.Epoch, ErrFenced)
+		return false, fmt.Errorf("advance %s/%s to %d under shard %d epoch %d: %w", m.Source, m.CorrelationID, m.KeySeq, f.Shard, f.Epoch, ErrFenced)
 	}
-	return nil
+	return more, nil
 }
 
 // runHandler runs h, turning a panic into an error, and records its

@@ -203,7 +203,7 @@ func (s *Store) handleStored(ctx context.Context, f Fence, m *storedMessage, h H
 	var last *int64
 	var stored, behind, neverHandled bool
 	var lowWater *time.Time
-	if err := tx.QueryRow(ctx, sqlDecide, s.cfg.Name, m.CorrelationID, m.KeySeq, s.idle, m.Source).
+	if err := tx.QueryRow(ctx, sqlDecide, s.cfg.Name, m.CorrelationID, m.KeySeq, s.idle, m.Source, s.newKeyBase(&m.Message)).
 		Scan(&ignore, &last, &lastID, &stored, &behind, &neverHandled, &lowWater); err != nil {
 		return 0, fmt.Errorf("lock key %s/%s: %w", m.Source, m.CorrelationID, err)
 	}
@@ -222,7 +222,7 @@ func (s *Store) handleStored(ctx context.Context, f Fence, m *storedMessage, h H
 		_ = tx.Rollback(ctx)
 		return s.retryLater(ctx, f, m, herr)
 	}
-	if err := s.advance(ctx, tx, f, &m.Message); err != nil {
+	if _, err := s.advance(ctx, tx, f, &m.Message); err != nil {
 		return 0, err
 	}
 	if err := tx.Commit(ctx); err != nil {
