@@ -181,10 +181,17 @@ func handledStats(ctx context.Context, pool *pgxpool.Pool) (total, distinct, out
 }
 
 // waitHandled waits until n distinct messages are in bench_handled and
-// returns when the last was handled.
+// returns when the last was handled. It polls the highest n first (an
+// index lookup, at least the rows inserted) and counts distinct messages
+// only once that reaches n: a count every 20 ms would cost the measured
+// database about 100 µs per handled message at 1,000 msg/s.
 func waitHandled(ctx context.Context, o consumeOptions, pool *pgxpool.Pool, n int) (time.Time, error) {
 	var last time.Time
 	err := harness.WaitUntil(ctx, o.Timeout, 20*time.Millisecond, fmt.Sprintf("%d messages handled", n), func() (bool, error) {
+		var top int
+		if err := pool.QueryRow(ctx, `SELECT coalesce(max(n), 0) FROM bench_handled`).Scan(&top); err != nil || top < n {
+			return false, err
+		}
 		var got int
 		var at *time.Time
 		if err := pool.QueryRow(ctx, `SELECT count(DISTINCT message_id), max(handled_at) FROM bench_handled`).Scan(&got, &at); err != nil {
