@@ -18,3 +18,7 @@ func LocalConfig(name string) Config {
 	c.Heartbeat = 2 * time.Second
 	return c
 }
+
+// SQLClaimShards is the claim statement: $1 consumer, $2 instance,
+// $3 TTL (seconds), $4 shards.
+const SQLClaimShards = sqlClaimShards

@@ -40,8 +40,11 @@ ON CONFLICT (consumer, instance) DO UPDATE SET expires_at = excluded.expires_at`
 
 	// sqlClaimShards takes the free or expired leases among $4 (and this
 	// instance's own, after a restart under the same name), bumping the
-	// epoch so writes under any earlier epoch are refused. SKIP LOCKED: a
-	// lease row locked by a commit in flight is tried again next tick.
+	// epoch so writes under any earlier epoch are refused. FOR UPDATE is
+	// what makes the claim wait for the fenced writes in flight (they hold
+	// the row FOR KEY SHARE, which the UPDATE alone would not wait for);
+	// SKIP LOCKED: a lease row locked by a commit in flight is tried again
+	// next tick.
 	sqlClaimShards = `
 UPDATE ordo_inbox_leases l
 SET owner = $2, epoch = l.epoch + 1, expires_at = now() + make_interval(secs => $3), claimed_at = now()

@@ -5,9 +5,14 @@ package inbox
 //
 // The fence: a write made under a shard lease checks, in the same
 // statement, that the lease row still names this owner at this epoch, and
-// locks it FOR SHARE until commit, so a new owner's claim (which bumps the
-// epoch) waits for the commit or makes the write fail. Epoch 0 turns the
-// check off (a Store used without leases).
+// locks it FOR KEY SHARE until commit, so a new owner's claim (which locks
+// the row FOR UPDATE, SKIP LOCKED, before it bumps the epoch) waits for
+// the commit or makes the write fail. FOR KEY SHARE, not FOR SHARE: a
+// renewal (an update of expires_at alone) does not wait for the commits
+// in flight, nor do the writes that follow wait behind it. Every change
+// of a lease's owner or epoch (sqlClaimShards) must lock the row FOR
+// UPDATE first; a plain UPDATE of non-key columns would not wait. Epoch 0
+// turns the check off (a Store used without leases).
 
 const (
 	// sqlDecide locks the key's row, creating it at last_seq $6 (0, or in
@@ -59,7 +64,7 @@ ON CONFLICT DO NOTHING RETURNING last_seq`
 WITH fence AS (
     SELECT 1 FROM ordo_inbox_leases
     WHERE consumer = $1 AND shard = $6 AND owner = $7 AND epoch = $8 AND $8 > 0
-    FOR SHARE
+    FOR KEY SHARE
 ), upd AS (
     UPDATE ordo_inbox_keys
     SET last_seq = $3, last_message_id = $4, last_occurred_at = $5, handled_at = now()
@@ -85,7 +90,7 @@ SELECT (SELECT count(*) FROM upd),
 WITH fence AS (
     SELECT 1 FROM ordo_inbox_leases
     WHERE consumer = $1 AND shard = $17 AND owner = $18 AND epoch = $19 AND $19 > 0
-    FOR SHARE
+    FOR KEY SHARE
 ), key AS (
     INSERT INTO ordo_inbox_keys (consumer, source, correlation_id, last_seq)
     SELECT $1, $22, $2, $20 WHERE $19 = 0 OR EXISTS (SELECT 1 FROM fence)
@@ -110,7 +115,7 @@ SELECT ($19 = 0 OR EXISTS (SELECT 1 FROM fence)), EXISTS (SELECT 1 FROM ins)`
 WITH fence AS (
     SELECT 1 FROM ordo_inbox_leases
     WHERE consumer = $1 AND shard = $4 AND owner = $5 AND epoch = $6 AND $6 > 0
-    FOR SHARE
+    FOR KEY SHARE
 )
 UPDATE ordo_inbox_messages SET attempts = attempts + 1
 WHERE consumer = $1 AND source = $7 AND correlation_id = $2 AND key_seq = $3 AND dead_at IS NULL
@@ -124,7 +129,7 @@ RETURNING attempts`
 WITH fence AS (
     SELECT 1 FROM ordo_inbox_leases
     WHERE consumer = $1 AND shard = $6 AND owner = $7 AND epoch = $8 AND $8 > 0
-    FOR SHARE
+    FOR KEY SHARE
 )
 UPDATE ordo_inbox_messages
 SET last_error = $4, next_attempt_at = now() + make_interval(secs => $5)
@@ -137,7 +142,7 @@ WHERE consumer = $1 AND source = $9 AND correlation_id = $2 AND key_seq = $3 AND
 WITH fence AS (
     SELECT 1 FROM ordo_inbox_leases
     WHERE consumer = $1 AND shard = $5 AND owner = $6 AND epoch = $7 AND $7 > 0
-    FOR SHARE
+    FOR KEY SHARE
 )
 UPDATE ordo_inbox_messages
 SET dead_at = now(), last_error = $4, next_attempt_at = 'infinity'
@@ -180,7 +185,7 @@ ORDER BY m.next_attempt_at LIMIT $3`
 WITH fence AS (
     SELECT 1 FROM ordo_inbox_leases
     WHERE consumer = $1 AND shard = $4 AND owner = $5 AND epoch = $6 AND $6 > 0
-    FOR SHARE
+    FOR KEY SHARE
 )
 UPDATE ordo_inbox_messages SET next_attempt_at = 'infinity'
 WHERE consumer = $1 AND source = $7 AND correlation_id = $2 AND key_seq = $3 AND dead_at IS NULL
