@@ -1,0 +1,25 @@
+// Package tablesource reads an outbox table that Ordo did not create: a
+// team's own table, such as the one the article's EF Core model creates
+// ("OutboxMessages"), relayed as it is, with no trigger and no column added.
+//
+// A Layout names the table and the columns that hold a message's id, type,
+// routing key, payload, correlation id, time of occurrence and time of
+// processing. Article returns the article's layout; a team whose table
+// differs builds its own and checks it with Validate, then with Check
+// against the database. Identifiers are always quoted (pgx.Identifier), so
+// any name PostgreSQL accepts is safe to map, and a name it would silently
+// truncate is refused.
+//
+// ReadPending reads the table's pending rows (processed-at null) in each
+// key's order, occurred-at then id, and resolves each row's key (the
+// correlation id, or the id where it is null) and its partition, computed
+// here with partition.Of: PostgreSQL has no xxhash, and the user's table
+// has no partition column. A row that cannot be published as it is (a
+// payload that is not a JSON object, a key longer than an AMQP short
+// string) is returned with its Problem set, never dropped and never an
+// error for the whole read.
+//
+// The package only reads: it takes no lock, writes nothing and may run
+// beside the table's existing relay. docs/adopt.md describes how the rest
+// of the relay (numbering, publishing, marking) builds on it.
+package tablesource

@@ -1,0 +1,159 @@
+package tablesource
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrInvalidLayout is wrapped by the error of Validate (and so of every
+// function that takes a Layout) when the layout names no usable table or
+// column.
+var ErrInvalidLayout = errors.New("invalid table layout")
+
+// ErrUnknownPreset is wrapped by the error of Preset for a name that is
+// not a preset.
+var ErrUnknownPreset = errors.New("unknown table layout")
+
+// maxIdentifierBytes is PostgreSQL's NAMEDATALEN - 1: a longer name is
+// truncated by the server without an error, and would then name another
+// column than the one the operator wrote.
+const maxIdentifierBytes = 63
+
+// Layout maps a user's outbox table: the table's name and the names of the
+// columns Ordo reads. Names are identifiers exactly as PostgreSQL stores
+// them (case-sensitive, unquoted): "OutboxMessages", not outboxmessages.
+// A Layout is a plain value, safe for concurrent use once built.
+type Layout struct {
+	// Schema holds the table; empty means the connection's search_path.
+	Schema string
+	// Table is the outbox table's name.
+	Table string
+	// ID is the message id: a uuid, unique in the table. It becomes the
+	// AMQP message id and breaks ties in a key's order.
+	ID string
+	// Type is the message type (text), sent as the AMQP type.
+	Type string
+	// RoutingKey is the routing key (text) the message is published with.
+	RoutingKey string
+	// Payload is the message body (jsonb, json or text holding a JSON
+	// object).
+	Payload string
+	// CorrelationID is the ordering key (text, nullable): rows with one
+	// correlation id are published in order. A row where it is null is a
+	// key of its own, keyed by its id.
+	CorrelationID string
+	// OccurredAt orders a key's rows (timestamptz), ties broken by ID.
+	OccurredAt string
+	// ProcessedAt is null while the row is pending and set once the broker
+	// confirmed it (timestamptz, nullable).
+	ProcessedAt string
+}
+
+// Article returns the layout of the table the article's EF Core model
+// creates: "OutboxMessages" with "Id", "Type", "RoutingKey", "Payload",
+// "CorrelationId", "OccurredAt" and "ProcessedAt".
+func Article() Layout {
+	return Layout{
+		Table:         "OutboxMessages",
+		ID:            "Id",
+		Type:          "Type",
+		RoutingKey:    "RoutingKey",
+		Payload:       "Payload",
+		CorrelationID: "CorrelationId",
+		OccurredAt:    "OccurredAt",
+		ProcessedAt:   "ProcessedAt",
+	}
+}
+
+// presets are the layouts Preset knows by name.
+var presets = map[string]func() Layout{
+	"article": Article,
+}
+
+// Preset returns the layout called name ("article"), or an error wrapping
+// ErrUnknownPreset that lists the known names.
+func Preset(name string) (Layout, error) {
+	f, ok := presets[name]
+	if !ok {
+		return Layout{}, fmt.Errorf("%w %q (known: article)", ErrUnknownPreset, name)
+	}
+	return f(), nil
+}
+
+// column is one mapped column: the field's name for errors, and its value.
+type column struct {
+	field string
+	name  string
+}
+
+// columns lists the mapped columns in a fixed order.
+func (l Layout) columns() []column {
+	return []column{
+		{"ID", l.ID},
+		{"Type", l.Type},
+		{"RoutingKey", l.RoutingKey},
+		{"Payload", l.Payload},
+		{"CorrelationID", l.CorrelationID},
+		{"OccurredAt", l.OccurredAt},
+		{"ProcessedAt", l.ProcessedAt},
+	}
+}
+
+// Validate reports every problem of the layout at once, in an error
+// wrapping ErrInvalidLayout: a missing table or column name, a name
+// longer than PostgreSQL keeps (63 bytes) or holding a NUL byte, and a
+// column mapped to two fields. It does not look at the database; Check
+// does.
+func (l Layout) Validate() error {
+	var problems []string
+	checkName := func(field, name string, required bool) {
+		switch {
+		case name == "" && required:
+			problems = append(problems, field+" is empty")
+		case len(name) > maxIdentifierBytes:
+			problems = append(problems, fmt.Sprintf("%s %q is %d bytes, longer than PostgreSQL's %d", field, name, len(name), maxIdentifierBytes))
+		case strings.ContainsRune(name, 0):
+			problems = append(problems, fmt.Sprintf("%s %q holds a NUL byte", field, name))
+		}
+	}
+	checkName("Schema", l.Schema, false)
+	checkName("Table", l.Table, true)
+	seen := map[string]string{}
+	for _, c := range l.columns() {
+		checkName(c.field, c.name, true)
+		if c.name == "" {
+			continue
+		}
+		if other, ok := seen[c.name]; ok {
+			problems = append(problems, fmt.Sprintf("%s and %s both name column %q", other, c.field, c.name))
+			continue
+		}
+		seen[c.name] = c.field
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%w: %s", ErrInvalidLayout, strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// QuotedTable returns the table's name quoted for SQL: "schema"."table",
+// or "table" without a schema.
+func (l Layout) QuotedTable() string {
+	if l.Schema == "" {
+		return pgx.Identifier{l.Table}.Sanitize()
+	}
+	return pgx.Identifier{l.Schema, l.Table}.Sanitize()
+}
+
+// quote quotes one column name for SQL.
+func quote(name string) string {
+	return pgx.Identifier{name}.Sanitize()
+}
+
+// String returns the table's name as written in SQL, for logs and errors.
+func (l Layout) String() string {
+	return l.QuotedTable()
+}
