@@ -153,9 +153,9 @@ func (r *Reader) row(id string, typ, rk, payload, corrID *string, occurredAt tim
 	}
 	switch {
 	case row.HasCorrelationID && row.CorrelationID == "":
-		problems = append(problems, fmt.Sprintf("%s is empty (null makes the row a key of its own; empty is no key)", r.layout.CorrelationID))
+		problems = append(problems, fmt.Sprintf("%s is empty (null makes the row a key of its own; empty is no key)", quote(r.layout.CorrelationID)))
 	case len(row.CorrelationID) > maxShortString:
-		problems = append(problems, fmt.Sprintf("%s is %d bytes, longer than AMQP's %d-byte short string", r.layout.CorrelationID, len(row.CorrelationID), maxShortString))
+		problems = append(problems, fmt.Sprintf("%s is %d bytes, longer than AMQP's %d-byte short string", quote(r.layout.CorrelationID), len(row.CorrelationID), maxShortString))
 	}
 	row.Partition = partition.Of(row.Key, r.partitions)
 	shortString := func(col string, v *string, dst *string) {
@@ -168,14 +168,14 @@ func (r *Reader) row(id string, typ, rk, payload, corrID *string, occurredAt tim
 			*dst = *v
 		}
 	}
-	shortString(r.layout.Type, typ, &row.Type)
-	shortString(r.layout.RoutingKey, rk, &row.RoutingKey)
+	shortString(quote(r.layout.Type), typ, &row.Type)
+	shortString(quote(r.layout.RoutingKey), rk, &row.RoutingKey)
 	if payload == nil {
-		problems = append(problems, r.layout.Payload+" is null")
+		problems = append(problems, quote(r.layout.Payload)+" is null")
 	} else {
 		row.Payload = []byte(*payload)
 		if !isJSONObject(row.Payload) {
-			problems = append(problems, r.layout.Payload+" is not a JSON object")
+			problems = append(problems, quote(r.layout.Payload)+" is not a JSON object")
 		}
 	}
 	if len(problems) > 0 {

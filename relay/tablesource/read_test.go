@@ -1,0 +1,283 @@
+package tablesource_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/partition"
+	"github.com/ordo-relay/ordo/relay/tablesource"
+)
+
+// articleDDL is the table the article's EF Core model creates (Npgsql):
+// Type and RoutingKey HasMaxLength(200), the filtered index on OccurredAt.
+const articleDDL = `
+CREATE TABLE "OutboxMessages" (
+    "Id" uuid NOT NULL,
+    "Type" character varying(200) NOT NULL,
+    "RoutingKey" character varying(200) NOT NULL,
+    "Payload" jsonb NOT NULL,
+    "CorrelationId" text NULL,
+    "OccurredAt" timestamp with time zone NOT NULL,
+    "ProcessedAt" timestamp with time zone NULL,
+    CONSTRAINT "PK_OutboxMessages" PRIMARY KEY ("Id")
+);
+CREATE INDEX "IX_OutboxMessages_OccurredAt" ON "OutboxMessages" ("OccurredAt") WHERE "ProcessedAt" IS NULL;`
+
+const sqlInsert = `INSERT INTO "OutboxMessages" ("Id", "Type", "RoutingKey", "Payload", "CorrelationId", "OccurredAt", "ProcessedAt")
+VALUES ($1, $2, $3, $4, $5, $6, $7)`
+
+func articleDB(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	_, pool := testkit.NewTestDB(t, 2)
+	if _, err := pool.Exec(context.Background(), articleDDL); err != nil {
+		t.Fatalf("create the article's table: %v", err)
+	}
+	return pool
+}
+
+// msg is one row to insert.
+type msg struct {
+	id        uuid.UUID
+	corr      *string
+	at        time.Time
+	payload   string
+	processed bool
+}
+
+func insert(t *testing.T, pool *pgxpool.Pool, ms ...msg) {
+	t.Helper()
+	for _, m := range ms {
+		var processed *time.Time
+		if m.processed {
+			now := time.Now()
+			processed = &now
+		}
+		payload := m.payload
+		if payload == "" {
+			payload = `{"orderId": 1}`
+		}
+		if _, err := pool.Exec(context.Background(), sqlInsert, m.id, "OrderPlaced", "order.placed", payload, m.corr, m.at, processed); err != nil {
+			t.Fatalf("insert %s: %v", m.id, err)
+		}
+	}
+}
+
+func ptr(s string) *string { return &s }
+
+func TestCheckArticleTable(t *testing.T) {
+	testkit.RequirePostgres(t)
+	pool := articleDB(t)
+	ctx := context.Background()
+	if err := tablesource.Check(ctx, pool, tablesource.Article()); err != nil {
+		t.Fatalf("Check(article) on the article's table: %v", err)
+	}
+
+	l := tablesource.Article()
+	l.Table = "outboxmessages"
+	if err := tablesource.Check(ctx, pool, l); !errors.Is(err, tablesource.ErrInvalidLayout) || !strings.Contains(err.Error(), `"outboxmessages" does not exist`) {
+		t.Errorf("Check(lower-case table): %v, want the missing table named", err)
+	}
+
+	if _, err := pool.Exec(ctx, `ALTER TABLE "OutboxMessages" ADD COLUMN "Note" varchar(20)`); err != nil {
+		t.Fatal(err)
+	}
+	l = tablesource.Article()
+	l.CorrelationID, l.ProcessedAt = "Correlation", "Note"
+	err := tablesource.Check(ctx, pool, l)
+	for _, w := range []string{
+		`CorrelationID: column "Correlation" does not exist`,
+		`ProcessedAt: column "Note" is character varying(20), want one of timestamp with time zone, timestamp without time zone`,
+	} {
+		if !errors.Is(err, tablesource.ErrInvalidLayout) || !strings.Contains(err.Error(), w) {
+			t.Errorf("Check(wrong columns): %v, want it to say %q", err, w)
+		}
+	}
+
+	if _, err := pool.Exec(ctx, `ALTER TABLE "OutboxMessages" ALTER COLUMN "OccurredAt" DROP NOT NULL`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tablesource.Check(ctx, pool, tablesource.Article()); err == nil || !strings.Contains(err.Error(), "allows NULL") {
+		t.Errorf("Check(nullable OccurredAt): %v, want it refused", err)
+	}
+}
+
+func TestPendingKeyOrder(t *testing.T) {
+	testkit.RequirePostgres(t)
+	pool := articleDB(t)
+	ctx := context.Background()
+	base := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	id := func(n byte) uuid.UUID { return uuid.UUID{15: n} }
+
+	// Inserted out of order: the read order is OccurredAt, then Id.
+	insert(t, pool,
+		msg{id: id(5), corr: ptr("order-1"), at: base.Add(2 * time.Second)},
+		msg{id: id(4), corr: ptr("order-1"), at: base.Add(time.Second)},
+		msg{id: id(3), corr: ptr("order-1"), at: base.Add(time.Second)}, // tie with 4: Id breaks it
+		msg{id: id(9), corr: ptr("order-2"), at: base},
+		msg{id: id(7), at: base.Add(3 * time.Second)},                   // no correlation id: its own key
+		msg{id: id(1), corr: ptr("order-1"), at: base, processed: true}, // already sent
+	)
+	const partitions = 16
+	r, err := tablesource.NewReader(tablesource.Article(), partitions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := r.Pending(ctx, pool, nil, 100)
+	if err != nil {
+		t.Fatalf("Pending: %v", err)
+	}
+	wantIDs := []uuid.UUID{id(9), id(3), id(4), id(5), id(7)}
+	if len(rows) != len(wantIDs) {
+		t.Fatalf("Pending returned %d rows, want %d: %+v", len(rows), len(wantIDs), rows)
+	}
+	for i, row := range rows {
+		if row.ID != wantIDs[i] {
+			t.Errorf("row %d is %s, want %s", i, row.ID, wantIDs[i])
+		}
+		if row.Problem != nil {
+			t.Errorf("row %s: unexpected problem %v", row.ID, row.Problem)
+		}
+		if want := partition.Of(row.Key, partitions); row.Partition != want {
+			t.Errorf("row %s: partition %d, want partition.Of(%q) = %d", row.ID, row.Partition, row.Key, want)
+		}
+		if row.Type != "OrderPlaced" || row.RoutingKey != "order.placed" || string(row.Payload) != `{"orderId": 1}` {
+			t.Errorf("row %s: type %q, routing key %q, payload %s", row.ID, row.Type, row.RoutingKey, row.Payload)
+		}
+	}
+	own := rows[4]
+	if own.HasCorrelationID || own.CorrelationID != "" || own.Key != id(7).String() {
+		t.Errorf("row without correlation id: key %q (has %v, %q), want its id %s", own.Key, own.HasCorrelationID, own.CorrelationID, id(7))
+	}
+	if rows[1].Key != "order-1" || !rows[1].HasCorrelationID || rows[1].CorrelationID != "order-1" {
+		t.Errorf("row %s: key %q, correlation id %q", rows[1].ID, rows[1].Key, rows[1].CorrelationID)
+	}
+	if !rows[0].OccurredAt.Equal(base) {
+		t.Errorf("row %s: occurred at %v, want %v", rows[0].ID, rows[0].OccurredAt, base)
+	}
+
+	// Paging after a position continues the same order.
+	var paged []uuid.UUID
+	var after *tablesource.Position
+	for {
+		page, err := r.Pending(ctx, pool, after, 2)
+		if err != nil {
+			t.Fatalf("Pending after %v: %v", after, err)
+		}
+		if len(page) == 0 {
+			break
+		}
+		for _, row := range page {
+			paged = append(paged, row.ID)
+		}
+		p := page[len(page)-1].Position()
+		after = &p
+	}
+	if fmt.Sprint(paged) != fmt.Sprint(wantIDs) {
+		t.Errorf("paged read = %v, want %v", paged, wantIDs)
+	}
+	if _, err := r.Pending(ctx, pool, nil, 0); err == nil {
+		t.Error("Pending(limit 0): nil error")
+	}
+}
+
+func TestPendingBadRows(t *testing.T) {
+	testkit.RequirePostgres(t)
+	pool := articleDB(t)
+	ctx := context.Background()
+	at := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	long := strings.Repeat("k", 256)
+	cases := []struct {
+		m    msg
+		want string // "" means no problem
+	}{
+		{msg{id: uuid.UUID{15: 1}, corr: ptr("a"), payload: `[1, 2]`}, `"Payload" is not a JSON object`},
+		{msg{id: uuid.UUID{15: 2}, corr: ptr("a"), payload: `"text"`}, `"Payload" is not a JSON object`},
+		{msg{id: uuid.UUID{15: 3}, corr: ptr(long)}, `"CorrelationId" is 256 bytes, longer than AMQP's 255-byte short string`},
+		{msg{id: uuid.UUID{15: 4}, corr: ptr("")}, `"CorrelationId" is empty`},
+		{msg{id: uuid.UUID{15: 5}, corr: ptr(strings.Repeat("k", 255)), payload: ` {"ok": true}`}, ""},
+	}
+	for i := range cases {
+		cases[i].m.at = at.Add(time.Duration(i) * time.Millisecond)
+		insert(t, pool, cases[i].m)
+	}
+	r, err := tablesource.NewReader(tablesource.Article(), partition.DefaultCount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := r.Pending(ctx, pool, nil, 100)
+	if err != nil {
+		t.Fatalf("Pending: %v (a bad row must not fail the read)", err)
+	}
+	if len(rows) != len(cases) {
+		t.Fatalf("Pending returned %d rows, want all %d", len(rows), len(cases))
+	}
+	for i, c := range cases {
+		row := rows[i]
+		if c.want == "" {
+			if row.Problem != nil {
+				t.Errorf("row %s: problem %v, want none", row.ID, row.Problem)
+			}
+			continue
+		}
+		if !errors.Is(row.Problem, tablesource.ErrBadRow) || !strings.Contains(row.Problem.Error(), c.want) {
+			t.Errorf("row %s: problem %v, want ErrBadRow saying %q", row.ID, row.Problem, c.want)
+		}
+	}
+}
+
+// TestPendingPlanWithoutStatistics: on a freshly written backlog that
+// autovacuum has not analysed yet, with most rows already processed, both
+// reads walk the partial index on "OccurredAt" instead of the table.
+func TestPendingPlanWithoutStatistics(t *testing.T) {
+	testkit.RequirePostgres(t)
+	pool := articleDB(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `ALTER TABLE "OutboxMessages" SET (autovacuum_enabled = off)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO "OutboxMessages"
+		SELECT gen_random_uuid(), 'OrderPlaced', 'order.placed', '{"n": 1}', 'order-' || (i % 1000),
+		       now() + i * interval '1 ms', CASE WHEN i < 19000 THEN now() END
+		FROM generate_series(1, 20000) AS i`); err != nil {
+		t.Fatalf("write the backlog: %v", err)
+	}
+	r, err := tablesource.NewReader(tablesource.Article(), 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, after := r.PendingSQL()
+	for _, c := range []struct {
+		name string
+		sql  string
+		args []any
+	}{
+		{"first", first, []any{100}},
+		{"after", after, []any{time.Now(), uuid.Nil, 100}},
+	} {
+		rows, err := pool.Query(ctx, "EXPLAIN "+c.sql, c.args...)
+		if err != nil {
+			t.Fatalf("explain %s: %v", c.name, err)
+		}
+		var lines []string
+		for rows.Next() {
+			var l string
+			if err := rows.Scan(&l); err != nil {
+				t.Fatal(err)
+			}
+			lines = append(lines, l)
+		}
+		rows.Close()
+		full := strings.Join(lines, "\n")
+		if !strings.Contains(full, `IX_OutboxMessages_OccurredAt`) || strings.Contains(full, "Seq Scan") {
+			t.Errorf("read %s without statistics does not walk the partial index:\n%s", c.name, full)
+		}
+	}
+}
