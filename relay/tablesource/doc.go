@@ -19,6 +19,10 @@
 // string) is returned with its Problem set, never dropped and never an
 // error for the whole read.
 //
+// Reader.DryRun reports, from one snapshot, what a relay would publish
+// (counts, keys, partitions, the oldest pending age, the bad rows, sampled
+// keys' order) before a cut-over.
+//
 // The package only reads: it takes no lock, writes nothing and may run
 // beside the table's existing relay. docs/adopt.md describes how the rest
 // of the relay (numbering, publishing, marking) builds on it.
