@@ -42,7 +42,8 @@ type Report struct {
 	Samples map[string][]string
 }
 
-// DryRun reads every pending row of r's table, page rows at a time, in
+// DryRun reads every pending row of r's table, page rows at a time (as
+// Pending does), in
 // one read-only REPEATABLE READ transaction (one snapshot, so the figures
 // agree with each other), and reports what a relay would publish. It
 // takes no lock a producer or another relay waits on, and writes nothing:
@@ -57,6 +58,9 @@ func (r *Reader) DryRun(ctx context.Context, db TxBeginner, page, sampleKeys int
 		return Report{}, fmt.Errorf("dry run of %s: %w", r.layout, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // read-only: nothing to keep
+	if err := plannerSettings(ctx, tx); err != nil {
+		return Report{}, fmt.Errorf("dry run of %s: %w", r.layout, err)
+	}
 	rep := Report{PerPartition: make([]int, r.partitions), Samples: map[string][]string{}}
 	if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&rep.At); err != nil {
 		return Report{}, fmt.Errorf("dry run of %s: %w", r.layout, err)
@@ -64,9 +68,9 @@ func (r *Reader) DryRun(ctx context.Context, db TxBeginner, page, sampleKeys int
 	keys := map[string]bool{}
 	var after *Position
 	for {
-		rows, err := r.Pending(ctx, tx, after, page)
+		rows, err := r.pending(ctx, tx, after, page)
 		if err != nil {
-			return Report{}, fmt.Errorf("dry run: %w", err)
+			return Report{}, fmt.Errorf("dry run of %s: read pending rows: %w", r.layout, err)
 		}
 		for _, row := range rows {
 			rep.add(row, keys, sampleKeys)

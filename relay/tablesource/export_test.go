@@ -1,4 +1,30 @@
 package tablesource
 
-// PendingSQL exposes the reads' SQL to the plan test.
-func (r *Reader) PendingSQL() (first, after string) { return r.sqlFirst, r.sqlAfter }
+import (
+	"context"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ExplainPending returns EXPLAIN ANALYZE of the pending read as Pending
+// runs it: same transaction settings, same SQL.
+func (r *Reader) ExplainPending(ctx context.Context, db TxBeginner, after *Position, limit int) (string, error) {
+	sql, args := r.sqlFirst, []any{limit}
+	if after != nil {
+		sql, args = r.sqlAfter, []any{after.OccurredAt, after.ID, limit}
+	}
+	var lines []string
+	err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if err := plannerSettings(ctx, tx); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) "+sql, args...)
+		if err != nil {
+			return err
+		}
+		lines, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
+	return strings.Join(lines, "\n"), err
+}

@@ -11,15 +11,19 @@ import "fmt"
 //
 // The only index the read relies on is the one the article's table
 // already has: "OccurredAt" where "ProcessedAt" is null. Ties in
-// "OccurredAt" are ordered by an incremental sort on "Id".
+// "OccurredAt" are ordered by an incremental sort on "Id". Every column
+// is qualified with the alias m: an unqualified ORDER BY name would bind
+// to the output column of the same name, the id's text form, not the
+// uuid the position compares.
 func pendingSQL(l Layout) (first, after string) {
-	cols := fmt.Sprintf(`%[1]s::text, %[2]s::text, %[3]s::text, %[4]s::text, %[5]s::text, %[6]s`,
-		quote(l.ID), quote(l.Type), quote(l.RoutingKey), quote(l.Payload), quote(l.CorrelationID), quote(l.OccurredAt))
-	from := fmt.Sprintf(`FROM %s WHERE %s IS NULL`, l.QuotedTable(), quote(l.ProcessedAt))
-	order := fmt.Sprintf(`ORDER BY %[1]s, %[2]s`, quote(l.OccurredAt), quote(l.ID))
+	col := func(name string) string { return "m." + quote(name) }
+	cols := fmt.Sprintf(`%s::text, %s::text, %s::text, %s::text, %s::text, %s`,
+		col(l.ID), col(l.Type), col(l.RoutingKey), col(l.Payload), col(l.CorrelationID), col(l.OccurredAt))
+	from := fmt.Sprintf(`FROM %s AS m WHERE %s IS NULL`, l.QuotedTable(), col(l.ProcessedAt))
+	order := fmt.Sprintf(`ORDER BY %s, %s`, col(l.OccurredAt), col(l.ID))
 	first = fmt.Sprintf(`SELECT %s %s %s LIMIT $1`, cols, from, order)
 	after = fmt.Sprintf(`SELECT %s %s AND (%s, %s) > ($1, $2) %s LIMIT $3`,
-		cols, from, quote(l.OccurredAt), quote(l.ID), order)
+		cols, from, col(l.OccurredAt), col(l.ID), order)
 	return first, after
 }
 
@@ -32,3 +36,10 @@ const sqlTableExists = `SELECT to_regclass($1) IS NOT NULL`
 const sqlColumns = `SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), a.attnotnull
 FROM pg_attribute AS a
 WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped`
+
+// sqlPlannerSettings leaves the pending reads one sensible plan, the
+// partial index walked in order (an incremental sort for ties), for the
+// rest of the transaction.
+const sqlPlannerSettings = `SELECT set_config('enable_seqscan', 'off', true),
+       set_config('enable_bitmapscan', 'off', true),
+       set_config('enable_sort', 'off', true)`

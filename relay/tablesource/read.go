@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/ordo-relay/ordo/partition"
 )
@@ -91,17 +92,49 @@ func NewReader(l Layout, partitions int) (*Reader, error) {
 // Pending returns up to limit pending rows (processed-at null) in the
 // order occurred-at, then id: the order of each key's rows. With after
 // nil it reads from the oldest pending row; otherwise it reads the rows
-// after *after.
+// after *after. It runs in a read-only transaction of its own that steers
+// the planner to the partial index (see plannerSettings): four round
+// trips.
 //
 // A read after a position misses a row that commits later with an
 // occurred-at behind that position (a long producer transaction, a clock
 // behind the others): callers that must see every row read from the start
-// again (docs/adopt.md, "Late commits"). A row that cannot be published
-// is returned with Problem set; only a failed query is an error.
-func (r *Reader) Pending(ctx context.Context, q Querier, after *Position, limit int) ([]Row, error) {
+// again (docs/adopt.md, "Intake: who reads the user's table"). A row that
+// cannot be published is returned with Problem set; only a failed query is
+// an error.
+func (r *Reader) Pending(ctx context.Context, db TxBeginner, after *Position, limit int) ([]Row, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("read pending rows of %s: limit %d is not positive", r.layout, limit)
 	}
+	var out []Row
+	err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if err := plannerSettings(ctx, tx); err != nil {
+			return err
+		}
+		var err error
+		out, err = r.pending(ctx, tx, after, limit)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read pending rows of %s: %w", r.layout, err)
+	}
+	return out, nil
+}
+
+// plannerSettings makes the ordered walk of the partial index the only
+// plan the pending read can get, for the rest of tx. Without statistics
+// (a backlog written since the last ANALYZE) PostgreSQL estimates that
+// few rows are pending and chooses a bitmap scan of every pending row and
+// a sort: the whole backlog for one page (docs/adopt.md).
+func plannerSettings(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, sqlPlannerSettings); err != nil {
+		return fmt.Errorf("planner settings: %w", err)
+	}
+	return nil
+}
+
+// pending is Pending inside tx, whose planner settings the caller made.
+func (r *Reader) pending(ctx context.Context, tx pgx.Tx, after *Position, limit int) ([]Row, error) {
 	var sql string
 	var args []any
 	if after == nil {
@@ -109,9 +142,9 @@ func (r *Reader) Pending(ctx context.Context, q Querier, after *Position, limit 
 	} else {
 		sql, args = r.sqlAfter, []any{after.OccurredAt, after.ID, limit}
 	}
-	rows, err := q.Query(ctx, sql, args...)
+	rows, err := tx.Query(ctx, sql, args...)
 	if err != nil {
-		return nil, fmt.Errorf("read pending rows of %s: %w", r.layout, err)
+		return nil, err
 	}
 	defer rows.Close()
 	var out []Row
@@ -122,18 +155,15 @@ func (r *Reader) Pending(ctx context.Context, q Querier, after *Position, limit 
 			occurredAt               time.Time
 		)
 		if err := rows.Scan(&id, &typ, &rk, &payload, &corrID, &occurredAt); err != nil {
-			return nil, fmt.Errorf("read pending rows of %s: %w", r.layout, err)
+			return nil, err
 		}
 		row, err := r.row(id, typ, rk, payload, corrID, occurredAt)
 		if err != nil {
-			return nil, fmt.Errorf("read pending rows of %s: %w", r.layout, err)
+			return nil, err
 		}
 		out = append(out, row)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read pending rows of %s: %w", r.layout, err)
-	}
-	return out, nil
+	return out, rows.Err()
 }
 
 // row builds a Row from the scanned columns and checks what would keep it
