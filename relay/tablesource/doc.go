@@ -10,7 +10,7 @@
 // any name PostgreSQL accepts is safe to map, and a name it would silently
 // truncate is refused.
 //
-// ReadPending reads the table's pending rows (processed-at null) in each
+// Reader.Pending reads the table's pending rows (processed-at null) in each
 // key's order, occurred-at then id, and resolves each row's key (the
 // correlation id, or the id where it is null) and its partition, computed
 // here with partition.Of: PostgreSQL has no xxhash, and the user's table
