@@ -1,3 +1,5 @@
+//go:build ordobench
+
 package main
 
 import (
@@ -11,7 +13,7 @@ import (
 
 // TestBenchHooks: ORDO_BENCH_UNSHARED_BUDGET=1, and only that, sets the
 // node's UnsharedBudget hook, keeping the hooks the context already
-// carries.
+// carries. It runs with go test -tags ordobench ./cmd/node.
 func TestBenchHooks(t *testing.T) {
 	base := nodehook.With(context.Background(), nodehook.Hooks{PerKeyLimit: 2})
 	for v, want := range map[string]bool{"": false, "0": false, "true": false, "1": true} {
