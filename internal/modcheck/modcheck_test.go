@@ -173,3 +173,32 @@ func lastLines(out []byte, n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// TestExampleCommandsLinkNoTestRig checks that the example consumer a user
+// copies (cmd/shipping) links neither the testing package nor a test rig:
+// fault injection and test kits belong to the tests, the bench and the
+// nemesis. cmd/demo is not checked: it starts its children and checks the
+// order of what arrives with internal/testkit's Process and History, which
+// share that package with the testing.TB helpers.
+func TestExampleCommandsLinkNoTestRig(t *testing.T) {
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range []string{"./cmd/shipping"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		c := exec.CommandContext(ctx, "go", "list", "-deps", cmd)
+		c.Dir = root
+		out, err := c.CombinedOutput()
+		cancel()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v\n%s", cmd, err, out)
+		}
+		for _, d := range strings.Fields(string(out)) {
+			if d == "testing" || strings.HasPrefix(d, "github.com/ordo-relay/ordo/internal/testkit") ||
+				strings.HasPrefix(d, "github.com/ordo-relay/ordo/internal/nodetest") {
+				t.Errorf("%s links %s: keep test rigs out of the example commands", cmd, d)
+			}
+		}
+	}
+}
