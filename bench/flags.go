@@ -46,7 +46,7 @@ func addCommonFlags(fs *flag.FlagSet, c *common) {
 	fs.StringVar(&c.Out, "out", c.Out, "directory for the JSON results")
 	fs.IntVar(&c.Partitions, "partitions", c.Partitions, "partition count P")
 	fs.IntVar(&c.ConfirmWindow, "confirm-window", c.ConfirmWindow, "the node's confirm window W")
-	fs.StringVar(&c.NodeBin, "node-bin", c.NodeBin, "prebuilt node binary (default: go build ./cmd/node)")
+	fs.StringVar(&c.NodeBin, "node-bin", c.NodeBin, "prebuilt node binary (default: go build -tags ordobench ./cmd/node)")
 	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "bound on every wait")
 	fs.BoolVar(&c.Quick, "quick", c.Quick, "smaller defaults for a quick look: rows 20000, keys 2000, duration 10s, orders 1000, reps 1, "+
 		"scale-rows 2000, scale-hot-rows 500, consume-orders 300, consume-latency 3s (a scenario's flags given win)")

@@ -33,8 +33,10 @@ const (
 	budgetUnshared = "unshared" // each relay has the node's full W and read-ahead
 )
 
-// unsharedBudgetEnv is the node's hidden bench hook (cmd/node's
-// benchhook.go): set to 1, its sources' relays share no Budget.
+// unsharedBudgetEnv is the node's bench hook (cmd/node's benchhook.go),
+// read only by a node built with the ordobench tag, as the bench builds
+// it (harness.NodeBuildTag): set to 1, its sources' relays share no
+// Budget.
 const unsharedBudgetEnv = "ORDO_BENCH_UNSHARED_BUDGET"
 
 // trickleKeys is how many keys the trickle's messages cycle over.

@@ -333,8 +333,17 @@ func startSourceNodes(ctx context.Context, o sourcesOptions, srcs []*benchSource
 	}
 	c.OnStart = func(_ int, nd *harness.Node) error { return caps.cap(nd.Name, nd.Pid()) }
 	for i := range p.Nodes {
-		if _, err := c.Start(ctx, i); err != nil {
+		nd, err := c.Start(ctx, i)
+		if err != nil {
 			return nil, err
+		}
+		if budget == budgetUnshared {
+			// Only a node built with the ordobench tag reads the switch,
+			// and it says so; a -node-bin built without it would run the
+			// shared side under the unshared name.
+			if err := nd.Proc.AwaitOutput("bench hook:", 30*time.Second); err != nil {
+				return nil, fmt.Errorf("node %s ignores %s (build it with -tags %s): %w", nd.Name, unsharedBudgetEnv, harness.NodeBuildTag, err)
+			}
 		}
 	}
 	return &ordoSystem{c: c}, nil

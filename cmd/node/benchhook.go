@@ -1,3 +1,5 @@
+//go:build ordobench
+
 package main
 
 import (
@@ -11,9 +13,11 @@ import (
 // relay.Budget its relays share: each has the node's full confirm window
 // and read-ahead (nodehook.Hooks.UnsharedBudget). It is the A side of
 // the bench's A/B of the Budget (bench sources -sources-budget, the only
-// thing that sets it): no flag, in no user's documentation, and logged
-// as a warning when set, since it lets a node of k sources have k × W
-// messages unconfirmed.
+// thing that sets it). Only a node built with the ordobench build tag,
+// as the bench builds it, reads it (nobenchhook.go is the default
+// build's benchHooks, which reads nothing); it is logged as a warning
+// when set, since it lets a node of k sources have k × W messages
+// unconfirmed.
 const unsharedBudgetEnv = "ORDO_BENCH_UNSHARED_BUDGET"
 
 // benchHooks returns ctx carrying the node's hooks that the bench sets

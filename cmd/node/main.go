@@ -27,7 +27,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/ordo-relay/ordo/internal/tracing"
+	"github.com/ordo-relay/ordo/internal/otelsetup"
 	"github.com/ordo-relay/ordo/node"
 )
 
@@ -84,7 +84,7 @@ func (c cli) run(ctx context.Context, args []string) error {
 func (c cli) serve(ctx context.Context, o options) error {
 	logger := newLogger(c.stderr, o.LogFormat, o.LogLevel).With("node", o.NodeName)
 	getenv := func(k string) string { v, _ := c.lookup(k); return v }
-	tp, flush, err := tracing.Start(ctx, "ordo-node", c.stdout, getenv, logger)
+	tp, flush, err := otelsetup.Start(ctx, "ordo-node", c.stdout, getenv, logger)
 	if err != nil {
 		return fmt.Errorf("node: %w", usageError(err))
 	}

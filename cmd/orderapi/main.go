@@ -25,7 +25,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ordo-relay/ordo/internal/envflag"
-	"github.com/ordo-relay/ordo/internal/tracing"
+	"github.com/ordo-relay/ordo/internal/otelsetup"
 	"github.com/ordo-relay/ordo/orderapi"
 	"github.com/ordo-relay/ordo/outbox"
 )
@@ -155,7 +155,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	tp, flush, err := tracing.Start(ctx, "ordo-orderapi", os.Stdout, os.Getenv, logger)
+	tp, flush, err := otelsetup.Start(ctx, "ordo-orderapi", os.Stdout, os.Getenv, logger)
 	if err != nil {
 		return err
 	}

@@ -18,7 +18,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ordo-relay/ordo/inbox"
-	"github.com/ordo-relay/ordo/internal/tracing"
+	"github.com/ordo-relay/ordo/internal/otelsetup"
 )
 
 // run consumes until ctx is cancelled.
@@ -37,7 +37,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 		k := &killAfter{DB: pool, n: int64(cfg.killAfter), logger: logger}
 		db, h = k, k.handler(h)
 	}
-	tp, flush, err := tracing.Start(ctx, "ordo-shipping", os.Stdout, os.Getenv, logger)
+	tp, flush, err := otelsetup.Start(ctx, "ordo-shipping", os.Stdout, os.Getenv, logger)
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package modcheck
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,11 +14,11 @@ import (
 // toolOnly are module path prefixes that only the tools module may require.
 var toolOnly = []string{"gonum.org/", "github.com/chromedp/"}
 
-// TestLibraryUserGetsNoToolDependencies builds a scratch module that
-// imports only outbox and inbox (the repository replaced in), and checks
-// that go list -m all, the user's whole module graph, has none of the
-// tools' dependencies but does have the library's own.
-func TestLibraryUserGetsNoToolDependencies(t *testing.T) {
+// scratchModule writes a module outside the repository's workspace whose
+// main package imports pkgs (the repository replaced in), as a user's
+// program would, and returns its directory.
+func scratchModule(t *testing.T, pkgs ...string) string {
+	t.Helper()
 	root, err := filepath.Abs(filepath.Join("..", ".."))
 	if err != nil {
 		t.Fatal(err)
@@ -29,15 +30,11 @@ func TestLibraryUserGetsNoToolDependencies(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	write("main.go", `package main
-
-import (
-	_ "github.com/ordo-relay/ordo/inbox"
-	_ "github.com/ordo-relay/ordo/outbox"
-)
-
-func main() {}
-`)
+	var imports strings.Builder
+	for _, p := range pkgs {
+		fmt.Fprintf(&imports, "\t_ %q\n", "github.com/ordo-relay/ordo/"+p)
+	}
+	write("main.go", "package main\n\nimport (\n"+imports.String()+")\n\nfunc main() {}\n")
 	write("go.mod", "module example.com/libraryuser\n\ngo 1.26.8\n\n"+
 		"require github.com/ordo-relay/ordo v0.0.0\n\n"+
 		"replace github.com/ordo-relay/ordo => "+root+"\n")
@@ -47,31 +44,93 @@ func main() {}
 		t.Fatal(err)
 	}
 	write("go.sum", string(sum))
+	return dir
+}
 
+// goList runs go list args in dir outside the workspace, as a user's
+// module is; -mod=mod lets go list complete the scratch go.mod's indirect
+// requirements. It returns the output's lines.
+func goList(t *testing.T, dir string, args ...string) []string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "go", "list", "-m", "all")
+	cmd := exec.CommandContext(ctx, "go", append([]string{"list"}, args...)...)
 	cmd.Dir = dir
-	// Outside the repository's workspace, as a user's module is; -mod=mod
-	// lets go list complete the scratch go.mod's indirect requirements.
 	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("go list -m all: %v\n%s", err, out)
+		t.Fatalf("go list %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
-	mods := strings.Fields(string(out))
+	return strings.Split(strings.TrimSpace(string(out)), "\n")
+}
+
+// TestLibraryUserGetsNoToolDependencies builds a scratch module that
+// imports only outbox and inbox, and checks that go list -m all, the
+// user's whole module graph, has none of the tools' dependencies but does
+// have the library's own.
+func TestLibraryUserGetsNoToolDependencies(t *testing.T) {
+	lines := goList(t, scratchModule(t, "inbox", "outbox"), "-m", "all")
+	mods := strings.Fields(strings.Join(lines, "\n"))
 	for _, want := range []string{"github.com/ordo-relay/ordo", "github.com/jackc/pgx/v5", "github.com/rabbitmq/amqp091-go"} {
 		if !contains(mods, want) {
-			t.Errorf("the user's module graph lacks %s, so this check looks at the wrong graph:\n%s", want, out)
+			t.Errorf("the user's module graph lacks %s, so this check looks at the wrong graph:\n%s", want, strings.Join(lines, "\n"))
 		}
 	}
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+	for _, line := range lines {
 		for _, p := range toolOnly {
 			if strings.HasPrefix(line, p) {
 				t.Errorf("a module importing only outbox and inbox gets %s: move its user into the tools module (bench/go.mod)", line)
 			}
 		}
 	}
+}
+
+// commandOnly are package path prefixes a library must not link: the
+// OpenTelemetry SDK, its exporters and the gRPC they bring, which the
+// commands install (internal/otelsetup), and the test rigs. (protobuf is
+// not among them: the Prometheus client the libraries use links it.)
+var commandOnly = []string{
+	"go.opentelemetry.io/otel/sdk",
+	"go.opentelemetry.io/otel/exporters/",
+	"google.golang.org/grpc",
+	"testing",
+	"github.com/ordo-relay/ordo/internal/testkit",
+	"github.com/ordo-relay/ordo/internal/nodetest",
+}
+
+// TestLibraryLinksOnlyTheOtelAPI builds a scratch module that imports
+// outbox, inbox and relay, and checks that the packages it links (go list
+// -deps) include the OpenTelemetry API but not the SDK, an exporter, gRPC
+// or a test rig: a library depends on the API alone, and the
+// application installs the SDK.
+func TestLibraryLinksOnlyTheOtelAPI(t *testing.T) {
+	deps := goList(t, scratchModule(t, "inbox", "outbox", "relay"), "-deps", ".")
+	for _, want := range []string{"go.opentelemetry.io/otel/trace", "github.com/ordo-relay/ordo/relay"} {
+		if !contains(deps, want) {
+			t.Errorf("the user's program does not link %s, so this check looks at the wrong graph", want)
+		}
+	}
+	found := map[string][]string{}
+	for _, d := range deps {
+		if p, ok := hasPrefix(d, commandOnly); ok {
+			found[p] = append(found[p], d)
+		}
+	}
+	for _, p := range commandOnly {
+		if pkgs := found[p]; len(pkgs) > 0 {
+			t.Errorf("a program importing outbox, inbox and relay links %d packages under %s (%s): keep them out of the libraries", len(pkgs), p, strings.Join(pkgs[:min(3, len(pkgs))], ", "))
+		}
+	}
+}
+
+// hasPrefix reports which of prefixes pkg is or lies under.
+func hasPrefix(pkg string, prefixes []string) (string, bool) {
+	for _, p := range prefixes {
+		if pkg == strings.TrimSuffix(p, "/") || strings.HasPrefix(pkg, strings.TrimSuffix(p, "/")+"/") {
+			return p, true
+		}
+	}
+	return "", false
 }
 
 func contains(fields []string, s string) bool {
@@ -113,4 +172,33 @@ func lastLines(out []byte, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// TestExampleCommandsLinkNoTestRig checks that the example consumer a user
+// copies (cmd/shipping) links neither the testing package nor a test rig:
+// fault injection and test kits belong to the tests, the bench and the
+// nemesis. cmd/demo is not checked: it starts its children and checks the
+// order of what arrives with internal/testkit's Process and History, which
+// share that package with the testing.TB helpers.
+func TestExampleCommandsLinkNoTestRig(t *testing.T) {
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range []string{"./cmd/shipping"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		c := exec.CommandContext(ctx, "go", "list", "-deps", cmd)
+		c.Dir = root
+		out, err := c.CombinedOutput()
+		cancel()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v\n%s", cmd, err, out)
+		}
+		for _, d := range strings.Fields(string(out)) {
+			if d == "testing" || strings.HasPrefix(d, "github.com/ordo-relay/ordo/internal/testkit") ||
+				strings.HasPrefix(d, "github.com/ordo-relay/ordo/internal/nodetest") {
+				t.Errorf("%s links %s: keep test rigs out of the example commands", cmd, d)
+			}
+		}
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -61,7 +62,9 @@ func BuildBinary(tb testing.TB, pkg string) string {
 // Build is BuildBinary for programs that are not tests (the bench): it
 // returns the binary's path, how long this call spent building (zero when
 // the binary was built before), or the compiler's output as an error.
-func Build(ctx context.Context, pkg string) (bin string, took time.Duration, err error) {
+// flags go to go build before pkg (the bench builds the node with
+// "-tags", "ordobench"); each pkg and flags is built once.
+func Build(ctx context.Context, pkg string, flags ...string) (bin string, took time.Duration, err error) {
 	builds.mu.Lock()
 	if builds.entries == nil {
 		builds.entries = map[string]*buildEntry{}
@@ -74,17 +77,18 @@ func Build(ctx context.Context, pkg string) (bin string, took time.Duration, err
 		}
 		builds.dir = dir
 	}
-	e := builds.entries[pkg]
+	id := strings.Join(append(slices.Clone(flags), pkg), " ")
+	e := builds.entries[id]
 	if e == nil {
 		e = &buildEntry{sub: filepath.Join(builds.dir, strconv.Itoa(len(builds.entries)))}
-		builds.entries[pkg] = e
+		builds.entries[id] = e
 	}
 	builds.mu.Unlock()
 
 	first := false
 	e.once.Do(func() {
 		first = true
-		e.bin, e.took, e.err = build(ctx, pkg, e.sub)
+		e.bin, e.took, e.err = build(ctx, pkg, e.sub, flags)
 	})
 	if e.err != nil {
 		return "", 0, e.err
@@ -95,7 +99,7 @@ func Build(ctx context.Context, pkg string) (bin string, took time.Duration, err
 	return e.bin, e.took, nil
 }
 
-func build(ctx context.Context, pkg, dir string) (string, time.Duration, error) {
+func build(ctx context.Context, pkg, dir string, flags []string) (string, time.Duration, error) {
 	name := path.Base(filepath.ToSlash(pkg))
 	if name == "." || name == "/" || name == "" {
 		name = "main"
@@ -107,9 +111,10 @@ func build(ctx context.Context, pkg, dir string) (string, time.Duration, error) 
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, buildTimeout)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, pkg).CombinedOutput()
+	args := append(append([]string{"build", "-o", bin}, flags...), pkg)
+	out, err := exec.CommandContext(ctx, "go", args...).CombinedOutput()
 	if err != nil {
-		return "", 0, fmt.Errorf("go build %s: %w\n%s", pkg, err, out)
+		return "", 0, fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
 	}
 	return bin, time.Since(start), nil
 }

@@ -39,7 +39,7 @@ func parseConfig(args []string, lookup func(string) (string, bool), out io.Write
 	fs.StringVar(&cfg.Out, "out", cfg.Out, "directory for the JSON result")
 	fs.IntVar(&cfg.Partitions, "partitions", cfg.Partitions, "partition count P")
 	fs.IntVar(&cfg.ConfirmWindow, "confirm-window", cfg.ConfirmWindow, "the nodes' confirm window W")
-	fs.StringVar(&cfg.NodeBin, "node-bin", cfg.NodeBin, "prebuilt node binary (default: go build ./cmd/node)")
+	fs.StringVar(&cfg.NodeBin, "node-bin", cfg.NodeBin, "prebuilt node binary (default: go build -tags ordobench ./cmd/node)")
 	fs.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "bound on every wait")
 	fs.IntVar(&cfg.Rate, "rate", cfg.Rate, "order API requests a second (0: 100)")
 	fs.Int64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the fault schedule (0: draw one and print it)")

@@ -29,10 +29,16 @@ const (
 	ClockTicks = 100
 	// nodePkg is the node's main package, built by the test kit.
 	nodePkg = "github.com/ordo-relay/ordo/cmd/node"
+	// NodeBuildTag is the build tag the bench builds the node with: only
+	// such a node reads the bench's switches from its environment
+	// (ORDO_BENCH_UNSHARED_BUDGET, cmd/node's benchhook.go). A prebuilt
+	// -node-bin needs it for the sources scenario's unshared runs.
+	NodeBuildTag = "ordobench"
 )
 
 // NodeBinary returns the node binary: -node-bin, or ./cmd/node built once
-// per bench process by the test kit (see testkit.RemoveBinaries).
+// per bench process by the test kit with the NodeBuildTag (see
+// testkit.RemoveBinaries).
 func NodeBinary(ctx context.Context, o Config) (string, error) {
 	if o.NodeBin != "" {
 		return o.NodeBin, nil
@@ -40,7 +46,7 @@ func NodeBinary(ctx context.Context, o Config) (string, error) {
 	if err := inModule(ctx); err != nil {
 		return "", err
 	}
-	bin, took, err := testkit.Build(ctx, nodePkg)
+	bin, took, err := testkit.Build(ctx, nodePkg, "-tags", NodeBuildTag)
 	if err != nil {
 		return "", err
 	}
