@@ -15,6 +15,9 @@ package pgstore
 // before an operator clears parked_at, and a payload of megabytes,
 // detoasted and sent by every read of its partition while it stays
 // parked, once made every read of the node outlast the read timeout.
+// A row without key_seq comes with key_seq 0 and its last column true
+// (unnumbered, unless parked): Store.ReadPending numbers it and reads
+// again.
 var sqlReadPending = readPendingSQL(
 	"CASE WHEN o.parked_at IS NULL THEN o.payload END", "CASE WHEN o.parked_at IS NULL THEN o.headers END")
 
@@ -27,10 +30,11 @@ var sqlPeekPending = readPendingSQL("NULL::jsonb", "NULL::jsonb")
 // expressions given (over o, the row).
 func readPendingSQL(payload, headers string) string {
 	return `
-SELECT o.id, o.partition, o.seq, o.correlation_id, o.key_seq, o.exchange, o.routing_key, o.type,
+SELECT o.id, o.partition, o.seq, o.correlation_id, coalesce(o.key_seq, 0), o.exchange, o.routing_key, o.type,
        ` + payload + `, ` + headers + `, o.occurred_at, o.attempts, o.parked_at IS NOT NULL,
        greatest(extract(epoch FROM o.next_attempt_at - clock_timestamp()), 0)::float8,
-       coalesce(prev.pending, false), coalesce(prev.dead, false)
+       coalesce(prev.pending, false), coalesce(prev.dead, false),
+       o.key_seq IS NULL AND o.parked_at IS NULL
 FROM unnest($1::int[], $2::bigint[]) AS c(partition, after)
 CROSS JOIN LATERAL (
     SELECT * FROM outbox AS x
@@ -45,6 +49,17 @@ LEFT JOIN LATERAL (
     LIMIT 1
 ) AS prev ON true`
 }
+
+// sqlNumberKeys numbers the unnumbered pending rows of keys $3 (each in
+// partition $2[i]) while node $1 holds that partition:
+// outbox_number_keys, package outbox's (docs/outbox-table.md, "Who
+// numbers a key's rows").
+const sqlNumberKeys = `SELECT outbox_number_keys($1, $2::int[], $3::text[])`
+
+// sqlRegister records that node numbers rows (ordo_numbering_nodes), so
+// that the producers' key_seq trigger may be dropped once every node
+// holding a lease is listed.
+const sqlRegister = `INSERT INTO ordo_numbering_nodes (node) VALUES ($1) ON CONFLICT (node) DO NOTHING`
 
 // sqlPrevKeySeq walks down from key_seq $2 - 1 over the key's dead rows
 // and returns the first key_seq that is not dead (0 if none): the

@@ -40,7 +40,8 @@ type Store struct {
 	logger *slog.Logger
 	arms   chan armRequest // served by Listen on its connection
 
-	listening atomic.Bool // Listen is connected and serves arms
+	listening  atomic.Bool // Listen is connected and serves arms
+	registered atomic.Bool // the node is in ordo_numbering_nodes
 
 	listenConnectMin time.Duration // the first bound of Listen's connect (0: listenConnectMin; tests shorten it)
 }
@@ -67,7 +68,11 @@ func (s *Store) PeekPending(ctx context.Context, c relay.Cursor, limit int) ([]r
 	return s.readPending(ctx, sqlPeekPending, []relay.Cursor{c}, limit)
 }
 
-// readPending runs query, sqlReadPending or sqlPeekPending.
+// readPending runs query, sqlReadPending or sqlPeekPending. If rows come
+// without key_seq, it numbers their keys (sqlNumberKeys, fenced by the
+// leases, committed before anything is returned) and reads again; a row
+// still unnumbered then (its partition is no longer held here) is left
+// out.
 func (s *Store) readPending(ctx context.Context, query string, cursors []relay.Cursor, limit int) ([]relay.Row, error) {
 	parts := make([]int32, len(cursors))
 	after := make([]int64, len(cursors))
@@ -81,25 +86,63 @@ func (s *Store) readPending(ctx context.Context, query string, cursors []relay.C
 		return nil, fmt.Errorf("read pending rows: %w: %w", relay.ErrNoConnection, err)
 	}
 	defer conn.Release()
+	if !s.registered.Load() {
+		if _, err := conn.Exec(ctx, sqlRegister, planFresh, s.node); err != nil {
+			return nil, fmt.Errorf("read pending rows: record node %q as numbering rows: %w", s.node, err)
+		}
+		s.registered.Store(true)
+	}
+	out, unnumbered, err := readRows(ctx, conn.Conn(), query, parts, after, limit)
+	if err != nil || len(unnumbered) == 0 {
+		return out, err
+	}
+	keys := make([]string, len(unnumbered))
+	keyParts := make([]int32, len(unnumbered))
+	for i, row := range unnumbered {
+		keys[i], keyParts[i] = row.CorrelationID, int32(row.Partition)
+	}
+	if _, err := conn.Exec(ctx, sqlNumberKeys, planFresh, s.node, keyParts, keys); err != nil {
+		return nil, fmt.Errorf("read pending rows: number the rows of %d key(s): %w", len(keys), err)
+	}
+	out, unnumbered, err = readRows(ctx, conn.Conn(), query, parts, after, limit)
+	if err != nil || len(unnumbered) == 0 {
+		return out, err
+	}
+	kept := out[:0]
+	for _, row := range out {
+		if row.KeySeq > 0 || row.Parked {
+			kept = append(kept, row)
+		}
+	}
+	return kept, nil
+}
+
+// readRows runs one read and returns its rows and, apart, those of them
+// without key_seq (not parked).
+func readRows(ctx context.Context, conn *pgx.Conn, query string, parts []int32, after []int64, limit int) (out, unnumbered []relay.Row, err error) {
 	rows, err := conn.Query(ctx, query, planFresh, parts, after, limit)
 	if err != nil {
-		return nil, fmt.Errorf("read pending rows: %w", err)
+		return nil, nil, fmt.Errorf("read pending rows: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (relay.Row, error) {
+	out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (relay.Row, error) {
 		var x relay.Row
 		var wait *float64
+		var bare bool
 		err := r.Scan(&x.ID, &x.Partition, &x.Seq, &x.CorrelationID, &x.KeySeq, &x.Exchange, &x.RoutingKey,
-			&x.Type, &x.Payload, &x.Headers, &x.OccurredAt, &x.Attempts, &x.Parked, &wait, &x.PrevPending, &x.PrevDead)
+			&x.Type, &x.Payload, &x.Headers, &x.OccurredAt, &x.Attempts, &x.Parked, &wait, &x.PrevPending, &x.PrevDead, &bare)
 		if wait != nil && *wait > 0 {
 			x.NextAttemptAt = time.Now().Add(time.Duration(*wait * float64(time.Second)))
 		}
-		x.PrevKeySeq = x.KeySeq - 1
+		x.PrevKeySeq = max(x.KeySeq-1, 0)
+		if bare {
+			unnumbered = append(unnumbered, x)
+		}
 		return x, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("read pending rows: %w", err)
+		return nil, nil, fmt.Errorf("read pending rows: %w", err)
 	}
-	return out, nil
+	return out, unnumbered, nil
 }
 
 func settledArrays(rows []relay.Settled) ([]uuid.UUID, []int32, []int64, []string, []float64) {

@@ -22,9 +22,23 @@ import (
 type pgHarness struct {
 	pool  *pgxpool.Pool
 	store *pgstore.Store
+	// numbering: no key_seq trigger. Every partition starts held by n1
+	// (only an owner numbers rows), and Skip numbers the row's key
+	// first, as the owner's read of a row it then parks would have.
+	numbering bool
 }
 
 func newPGHarness(t *testing.T) relaytest.StoreHarness {
+	return newHarness(t, true)
+}
+
+// newNumberingHarness is newPGHarness without the producers' key_seq
+// trigger: rows arrive without key_seq, and the Store numbers them.
+func newNumberingHarness(t *testing.T) relaytest.StoreHarness {
+	return newHarness(t, false)
+}
+
+func newHarness(t *testing.T, trigger bool) *pgHarness {
 	_, pool := testkit.NewTestDB(t, 4)
 	if err := outbox.Migrate(testkit.Context(t, 30*time.Second), pool, 8); err != nil {
 		t.Fatal(err)
@@ -32,7 +46,16 @@ func newPGHarness(t *testing.T) relaytest.StoreHarness {
 	if err := lease.Migrate(testkit.Context(t, 30*time.Second), pool, 8); err != nil {
 		t.Fatal(err)
 	}
-	return &pgHarness{pool: pool, store: pgstore.New(pool, "n1", nil)}
+	h := &pgHarness{pool: pool, store: pgstore.New(pool, "n1", nil), numbering: !trigger}
+	if h.numbering {
+		if err := outbox.DropKeySeqTrigger(testkit.Context(t, 30*time.Second), pool); err != nil {
+			t.Fatal(err)
+		}
+		for p := range 8 {
+			h.Grant(t, "n1", p)
+		}
+	}
+	return h
 }
 
 func (h *pgHarness) Store() relay.Store { return h.store }
@@ -71,6 +94,13 @@ func (h *pgHarness) Grant(t testing.TB, node string, partition int) int64 {
 
 func (h *pgHarness) Skip(t testing.TB, id uuid.UUID) {
 	t.Helper()
+	if h.numbering {
+		_, err := h.pool.Exec(testkit.Context(t, 30*time.Second), `SELECT outbox_number_keys(l.owner, ARRAY[o.partition], ARRAY[o.correlation_id])
+			FROM outbox AS o JOIN ordo_leases AS l USING (partition) WHERE o.id = $1`, id)
+		if err != nil {
+			t.Fatalf("number the key of %s: %v", id, err)
+		}
+	}
 	tag, err := h.pool.Exec(testkit.Context(t, 30*time.Second), `UPDATE outbox
 		SET dead_at = clock_timestamp(), processed_at = clock_timestamp(), parked_at = NULL, next_attempt_at = NULL
 		WHERE id = $1 AND processed_at IS NULL`, id)
@@ -109,4 +139,12 @@ func (h *pgHarness) State(t testing.TB, id uuid.UUID) relaytest.RowState {
 func TestConformance(t *testing.T) {
 	testkit.RequirePostgres(t)
 	relaytest.StoreSuite(t, newPGHarness)
+}
+
+// TestConformanceNumbering runs the relay.Store contract against
+// PostgreSQL without the producers' key_seq trigger: the Store numbers
+// the rows it reads.
+func TestConformanceNumbering(t *testing.T) {
+	testkit.RequirePostgres(t)
+	relaytest.StoreSuite(t, newNumberingHarness)
 }

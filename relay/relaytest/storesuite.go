@@ -305,6 +305,7 @@ func storeFailureRefusedAtStaleEpoch(t *testing.T, h StoreHarness) {
 func storePrevKeySeqOverDead(t *testing.T, h StoreHarness) {
 	e := h.Grant(t, "n1", 1)
 	id := h.Insert(t, 1, "a", "a", "a", "a")
+	read(t, h, 100, from(1)) // as a relay does before it publishes (and an owner numbers rows)
 	if _, err := h.Store().MarkPublished(ctxFor(t), settled(1, e, id[0])); err != nil {
 		t.Fatal(err)
 	}
