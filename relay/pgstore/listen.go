@@ -34,6 +34,34 @@ const (
 	sqlDisarm = `SELECT count(*) FROM unnest($1::int[]) AS p WHERE pg_advisory_unlock($2::int, p)`
 )
 
+// Without the producers' key_seq trigger (outbox.DropKeySeqTrigger) no
+// producer notifies or takes a lock: Listen watches the outbox's identity
+// sequence instead, one read of its page every watchTick while anything is
+// armed, and wakes (and disarms) every armed partition when it moved. An
+// arm then takes the sequence's value first and succeeds only if no other
+// session holds a write lock on the outbox (pg_locks): a producer holds
+// it from before it draws a seq until it ends, so every row whose seq was
+// drawn by then has committed or rolled back, and any later draw moves the
+// sequence. The identity must keep CACHE 1 (a cached draw does not move
+// last_value).
+const (
+	watchTick   = 2 * time.Millisecond
+	sqlArmState = `
+SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'outbox_assign_key_seq' AND tgrelid = 'outbox'::regclass),
+       (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM outbox_seq_seq),
+       EXISTS (SELECT 1 FROM pg_locks
+               WHERE locktype = 'relation' AND relation = 'outbox'::regclass AND mode = 'RowExclusiveLock'
+                 AND pid <> pg_backend_pid())`
+	sqlSeqValue = `SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM outbox_seq_seq`
+)
+
+// watch is Listen's view of the identity sequence, used while the
+// key_seq trigger is gone.
+type watch struct {
+	on   bool  // no trigger: armed partitions are watched
+	last int64 // the sequence's value when last looked at
+}
+
 // armRequest asks Listen's connection to arm or disarm partitions.
 type armRequest struct {
 	arm   bool
@@ -138,12 +166,23 @@ func (s *Store) listenOnce(ctx context.Context, wake func(int), down *outage.Log
 	defer s.listening.Store(false)
 	wake(-1) // read once: notifications sent while we were not listening are gone, and nothing is armed
 	armed := map[int]bool{}
+	var w watch
 	for {
-		n, req, err := s.next(ctx, conn)
+		tick := time.Duration(0)
+		if w.on && len(armed) > 0 {
+			tick = cmp.Or(s.watchTick, watchTick)
+		}
+		n, req, err := s.next(ctx, conn, tick)
 		if req != nil {
-			if rerr := serveArm(ctx, conn, armed, *req); rerr != nil {
+			if rerr := serveArm(ctx, conn, armed, &w, *req); rerr != nil {
 				return true, rerr
 			}
+		}
+		if errors.Is(err, errTick) {
+			if err := s.watchSeq(ctx, conn, armed, &w, wake); err != nil {
+				return true, err
+			}
+			continue
 		}
 		if err != nil {
 			return true, fmt.Errorf("wait for notification: %w", err)
@@ -167,10 +206,38 @@ func (s *Store) listenOnce(ctx context.Context, wake func(int), down *outage.Log
 	}
 }
 
+// errTick is next's error when its tick passed with nothing to report.
+var errTick = errors.New("tick")
+
+// watchSeq looks at the identity sequence and, if it moved, disarms and
+// wakes every armed partition.
+func (s *Store) watchSeq(ctx context.Context, conn *pgx.Conn, armed map[int]bool, w *watch, wake func(int)) error {
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var v int64
+	if err := conn.QueryRow(qctx, sqlSeqValue).Scan(&v); err != nil {
+		return fmt.Errorf("watch the outbox's sequence: %w", err)
+	}
+	if v == w.last {
+		return nil
+	}
+	w.last = v
+	parts := make([]int32, 0, len(armed))
+	for p := range armed {
+		parts = append(parts, int32(p))
+	}
+	err := applyArm(ctx, conn, armed, false, parts)
+	for _, p := range parts {
+		wake(int(p))
+	}
+	return err
+}
+
 // next waits for a notification or an arm request, whichever comes first
-// (both, at times). A request interrupts the wait: pgx sets a deadline on
-// the socket, and a timed-out read leaves the connection usable.
-func (s *Store) next(ctx context.Context, conn *pgx.Conn) (*pgconn.Notification, *armRequest, error) {
+// (both, at times), or, if tick > 0, for tick at most (errTick). A request
+// interrupts the wait: pgx sets a deadline on the socket, and a timed-out
+// read leaves the connection usable.
+func (s *Store) next(ctx context.Context, conn *pgx.Conn, tick time.Duration) (*pgconn.Notification, *armRequest, error) {
 	select {
 	case req := <-s.arms:
 		return nil, &req, nil
@@ -178,6 +245,11 @@ func (s *Store) next(ctx context.Context, conn *pgx.Conn) (*pgconn.Notification,
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if tick > 0 {
+		var tcancel context.CancelFunc
+		wctx, tcancel = context.WithTimeout(wctx, tick)
+		defer tcancel()
+	}
 	got := make(chan *armRequest, 1)
 	stop := make(chan struct{})
 	go func() {
@@ -195,12 +267,15 @@ func (s *Store) next(ctx context.Context, conn *pgx.Conn) (*pgconn.Notification,
 	if req != nil && ctx.Err() == nil && err != nil && wctx.Err() != nil {
 		err = nil // interrupted for the request
 	}
+	if req == nil && n == nil && ctx.Err() == nil && err != nil && errors.Is(wctx.Err(), context.DeadlineExceeded) {
+		err = errTick
+	}
 	return n, req, err
 }
 
 // serveArm arms or disarms on conn and replies. It returns an error only
 // when the connection failed (the reply carries it too).
-func serveArm(ctx context.Context, conn *pgx.Conn, armed map[int]bool, req armRequest) error {
+func serveArm(ctx context.Context, conn *pgx.Conn, armed map[int]bool, w *watch, req armRequest) error {
 	var todo []int32
 	for _, p := range req.parts {
 		if armed[p] != req.arm {
@@ -208,7 +283,21 @@ func serveArm(ctx context.Context, conn *pgx.Conn, armed map[int]bool, req armRe
 		}
 	}
 	var rep armReply
-	if len(todo) > 0 {
+	if len(todo) > 0 && req.arm {
+		// The sequence before the writers: see watch.
+		var trigger, writers bool
+		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		rep.err = conn.QueryRow(qctx, sqlArmState).Scan(&trigger, &w.last, &writers)
+		cancel()
+		if rep.err != nil {
+			rep.err = fmt.Errorf("arm: %w", rep.err)
+		}
+		w.on = !trigger
+		if rep.err == nil && w.on && writers {
+			todo = nil // a producer's transaction is open: poll meanwhile
+		}
+	}
+	if len(todo) > 0 && rep.err == nil {
 		rep.err = applyArm(ctx, conn, armed, req.arm, todo)
 	}
 	if req.arm && rep.err == nil {

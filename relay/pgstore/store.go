@@ -44,6 +44,7 @@ type Store struct {
 	registered atomic.Bool // the node is in ordo_numbering_nodes
 
 	listenConnectMin time.Duration // the first bound of Listen's connect (0: listenConnectMin; tests shorten it)
+	watchTick        time.Duration // how often Listen looks at the sequence (0: watchTick)
 }
 
 var _ relay.Store = (*Store)(nil)
