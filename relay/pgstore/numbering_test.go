@@ -1,0 +1,297 @@
+package pgstore_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/outbox"
+	"github.com/ordo-relay/ordo/relay"
+	"github.com/ordo-relay/ordo/relay/pgstore"
+)
+
+// The partition owner numbers the rows that arrive without key_seq
+// (docs/outbox-table.md, "Who numbers a key's rows").
+
+// insertIn inserts one row of key in partition p with the documented
+// INSERT, in tx, and returns its id.
+func insertIn(t *testing.T, ctx context.Context, tx pgx.Tx, p int, key string) uuid.UUID {
+	t.Helper()
+	id := uuid.Must(uuid.NewV7())
+	if _, err := tx.Exec(ctx, `INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload)
+		VALUES ($1, $2, $3, 'ex', 'rk', 't', $4)`, id, p, key, json.RawMessage(`{}`)); err != nil {
+		t.Fatalf("insert %s in partition %d: %v", key, p, err)
+	}
+	return id
+}
+
+func begin(t *testing.T, h *pgHarness) pgx.Tx {
+	t.Helper()
+	tx, err := h.pool.Begin(testkit.Context(t, 30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	return tx
+}
+
+func commit(t *testing.T, tx pgx.Tx) {
+	t.Helper()
+	if err := tx.Commit(testkit.Context(t, 30*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func readAll(t *testing.T, s *pgstore.Store, cursors ...relay.Cursor) []relay.Row {
+	t.Helper()
+	rows, err := s.ReadPending(testkit.Context(t, 30*time.Second), cursors, 100)
+	if err != nil {
+		t.Fatalf("ReadPending: %v", err)
+	}
+	return rows
+}
+
+func byID(rows []relay.Row) map[uuid.UUID]relay.Row {
+	out := map[uuid.UUID]relay.Row{}
+	for _, r := range rows {
+		out[r.ID] = r
+	}
+	return out
+}
+
+// TestNumberingFollowsVisibilityNotXmin is the three-transaction case:
+// T2 (the lowest xid) and T1 (the highest) write one key, an unrelated T3
+// (between them) stays open. T1 commits first: its row is numbered 1 and
+// read at once, although T2 and T3 are open (no stall behind the oldest
+// transaction). T2 commits while T3 is still open: its row is numbered 2,
+// above T1's, and waits for it. A reader gated on pg_snapshot_xmin would
+// read nothing until T3 ends, and then number T2's row (the lower seq)
+// first.
+func TestNumberingFollowsVisibilityNotXmin(t *testing.T) {
+	testkit.RequirePostgres(t)
+	h := newHarness(t, false)
+	ctx := testkit.Context(t, 30*time.Second)
+	t2, t3, t1 := begin(t, h), begin(t, h), begin(t, h)
+	idT2 := insertIn(t, ctx, t2, 1, "k") // xid 100, the lower seq
+	if _, err := t3.Exec(ctx, `CREATE TEMP TABLE unrelated (x int); INSERT INTO unrelated VALUES (1)`); err != nil {
+		t.Fatal(err) // xid 101
+	}
+	idT1 := insertIn(t, ctx, t1, 1, "k") // xid 102, the higher seq
+	var x2, x3, x1 int64
+	for _, q := range []struct {
+		tx  pgx.Tx
+		xid *int64
+	}{{t2, &x2}, {t3, &x3}, {t1, &x1}} {
+		if err := q.tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(q.xid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !(x2 < x3 && x3 < x1) {
+		t.Fatalf("xids %d, %d, %d: want T2 < T3 < T1", x2, x3, x1)
+	}
+	commit(t, t1)
+
+	rows := readAll(t, h.store, from(1))
+	if len(rows) != 1 || rows[0].ID != idT1 || rows[0].KeySeq != 1 || rows[0].PrevPending {
+		t.Fatalf("with T2 and T3 open, read %+v; want T1's row alone, key_seq 1", rows)
+	}
+	commit(t, t2)
+	rows = readAll(t, h.store, from(1))
+	got := byID(rows)
+	if len(rows) != 2 || got[idT1].KeySeq != 1 || got[idT2].KeySeq != 2 || !got[idT2].PrevPending || got[idT2].PrevKeySeq != 1 {
+		t.Fatalf("with T3 open, read %+v; want T1's row key_seq 1, T2's key_seq 2 waiting for it", rows)
+	}
+	if rows[0].ID != idT2 {
+		t.Fatalf("rows not in seq order: %+v", rows)
+	}
+}
+
+func from(p int) relay.Cursor { return relay.Cursor{Partition: p} }
+
+// TestNumberingTakesTheKeysEarlierRows: a producer that serialises its
+// key (its row committed before the next producer's began) gets commit
+// order even when its row lies below the relay's cursor: a tail read that
+// finds the key's later row numbers every unnumbered row of the key, in
+// seq order.
+func TestNumberingTakesTheKeysEarlierRows(t *testing.T) {
+	testkit.RequirePostgres(t)
+	h := newHarness(t, false)
+	ctx := testkit.Context(t, 30*time.Second)
+	late := begin(t, h)
+	first := insertIn(t, ctx, late, 1, "a") // the lower seq, committed late
+	other := begin(t, h)
+	b := insertIn(t, ctx, other, 1, "b")
+	commit(t, other)
+	rows := readAll(t, h.store, from(1))
+	if len(rows) != 1 || rows[0].ID != b {
+		t.Fatalf("read %+v; want b's row alone", rows)
+	}
+	cursor := rows[0].Seq
+	commit(t, late)
+	next := begin(t, h)
+	second := insertIn(t, ctx, next, 1, "a")
+	commit(t, next)
+
+	rows = readAll(t, h.store, relay.Cursor{Partition: 1, After: cursor})
+	if len(rows) != 1 || rows[0].ID != second || rows[0].KeySeq != 2 || !rows[0].PrevPending {
+		t.Fatalf("tail read %+v; want a's second row, key_seq 2, waiting for the first", rows)
+	}
+	rows = readAll(t, h.store, from(1))
+	if got := byID(rows); got[first].KeySeq != 1 {
+		t.Fatalf("a's first row: %+v; want key_seq 1", got[first])
+	}
+}
+
+// TestNumbersSurviveATakeover: a node numbers rows and loses the
+// partition before it publishes them; the next owner reads the same
+// key_seq and the same row below. The node that lost it numbers nothing
+// more: a row committed after the takeover is numbered by the new owner.
+func TestNumbersSurviveATakeover(t *testing.T) {
+	testkit.RequirePostgres(t)
+	h := newHarness(t, false)
+	ids := h.Insert(t, 1, "a", "b", "a")
+	before := readAll(t, h.store, from(1))
+	if len(before) != 3 {
+		t.Fatalf("n1 read %+v; want 3 rows", before)
+	}
+	h.Grant(t, "n2", 1)
+	n2 := pgstore.New(h.pool, "n2", nil)
+	after := readAll(t, n2, from(1))
+	if len(after) != len(before) {
+		t.Fatalf("n2 read %d rows; n1 read %d", len(after), len(before))
+	}
+	for i := range before {
+		a, b := after[i], before[i]
+		if a.ID != b.ID || a.KeySeq != b.KeySeq || a.PrevKeySeq != b.PrevKeySeq || a.PrevPending != b.PrevPending {
+			t.Fatalf("row %d: n1 read %+v, n2 %+v", i, b, a)
+		}
+	}
+	late := h.Insert(t, 1, "a")
+	if rows := readAll(t, h.store, from(1)); len(rows) != 3 {
+		t.Fatalf("n1, no longer the owner, read %+v; want the 3 numbered rows only", rows)
+	}
+	var ks *int64
+	if err := h.pool.QueryRow(testkit.Context(t, 10*time.Second), `SELECT key_seq FROM outbox WHERE id = $1`, late[0]).Scan(&ks); err != nil {
+		t.Fatal(err)
+	}
+	if ks != nil {
+		t.Fatalf("n1 numbered a row of a partition it no longer holds: key_seq %d", *ks)
+	}
+	got := byID(readAll(t, n2, from(1)))
+	if got[late[0]].KeySeq != 3 || got[ids[2]].KeySeq != 2 {
+		t.Fatalf("n2 numbered a's late row %+v (a's second: %+v); want key_seq 3 above 2", got[late[0]], got[ids[2]])
+	}
+}
+
+// TestRowInTheWrongPartitionIsParked: a key's row in a partition other
+// than its earlier rows' is parked, unnumbered, with the reason; the
+// partition's other keys go on, and the key's own rows are untouched.
+func TestRowInTheWrongPartitionIsParked(t *testing.T) {
+	testkit.RequirePostgres(t)
+	h := newHarness(t, false)
+	good := h.Insert(t, 1, "a")
+	readAll(t, h.store, from(1)) // numbers a in partition 1
+	stray := h.Insert(t, 2, "a", "b")
+	rows := readAll(t, h.store, from(2))
+	got := byID(rows)
+	if len(rows) != 2 || !got[stray[0]].Parked || got[stray[0]].KeySeq != 0 {
+		t.Fatalf("read %+v; want a's stray row parked and unnumbered", rows)
+	}
+	if b := got[stray[1]]; b.Parked || b.KeySeq != 1 {
+		t.Fatalf("b's row: %+v; want key_seq 1, not parked", b)
+	}
+	st := h.State(t, stray[0])
+	if !strings.Contains(st.LastError, "belongs to partition 1") || !strings.Contains(st.LastError, "partition 2") {
+		t.Fatalf("stray row's reason: %q", st.LastError)
+	}
+	if a := byID(readAll(t, h.store, from(1)))[good[0]]; a.KeySeq != 1 || a.Parked {
+		t.Fatalf("a's row in its partition: %+v", a)
+	}
+}
+
+// TestBadRowsAreParkedAtNumbering: a row the key_seq trigger would have
+// refused (lengths, headers) is parked with the reason instead.
+func TestBadRowsAreParkedAtNumbering(t *testing.T) {
+	testkit.RequirePostgres(t)
+	h := newHarness(t, false)
+	ctx := testkit.Context(t, 30*time.Second)
+	long := strings.Repeat("x", 256)
+	bad := map[string]string{}
+	for want, cols := range map[string][3]string{
+		"correlation_id must be 1 to 255 bytes": {"", "rk", "{}"},
+		"routing_key is longer than 255 bytes":  {"k1", long, "{}"},
+		"headers must be a JSON object":         {"k2", "rk", "[]"},
+	} {
+		id := uuid.Must(uuid.NewV7())
+		if _, err := h.pool.Exec(ctx, `INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload, headers)
+			VALUES ($1, 3, $2, 'ex', $3, 't', '{}', $4::jsonb)`, id, cols[0], cols[1], cols[2]); err != nil {
+			t.Fatal(err)
+		}
+		bad[id.String()] = want
+	}
+	ok := h.Insert(t, 3, "k3")
+	rows := readAll(t, h.store, from(3))
+	for _, r := range rows {
+		want, isBad := bad[r.ID.String()]
+		switch {
+		case !isBad && (r.ID != ok[0] || r.Parked || r.KeySeq != 1):
+			t.Errorf("good row %+v; want key_seq 1, not parked", r)
+		case isBad && (!r.Parked || r.KeySeq != 0):
+			t.Errorf("bad row (%s) %+v: want parked, unnumbered", want, r)
+		case isBad && !strings.Contains(h.State(t, r.ID).LastError, want):
+			t.Errorf("bad row's reason %q; want %q", h.State(t, r.ID).LastError, want)
+		}
+	}
+	if len(rows) != 4 {
+		t.Fatalf("read %d rows; want 4", len(rows))
+	}
+}
+
+// TestDropKeySeqTriggerWaitsForOldNodes: the trigger goes only once every
+// node holding a lease has recorded that it numbers rows (a relay does,
+// before its first read); until then the refusal names the others.
+func TestDropKeySeqTriggerWaitsForOldNodes(t *testing.T) {
+	testkit.RequirePostgres(t)
+	h := newHarness(t, true)
+	ctx := testkit.Context(t, 30*time.Second)
+	h.Grant(t, "old", 1)
+	h.Grant(t, "n1", 2)
+	err := outbox.DropKeySeqTrigger(ctx, h.pool)
+	if !errors.Is(err, outbox.ErrOldNodesRunning) || !strings.Contains(err.Error(), "n1, old") {
+		t.Fatalf("drop with n1 and old unrecorded: %v; want ErrOldNodesRunning naming both", err)
+	}
+	readAll(t, h.store, from(2)) // n1 records itself
+	err = outbox.DropKeySeqTrigger(ctx, h.pool)
+	if !errors.Is(err, outbox.ErrOldNodesRunning) || strings.Contains(err.Error(), "n1") || !strings.Contains(err.Error(), "old") {
+		t.Fatalf("drop with old unrecorded: %v; want ErrOldNodesRunning naming old alone", err)
+	}
+	if _, err := h.pool.Exec(ctx, `UPDATE ordo_leases SET expires_at = clock_timestamp() WHERE owner = 'old'`); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.DropKeySeqTrigger(ctx, h.pool); err != nil {
+		t.Fatalf("drop once old's lease expired: %v", err)
+	}
+	if on, err := outbox.KeySeqTriggerInstalled(ctx, h.pool); err != nil || on {
+		t.Fatalf("trigger installed after the drop: %v, %v", on, err)
+	}
+	if err := outbox.DropKeySeqTrigger(ctx, h.pool); err != nil {
+		t.Fatalf("a second drop: %v", err)
+	}
+	// A producer's INSERT now gets no key_seq; the owner numbers it.
+	var ks *int64
+	err = h.pool.QueryRow(ctx, `INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload)
+		VALUES ($1, 2, 'z', 'ex', 'rk', 't', '{}') RETURNING key_seq`, uuid.Must(uuid.NewV7())).Scan(&ks)
+	if err != nil || ks != nil {
+		t.Fatalf("RETURNING key_seq without the trigger: %v, %v; want NULL", ks, err)
+	}
+	if rows := readAll(t, h.store, from(2)); len(rows) != 1 || rows[0].KeySeq != 1 {
+		t.Fatalf("read %+v; want z numbered 1", rows)
+	}
+}
