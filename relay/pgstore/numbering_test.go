@@ -295,3 +295,63 @@ func TestDropKeySeqTriggerWaitsForOldNodes(t *testing.T) {
 		t.Fatalf("read %+v; want z numbered 1", rows)
 	}
 }
+
+// TestArmWaitsForOpenProducers: without the trigger, an arm succeeds only
+// once no producer's transaction that wrote to the outbox is open (its
+// row, committed after the relay's last read, would wake nobody), and an
+// armed partition is woken by the next insert, which moves the sequence.
+func TestArmWaitsForOpenProducers(t *testing.T) {
+	testkit.RequirePostgres(t)
+	h := newHarness(t, false)
+	ctx, cancel := context.WithCancel(testkit.Context(t, 60*time.Second))
+	woke := make(chan int, 64)
+	done := make(chan error, 1)
+	go func() {
+		done <- h.store.Listen(ctx, func(p int) {
+			select {
+			case woke <- p:
+			default:
+			}
+		})
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Listen: %v", err)
+		}
+	}()
+	arm := func() []int {
+		t.Helper()
+		var got []int
+		var err error
+		testkit.WaitFor(t, 10*time.Second, "Listen connected", func() bool {
+			got, err = h.store.Arm(testkit.Context(t, 10*time.Second), []int{1})
+			return !errors.Is(err, pgstore.ErrNotListening)
+		})
+		if err != nil {
+			t.Fatalf("Arm: %v", err)
+		}
+		return got
+	}
+	open := begin(t, h)
+	insertIn(t, ctx, open, 1, "a")
+	if got := arm(); len(got) != 0 {
+		t.Fatalf("armed %v while a producer's transaction is open; want none", got)
+	}
+	commit(t, open)
+	if got := arm(); len(got) != 1 {
+		t.Fatalf("armed %v once the producer committed; want [1]", got)
+	}
+	for len(woke) > 0 {
+		<-woke // Listen's connect
+	}
+	h.Insert(t, 1, "b")
+	select {
+	case p := <-woke:
+		if p != 1 {
+			t.Fatalf("woke %d; want 1", p)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no wake-up after an insert into an armed partition")
+	}
+}
