@@ -2,7 +2,7 @@ package admin
 
 const (
 	sqlListParked = `
-SELECT o.id, o.partition, o.correlation_id, o.key_seq, o.exchange, o.routing_key, o.type,
+SELECT o.id, o.partition, o.correlation_id, coalesce(o.key_seq, 0), o.exchange, o.routing_key, o.type,
        o.attempts, o.last_error, o.parked_at,
        (SELECT count(*) FROM outbox AS w
         WHERE w.correlation_id = o.correlation_id AND w.key_seq > o.key_seq AND w.processed_at IS NULL)

@@ -86,7 +86,12 @@ type Outbox interface {
 	// row below it in its key. A parked row comes without its Payload and
 	// Headers (nil): it is not published before an operator clears its
 	// parked state, and the first read after that returns them. Its cost
-	// follows the rows returned.
+	// follows the rows returned. A row that arrived without key_seq is
+	// numbered first, durably, while the Store's node holds its partition
+	// (docs/outbox-table.md, "Who numbers a key's rows"): every row
+	// returned has its key_seq, except a row parked before it could be
+	// numbered (KeySeq 0), and a row the node could not number is left
+	// out.
 	ReadPending(ctx context.Context, cursors []Cursor, limit int) ([]Row, error)
 	// PeekPending is ReadPending of one partition with every row's
 	// Payload and Headers left out (nil, as a parked row's): its cost does

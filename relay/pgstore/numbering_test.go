@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ordo-relay/ordo/admin"
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/outbox"
 	"github.com/ordo-relay/ordo/relay"
@@ -213,6 +214,21 @@ func TestRowInTheWrongPartitionIsParked(t *testing.T) {
 	}
 	if a := byID(readAll(t, h.store, from(1)))[good[0]]; a.KeySeq != 1 || a.Parked {
 		t.Fatalf("a's row in its partition: %+v", a)
+	}
+	// The operator lists it (key_seq 0: none) and skips it; the key's
+	// rows go on from where they were.
+	ctx := testkit.Context(t, 30*time.Second)
+	ops := admin.NewStore(h.pool)
+	parked, err := ops.ListParked(ctx, 10)
+	if err != nil || len(parked) != 1 || parked[0].ID != stray[0] || parked[0].KeySeq != 0 {
+		t.Fatalf("ListParked = %+v, %v; want the stray row, key_seq 0", parked, err)
+	}
+	if err := ops.Skip(ctx, admin.Actor{Operator: "test", RemoteAddr: "local"}, stray[0]); err != nil {
+		t.Fatal(err)
+	}
+	next := h.Insert(t, 1, "a")
+	if got := byID(readAll(t, h.store, from(1)))[next[0]]; got.KeySeq != 2 || got.PrevKeySeq != 1 {
+		t.Fatalf("a's next row after the skip: %+v; want key_seq 2 above 1", got)
 	}
 }
 
