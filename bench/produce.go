@@ -68,6 +68,11 @@ type produceRun struct {
 	pendingGrowth int
 	notifies      int64 // notifications on the outbox's channel in the window
 	note          string
+	// waits counts, over waitSamples samples of pg_stat_activity in the
+	// window, the database's active backends waiting, by
+	// "wait_event_type:wait_event" (produce_waits.go).
+	waits       map[string]int
+	waitSamples int
 }
 
 func (r produceRun) msgs() int { return r.commits * r.rows }
@@ -178,6 +183,9 @@ func produceOnce(ctx context.Context, o produceOptions, v *produceVariant, rows,
 		return run, err
 	}
 	w, err := newProduceWriter(o.Partitions, orDefault(o.Keys, 10000), o.Payload)
+	if w != nil {
+		w.sleep = o.Produce.Sleep
+	}
 	if err != nil {
 		return run, err
 	}
@@ -333,10 +341,12 @@ func measureProduce(ctx context.Context, o produceOptions, v *produceVariant, w 
 	if err != nil {
 		return run, err
 	}
+	waits := startWaitSample(ctx, probe, dbName)
 	start := time.Now()
 	pw.measuring.Store(true)
 	werr := harness.Sleep(ctx, o.Produce.Duration)
 	pw.measuring.Store(false)
+	run.waits, run.waitSamples = waits.stop()
 	run.window = time.Since(start)
 	cpu1 := sampleCPU()
 	totals, berr := backends.stop(ctx)
@@ -406,6 +416,11 @@ func produceTx(ctx context.Context, v *produceVariant, w *produceWriter, pool *p
 	defer func() { _ = tx.Rollback(context.Background()) }() // no-op after Commit
 	if err := v.write(ctx, tx, w, keys); err != nil {
 		return 0, fmt.Errorf("%s: insert: %w", v.name, err)
+	}
+	if w.sleep > 0 {
+		if _, err := tx.Exec(ctx, `SELECT pg_sleep($1)`, w.sleep.Seconds()); err != nil {
+			return 0, fmt.Errorf("%s: sleep: %w", v.name, err)
+		}
 	}
 	sent := time.Now()
 	if err := tx.Commit(ctx); err != nil {

@@ -42,6 +42,7 @@ type produceFlags struct {
 	Variants   []string      // variants to run; classic always first
 	WALInspect bool          // measure this database's WAL with pg_walinspect
 	Rate       int           // transactions a second over all producers (produce_pace.go); 0: closed loop
+	Sleep      time.Duration // pg_sleep in every transaction after its inserts (the hot-key cell: a transaction that holds its key a while)
 }
 
 // defaultProduceFlags returns the produce scenario's defaults.
@@ -65,11 +66,12 @@ func addProduceFlags(fs *flag.FlagSet, p *produceFlags) {
 		return err
 	})
 	fs.IntVar(&p.Reps, "produce-reps", p.Reps, "repetitions of every variant in every cell (alternating); medians are reported")
-	listVar(fs, "produce-variants", "all", "comma-separated variants (classic, ordo-sql, ordo-sql-nonotify, ordo-enqueue, bare, ordo-sql-relay, classic-relay) or all; classic always runs", func(s string) (err error) {
+	listVar(fs, "produce-variants", "all", "comma-separated variants (classic, ordo-sql, ordo-sql-nonotify, ordo-enqueue, bare, ordo-sql-relay, ordo-lean, ordo-lean-relay, classic-relay) or all; classic always runs", func(s string) (err error) {
 		p.Variants, err = parseProduceVariants(s)
 		return err
 	})
 	fs.IntVar(&p.Rate, "produce-rate", p.Rate, "paced: transactions a second over all producers, evenly spaced (0: each producer commits back to back)")
+	fs.DurationVar(&p.Sleep, "produce-sleep", p.Sleep, "pg_sleep in every transaction after its inserts, before COMMIT (the hot-key cell: -keys 10 -produce-producers 32 -produce-sleep 2ms)")
 	fs.BoolVar(&p.WALInspect, "produce-wal-inspect", p.WALInspect, "count the WAL of the run's own database with pg_walinspect (besides the server-wide LSN delta)")
 }
 

@@ -105,6 +105,9 @@ func summarizeProduce(runs []produceRun) map[string]produceSummary {
 				s.notes = append(s.notes, r.note)
 			}
 		}
+		if n := waitsNote(rs); n != "" {
+			s.notes = append(s.notes, n)
+		}
 		out[v] = s
 	}
 	return out
@@ -177,7 +180,7 @@ func produceCellResult(o produceOptions, rows, producers int, runs []produceRun)
 			res.Figure(p+"over_classic_tps", fratio(s.tps, base.tps), "×")
 			res.Figure(p+"over_classic_commit_p99", fratio(s.commitP99, base.commitP99), "×")
 		}
-		if cr, ok := sums[variantClassicRelay]; ok && v == variantOrdoSQLRelay {
+		if cr, ok := sums[variantClassicRelay]; ok && (v == variantOrdoSQLRelay || v == variantOrdoLeanRelay) {
 			// The like-for-like whole cost: both tables relayed meanwhile.
 			res.Figure(p+"over_classic_relay_tps", fratio(s.tps, cr.tps), "×")
 			res.Figure(p+"over_classic_relay_commit_p50", fratio(s.commitP50, cr.commitP50), "×")

@@ -30,6 +30,8 @@ const (
 	variantBare           = "bare"
 	variantOrdoSQLRelay   = "ordo-sql-relay"
 	variantClassicRelay   = "classic-relay"
+	variantOrdoLean       = "ordo-lean"
+	variantOrdoLeanRelay  = "ordo-lean-relay"
 )
 
 // What relays a variant's table during its runs (produce_relay.go).
@@ -42,12 +44,14 @@ const (
 // produceVariants is every variant, in the order a cell runs them. classic
 // comes first: every ratio is taken against it.
 var produceVariants = []produceVariant{
-	{name: variantClassic, summary: "the article's table: id uuid PRIMARY KEY, type, payload jsonb, occurred_at, processed_at; one partial index on occurred_at WHERE processed_at IS NULL", setup: setupClassic, write: writeClassic},
+	{name: variantClassic, summary: "the article's table (its OutboxMessages): id uuid PRIMARY KEY, type, routing_key, payload jsonb, correlation_id, occurred_at, processed_at; one partial index on occurred_at WHERE processed_at IS NULL", setup: setupClassic, write: writeClassic},
 	{name: variantOrdoSQL, summary: "Ordo's outbox as installed, one plain INSERT statement per row (the any-language contract)", setup: setupOrdo, write: writeOrdoSQL},
 	{name: variantOrdoSQLNoNotif, summary: "ordo-sql with the NOTIFY trigger disabled (where the schema still has it)", setup: setupOrdoNoNotify, write: writeOrdoSQL},
 	{name: variantOrdoEnqueue, summary: "Ordo's outbox through outbox.Producer.Enqueue, one statement per transaction", setup: setupOrdo, write: writeOrdoEnqueue},
 	{name: variantBare, summary: "Ordo's table, constraints and indexes with every trigger disabled; the producer supplies key_seq and occurred_at", setup: setupBare, write: writeBare},
 	{name: variantOrdoSQLRelay, summary: "ordo-sql while a relay node publishes the outbox to RabbitMQ and marks the rows (the whole cost: the producers' inserts, the relay's reads and marks)", setup: setupOrdo, write: writeOrdoSQL, relay: relayOrdo},
+	{name: variantOrdoLean, summary: "ordo-sql without the key_seq trigger (outbox.DropKeySeqTrigger): the partition owner numbers the rows", setup: setupOrdoLean, write: writeOrdoSQL},
+	{name: variantOrdoLeanRelay, summary: "ordo-lean while a relay node numbers, publishes and marks the rows (the whole cost without the trigger)", setup: setupOrdoLean, write: writeOrdoSQL, relay: relayOrdo},
 	{name: variantClassicRelay, summary: "classic while one classic relay instance (the article's: oldest 50 pending rows FOR UPDATE SKIP LOCKED, publish each and wait for its confirm, mark, commit) drains classic_outbox to RabbitMQ: the like-for-like whole cost for ordo-sql-relay", setup: setupClassic, write: writeClassic, relay: relayClassic},
 }
 
@@ -85,6 +89,7 @@ type produceWriter struct {
 	exchange   string   // the messages' exchange: the run's own where a relay publishes
 	dbURL      string   // the run's database
 	producer   *outbox.Producer
+	sleep      time.Duration // pg_sleep after the inserts (-produce-sleep)
 	// bareSeq hands out key_seq values for the bare variant: unique across
 	// the run, so the table's (correlation_id, key_seq) key never refuses
 	// one.
@@ -104,11 +109,13 @@ const (
 
 const sqlClassicTable = `
 CREATE TABLE classic_outbox (
-    id           uuid        PRIMARY KEY,
-    type         text        NOT NULL,
-    payload      jsonb       NOT NULL,
-    occurred_at  timestamptz NOT NULL DEFAULT now(),
-    processed_at timestamptz
+    id             uuid         PRIMARY KEY,
+    type           varchar(200) NOT NULL,
+    routing_key    varchar(200) NOT NULL,
+    payload        jsonb        NOT NULL,
+    correlation_id text,
+    occurred_at    timestamptz  NOT NULL DEFAULT now(),
+    processed_at   timestamptz
 );
 CREATE INDEX classic_outbox_pending ON classic_outbox (occurred_at) WHERE processed_at IS NULL`
 
@@ -125,6 +132,17 @@ func setupOrdo(ctx context.Context, pool *pgxpool.Pool, partitions int) (string,
 	}
 	if err := lease.Migrate(ctx, pool, partitions); err != nil {
 		return "", fmt.Errorf("migrate lease: %w", err)
+	}
+	return "", nil
+}
+
+// setupOrdoLean installs Ordo and drops the producers' key_seq trigger.
+func setupOrdoLean(ctx context.Context, pool *pgxpool.Pool, partitions int) (string, error) {
+	if _, err := setupOrdo(ctx, pool, partitions); err != nil {
+		return "", err
+	}
+	if err := outbox.DropKeySeqTrigger(ctx, pool); err != nil {
+		return "", fmt.Errorf("drop the key_seq trigger: %w", err)
 	}
 	return "", nil
 }
@@ -158,11 +176,11 @@ func setupBare(ctx context.Context, pool *pgxpool.Pool, partitions int) (string,
 	return "", nil
 }
 
-const sqlProduceClassic = `INSERT INTO classic_outbox (id, type, payload) VALUES ($1, $2, $3)`
+const sqlProduceClassic = `INSERT INTO classic_outbox (id, type, routing_key, payload, correlation_id) VALUES ($1, $2, $3, $4, $5)`
 
 func writeClassic(ctx context.Context, tx pgx.Tx, w *produceWriter, keys []int) error {
 	for _, k := range keys {
-		if _, err := tx.Exec(ctx, sqlProduceClassic, uuid.Must(uuid.NewV7()), produceType, w.payload(k)); err != nil {
+		if _, err := tx.Exec(ctx, sqlProduceClassic, uuid.Must(uuid.NewV7()), produceType, produceRoutingKey, w.payload(k), w.keys[k]); err != nil {
 			return err
 		}
 	}

@@ -8,6 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ordo-relay/ordo/outbox"
+
 	"github.com/ordo-relay/ordo/bench/internal/harness"
 )
 
@@ -121,7 +123,8 @@ func (w *walWatch) byRelation(ctx context.Context, from, to int64) (map[string]i
 }
 
 // keysHOT returns outbox_keys' updates and HOT updates, once the
-// statistics of every insert have arrived (each row inserted or updated
+// statistics of every insert have arrived (without the key_seq trigger,
+// those that have) (each row inserted or updated
 // one counter row); 0, 0 where the database has no outbox_keys or no
 // counter was written.
 func keysHOT(ctx context.Context, q *pgxpool.Pool) (upd, hot int64, err error) {
@@ -131,6 +134,16 @@ func keysHOT(ctx context.Context, q *pgxpool.Pool) (upd, hot int64, err error) {
 	}
 	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_keys)`).Scan(&has); err != nil || !has {
 		return 0, 0, err // no counter was written (bare)
+	}
+	trigger, err := outbox.KeySeqTriggerInstalled(ctx, q)
+	if err != nil {
+		return 0, 0, err
+	}
+	if !trigger {
+		// The owner numbers the rows, one counter update per key and
+		// read: nothing says how many to wait for. What has arrived.
+		err := q.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'outbox_keys'`).Scan(&upd, &hot)
+		return upd, hot, err
 	}
 	var rows int64
 	if err := q.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&rows); err != nil {
