@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/ordo-relay/ordo/bench/internal/harness"
 	"github.com/ordo-relay/ordo/bench/internal/result"
+	"github.com/ordo-relay/ordo/outbox"
 )
 
 // drainOptions are drain's: a backlog drained by each count of -nodes.
@@ -17,6 +20,7 @@ type drainOptions struct {
 	backlog
 	Analyze bool  // ANALYZE the outbox after loading it
 	Nodes   []int // node counts, one run each
+	Lean    bool  // drop the producers' key_seq trigger first: the relays number the rows
 }
 
 func defaultDrainOptions() drainOptions {
@@ -27,6 +31,7 @@ func (o *drainOptions) addFlags(fs *flag.FlagSet) {
 	o.backlog.addFlags(fs)
 	analyzeVar(fs, &o.Analyze)
 	countsVar(fs, "nodes", &o.Nodes, "comma-separated Ordo node counts, one run each")
+	fs.BoolVar(&o.Lean, "lean", o.Lean, "drop the producers' key_seq trigger before loading (outbox.DropKeySeqTrigger): the rows arrive without key_seq and the relays number them")
 }
 
 func analyzeVar(fs *flag.FlagSet, p *bool) {
@@ -62,7 +67,7 @@ func (o classicOptions) validate() error {
 // -nodes (default 1): see drainOnce.
 func runDrain(ctx context.Context, o drainOptions, emit func(*result.Result)) error {
 	for _, n := range o.Nodes {
-		res, err := drainOnce(ctx, o.common, o.backlog, o.Analyze, ordo(n))
+		res, err := drainOnce(ctx, o.common, o.backlog, o.Analyze, o.Lean, ordo(n))
 		if err != nil {
 			return fmt.Errorf("%d node(s): %w", n, err)
 		}
@@ -75,7 +80,7 @@ func runDrain(ctx context.Context, o drainOptions, emit func(*result.Result)) er
 // each count in -instances (default 1,2).
 func runClassic(ctx context.Context, o classicOptions, emit func(*result.Result)) error {
 	for _, n := range o.Instances {
-		res, err := drainOnce(ctx, o.common, o.backlog, o.Analyze, classic(n, o.classicPolling))
+		res, err := drainOnce(ctx, o.common, o.backlog, o.Analyze, false, classic(n, o.classicPolling))
 		if err != nil {
 			return fmt.Errorf("%d instance(s): %w", n, err)
 		}
@@ -86,13 +91,13 @@ func runClassic(ctx context.Context, o classicOptions, emit func(*result.Result)
 
 // drainOnce measures how fast the relays of spec drain a backlog of -rows
 // rows (default 100000) over -keys keys (default 10000): see drainBacklog.
-func drainOnce(ctx context.Context, c common, b backlog, analyze bool, spec systemSpec) (*result.Result, error) {
+func drainOnce(ctx context.Context, c common, b backlog, analyze, lean bool, spec systemSpec) (*result.Result, error) {
 	scenario := "drain"
 	if spec.classic {
 		scenario = "classic"
 	}
 	plan := drainPlan{scenario: scenario, groups: []rowGroup{{prefix: "key", keys: orDefault(b.Keys, 10000), rows: b.Rows}},
-		payload: b.Payload, analyze: analyze}
+		payload: b.Payload, analyze: analyze, lean: lean}
 	res, _, err := drainBacklog(ctx, c, spec, plan)
 	return res, err
 }
@@ -127,6 +132,7 @@ type drainPlan struct {
 	// instead of failing the run. 0 waits up to -timeout and fails.
 	limit   time.Duration
 	durable bool // the consumer's queue is durable (confirms wait for fsync)
+	lean    bool // the key_seq trigger is dropped once the relays run: they number the rows
 	// before, when set, runs right after the rows were committed, and
 	// after once they are drained (before the relays stop); both may add
 	// figures to the result.
@@ -197,6 +203,16 @@ func drainBacklog(ctx context.Context, o common, spec systemSpec, plan drainPlan
 	}
 	ready := time.Since(startAt)
 	fmt.Printf("%s ready in %v\n", spec, ready.Round(time.Millisecond))
+	if plan.lean {
+		res.Param("lean", true)
+		err := harness.WaitUntil(ctx, 30*time.Second, 50*time.Millisecond, "the key_seq trigger dropped", func() (bool, error) {
+			err := outbox.DropKeySeqTrigger(ctx, r.Pool)
+			return err == nil, nil
+		})
+		if err != nil {
+			return nil, costs, err
+		}
+	}
 
 	if plan.autovacuumOff {
 		if _, err := r.Pool.Exec(ctx, `ALTER TABLE outbox SET (autovacuum_enabled = off)`); err != nil {
@@ -212,6 +228,10 @@ func drainBacklog(ctx context.Context, o common, spec systemSpec, plan drainPlan
 	loadTime := committed.Sub(loadStart)
 	costs.insert, costs.loadRows, costs.msgs = load.insertCPU, len(load.timed)+len(load.held), len(ids)
 	fmt.Printf("committed %d rows in %v\n", costs.loadRows, loadTime.Round(time.Millisecond))
+	wal0, err := serverLSN(ctx, r.Probe)
+	if err != nil {
+		return nil, costs, err
+	}
 	cpu0 := sampleCPU()
 	relayCPU0, err := usageNow(sys)
 	if err != nil {
@@ -260,6 +280,12 @@ func drainBacklog(ctx context.Context, o common, spec systemSpec, plan drainPlan
 	}
 	markedAt := time.Now()
 	cpu1 := sampleCPU()
+	if wal1, err := serverLSN(ctx, r.Probe); err != nil {
+		res.Note("WAL position: %v", err)
+	} else if got > 0 {
+		// Server-wide: other databases' WAL counts too.
+		res.Figure("wal_server_bytes_per_msg", float64(wal1-wal0)/float64(got), "B")
+	}
 	if plan.after != nil {
 		if err := plan.after(ctx, r, sys, res); err != nil {
 			return nil, costs, err
@@ -381,4 +407,13 @@ func poisonPrefixes(groups []rowGroup) []string {
 		}
 	}
 	return out
+}
+
+// serverLSN returns the server's WAL insert position in bytes.
+func serverLSN(ctx context.Context, q *pgxpool.Pool) (int64, error) {
+	var n int64
+	if err := q.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("read WAL position: %w", err)
+	}
+	return n, nil
 }
