@@ -171,7 +171,7 @@ func TestScenarioTakesOnlyItsFlags(t *testing.T) {
 		foreign  string   // a flag of other scenarios
 		owner    string   // one of them
 	}{
-		{"drain", join(backlog, []string{"-analyze=false", "-nodes", "1,2"}), "-rate", "latency"},
+		{"drain", join(backlog, []string{"-analyze=false", "-nodes", "1,2", "-lean"}), "-rate", "latency"},
 		{"outage", join(keyed, []string{"-before", "1s", "-outage", "2s"}), "-rows", "drain"},
 		{"latency", join(keyed, []string{"-duration", "5s", "-warmup", "1s"}), "-nodes", "drain"},
 		{"broker", join(backlog, []string{"-broker-window", "8"}), "-workers", "latency"},
@@ -190,7 +190,7 @@ func TestScenarioTakesOnlyItsFlags(t *testing.T) {
 			"-produce-reps", "produce"},
 		{"produce", []string{"-payload", "10", "-keys", "5", "-produce-duration", "1s", "-produce-warmup", "0s",
 			"-produce-producers", "1", "-produce-rows", "1", "-produce-reps", "1", "-produce-variants", "all", "-produce-rate", "0",
-			"-produce-wal-inspect=false"}, "-consume-orders", "consume"},
+			"-produce-wal-inspect=false", "-produce-sleep", "2ms"}, "-consume-orders", "consume"},
 		{"sources", []string{"-payload", "10", "-sources-counts", "1", "-sources-cap", "0.5", "-sources-period", "20ms",
 			"-sources-rows", "100", "-sources-keys", "10", "-sources-producers", "2", "-sources-duration", "1s",
 			"-sources-warmup", "0s", "-sources-reps", "1", "-sources-nodes", "1", "-sources-node-cap", "0",
@@ -198,7 +198,7 @@ func TestScenarioTakesOnlyItsFlags(t *testing.T) {
 			"-produce-reps", "produce"},
 		{"charts", []string{"-charts", "/tmp/charts"}, "-rows", "drain"},
 		{"nemesis", []string{"-rate", "10", "-seed", "7", "-profile", "long", "-kinds", "all"}, "-workers", "latency"},
-		{"compare", join(backlog, polling, []string{"-analyze", "-broker-window", "8", "-rate", "100", "-workers", "2",
+		{"compare", join(backlog, polling, []string{"-analyze", "-lean", "-broker-window", "8", "-rate", "100", "-workers", "2",
 			"-duration", "5s", "-warmup", "1s", "-orders", "10", "-race-instances", "1", "-race-nodes", "1", "-reps", "1",
 			"-failover-target", "2s", "-join-target", "2s"}), "-nodes", "drain"},
 	}
