@@ -72,8 +72,10 @@ func (v *view) sourcePrefix(s *source) string {
 
 // adminHandler serves /admin/ for every source: the query parameter
 // source names it (the CLI's -source); without one, wire.DefaultSource,
-// so that scripts of the one-source form keep working. A source the node
-// does not relay is 404, one not migrated yet 503.
+// so that scripts of the one-source form keep working. The token is
+// checked first, for every path: a caller without it learns nothing of
+// the sources. With it, a source the node does not relay is 404, one not
+// migrated yet 503.
 func (v *view) adminHandler() http.Handler {
 	handlers := map[string]http.Handler{}
 	for _, s := range v.srcs {
@@ -87,7 +89,7 @@ func (v *view) adminHandler() http.Handler {
 			h.ServeHTTP(w, r)
 		})
 	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return admin.Guard(v.cfg.AdminToken, func(w http.ResponseWriter, r *http.Request, _ admin.Actor) {
 		name := r.URL.Query().Get("source")
 		if name == "" {
 			name = wire.DefaultSource
