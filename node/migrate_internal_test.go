@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"net"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/ordo-relay/ordo/internal/pgmigrate"
+	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/outbox"
 )
 
@@ -37,6 +40,8 @@ func TestFatalMigrateError(t *testing.T) {
 		{"admin shutdown", pg("57P01"), false},
 		{"too many connections", pg("53300"), false},
 		{"serialization failure", pg("40001"), false},
+		{"lock timeout", pg("55P03"), false},
+		{"statement timeout", pg("57014"), false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if got := fatalMigrateError(c.err); got != c.fatal {
@@ -44,4 +49,119 @@ func TestFatalMigrateError(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestMigrateAttemptBoundedOnStalledLink: a migration attempt whose link
+// stalls after the connect (here while it waits for the migration lock
+// another session holds, so that the stall surely comes after the
+// connect) ends at its bound with an error tried again, rather than
+// waiting for TCP keepalive; once the link answers again the next
+// attempt migrates.
+func TestMigrateAttemptBoundedOnStalledLink(t *testing.T) {
+	t.Parallel()
+	dbURL := testkit.NewDatabase(t)
+	proxy := testkit.NewProxy(t, testkit.HostPort(t, dbURL))
+	cc, err := pgx.ParseConfig(proxy.URL(dbURL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := fmt.Sprintf("ordo-stall-%d", time.Now().UnixNano())
+	cc.RuntimeParams["application_name"] = app
+	s := &source{name: "default", leaseConn: cc, partitions: 4, migrateMax: 8 * time.Second}
+	ctx := testkit.Context(t, 60*time.Second)
+
+	// Another session holds the migration lock, so the attempt waits on it.
+	holder, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(context.Background())
+	tx, err := holder.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pgmigrate.Lock(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+
+	// A third session watches (pg_stat_activity is a snapshot for the
+	// rest of a transaction, such as the holder's).
+	watcher, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watcher.Close(context.Background())
+
+	done := make(chan error, 1)
+	began := time.Now()
+	go func() { done <- s.migrate(ctx) }()
+	testkit.WaitFor(t, 30*time.Second, "the attempt waiting for the migration lock", func() bool {
+		var n int
+		err := watcher.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = $1 AND wait_event_type = 'Lock'`, app).Scan(&n)
+		return err == nil && n > 0
+	})
+	proxy.Stall()
+	if err := tx.Rollback(ctx); err != nil { // the server runs the migration; its replies are held
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		took := time.Since(began)
+		if err == nil {
+			t.Fatal("the attempt migrated through a stalled link")
+		}
+		if fatalMigrateError(err) {
+			t.Fatalf("a stalled attempt failed for good: %v", err)
+		}
+		t.Logf("the stalled attempt ended after %v: %v", took, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the stalled attempt did not end within 20s (its bound is 8s)")
+	}
+	proxy.Resume()
+	if err := s.migrate(ctx); err != nil {
+		t.Fatalf("the attempt after the link answered again: %v", err)
+	}
+}
+
+// TestMigrateLockWaitBounded: an attempt that waits for the migration
+// lock, held by another session that does not let go, gives up after
+// pgmigrate.LockTimeout with an error tried again (55P03), instead of
+// waiting without a log line.
+func TestMigrateLockWaitBounded(t *testing.T) {
+	t.Parallel()
+	dbURL := testkit.NewDatabase(t)
+	cc, err := pgx.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &source{name: "default", leaseConn: cc, partitions: 4}
+	ctx := testkit.Context(t, 60*time.Second)
+	holder, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(context.Background())
+	tx, err := holder.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(x'6f72646f2e6d6967'::bigint)`); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	err = s.migrate(ctx)
+	took := time.Since(began)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+		t.Fatalf("migrate while the lock is held: %v after %v, want SQLSTATE 55P03", err, took)
+	}
+	if fatalMigrateError(err) {
+		t.Fatalf("a lock timeout is taken as fatal: %v", err)
+	}
+	if took < pgmigrate.LockTimeout-time.Second || took > pgmigrate.LockTimeout+15*time.Second {
+		t.Fatalf("gave up after %v, want about %v", took, pgmigrate.LockTimeout)
+	}
+	t.Logf("gave up after %v: %v", took, err)
 }

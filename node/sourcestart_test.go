@@ -68,6 +68,7 @@ func TestSourceDownAtStart(t *testing.T) {
 
 	cfg := twoSources(r, link.URL(r.dbs["billing"].URL), "late", partitions)
 	cfg.Relay.PollInterval = 200 * time.Millisecond
+	cfg.AdminToken = adminToken
 	addr, stop := runNode(t, cfg, node.Options{Logger: testkit.Logger(t, slog.LevelWarn)})
 	defer stop()
 	r.enqueueKeys(t, wire.DefaultSource, 100, keys)
@@ -367,9 +368,18 @@ func watchLeast(httpAddr, source string, start int) func() int {
 }
 
 // adminStatus returns the status code of GET /admin/parked?source=name.
+// adminToken is the admin token of the nodes whose /admin a test asks
+// (adminStatus).
+const adminToken = "test-admin-token"
+
 func adminStatus(t *testing.T, httpAddr, name string) int {
 	t.Helper()
-	resp, err := http.Get("http://" + httpAddr + "/admin/parked?source=" + name)
+	req, err := http.NewRequest(http.MethodGet, "http://"+httpAddr+"/admin/parked?source="+name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

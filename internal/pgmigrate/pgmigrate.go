@@ -22,6 +22,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -36,8 +37,33 @@ const lockKey int64 = 0x6f72646f2e6d6967
 // schema must not run on it, and trying again does not help.
 var ErrNewerSchema = errors.New("upgrade the binary")
 
-// Lock takes the migration lock for the rest of tx.
+// The bounds Lock sets on a migration transaction, so that an attempt
+// never waits without end: a failure they cause is transient (SQLSTATE
+// 55P03 or 57014), and the caller tries again later.
+const (
+	// LockTimeout bounds each wait for a lock: the migration lock held
+	// by another process's migration, or a table lock behind producers'
+	// open transactions (waiting longer would queue every later producer
+	// of the table behind the migration's lock).
+	LockTimeout = 15 * time.Second
+	// StatementTimeout bounds each statement of a migration.
+	StatementTimeout = 2 * time.Minute
+	// IdleTimeout ends, on the server, a migration transaction whose
+	// client went silent between statements (a link that stalled): its
+	// locks, the migration lock among them, are released instead of held
+	// until TCP keepalive notices.
+	IdleTimeout = time.Minute
+)
+
+// Lock sets the bounds above for the rest of tx, then takes the
+// migration lock for the rest of tx.
 func Lock(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true),
+       set_config('statement_timeout', $2, true),
+       set_config('idle_in_transaction_session_timeout', $3, true)`,
+		ms(LockTimeout), ms(StatementTimeout), ms(IdleTimeout)); err != nil {
+		return fmt.Errorf("bound migration transaction: %w", err)
+	}
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lockKey); err != nil {
 		return fmt.Errorf("take migration lock: %w", err)
 	}
@@ -185,3 +211,6 @@ func load(fsys fs.FS, dir string) ([]migration, error) {
 	}
 	return ms, nil
 }
+
+// ms is d as a PostgreSQL setting in milliseconds.
+func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
