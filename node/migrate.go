@@ -1,12 +1,15 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/ordo-relay/ordo/internal/backoff"
@@ -49,7 +52,8 @@ type migrations struct {
 	failed chan struct{}   // closed when a source has failed for good
 
 	mu       sync.Mutex
-	errs     []error // per source: its fatal error, or nil
+	errs     []error  // per source: its fatal error, or nil
+	ids      []string // per source: its database identity, once checked against the others'
 	anyOnce  sync.Once
 	failOnce sync.Once
 }
@@ -59,7 +63,7 @@ type migrations struct {
 func startMigrations(ctx context.Context, srcs []*source) *migrations {
 	ctx, cancel := context.WithCancel(ctx)
 	m := &migrations{srcs: srcs, cancel: cancel, any: make(chan struct{}), failed: make(chan struct{}),
-		tried: make([]chan struct{}, len(srcs)), errs: make([]error, len(srcs))}
+		tried: make([]chan struct{}, len(srcs)), errs: make([]error, len(srcs)), ids: make([]string, len(srcs))}
 	for i, s := range srcs {
 		m.tried[i] = make(chan struct{})
 		m.wg.Add(1)
@@ -134,6 +138,9 @@ func (m *migrations) migrateSource(ctx context.Context, i int, s *source) {
 	defer m.triedOnce(i) // also when ctx ended during the first attempt
 	for attempt := 1; ; attempt++ {
 		err := s.migrate(ctx)
+		if err == nil {
+			err = m.claimDatabase(i, s)
+		}
 		switch {
 		case err == nil:
 			close(s.migrated)
@@ -165,6 +172,31 @@ func (m *migrations) migrateSource(ctx context.Context, i int, s *source) {
 	}
 }
 
+// ErrSameDatabase is wrapped by the error that stops a node two of whose
+// sources are one database: two leasers on one ordo_leases, and every row
+// published twice under two x-ordo-source values, which consumers would
+// handle twice.
+var ErrSameDatabase = errors.New("two sources are the same database")
+
+// claimDatabase records the database identity of the i-th source s, just
+// migrated, and fails (for good) when another source of the node has the
+// same one, naming both.
+func (m *migrations) claimDatabase(i int, s *source) error {
+	if s.identity == "" {
+		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for j, id := range m.ids {
+		if j != i && id == s.identity {
+			return fmt.Errorf("sources %s and %s are one database (%s): give each source its own database: %w",
+				m.srcs[j].name, s.name, s.identity, ErrSameDatabase)
+		}
+	}
+	m.ids[i] = s.identity
+	return nil
+}
+
 // triedOnce records that the i-th source's first attempt has ended.
 func (m *migrations) triedOnce(i int) {
 	select {
@@ -179,7 +211,30 @@ func (m *migrations) triedOnce(i int) {
 // (source.connect: bounded, and longer after connects that ran out of
 // time, so that a database that does not answer costs an attempt of at
 // most 5 to 40 s and a shutdown ends it at once).
+//
+// The whole attempt is bounded too (migrateAttemptMax): the server ends
+// its own waits (pgmigrate.Lock's lock, statement and idle timeouts), but
+// a link that stalls after the connect answers nothing, and the attempt
+// would otherwise wait for TCP keepalive. Such an attempt fails as
+// transient, is logged, and is tried again.
 func (s *source) migrate(ctx context.Context) error {
+	bound := cmp.Or(s.migrateMax, migrateAttemptMax)
+	actx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	err := s.migrateOnce(actx)
+	if err != nil && actx.Err() != nil && ctx.Err() == nil {
+		return fmt.Errorf("migration attempt ran out of its %v: %w", bound, err)
+	}
+	return err
+}
+
+// migrateAttemptMax bounds one migration attempt (source.migrate): the
+// longest connect (connectTimeout), a wait for the migration lock
+// (pgmigrate.LockTimeout), a statement (pgmigrate.StatementTimeout), and
+// room for the rest.
+const migrateAttemptMax = 8*connectTimeoutMin + pgmigrate.LockTimeout + pgmigrate.StatementTimeout + time.Minute
+
+func (s *source) migrateOnce(ctx context.Context) error {
 	conn, err := s.connect(ctx)
 	if err != nil {
 		return err
@@ -192,7 +247,30 @@ func (s *source) migrate(ctx context.Context) error {
 	if err := outbox.Migrate(ctx, conn, s.partitions); err != nil {
 		return err
 	}
-	return lease.Migrate(ctx, conn, s.partitions)
+	if err := lease.Migrate(ctx, conn, s.partitions); err != nil {
+		return err
+	}
+	return s.readIdentity(ctx, conn)
+}
+
+// readIdentity sets s.identity to its database's identity: the server's
+// system identifier and the database's oid, the same whatever URL, host
+// name or port reaches it. A role that may not read the server's control
+// data leaves it unknown (""), and the check of claimDatabase with it.
+func (s *source) readIdentity(ctx context.Context, conn *pgx.Conn) error {
+	var sysid, oid int64
+	err := conn.QueryRow(ctx, `SELECT (SELECT system_identifier FROM pg_control_system()),
+       (SELECT oid::int8 FROM pg_database WHERE datname = current_database())`).Scan(&sysid, &oid)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "42501":
+		s.logger.Warn("cannot read the server's system identifier; two sources on one database are not detected", "err", err)
+		return nil
+	case err != nil:
+		return fmt.Errorf("read database identity: %w", err)
+	}
+	s.identity = fmt.Sprintf("system identifier %d, database oid %d", sysid, oid)
+	return nil
 }
 
 // migrateError is err, a fatal migration error of s, as Run returns it:
@@ -223,7 +301,7 @@ func (s *source) migrateError(err error) error {
 // timeout, a server starting or shutting down (57P01, 57P03), too many
 // connections (53300), a lock or serialization failure.
 func fatalMigrateError(err error) bool {
-	if errors.Is(err, outbox.ErrPartitionMismatch) || errors.Is(err, pgmigrate.ErrNewerSchema) {
+	if errors.Is(err, outbox.ErrPartitionMismatch) || errors.Is(err, pgmigrate.ErrNewerSchema) || errors.Is(err, ErrSameDatabase) {
 		return true
 	}
 	var pgErr *pgconn.PgError

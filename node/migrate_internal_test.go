@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -164,4 +166,54 @@ func TestMigrateLockWaitBounded(t *testing.T) {
 		t.Fatalf("gave up after %v, want about %v", took, pgmigrate.LockTimeout)
 	}
 	t.Logf("gave up after %v: %v", took, err)
+}
+
+// TestTwoSourcesOneDatabaseRefused: two sources whose URLs differ (one
+// through 127.0.0.1, one through localhost) but reach one database stop
+// the node, naming both; two databases on one server do not.
+func TestTwoSourcesOneDatabaseRefused(t *testing.T) {
+	t.Parallel()
+	dbURL := testkit.NewDatabase(t)
+	other := testkit.NewDatabase(t)
+	src := func(name, rawURL string) *source {
+		cc, err := pgx.ParseConfig(rawURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &source{name: name, leaseConn: cc, partitions: 4, migrated: make(chan struct{}),
+			explicit: true, logger: testkit.Logger(t, slog.LevelWarn)}
+	}
+	viaLocalhost := strings.Replace(dbURL, "127.0.0.1", "localhost", 1)
+	if viaLocalhost == dbURL {
+		t.Fatalf("test database URL %q does not name 127.0.0.1", dbURL)
+	}
+
+	t.Run("one database", func(t *testing.T) {
+		m := startMigrations(testkit.Context(t, 60*time.Second), []*source{src("default", dbURL), src("billing", viaLocalhost)})
+		defer m.stop()
+		select {
+		case <-m.failed:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the node did not refuse two sources on one database within 30s")
+		}
+		err := m.err()
+		if !errors.Is(err, ErrSameDatabase) || !strings.Contains(err.Error(), "default") || !strings.Contains(err.Error(), "billing") {
+			t.Fatalf("error %v: want ErrSameDatabase naming default and billing", err)
+		}
+		t.Logf("refused: %v", err)
+	})
+	t.Run("two databases", func(t *testing.T) {
+		a, b := src("default", dbURL), src("billing", other)
+		m := startMigrations(testkit.Context(t, 60*time.Second), []*source{a, b})
+		defer m.stop()
+		for _, s := range []*source{a, b} {
+			select {
+			case <-s.migrated:
+			case <-m.failed:
+				t.Fatalf("two databases refused: %v", m.err())
+			case <-time.After(30 * time.Second):
+				t.Fatalf("source %s not migrated within 30s", s.name)
+			}
+		}
+	})
 }
