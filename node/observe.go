@@ -89,7 +89,13 @@ type observedPublisher struct {
 	m *publishMetrics
 }
 
-var _ relay.Publisher = observedPublisher{}
+var (
+	_ relay.Publisher = observedPublisher{}
+	_ relay.Flusher   = observedPublisher{}
+)
+
+// Flush implements relay.Flusher.
+func (p observedPublisher) Flush() { relay.Flush(p.Publisher) }
 
 // Publish implements relay.Publisher.
 func (p observedPublisher) Publish(ctx context.Context, msg *relay.Message, settle func(relay.Result)) error {

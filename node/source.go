@@ -177,7 +177,13 @@ type stampSource struct {
 	name string
 }
 
-var _ relay.Publisher = stampSource{}
+var (
+	_ relay.Publisher = stampSource{}
+	_ relay.Flusher   = stampSource{}
+)
+
+// Flush implements relay.Flusher.
+func (p stampSource) Flush() { relay.Flush(p.Publisher) }
 
 // Publish implements relay.Publisher.
 func (p stampSource) Publish(ctx context.Context, msg *relay.Message, settle func(relay.Result)) error {

@@ -21,6 +21,11 @@ import (
 // fills the window, and Run must still stop.
 func (r *Relay) dispatch(ctx context.Context) (int, error) {
 	n := 0
+	defer func() {
+		if n > 0 {
+			Flush(r.pub) // the round's messages go out together
+		}
+	}()
 	for {
 		if ctx.Err() != nil {
 			return n, nil // Run is stopping; dispatchLoop sees it
@@ -116,6 +121,7 @@ func (r *Relay) nextFlight() (f *flight, leaseLost bool) {
 // MaxAttempts, and only its key waits.
 func (r *Relay) publish(ctx context.Context, f *flight) error {
 	if f.e.row.PrevDead {
+		Flush(r.pub) // what is held must not wait for the lookup
 		lctx, cancel := context.WithTimeout(ctx, r.cfg.ReadTimeout)
 		prev, err := r.store.PrevKeySeq(lctx, f.msg.CorrelationID, f.msg.KeySeq)
 		cancel()

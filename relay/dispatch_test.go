@@ -1,13 +1,17 @@
 package relay_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/relay"
+	"github.com/ordo-relay/ordo/relay/relaytest"
 )
 
 // TestCoreSynchronousUnsentWaits: a Publisher may
@@ -56,4 +60,64 @@ func TestCoreRunStopsWhileDispatching(t *testing.T) {
 	c.start()
 	testkit.WaitFor(t, waitTimeout, "publishes refused", func() bool { return refused.Load() >= 100 })
 	c.stop() // fails the test if Run does not return within 10 s
+}
+
+// heldUntilFlush is a relay.Flusher that sends nothing before Flush: each
+// Publish is queued, and Flush hands the queue to the Publisher it wraps,
+// as a corked connection sends what it holds only when uncorked.
+type heldUntilFlush struct {
+	*relaytest.Publisher
+	mu      sync.Mutex
+	queued  []func()
+	flushes int
+}
+
+func (h *heldUntilFlush) Publish(ctx context.Context, m *relay.Message, settle func(relay.Result)) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.queued = append(h.queued, func() {
+		if err := h.Publisher.Publish(ctx, m, settle); err != nil {
+			settle(relay.Result{Outcome: relay.Unsent, Err: err})
+		}
+	})
+	return nil
+}
+
+func (h *heldUntilFlush) Flush() {
+	h.mu.Lock()
+	q := h.queued
+	h.queued = nil
+	h.flushes++
+	h.mu.Unlock()
+	for _, send := range q {
+		send()
+	}
+}
+
+// TestCoreFlushesEveryRound: a Publisher may hold what it is given until
+// Flush (relay/rabbitmq corks its connection); the relay flushes at the
+// end of every round of publishes, so nothing it published waits while
+// it waits for confirms. 2,000 rows over 50 keys go one per key at a
+// time, so the drain needs at least 40 rounds, each flushed; without the
+// flush the first round's messages are never sent and nothing is marked.
+func TestCoreFlushesEveryRound(t *testing.T) {
+	t.Parallel()
+	c := newCore(t, time.Hour, nil)
+	h := &heldUntilFlush{Publisher: c.pub}
+	r, err := relay.New(c.cfg, c.store.ForNode(c.cfg.Node), h, c.own)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.r = r
+	for i := range 2000 {
+		c.store.Insert(i%50%coreParts, fmt.Sprintf("key-%d", i%50))
+	}
+	c.start()
+	c.waitDrained()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.flushes < 40 || h.flushes > 2000 {
+		t.Fatalf("%d flushes for 2,000 messages in at least 40 rounds", h.flushes)
+	}
+	t.Logf("%d flushes for 2,000 messages", h.flushes)
 }

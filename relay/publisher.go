@@ -103,6 +103,24 @@ type Publisher interface {
 	Connected() bool
 }
 
+// Flusher is implemented by a Publisher that may hold the messages of
+// consecutive Publish calls in the connection and send them together
+// (relay/rabbitmq corks its TCP connection). The relay calls Flush when a
+// round of publishes ends, before it waits for anything. Such a Publisher
+// still sends what it holds on its own within a bounded time, and never
+// lets a message reach the broker after its Deadline.
+type Flusher interface {
+	Flush()
+}
+
+// Flush flushes p if it is a Flusher. A Publisher that wraps another
+// implements Flusher by calling Flush on the one it wraps.
+func Flush(p Publisher) {
+	if f, ok := p.(Flusher); ok {
+		f.Flush()
+	}
+}
+
 // ErrNotConnected is returned by Publish while the publisher has no open
 // channel to the broker.
 var ErrNotConnected = errors.New("relay: not connected to the broker")

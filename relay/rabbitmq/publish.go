@@ -79,6 +79,7 @@ func (p *Publisher) Publish(ctx context.Context, m *relay.Message, settle func(r
 	s.pending[tag] = &pendingPub{attempt: attempt, sent: time.Now(), settle: settle}
 	p.mu.Unlock()
 
+	p.corkFor(s, m)
 	cut, err := p.watched(s, m, func() error {
 		return s.ch.PublishWithContext(ctx, m.Exchange, m.RoutingKey, true, false, pub)
 	})
@@ -86,6 +87,68 @@ func (p *Publisher) Publish(ctx context.Context, m *relay.Message, settle func(r
 		return p.writeFailed(s, tag, cut, err)
 	}
 	return nil
+}
+
+// corkLead is how far a message's deadline must lie for its write to be
+// held corked: the kernel sends what TCP_CORK holds within 200 ms even
+// if nobody uncorks, so a message held no nearer than this to its
+// deadline reaches the broker before it.
+const corkLead = time.Second
+
+// corkFor corks s's TCP connection before the write of m, so that the
+// publishes of one round of the relay leave in as few segments as the
+// kernel can make (one write per publish still, but not one segment, one
+// wake-up of the broker and one loopback delivery each); Flush uncorks.
+// A message whose deadline is near is sent at once, and with it what was
+// held. Called with pubMu held.
+func (p *Publisher) corkFor(s *session, m *relay.Message) {
+	if s.raw == nil {
+		return
+	}
+	if !m.Deadline.IsZero() && time.Until(m.Deadline) < corkLead {
+		p.uncork(s)
+		return
+	}
+	if !s.corked {
+		if !setCork(s.raw, true) {
+			return
+		}
+		s.corked = true
+	}
+	if !m.Deadline.IsZero() && (s.corkedBy == nil || m.Deadline.Before(s.corkedBy.Deadline)) {
+		s.corkedBy = m
+	}
+}
+
+// uncork sends what s's corked connection holds, unless the deadline of a
+// message held passed meanwhile: then it resets the connection, which
+// drops what the kernel still holds, rather than let it arrive late (the
+// publishes it held settle Unsent with the session). Called with pubMu
+// held.
+func (p *Publisher) uncork(s *session) {
+	if !s.corked {
+		return
+	}
+	m := s.corkedBy
+	s.corked, s.corkedBy = false, nil
+	if m != nil && m.Expired(time.Now()) {
+		p.cutOff(s, m)
+		return
+	}
+	setCork(s.raw, false)
+}
+
+// Flush implements relay.Flusher: it sends what the current session's
+// connection holds corked.
+func (p *Publisher) Flush() {
+	p.pubMu.Lock()
+	defer p.pubMu.Unlock()
+	p.mu.Lock()
+	s := p.cur
+	p.mu.Unlock()
+	if s != nil {
+		p.uncork(s)
+	}
 }
 
 // writeFailed takes back the pending publish tag whose write failed with
@@ -129,6 +192,7 @@ func (p *Publisher) checkExchange(s *session, exchange string, until time.Time) 
 	if ok && time.Since(at) < p.cfg.ExchangeCheckTTL {
 		return nil
 	}
+	p.uncork(s) // what is held must not wait for the answer
 	if s.side == nil || s.side.IsClosed() {
 		var side *amqp.Channel
 		err := p.boundedUntil(s.conn, "open channel for exchange checks", until,

@@ -66,7 +66,10 @@ type Publisher struct {
 	beforeWrite func()
 }
 
-var _ relay.Publisher = (*Publisher)(nil)
+var (
+	_ relay.Publisher = (*Publisher)(nil)
+	_ relay.Flusher   = (*Publisher)(nil)
+)
 
 // ErrConfirmTimeout is the Err of a relay.Failed result whose confirm did not
 // come within ConfirmTimeout on an open channel.

@@ -30,6 +30,11 @@ type session struct {
 	closed   bool          // guarded by Publisher.mu
 	side     *amqp.Channel // for passive declares; guarded by pubMu
 	dog      *watchdog     // guards each write's lease deadline
+	// corked: raw holds the publishes written since it was corked
+	// (corkFor), corkedBy the one of them with the earliest deadline (nil
+	// if none has one); guarded by pubMu.
+	corked   bool
+	corkedBy *relay.Message
 }
 
 type pendingPub struct {
@@ -304,6 +309,7 @@ func (p *Publisher) waitIsolated(ctx context.Context, s *session, until time.Tim
 		case !until.IsZero() && !time.Now().Before(until):
 			return leaseExpired("waiting for earlier confirms (isolation)")
 		}
+		p.uncork(s) // the confirms waited for may be of publishes it holds
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
