@@ -184,7 +184,7 @@ func TestScenarioTakesOnlyItsFlags(t *testing.T) {
 			"-parked-keys", "50", "-parked-followers", "1", "-parked-loaded"}),
 			"-duration", "latency"},
 		{"scaleout", []string{"-payload", "10", "-scale-nodes", "1,2", "-scale-cap", "0.5", "-scale-period", "20ms",
-			"-scale-shapes", "hot", "-scale-rows", "100", "-scale-hot-rows", "100"}, "-shapes", "shapes"},
+			"-scale-shapes", "hot", "-scale-rows", "100", "-scale-keys", "10", "-scale-hot-rows", "100"}, "-shapes", "shapes"},
 		{"consume", []string{"-workers", "2", "-consume-instances", "1", "-consume-orders", "10", "-consume-rate", "5",
 			"-consume-latency", "1s", "-consume-delay", "0s", "-consume-conns", "2", "-consume-lanes", "2", "-consume-shards", "2"},
 			"-produce-reps", "produce"},

@@ -38,7 +38,11 @@ func scaleGroups(o scaleoutOptions, shape string) []rowGroup {
 	if shape == "hot" {
 		return []rowGroup{{prefix: "key", keys: hotKeys, rows: o.ScaleHot}}
 	}
-	return []rowGroup{{prefix: "key", keys: max(1, o.ScaleRows/10), rows: o.ScaleRows}}
+	keys := o.ScaleKeys
+	if keys == 0 {
+		keys = max(1, o.ScaleRows/10)
+	}
+	return []rowGroup{{prefix: "key", keys: keys, rows: o.ScaleRows}}
 }
 
 // scaleoutOptions are scaleout's: capped Ordo nodes draining a backlog.
@@ -50,6 +54,7 @@ type scaleoutOptions struct {
 	ScalePeriod time.Duration // CFS period
 	ScaleShape  []string      // many, hot
 	ScaleRows   int           // rows of the many-keys backlog
+	ScaleKeys   int           // keys of the many-keys backlog; 0: ScaleRows/10
 	ScaleHot    int           // rows of the hot-key (10 keys) backlog
 }
 
@@ -67,7 +72,8 @@ func (o *scaleoutOptions) addFlags(fs *flag.FlagSet) {
 		o.ScaleShape, err = parseScaleShapes(s)
 		return err
 	})
-	fs.IntVar(&o.ScaleRows, "scale-rows", o.ScaleRows, "rows of the many-keys backlog (over rows/10 keys)")
+	fs.IntVar(&o.ScaleRows, "scale-rows", o.ScaleRows, "rows of the many-keys backlog (over -scale-keys keys)")
+	fs.IntVar(&o.ScaleKeys, "scale-keys", o.ScaleKeys, "keys of the many-keys backlog (0: rows/10)")
 	fs.IntVar(&o.ScaleHot, "scale-hot-rows", o.ScaleHot, "rows of the hot-key backlog (over 10 keys)")
 }
 
@@ -78,6 +84,9 @@ func (o scaleoutOptions) validate() error {
 	}
 	if o.ScaleRows < 10 || o.ScaleHot < 10 {
 		errs = append(errs, errors.New("scale-rows and scale-hot-rows must be at least 10"))
+	}
+	if o.ScaleKeys < 0 || o.ScaleKeys > o.ScaleRows {
+		errs = append(errs, errors.New("scale-keys must be in [0, scale-rows]"))
 	}
 	return errors.Join(append(errs, checkPayload(o.Payload))...)
 }
@@ -198,7 +207,7 @@ func scaleoutOnce(ctx context.Context, o scaleoutOptions, shape string, n int, o
 			res.Figure("speedup_over_spread_limit", rate/one/spread, "×")
 		}
 	}
-	for _, f := range []string{"seconds", "node_cpu", "node_rss_peak", "cpu_postgres", "cpu_rabbitmq", "cpu_bench", "machine_busy",
+	for _, f := range []string{"seconds", "node_cpu", "node_cpu_per_1k_msgs", "node_rss_peak", "cpu_postgres", "cpu_rabbitmq", "cpu_bench", "machine_busy",
 		"pg_read_us_per_msg", "pg_mark_us_per_msg", "pg_relay_us_per_msg", "complete"} {
 		if v, ok := d.Lookup(f); ok {
 			res.Figure(f, v, unitOf(d, f))
