@@ -69,8 +69,8 @@ type produceRun struct {
 	notifies      int64 // notifications on the outbox's channel in the window
 	note          string
 	// waits counts, over waitSamples samples of pg_stat_activity in the
-	// window, the database's active backends waiting, by
-	// "wait_event_type:wait_event" (produce_waits.go).
+	// window (activitySampler), the database's active statements waiting,
+	// by "kind: wait_event_type/wait_event".
 	waits       map[string]int
 	waitSamples int
 }
@@ -341,12 +341,13 @@ func measureProduce(ctx context.Context, o produceOptions, v *produceVariant, w 
 	if err != nil {
 		return run, err
 	}
-	waits := startWaitSample(ctx, probe, dbName)
+	act := startActivity(probe, dbName)
 	start := time.Now()
 	pw.measuring.Store(true)
 	werr := harness.Sleep(ctx, o.Produce.Duration)
 	pw.measuring.Store(false)
-	run.waits, run.waitSamples = waits.stop()
+	acts := act.stop()
+	run.waits, run.waitSamples = acts.waits, acts.samples
 	run.window = time.Since(start)
 	cpu1 := sampleCPU()
 	totals, berr := backends.stop(ctx)

@@ -73,18 +73,7 @@ func TestMigrateAttemptBoundedOnStalledLink(t *testing.T) {
 	ctx := testkit.Context(t, 60*time.Second)
 
 	// Another session holds the migration lock, so the attempt waits on it.
-	holder, err := pgx.Connect(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close(context.Background())
-	tx, err := holder.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := pgmigrate.Lock(ctx, tx); err != nil {
-		t.Fatal(err)
-	}
+	tx := holdMigrationLock(ctx, t, dbURL)
 
 	// A third session watches (pg_stat_activity is a snapshot for the
 	// rest of a transaction, such as the holder's).
@@ -139,19 +128,7 @@ func TestMigrateLockWaitBounded(t *testing.T) {
 	}
 	s := &source{name: "default", leaseConn: cc, partitions: 4}
 	ctx := testkit.Context(t, 60*time.Second)
-	holder, err := pgx.Connect(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close(context.Background())
-	tx, err := holder.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(context.Background())
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(x'6f72646f2e6d6967'::bigint)`); err != nil {
-		t.Fatal(err)
-	}
+	holdMigrationLock(ctx, t, dbURL)
 	began := time.Now()
 	err = s.migrate(ctx)
 	took := time.Since(began)
@@ -216,4 +193,25 @@ func TestTwoSourcesOneDatabaseRefused(t *testing.T) {
 			}
 		}
 	})
+}
+
+// holdMigrationLock takes the migration lock on a session of its own, in
+// a transaction left open until the test ends (or the caller rolls it
+// back), and returns that transaction.
+func holdMigrationLock(ctx context.Context, t *testing.T, dbURL string) pgx.Tx {
+	t.Helper()
+	holder, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { holder.Close(context.Background()) })
+	tx, err := holder.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback(context.Background()) })
+	if err := pgmigrate.Lock(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	return tx
 }
