@@ -278,12 +278,15 @@ func TestSIGSTOPLateCommitRefused(t *testing.T) {
 // prefetched deliveries finishes the message in hand and leaves; the
 // successor handles the rest, never k+1 before k.
 //
-// a is stopped before b starts: started first, b's start-up (0.3 s, more
-// under load) let a finish all 200 before its SIGTERM, and b had nothing
-// left to take over (a CI run saw exactly that).
+// a is stopped before b starts, and its handler is slow enough that it
+// cannot finish before its SIGTERM: -db-max-conns 7 leaves its lanes 5
+// connections, so at 200 ms a message a handles at most 25 a second and
+// needs 8 s for the 200. At 20 ms a message (0.8 s for 200), a loaded CI
+// run saw a handle all 200 while the test still waited for its first 30,
+// leaving b nothing to take over.
 func TestSIGTERMWithPrefetch(t *testing.T) {
 	e := newEnv(t)
-	a := e.start("a", "-prefetch", "50", "-handler-delay", "20ms")
+	a := e.start("a", "-prefetch", "50", "-handler-delay", "200ms")
 	want := e.publishAll(20, 10)
 	testkit.WaitFor(t, 30*time.Second, "a handled some", func() bool { return e.handledCount() >= 30 })
 	if n := stopped(t, a, "handled"); n >= 200 {
