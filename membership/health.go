@@ -6,12 +6,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	"github.com/ordo-relay/ordo/wire"
 )
 
-// Health is what a node says of its own dependencies. It travels as the
-// node's memberlist metadata (a few dozen bytes of JSON, well under
-// memberlist's 512-byte limit), so every member knows every other's.
+// Health is what a node says of its own dependencies, and of the
+// databases of its sources. It travels as the node's memberlist metadata
+// (JSON within memberlist's 512-byte limit: see encodeMeta), so every
+// member knows every other's.
 type Health struct {
 	// Broker: the node can publish (connected, not blocked by an alarm).
 	Broker bool `json:"broker"`
@@ -24,6 +26,13 @@ type Health struct {
 	// sources send it, means wire.DefaultSource alone, reachable as
 	// Database says (see For). Built by SourcesHealth.
 	Sources string `json:"src,omitempty"`
+	// IDs holds the database identity token (DatabaseIdentity) of each
+	// source listed, in Sources' order (of wire.DefaultSource when
+	// Sources is empty), concatenated, all of one width; a token of '.'s
+	// is unknown. Empty, as nodes older than identities send it, is
+	// every token unknown. Built by SourcesHealth; in the one-source
+	// form, the token of wire.DefaultSource's database.
+	IDs string `json:"id,omitempty"`
 }
 
 // Healthy is a node with every dependency reachable; a member whose
@@ -51,8 +60,13 @@ type nodeMeta struct {
 	Health
 }
 
+// encodeMeta encodes h as metadata of at most memberlist.MetaMaxSize
+// bytes, whatever the reachability of its sources: the identity tokens
+// are cut as needed (fitIDs). MaxSources (the node's: 12) names of
+// wire.MaxSourceLen bytes leave MinIdentityLen characters a token; 12
+// names of up to 22 bytes leave the whole IdentityLen.
 func encodeMeta(h Health) []byte {
-	b, _ := json.Marshal(nodeMeta{V: metaVersion, Health: h}) // cannot fail
+	b, _ := json.Marshal(nodeMeta{V: metaVersion, Health: fitIDs(h, memberlist.MetaMaxSize)}) // cannot fail
 	return b
 }
 
@@ -116,6 +130,9 @@ func (e *eligibility) update(now time.Time, health map[string]Health) (eligible 
 type SourceState struct {
 	Name      string
 	Reachable bool
+	// Identity is the token of the source's database (DatabaseIdentity);
+	// "" unknown.
+	Identity string
 }
 
 // SourcesHealth returns the Health a node relaying sources says of
@@ -124,15 +141,31 @@ type SourceState struct {
 func SourcesHealth(broker bool, sources []SourceState) Health {
 	h := Health{Broker: broker, Database: true}
 	parts := make([]string, len(sources))
+	var ids strings.Builder
+	known := false
 	for i, s := range sources {
 		parts[i] = s.Name
 		if !s.Reachable {
 			parts[i] = "!" + s.Name
 			h.Database = false
 		}
+		ids.WriteString(tokenOrUnknown(s.Identity))
+		known = known || len(s.Identity) == IdentityLen
 	}
 	h.Sources = strings.Join(parts, " ")
+	if known {
+		h.IDs = ids.String()
+	}
 	return h
+}
+
+// tokenOrUnknown returns id, a token, or one of '.'s when id is not one
+// ("": unknown).
+func tokenOrUnknown(id string) string {
+	if len(id) != IdentityLen {
+		return unknownID()
+	}
+	return id
 }
 
 // For returns the member's health as far as source concerns it (Broker,

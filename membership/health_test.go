@@ -137,11 +137,11 @@ func TestHealthGossiped(t *testing.T) {
 // default only; a member cut off from billing steps aside for billing
 // only, and one that does not relay billing is never eligible for it.
 func TestHealthForSource(t *testing.T) {
-	cut := SourcesHealth(true, []SourceState{{"default", true}, {"billing", false}})
+	cut := SourcesHealth(true, []SourceState{{Name: "default", Reachable: true}, {Name: "billing"}})
 	if cut.Sources != "default !billing" || cut.Database {
 		t.Fatalf("SourcesHealth = %+v", cut)
 	}
-	both := SourcesHealth(true, []SourceState{{"default", true}, {"billing", true}})
+	both := SourcesHealth(true, []SourceState{{Name: "default", Reachable: true}, {Name: "billing", Reachable: true}})
 	for _, c := range []struct {
 		name   string
 		h      Health

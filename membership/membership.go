@@ -78,6 +78,11 @@ type Membership struct {
 	eligibleBy map[string][]string
 	recheck    time.Time // when eligibility may change with no new event
 	evSig      chan struct{}
+	// vetted holds this node's sources whose database identity has been
+	// checked against the cluster's (vet); conflicts, the live peers
+	// that disagree with this node on a source's database (apply).
+	vetted    map[string]bool
+	conflicts []Conflict
 }
 
 // ErrJoin is returned (wrapped) when none of the seeds could be joined.
@@ -97,7 +102,7 @@ func New(cfg Config) (*Membership, error) {
 	}
 	m := &Membership{cfg: cfg, changed: make(chan struct{}, 1), view: map[string]Member{}, evSig: make(chan struct{}, 1),
 		metaSig: make(chan struct{}, 1), health: Healthy, elig: eligibility{hold: cfg.HealthHold},
-		eligBy: map[string]*eligibility{}, eligibleBy: map[string][]string{}}
+		eligBy: map[string]*eligibility{}, eligibleBy: map[string][]string{}, vetted: map[string]bool{}}
 	for _, s := range cfg.sources() {
 		m.eligBy[s] = &eligibility{hold: cfg.HealthHold}
 	}
@@ -199,11 +204,12 @@ func (m *Membership) SetHealth(h Health) {
 	m.mu.Lock()
 	same := m.health == h
 	m.health = h
+	adv := m.advertised(h)
 	m.mu.Unlock()
 	if same {
 		return
 	}
-	m.meta.Store(encodeMeta(h))
+	m.meta.Store(encodeMeta(adv))
 	m.cfg.Logger.Info("this node's health changed; advertising it", "broker", h.Broker, "database", h.Database, "sources", h.Sources)
 	select {
 	case m.metaSig <- struct{}{}:
@@ -301,7 +307,15 @@ func (m *Membership) Run(ctx context.Context) error {
 	if err := m.firstJoin(ctx); err != nil {
 		return err
 	}
+	m.apply()
+	// The sources' identities are checked against those the cluster
+	// gossips before this node counts itself joined (and its leasers
+	// want partitions): a conflict stops it here.
+	if _, err := m.vet(); err != nil {
+		return err
+	}
 	m.joined.Store(true)
+	m.readvertise()
 	m.apply()
 	select { // the member set may be what it was, but it is now known
 	case m.changed <- struct{}{}:
@@ -320,7 +334,16 @@ func (m *Membership) Run(ctx context.Context) error {
 		case <-rejoin.C:
 			m.join()
 		}
-		if at := m.apply(); !at.IsZero() {
+		at := m.apply()
+		// A source migrated since (its database answered late) is
+		// checked now, and stops the node on a conflict.
+		if vetted, err := m.vet(); err != nil {
+			return err
+		} else if vetted {
+			m.readvertise()
+			at = m.apply()
+		}
+		if !at.IsZero() {
 			recheck.Reset(max(time.Until(at), time.Millisecond))
 		}
 	}
@@ -400,7 +423,7 @@ func (m *Membership) apply() time.Time {
 		m.view[e.name] = Member{Name: e.name, Addr: e.addr, State: stateName(e.state), Health: decodeMeta(e.meta)}
 	}
 	self := m.view[m.cfg.NodeName]
-	self.Health = m.health // the newest, whether memberlist reported it yet or not
+	self.Health = m.advertised(m.health) // the newest, whether memberlist reported it yet or not
 	m.view[m.cfg.NodeName] = self
 	alive := make([]string, 0, len(m.view))
 	health := make(map[string]Health, len(m.view))
@@ -410,6 +433,9 @@ func (m *Membership) apply() time.Time {
 			health[x.Name] = x.Health
 		}
 	}
+	conflicts := findConflicts(self.Health, peersOf(health, m.cfg.NodeName))
+	appeared, resolved := diffConflicts(m.conflicts, conflicts)
+	m.conflicts = conflicts
 	slices.Sort(alive)
 	now := time.Now()
 	eligible, recheck := m.elig.update(now, health)
@@ -419,7 +445,7 @@ func (m *Membership) apply() time.Time {
 	}
 	changed := !slices.Equal(alive, m.alive) || !slices.Equal(eligible, m.eligible)
 	for src, e := range m.eligBy {
-		el, at := e.update(now, healthFor(health, src))
+		el, at := e.update(now, withoutConflicting(healthFor(health, src), src, conflicts))
 		if !at.IsZero() && (recheck.IsZero() || at.Before(recheck)) {
 			recheck = at
 		}
@@ -428,6 +454,7 @@ func (m *Membership) apply() time.Time {
 	}
 	m.alive, m.eligible, m.recheck = alive, eligible, recheck
 	m.mu.Unlock()
+	m.logConflicts(appeared, resolved)
 	if changed {
 		m.cfg.Logger.Info("membership changed", "alive", alive, "eligible", eligible)
 		select {

@@ -58,6 +58,7 @@ type dbPing struct {
 	name     string
 	connect  func(ctx context.Context) (*pgx.Conn, error)
 	migrated func() bool  // false until the source's schema is migrated: unreachable till then
+	identity func() string // its database's token (membership.DatabaseIdentity), read once migrated
 	lastPing atomic.Int64 // unix nanoseconds when the last successful ping was sent
 }
 
@@ -72,7 +73,7 @@ func newHealthMonitor(cfg Config, pub *rabbitmq.Publisher, srcs []*source,
 		perSource:   len(srcs) > 1 || srcs[0].name != wire.DefaultSource,
 	}
 	for _, s := range srcs {
-		d := &dbPing{name: s.name, connect: s.connect, migrated: s.isMigrated}
+		d := &dbPing{name: s.name, connect: s.connect, migrated: s.isMigrated, identity: func() string { return s.idToken }}
 		d.lastPing.Store(time.Now().UnixNano()) // healthy until shown otherwise
 		h.dbs = append(h.dbs, d)
 	}
@@ -100,10 +101,16 @@ func (h *healthMonitor) compute(now time.Time, broker bool) membership.Health {
 			migrated = false
 			continue
 		}
-		states = append(states, membership.SourceState{Name: d.name, Reachable: fresh})
+		// The identity was read before the source was migrated: it
+		// does not change while the node runs.
+		states = append(states, membership.SourceState{Name: d.name, Reachable: fresh, Identity: d.identity()})
 	}
 	if !h.perSource || len(states) == 0 {
-		return membership.Health{Broker: broker, Database: len(states) > 0 && states[0].Reachable}
+		hl := membership.Health{Broker: broker, Database: len(states) > 0 && states[0].Reachable}
+		if len(states) > 0 {
+			hl.IDs = states[0].Identity
+		}
+		return hl
 	}
 	hl := membership.SourcesHealth(broker, states)
 	hl.Database = hl.Database && migrated

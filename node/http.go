@@ -70,6 +70,11 @@ type Status struct {
 	// BacklogAgeSeconds is how old the partitions' snapshot is.
 	BacklogAgeSeconds float64     `json:"backlogAgeSeconds"`
 	Degradation       Degradation `json:"degradation"`
+	// IdentityConflicts lists the live peers that disagree with this
+	// node on a source's database: another database under a source's
+	// name, or a source's database under another name. Each is left out
+	// of that source's map on this node (docs/operations.md).
+	IdentityConflicts []membership.Conflict `json:"identityConflicts,omitempty"`
 	// History is the cluster's throughput and lag over the last minutes,
 	// one sample per backlog refresh, oldest first.
 	History []Sample `json:"history,omitempty"`
@@ -153,7 +158,8 @@ func (v *view) status(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	now := time.Now()
 	st := Status{Node: v.cfg.NodeName, Partitions: v.srcs[0].partitions, Broker: v.pub.Connected(), BrokerURL: v.pub.URL(),
-		BrokerState: v.pub.Status(), Members: v.memberList(), Degradation: v.degradation(), Sources: []SourceStatus{}}
+		BrokerState: v.pub.Status(), Members: v.memberList(), Degradation: v.degradation(), Sources: []SourceStatus{},
+		IdentityConflicts: v.conflicts()}
 	up := false
 	for _, s := range v.srcs {
 		ss := v.sourceStatus(ctx, s, now)

@@ -116,7 +116,9 @@ var (
 	descMembersGone = prometheus.NewDesc("ordo_gossip_members_gone",
 		"Members this node saw leave or declared dead.", nil, nil)
 	descDegraded = prometheus.NewDesc("ordo_degraded",
-		"1 while the node is degraded (oldest pending age in its partitions above -degraded-after, or broker blocked).", nil, nil)
+		"1 while the node is degraded (oldest pending age in its partitions above -degraded-after, broker blocked, or a peer disagrees on a source's database).", nil, nil)
+	descConflicts = prometheus.NewDesc("ordo_source_identity_conflicts",
+		"Live peers that disagree with this node on the source's database (another database under its name, or its database under another name); each is left out of the source's map on this node.", srcLabel, nil)
 )
 
 // collector is the node's prometheus.Collector: every value is read from
@@ -133,7 +135,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 		descLeaseSkipped, descStalled, descInFlight, descUnconfirmed, descWindow,
 		descBudgetSlots, descBudgetSlotsUsed, descBudgetBytes, descBudgetBytesUsed, descBudgetSourceSlots, descBudgetSourceBytes,
 		descClaims, descRenewFailures, descLosses, descHandoffs, descHandoffTimeouts, descRebalances,
-		descBrokerUp, descBrokerBlocked, descDatabaseUp, descMembers, descMembersGone, descDegraded,
+		descBrokerUp, descBrokerBlocked, descDatabaseUp, descMembers, descMembersGone, descDegraded, descConflicts,
 	} {
 		ch <- d
 	}
@@ -141,8 +143,17 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c collector) Collect(ch chan<- prometheus.Metric) {
+	conflicts := map[string]int{} // peers in conflict, by source
+	seen := map[[2]string]bool{}
+	for _, x := range c.v.conflicts() {
+		if !seen[[2]string{x.Source, x.Peer}] {
+			seen[[2]string{x.Source, x.Peer}] = true
+			conflicts[x.Source]++
+		}
+	}
 	for _, s := range c.v.srcs {
 		c.collectSource(ch, s)
+		ch <- prometheus.MustNewConstMetric(descConflicts, prometheus.GaugeValue, float64(conflicts[s.name]), s.name)
 	}
 	v := c.v
 	gauge := func(d *prometheus.Desc, x float64) {

@@ -15,6 +15,7 @@ import (
 	"github.com/ordo-relay/ordo/internal/backoff"
 	"github.com/ordo-relay/ordo/internal/pgmigrate"
 	"github.com/ordo-relay/ordo/lease"
+	"github.com/ordo-relay/ordo/membership"
 	"github.com/ordo-relay/ordo/outbox"
 )
 
@@ -255,8 +256,11 @@ func (s *source) migrateOnce(ctx context.Context) error {
 
 // readIdentity sets s.identity to its database's identity: the server's
 // system identifier and the database's oid, the same whatever URL, host
-// name or port reaches it. A role that may not read the server's control
-// data leaves it unknown (""), and the check of claimDatabase with it.
+// name or port reaches it; and s.idToken to the token gossiped for it
+// (membership.DatabaseIdentity), which the cluster's nodes compare
+// (docs/design.md, "One database, one name"). A role that may not read
+// the server's control data leaves both unknown (""), and the checks of
+// claimDatabase and of the cluster with them.
 func (s *source) readIdentity(ctx context.Context, conn *pgx.Conn) error {
 	var sysid, oid int64
 	err := conn.QueryRow(ctx, `SELECT (SELECT system_identifier FROM pg_control_system()),
@@ -269,7 +273,8 @@ func (s *source) readIdentity(ctx context.Context, conn *pgx.Conn) error {
 	case err != nil:
 		return fmt.Errorf("read database identity: %w", err)
 	}
-	s.identity = fmt.Sprintf("system identifier %d, database oid %d", sysid, oid)
+	s.idToken = membership.DatabaseIdentity(uint64(sysid), uint32(oid))
+	s.identity = fmt.Sprintf("system identifier %d, database oid %d, gossiped as %s", uint64(sysid), oid, s.idToken)
 	return nil
 }
 

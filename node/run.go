@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -254,7 +256,7 @@ func (b *built) run(ctx context.Context, ready func(httpAddr string)) error {
 	}
 	st.start("services", append(services, component{"health", b.health.Run}, component{"migrations", b.migs.Run})...)
 	if b.members != nil {
-		gossip := []component{{"gossip", b.members.Run}}
+		gossip := []component{{"gossip", b.runGossip}}
 		if len(b.srcs) > 1 {
 			gossip = append(gossip, component{"gossip fan-out", b.fanOut})
 		}
@@ -285,6 +287,26 @@ func (b *built) run(ctx context.Context, ready func(httpAddr string)) error {
 	// reachable while the node leaves the cluster.
 	b.migs.stop()
 	return st.stop()
+}
+
+// runGossip runs membership until ctx ends. A source whose database the
+// cluster knows under another name, or whose name it knows for another
+// database (membership.ConflictError: checked as the node joins, and as
+// a source's database first answers), stops the node; the error then
+// says this node's identities in full.
+func (b *built) runGossip(ctx context.Context) error {
+	err := b.members.Run(ctx)
+	var ce *membership.ConflictError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	var mine []string
+	for _, s := range b.srcs {
+		if s.identity != "" && slices.ContainsFunc(ce.Conflicts, func(c membership.Conflict) bool { return c.Source == s.name }) {
+			mine = append(mine, fmt.Sprintf("%s is %s", s.name, s.identity))
+		}
+	}
+	return fmt.Errorf("refused to join: %w (this node's %s)", err, strings.Join(mine, "; "))
 }
 
 // named returns a component's name for source s: name alone in the

@@ -30,6 +30,7 @@ type source struct {
 	connectMin time.Duration   // the first bound of connect (0: connectTimeoutMin; tests shorten it)
 	migrateMax time.Duration   // the bound of a migration attempt (0: migrateAttemptMax; tests shorten it)
 	identity   string          // its database's identity, read by its migration (source.readIdentity); "" unknown
+	idToken    string          // the same, as gossiped (membership.DatabaseIdentity); "" unknown
 	logger     *slog.Logger    // the node's, with a "source" attribute when it has several
 	wake       chan struct{}   // membership changes, fanned out to this source's leaser
 	leaser     *lease.Leaser

@@ -80,6 +80,15 @@ func (v *view) held(s *source) []int {
 	return ps
 }
 
+// conflicts returns the live peers that disagree with this node on a
+// source's database (membership.Conflict); none without gossip.
+func (v *view) conflicts() []membership.Conflict {
+	if v.members == nil {
+		return nil
+	}
+	return v.members.Conflicts()
+}
+
 // brokerBlocked reports whether the broker blocked the connection; false
 // when the publisher cannot tell.
 func (v *view) brokerBlocked() (blocked, known bool) {
@@ -107,7 +116,8 @@ type Degradation struct {
 
 // degradation computes the degraded state: the oldest pending row of a
 // partition this node holds, of any source, is older than DegradedAfter,
-// or the broker is blocked.
+// the broker is blocked, or a peer disagrees with this node on a
+// source's database (conflicts).
 func (v *view) degradation() Degradation {
 	var d Degradation
 	for _, s := range v.srcs {
@@ -126,6 +136,9 @@ func (v *view) degradation() Degradation {
 	}
 	if blocked, _ := v.brokerBlocked(); blocked {
 		d.Reasons = append(d.Reasons, "broker blocked the connection (memory or disk alarm)")
+	}
+	for _, c := range v.conflicts() {
+		d.Reasons = append(d.Reasons, c.String()+"; that node is left out of the source's map here")
 	}
 	d.Degraded = len(d.Reasons) > 0
 	return d
