@@ -57,9 +57,9 @@ type healthMonitor struct {
 type dbPing struct {
 	name     string
 	connect  func(ctx context.Context) (*pgx.Conn, error)
-	migrated func() bool  // false until the source's schema is migrated: unreachable till then
+	migrated func() bool   // false until the source's schema is migrated: unreachable till then
 	identity func() string // its database's token (membership.DatabaseIdentity), read once migrated
-	lastPing atomic.Int64 // unix nanoseconds when the last successful ping was sent
+	lastPing atomic.Int64  // unix nanoseconds when the last successful ping was sent
 }
 
 func newHealthMonitor(cfg Config, pub *rabbitmq.Publisher, srcs []*source,

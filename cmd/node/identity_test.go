@@ -1,0 +1,107 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/membership"
+)
+
+// databaseToken returns the identity token nodes gossip for the
+// database at dbURL (membership.DatabaseIdentity).
+func databaseToken(t *testing.T, ob *testkit.Outbox) string {
+	t.Helper()
+	var sysid, oid int64
+	err := ob.Pool.QueryRow(ctx30(t), `SELECT (SELECT system_identifier FROM pg_control_system()),
+       (SELECT oid::int8 FROM pg_database WHERE datname = current_database())`).Scan(&sysid, &oid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return membership.DatabaseIdentity(uint64(sysid), uint32(oid))
+}
+
+// TestClusterIdentityConflictRefused: n1 relays database X as default.
+// A node joining it with default on another database Y, and one joining
+// with X under the name billing, each exit 1 naming n1, both sources
+// and both identities, having claimed nothing; n1 keeps every partition
+// and sees no conflict (they never gossiped an identity). A node reaching
+// X by another host name joins, and takes its share.
+func TestClusterIdentityConflictRefused(t *testing.T) {
+	t.Parallel()
+	testkit.RequireRabbitMQ(t)
+	const partitions = 8
+	x, y := testkit.NewOutbox(t, partitions, 2), testkit.NewOutbox(t, partitions, 2)
+	tokX, tokY := databaseToken(t, x), databaseToken(t, y)
+	xViaLocalhost := strings.Replace(x.URL, "127.0.0.1", "localhost", 1)
+	if xViaLocalhost == x.URL {
+		t.Fatalf("test database URL %q does not name 127.0.0.1", x.URL)
+	}
+	bin := testkit.BuildBinary(t, "github.com/ordo-relay/ordo/cmd/node")
+	seed := testkit.FreeAddr(t)
+	env := func(name, gossip, db string) []string {
+		return []string{db, "ORDO_AMQP_URL=" + testkit.AMQPURL(), "ORDO_NODE_NAME=" + name,
+			"ORDO_HTTP_ADDR=" + testkit.FreeAddr(t), "ORDO_GOSSIP_ADDR=" + gossip, "ORDO_JOIN=" + seed,
+			"ORDO_GOSSIP_KEY=" + testGossipKey, "ORDO_REJOIN_INTERVAL=1s", "ORDO_POLL_INTERVAL=200ms",
+			"ORDO_DB_MAX_CONNS=3", "ORDO_PARTITIONS=" + fmt.Sprint(partitions)}
+	}
+	n1env := env("n1", seed, "ORDO_POSTGRES_URL="+x.URL)
+	n1 := testkit.StartProcess(t, "n1", bin, nil, n1env)
+	if err := n1.AwaitOutput("node started", 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	c := &cluster{http: []string{strings.TrimPrefix(n1env[3], "ORDO_HTTP_ADDR=")}}
+	held := func() int {
+		st, ok := c.status(t, 0)
+		if !ok {
+			return -1
+		}
+		return len(st.Held)
+	}
+	testkit.WaitFor(t, 30*time.Second, "n1 holds every partition", func() bool { return held() == partitions })
+
+	for _, tc := range []struct {
+		name, db string
+		want     []string
+	}{
+		{"another database under default", "ORDO_POSTGRES_URL=" + y.URL,
+			[]string{"source default: node n1 relays it from another database", "its identity " + tokX, "this node's " + tokY}},
+		{"default's database as billing", "ORDO_SOURCES=billing=" + xViaLocalhost,
+			[]string{"source billing: node n1 relays the same database (identity " + tokX + ") as its source default"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := testkit.StartProcess(t, "n2", bin, nil, env("n2", testkit.FreeAddr(t), tc.db))
+			code, err := p.Wait(60 * time.Second)
+			if err != nil || code != 1 {
+				t.Fatalf("exit %d (%v), want 1; output:\n%s", code, err, p.Tail(30))
+			}
+			out := p.Output()
+			for _, w := range append(tc.want, membership.ErrIdentityConflict.Error()) {
+				if !strings.Contains(out, w) {
+					t.Fatalf("output does not say %q:\n%s", w, p.Tail(30))
+				}
+			}
+			if strings.Contains(out, "leases claimed") {
+				t.Fatalf("n2 claimed partitions before refusing:\n%s", p.Tail(30))
+			}
+			t.Logf("refused: %s", linesWith(out, "refused to join"))
+		})
+	}
+	st, ok := c.status(t, 0)
+	if !ok || len(st.Held) != partitions || len(st.IdentityConflicts) != 0 {
+		t.Fatalf("n1 after the refusals: ok %v, held %v, conflicts %+v", ok, st.Held, st.IdentityConflicts)
+	}
+
+	n3 := testkit.StartProcess(t, "n3", bin, nil, env("n3", testkit.FreeAddr(t), "ORDO_POSTGRES_URL="+xViaLocalhost))
+	if err := n3.AwaitOutput("node started", 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, 60*time.Second, "n1 hands half its partitions to n3, which reaches X as localhost", func() bool {
+		return held() == partitions/2
+	})
+	if n3.Exited() {
+		t.Fatalf("n3 exited:\n%s", n3.Tail(30))
+	}
+}
