@@ -63,8 +63,9 @@ type nodeMeta struct {
 // encodeMeta encodes h as metadata of at most memberlist.MetaMaxSize
 // bytes, whatever the reachability of its sources: the identity tokens
 // are cut as needed (fitIDs). MaxSources (the node's: 12) names of
-// wire.MaxSourceLen bytes leave MinIdentityLen characters a token; 12
-// names of up to 22 bytes leave the whole IdentityLen.
+// wire.MaxSourceLen bytes leave MinIdentityLen characters a token (24
+// bits); 12 names of up to 28 bytes leave the whole IdentityLen (48
+// bits); TestMetaIdentityFits.
 func encodeMeta(h Health) []byte {
 	b, _ := json.Marshal(nodeMeta{V: metaVersion, Health: fitIDs(h, memberlist.MetaMaxSize)}) // cannot fail
 	return b

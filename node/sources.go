@@ -12,9 +12,11 @@ import (
 	"github.com/ordo-relay/ordo/wire"
 )
 
-// MaxSources is the most sources one node relays. Every source's name
-// travels in the node's gossip metadata, which memberlist caps at 512
-// bytes: twelve names of wire.MaxSourceLen bytes fit with room to spare.
+// MaxSources is the most sources one node relays. Every source's name,
+// and a token of its database's identity, travel in the node's gossip
+// metadata, which memberlist caps at 512 bytes: twelve names of
+// wire.MaxSourceLen bytes fit with a token of 4 characters each, twelve
+// of up to 28 bytes with whole tokens of 8 (membership.IdentityLen).
 const MaxSources = 12
 
 // Source is one outbox database the node relays (docs/design.md,
