@@ -256,13 +256,13 @@ func TestIdentityLateSource(t *testing.T) {
 
 	b.m.SetHealth(srcs("orders", dbX, "billing", dbY))
 	err := b.exited(t, 10*time.Second)
+	if slices.Contains(b.m.EligibleFor("billing"), "b") {
+		t.Fatalf("b counts itself eligible for billing, not checked: %v", b.m.EligibleFor("billing"))
+	}
 	var ce *ConflictError
 	if !errors.As(err, &ce) || len(ce.Conflicts) != 2 || ce.Conflicts[0].Peer != "a" || ce.Conflicts[1].Peer != "c" ||
 		ce.Conflicts[0].Source != "billing" || ce.Conflicts[0].PeerIdentity != dbZ {
 		t.Fatalf("b's Run: %v, want a *ConflictError on billing with a and c", err)
-	}
-	if slices.Contains(b.m.EligibleFor("billing"), "b") {
-		t.Fatalf("b counts itself eligible for billing, not checked: %v", b.m.EligibleFor("billing"))
 	}
 	t.Logf("b refused billing: %v", err)
 }

@@ -68,14 +68,10 @@ func (m *Membership) vet() (bool, error) {
 }
 
 // advertised returns h as this node gossips it, with m.mu held: before
-// the join's check, with no identity; after it, without the sources not
-// checked yet (vet).
+// the join's check (nothing checked yet), with no identity; after it,
+// without the sources not checked yet (vet).
 func (m *Membership) advertised(h Health) Health {
 	if h.IDs == "" {
-		return h
-	}
-	if !m.joined.Load() {
-		h.IDs = ""
 		return h
 	}
 	own := h.identities()
@@ -98,8 +94,9 @@ func (m *Membership) advertised(h Health) Health {
 	case len(names) == len(own):
 		return h
 	case len(names) == 0:
-		// Not in the node: the sources listed at the join were checked
-		// then. An empty list would read as wire.DefaultSource.
+		// Before the join's check: every source listed, no identity.
+		// (After it, the sources listed at the join were checked; an
+		// empty list would read as wire.DefaultSource.)
 		h.IDs = ""
 		return h
 	}
