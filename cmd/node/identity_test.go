@@ -2,12 +2,16 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/membership"
+	"github.com/ordo-relay/ordo/node"
 )
 
 // databaseToken returns the identity token nodes gossip for the
@@ -103,5 +107,106 @@ func TestClusterIdentityConflictRefused(t *testing.T) {
 	})
 	if n3.Exited() {
 		t.Fatalf("n3 exited:\n%s", n3.Tail(30))
+	}
+}
+
+// sourceGauge returns a per-source family's value for source, -1 when
+// absent.
+func sourceGauge(fams map[string]*dto.MetricFamily, name, source string) float64 {
+	for _, m := range fams[name].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "source" && l.GetValue() == source {
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return -1
+}
+
+// TestClusterIdentityConflictLater: n1 relays database X as default,
+// n2 database Y as default; each started alone and passed its check.
+// n3 (another source) then joins both, and n1 and n2 find each other: a
+// conflict seen while running (as after a network split heals, or two
+// nodes started together). Each leaves the other out of default's map,
+// so each leases every partition of its own database and none is left to
+// a node that leases elsewhere; n1's /status, /readyz's degradation and
+// ordo_source_identity_conflicts say so; both keep running.
+func TestClusterIdentityConflictLater(t *testing.T) {
+	t.Parallel()
+	testkit.RequireRabbitMQ(t)
+	const partitions = 8
+	x, y, z := testkit.NewOutbox(t, partitions, 2), testkit.NewOutbox(t, partitions, 2), testkit.NewOutbox(t, partitions, 2)
+	tokX, tokY := databaseToken(t, x), databaseToken(t, y)
+	bin := testkit.BuildBinary(t, "github.com/ordo-relay/ordo/cmd/node")
+	c := &cluster{names: []string{"n1", "n2", "n3"}, procs: make([]*testkit.Process, 3)}
+	for range 3 {
+		c.gossip, c.http = append(c.gossip, testkit.FreeAddr(t)), append(c.http, testkit.FreeAddr(t))
+	}
+	start := func(i int, db string, join ...string) {
+		c.procs[i] = testkit.StartProcess(t, c.names[i], bin, nil, []string{db, "ORDO_AMQP_URL=" + testkit.AMQPURL(),
+			"ORDO_NODE_NAME=" + c.names[i], "ORDO_HTTP_ADDR=" + c.http[i], "ORDO_GOSSIP_ADDR=" + c.gossip[i],
+			"ORDO_JOIN=" + strings.Join(join, ","), "ORDO_GOSSIP_KEY=" + testGossipKey, "ORDO_REJOIN_INTERVAL=1s",
+			"ORDO_POLL_INTERVAL=200ms", "ORDO_DB_MAX_CONNS=3", "ORDO_PARTITIONS=" + fmt.Sprint(partitions)})
+		if err := c.procs[i].AwaitOutput("node started", 30*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := func(i int) int {
+		st, ok := c.status(t, i)
+		if !ok {
+			return -1
+		}
+		return len(st.Held)
+	}
+	start(0, "ORDO_POSTGRES_URL="+x.URL, c.gossip[0])
+	start(1, "ORDO_POSTGRES_URL="+y.URL, c.gossip[1])
+	testkit.WaitFor(t, 30*time.Second, "n1 and n2, each alone, hold every partition of their database", func() bool {
+		return held(0) == partitions && held(1) == partitions
+	})
+	start(2, "ORDO_SOURCES=other="+z.URL, c.gossip[0], c.gossip[1])
+	var st node.Status
+	testkit.WaitFor(t, 30*time.Second, "n1 sees n2's conflict on default", func() bool {
+		var ok bool
+		st, ok = c.status(t, 0)
+		return ok && len(st.IdentityConflicts) == 1 && len(st.Members) == 3
+	})
+	want := membership.Conflict{Source: "default", Identity: tokX, Peer: "n2", PeerSource: "default", PeerIdentity: tokY}
+	if st.IdentityConflicts[0] != want || !st.Degradation.Degraded || !strings.Contains(strings.Join(st.Degradation.Reasons, "; "), "node n2 relays it from another database") {
+		t.Fatalf("n1's status: conflicts %+v, degradation %+v; want %+v and degraded", st.IdentityConflicts, st.Degradation, want)
+	}
+	if !strings.Contains(c.procs[0].Output(), "a peer disagrees on a source's database") {
+		t.Fatalf("n1 logged no error:\n%s", c.procs[0].Tail(20))
+	}
+	fams := scrape(t, c.http[0])
+	if v := sourceGauge(fams, "ordo_source_identity_conflicts", "default"); v != 1 {
+		t.Fatalf("n1's ordo_source_identity_conflicts{source=default} = %v, want 1", v)
+	}
+	// Each node's map of default is its own alone: it never hands a
+	// partition of its database to a node that leases in another.
+	for i, name := range []string{"n1", "n2"} {
+		st, ok := c.status(t, i)
+		if !ok || len(st.Assignment) != partitions || slices.ContainsFunc(st.Assignment, func(o string) bool { return o != name }) {
+			t.Fatalf("%s's map of default: %v (status ok %v)", name, st.Assignment, ok)
+		}
+	}
+	testkit.WaitFor(t, 30*time.Second, "n1 and n2 each hold every partition of their database", func() bool {
+		return held(0) == partitions && held(1) == partitions
+	})
+	for _, db := range []struct {
+		ob    *testkit.Outbox
+		owner string
+	}{{x, "n1"}, {y, "n2"}} {
+		var others int
+		if err := db.ob.Pool.QueryRow(ctx30(t), `SELECT count(*) FROM ordo_lease_audit WHERE node <> $1`, db.owner).Scan(&others); err != nil {
+			t.Fatal(err)
+		}
+		if others != 0 {
+			t.Fatalf("%d lease events of other nodes than %s in its database", others, db.owner)
+		}
+	}
+	for i, p := range c.procs {
+		if p.Exited() {
+			t.Fatalf("%s exited:\n%s", c.names[i], p.Tail(20))
+		}
 	}
 }

@@ -125,6 +125,7 @@ var wantTypes = map[string]dto.MetricType{
 	"ordo_gossip_members":                       dto.MetricType_GAUGE,
 	"ordo_gossip_members_gone":                  dto.MetricType_GAUGE,
 	"ordo_degraded":                             dto.MetricType_GAUGE,
+	"ordo_source_identity_conflicts":            dto.MetricType_GAUGE,
 	"go_goroutines":                             dto.MetricType_GAUGE,
 	"process_resident_memory_bytes":             dto.MetricType_GAUGE,
 }
