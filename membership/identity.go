@@ -195,6 +195,19 @@ func findConflicts(self Health, peers map[string]Health) []Conflict {
 	return out
 }
 
+// agrees reports whether a peer lists source with the same database as
+// id, a known token.
+func agrees(peers map[string]Health, source, id string) bool {
+	for _, h := range peers {
+		for _, t := range h.identities() {
+			if t.name == source && t.id != "" && sameDatabase(t.id, id) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // ErrIdentityConflict is wrapped by the *ConflictError that Run returns
 // when a source of this node, checked against the cluster's as it joins
 // (or as the source's database first answers), conflicts with a peer's.

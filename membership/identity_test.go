@@ -162,8 +162,26 @@ func idConfig(name, bind string, join []string, sources ...string) Config {
 
 func waitEligibleFor(t *testing.T, r *running, source string, want ...string) {
 	t.Helper()
-	testkit.WaitFor(t, 10*time.Second, r.m.cfg.NodeName+" sees "+strings.Join(want, ",")+" eligible for "+source, func() bool {
-		return slices.Equal(r.m.EligibleFor(source), want)
+	deadline := time.Now().Add(10 * time.Second)
+	for !slices.Equal(r.m.EligibleFor(source), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s sees %v eligible for %s, want %v; members %+v", r.m.cfg.NodeName, r.m.EligibleFor(source), source, want, r.m.Members())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitGossips waits until r sees member gossip id for source: member
+// has passed its join's check.
+func waitGossips(t *testing.T, r *running, member, source, id string) {
+	t.Helper()
+	testkit.WaitFor(t, 10*time.Second, r.m.cfg.NodeName+" sees "+member+" gossip "+source+"'s identity", func() bool {
+		for _, x := range r.m.Members() {
+			if x.Name == member && x.Health.Identity(source) == id {
+				return true
+			}
+		}
+		return false
 	})
 }
 
@@ -212,6 +230,7 @@ func TestIdentityConflictLater(t *testing.T) {
 	b := startWith(t, idConfig("b", testkit.FreeAddr(t), []string{seed}, "orders"), srcs("orders", dbX))
 	waitEligibleFor(t, a, "orders", "a", "b")
 	waitEligibleFor(t, b, "orders", "a", "b")
+	waitGossips(t, a, "b", "orders", dbX)
 
 	b.m.SetHealth(srcs("orders", dbY))
 	waitEligibleFor(t, a, "orders", "a")
@@ -249,11 +268,14 @@ func TestIdentityLateSource(t *testing.T) {
 	b := startWith(t, idConfig("b", testkit.FreeAddr(t), []string{seed}, "orders", "billing"), srcs("orders", dbX))
 	c := startWith(t, idConfig("c", testkit.FreeAddr(t), []string{seed}, "orders", "billing"), srcs("orders", dbX))
 	waitEligibleFor(t, a, "orders", "a", "b", "c")
+	waitGossips(t, a, "b", "orders", dbX)
+	waitGossips(t, a, "c", "orders", dbX)
 
 	c.m.SetHealth(srcs("orders", dbX, "billing", dbZ))
 	waitEligibleFor(t, a, "billing", "a", "c")
 	waitEligibleFor(t, c, "billing", "a", "c")
 
+	waitGossips(t, b, "c", "billing", dbZ)
 	b.m.SetHealth(srcs("orders", dbX, "billing", dbY))
 	err := b.exited(t, 10*time.Second)
 	if slices.Contains(b.m.EligibleFor("billing"), "b") {
@@ -288,4 +310,38 @@ func TestIdentityNotGossipedBeforeCheck(t *testing.T) {
 	testkit.WaitFor(t, 10*time.Second, "a gossips orders' identity", func() bool {
 		return decodeMeta(m.meta.Load().([]byte)).Identity("orders") == dbX
 	})
+}
+
+// TestIdentityJoinBesideConflict: while two running nodes disagree on
+// orders, a node joining with the database of one of them joins (a
+// peer agrees with it) and leaves the other out of its map, as its
+// side does; a node joining with a third database refuses.
+func TestIdentityJoinBesideConflict(t *testing.T) {
+	seed := testkit.FreeAddr(t)
+	a := startWith(t, idConfig("a", seed, nil, "orders"), srcs("orders", dbX))
+	waitEligibleFor(t, a, "orders", "a")
+	b := startWith(t, idConfig("b", testkit.FreeAddr(t), []string{seed}, "orders"), srcs("orders", dbX))
+	waitGossips(t, a, "b", "orders", dbX)
+	b.m.SetHealth(srcs("orders", dbY))
+	waitEligibleFor(t, a, "orders", "a")
+
+	c := startWith(t, idConfig("c", testkit.FreeAddr(t), []string{seed}, "orders"), srcs("orders", dbX))
+	waitEligibleFor(t, c, "orders", "a", "c")
+	waitEligibleFor(t, a, "orders", "a", "c")
+	waitEligibleFor(t, b, "orders", "b")
+	if cs := c.m.Conflicts(); len(cs) != 1 || cs[0].Peer != "b" {
+		t.Fatalf("c's conflicts %+v, want one with b", cs)
+	}
+
+	waitGossips(t, a, "c", "orders", dbX)
+	d := startWith(t, idConfig("d", testkit.FreeAddr(t), []string{seed}, "orders"), srcs("orders", dbZ))
+	var ce *ConflictError
+	if err := d.exited(t, 10*time.Second); !errors.As(err, &ce) || len(ce.Conflicts) != 3 {
+		t.Fatalf("d's Run: %v, want a *ConflictError with a, b and c", err)
+	}
+	select {
+	case err := <-c.done:
+		t.Fatalf("c stopped: %v", err)
+	default:
+	}
 }

@@ -314,8 +314,8 @@ func (m *Membership) Run(ctx context.Context) error {
 	if _, err := m.vet(); err != nil {
 		return err
 	}
+	m.readvertise() // the identities checked, before the leasers want partitions
 	m.joined.Store(true)
-	m.readvertise()
 	m.apply()
 	select { // the member set may be what it was, but it is now known
 	case m.changed <- struct{}{}:

@@ -14,9 +14,13 @@ import (
 //   - As it joins (Run), every source it lists is checked; a conflict
 //     with a peer that gossips its identity (a node that has passed this
 //     check) stops the node with a *ConflictError, before its leasers
-//     want any partition. A node that joins a cluster with another
-//     database under a source's name, or a source's database under
-//     another name, thus refuses to start, and the running nodes go on.
+//     want any partition, unless another peer agrees with this node on
+//     the source (the conflict is then older than this node, between
+//     running nodes; stopping every node that restarts beside a wrong
+//     one would let that one take the cluster down). A node that joins
+//     a cluster with another database under a source's name, or a
+//     source's database under another name, thus refuses to start, and
+//     the running nodes go on.
 //   - A source listed later (its database answered after the join) is
 //     left out of what the node gossips, and of its own map, until the
 //     next loop of Run checks it: a conflict then stops the node too.
@@ -49,7 +53,10 @@ func (m *Membership) vet() (bool, error) {
 			continue
 		}
 		mine := slices.DeleteFunc(slices.Clone(conflicts), func(c Conflict) bool { return c.Source != s.name })
-		if len(mine) > 0 {
+		// A peer that agrees shows the conflict is older than this
+		// node: it joins that peer's side, and sees the conflict as
+		// the running nodes do (apply).
+		if len(mine) > 0 && !agrees(live, s.name, s.id) {
 			bad = append(bad, mine...)
 			continue
 		}
