@@ -72,11 +72,10 @@ type Config struct {
 // DefaultConfig returns the defaults for a lease TTL of DefaultTTL.
 func DefaultConfig() Config { return ConfigWithTTL(DefaultTTL) }
 
-// ConfigWithTTL returns the defaults for a lease TTL of ttl: a margin of
-// TTL/4, a renewal every TTL/3 and a handoff timeout of TTL/2.
-func ConfigWithTTL(ttl time.Duration) Config {
-	return Config{TTL: ttl, Margin: ttl / 4, RenewEvery: ttl / 3, HandoffTimeout: ttl / 2}
-}
+// ConfigWithTTL returns the defaults for a lease TTL of ttl, those of the
+// lease timing rule (TimingFor): a margin of TTL/4, a renewal every TTL/3
+// and a handoff timeout of TTL/2.
+func ConfigWithTTL(ttl time.Duration) Config { return TimingFor(ttl).Config() }
 
 // withDefaults returns c with a zero TTL set to DefaultTTL, and a zero
 // Margin, RenewEvery or HandoffTimeout set to its ConfigWithTTL value for
@@ -99,11 +98,7 @@ func (c Config) withDefaults() Config {
 func (c Config) Validate() error {
 	ck := confcheck.New("lease")
 	ck.Require(c.Node != "", "Node", "is empty; the node's name is required")
-	ck.Require(c.TTL > 0, "TTL", "%v is not positive", c.TTL)
-	ck.Require(c.Margin > 0 && c.Margin < c.TTL, "Margin", "%v is not between 0 and the TTL (%v)", c.Margin, c.TTL)
-	ck.Require(c.RenewEvery > 0 && c.RenewEvery < c.TTL-c.Margin, "RenewEvery",
-		"%v is not between 0 and TTL − Margin (%v): a failed renewal could not be retried before the deadline", c.RenewEvery, c.TTL-c.Margin)
-	ck.Require(c.HandoffTimeout > 0, "HandoffTimeout", "%v is not positive", c.HandoffTimeout)
+	checkLease(ck, c.TTL, c.Margin, c.RenewEvery, c.HandoffTimeout)
 	ck.Require(c.Want != nil, "Want", "is nil; the leaser must be told what to claim")
 	ck.Require(c.Connect != nil, "Connect", "is nil; the leaser needs a connection")
 	return ck.Err()

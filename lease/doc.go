@@ -12,6 +12,11 @@
 // local deadline: the time it sent its last successful claim or renewal,
 // plus the TTL, minus a margin, which comes before the database's expiry.
 //
+// Timing (TimingFor) is the lease timing rule: every interval a node
+// derives from its TTL (the margin and renewal above, the health hold, the
+// reconnect caps, ...), in one place, with the invariants between them
+// checked by its Validate.
+//
 // The package owns the lease tables, ordo_leases and ordo_lease_audit:
 // Migrate creates them (see its doc for the move from the outbox's
 // migrations).

@@ -7,11 +7,13 @@ package node
 import (
 	"log/slog"
 	"os"
+	"slices"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ordo-relay/ordo/internal/confcheck"
+	"github.com/ordo-relay/ordo/lease"
 	"github.com/ordo-relay/ordo/membership"
 	"github.com/ordo-relay/ordo/partition"
 	"github.com/ordo-relay/ordo/relay"
@@ -67,8 +69,11 @@ type Config struct {
 
 	// LeaseTTL is a partition lease's lifetime: renewals run every third
 	// of it, and a crashed node's partitions are claimed at most a TTL
-	// after it stopped renewing. At least 300ms; the default is 2 s. Use
-	// 5-10 s for a database that can fail over.
+	// after it stopped renewing. The node derives its other timeouts from
+	// it by one rule (lease.Timing): the health hold is half of it, the
+	// reconnect cap a quarter. At least 300ms, and at least four times
+	// AMQP.ReconnectMin (400ms by default); the default is 2 s. Use 5-10 s
+	// for a database that can fail over.
 	LeaseTTL time.Duration
 
 	// AdminToken is the bearer token of the /admin actions; the default,
@@ -114,13 +119,14 @@ func DefaultConfig() Config {
 	}
 	amqpCfg := amqpSettings(rabbitmq.DefaultConfig())
 	amqpCfg.URL = "amqp://guest:guest@127.0.0.1:5672/"
+	amqpCfg.ReconnectMax = 0 // the lease timing rule's cap for LeaseTTL
 	return Config{
 		NodeName:        name,
 		PostgresURL:     "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
 		HTTPAddr:        "127.0.0.1:8081",
 		Partitions:      partition.DefaultCount,
 		DBMaxConns:      6,
-		LeaseTTL:        2 * time.Second,
+		LeaseTTL:        lease.DefaultTTL,
 		DegradedAfter:   10 * time.Second,
 		BacklogInterval: time.Second,
 		Relay:           relaySettings(relay.DefaultConfig()),
@@ -142,6 +148,9 @@ func (c Config) Validate() error {
 	ck.Require(err == nil, "Partitions", "%v", err)
 	ck.Require(c.DBMaxConns >= 3, "DBMaxConns", "%d is below 3 (reads, marks, status)", c.DBMaxConns)
 	ck.Require(c.LeaseTTL >= 300*time.Millisecond, "LeaseTTL", "%v is too short (at least 300ms)", c.LeaseTTL)
+	if c.LeaseTTL >= 300*time.Millisecond {
+		c.validateTiming(ck)
+	}
 	ck.Require(c.BacklogInterval >= 100*time.Millisecond, "BacklogInterval", "%v is too short (at least 100ms)", c.BacklogInterval)
 	ck.Require(c.DegradedAfter >= 0, "DegradedAfter", "%v is negative (0 turns the check off)", c.DegradedAfter)
 	ck.Require(c.Gossip.BindAddr != "" || len(c.Gossip.Join) == 0, "Gossip.Join",
@@ -153,11 +162,46 @@ func (c Config) Validate() error {
 	// The sources of derived values are checked above (and Relay before
 	// AMQP): a derived value is only as good as its source.
 	ck.Nest("Relay", c.relayConfig(nil).Validate(), relayDerived...)
-	ck.Nest("AMQP", c.amqpConfig(nil).Validate(), amqpDerived...)
+	amqpFrom := amqpDerived
+	if c.AMQP.ReconnectMax == 0 {
+		amqpFrom = append(slices.Clip(amqpFrom), confcheck.From{Field: "ReconnectMax", Source: "LeaseTTL"})
+	}
+	ck.Nest("AMQP", c.amqpConfig(nil).Validate(), amqpFrom...)
 	if c.Gossip.BindAddr != "" {
 		ck.Nest("Gossip", c.membershipConfig(nil, nil).Validate(), gossipDerived...)
 	}
 	return ck.Err()
+}
+
+// timing returns the lease timing rule for LeaseTTL (lease.TimingFor),
+// with the reconnect cap the user set, if any (AMQP.ReconnectMax).
+func (c Config) timing() lease.Timing {
+	t := lease.TimingFor(c.LeaseTTL)
+	if c.AMQP.ReconnectMax != 0 {
+		t.ReconnectMax = c.AMQP.ReconnectMax
+	}
+	return t
+}
+
+// validateTiming checks the lease timing rule: every interval derived
+// from LeaseTTL keeps it by construction, so what can break it is a
+// reconnect cap the user set (reported at AMQP.ReconnectMax), or a TTL
+// whose own cap is below AMQP.ReconnectMin (reported at LeaseTTL).
+func (c Config) validateTiming(ck *confcheck.Checker) {
+	t := c.timing()
+	for _, p := range confcheck.Problems(t.Validate()) {
+		field := "LeaseTTL"
+		if p.Field == "ReconnectMax" && c.AMQP.ReconnectMax != 0 {
+			field = "AMQP.ReconnectMax"
+		}
+		ck.Require(false, field, "%s", p.Msg)
+	}
+	if c.AMQP.ReconnectMax == 0 && c.AMQP.ReconnectMin > 0 {
+		ck.Require(t.ReconnectMax >= c.AMQP.ReconnectMin, "LeaseTTL",
+			"%v allows a reconnect cap of at most %v (a quarter of it, so that nodes coming back from an outage they all "+
+				"saw stay within its health hold of each other), below AMQP.ReconnectMin (%v); use at least %v",
+			c.LeaseTTL, t.ReconnectMax, c.AMQP.ReconnectMin, 4*c.AMQP.ReconnectMin)
+	}
 }
 
 // msgNoGossipKey says why a gossiping node needs a key.

@@ -95,3 +95,42 @@ func TestConfigGossipNeedsKey(t *testing.T) {
 		})
 	}
 }
+
+// TestConfigLeaseTimingRule: the node keeps the lease timing rule
+// (lease.Timing). Its default reconnect cap is the rule's (a quarter of
+// the TTL); a cap the user sets past it is refused at AMQP.ReconnectMax,
+// the cap the node had before the rule (1 s with the 2 s default TTL)
+// included, and a TTL whose cap is below AMQP.ReconnectMin at LeaseTTL,
+// each saying what would do.
+func TestConfigLeaseTimingRule(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		edit func(*node.Config)
+		want []string
+		says string
+	}{
+		{"defaults", func(*node.Config) {}, nil, ""},
+		{"a 1s cap with the default TTL", func(c *node.Config) { c.AMQP.ReconnectMax = time.Second },
+			[]string{"AMQP.ReconnectMax"}, "TTL of at least 4s"},
+		{"a 1s cap with a 4s TTL", func(c *node.Config) { c.AMQP.ReconnectMax, c.LeaseTTL = time.Second, 4*time.Second }, nil, ""},
+		{"a 300ms TTL", func(c *node.Config) { c.LeaseTTL = 300 * time.Millisecond }, []string{"LeaseTTL"}, "use at least 400ms"},
+		{"a 300ms TTL, reconnects from 50ms", func(c *node.Config) {
+			c.LeaseTTL, c.AMQP.ReconnectMin = 300*time.Millisecond, 50*time.Millisecond
+		}, nil, ""},
+		{"a cap below its minimum", func(c *node.Config) { c.AMQP.ReconnectMax = 50 * time.Millisecond },
+			[]string{"AMQP.ReconnectMax"}, "below ReconnectMin"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := node.DefaultConfig()
+			cfg.Gossip.BindAddr, cfg.Gossip.Insecure = "127.0.0.1:7946", true
+			c.edit(&cfg)
+			err := cfg.Validate()
+			if got := confcheck.Fields(err); !slices.Equal(got, c.want) {
+				t.Fatalf("problems %v, want %v\n%v", got, c.want, err)
+			}
+			if err != nil && !strings.Contains(err.Error(), c.says) {
+				t.Fatalf("the refusal does not say %q: %v", c.says, err)
+			}
+		})
+	}
+}

@@ -27,7 +27,8 @@ import (
 //     say: the node has not started its leaser, so gossip must leave it
 //     out of that source's map.
 //   - A database is reachable while a ping on a connection of its own
-//     has succeeded within dbWindow (the lease TTL minus its margin): the
+//     has succeeded within dbWindow (the lease TTL minus its margin,
+//     lease.Timing's DatabaseWindow, as every interval here): the
 //     node declares the database lost when its leases lapse, not later.
 //     A stalled link is caught like a closed one: no ping answers (each
 //     is bounded by dbWindow, then its connection is replaced).
@@ -47,6 +48,7 @@ type healthMonitor struct {
 	every       time.Duration          // how often to ping and look
 	dbWindow    time.Duration
 	brokerGrace time.Duration
+	redialMax   time.Duration // the cap of a ping's reconnect backoff
 	logger      *slog.Logger
 
 	mu     sync.Mutex
@@ -64,13 +66,12 @@ type dbPing struct {
 
 func newHealthMonitor(cfg Config, pub *rabbitmq.Publisher, srcs []*source,
 	members *membership.Membership, logger *slog.Logger) *healthMonitor {
+	t := cfg.timing()
 	h := &healthMonitor{
 		pub: pub, members: members, logger: logger,
-		every:       max(cfg.LeaseTTL/8, 20*time.Millisecond),
-		dbWindow:    cfg.LeaseTTL - cfg.LeaseTTL/4,
-		brokerGrace: cfg.LeaseTTL / 4,
-		health:      membership.Healthy,
-		perSource:   len(srcs) > 1 || srcs[0].name != wire.DefaultSource,
+		every: t.HealthEvery, dbWindow: t.DatabaseWindow, brokerGrace: t.BrokerGrace, redialMax: t.ReconnectMax,
+		health:    membership.Healthy,
+		perSource: len(srcs) > 1 || srcs[0].name != wire.DefaultSource,
 	}
 	for _, s := range srcs {
 		d := &dbPing{name: s.name, connect: s.connect, migrated: s.isMigrated, identity: func() string { return s.idToken }}
@@ -89,7 +90,7 @@ func newHealthMonitor(cfg Config, pub *rabbitmq.Publisher, srcs []*source,
 // as if it did not know it: a peer then leaves the node out of that
 // source's map at once (membership.Health.For). Listed as unreachable
 // ("!billing"), a peer that first saw the node that way counted its hold
-// from then, kept it eligible for LeaseTTL/2 and handed it a share of the
+// from then, kept it eligible for the health hold and handed it a share of the
 // source that nobody claimed until the hold ran out
 // (TestSourceNotMigratedLeftOutOfMap). Database is false while one is.
 func (h *healthMonitor) compute(now time.Time, broker bool) membership.Health {
@@ -176,10 +177,12 @@ func (h *healthMonitor) set(hl membership.Health) {
 // goes by when the last successful ping was sent, so a slower bound
 // delays nothing, and a ping that merely ran long does not cost the
 // connection. A connect has the source's own bound (source.connect), and
-// a failed one is tried again after a backoff with jitter: connects given
-// up every h.every and started over would each cost the server a session
-// start, every node's and every source's at once after a restart, and
-// keep a slow server slow.
+// a failed one is tried again after a backoff with jitter, capped as the
+// broker's reconnects are (lease.Timing's ReconnectMax), so that nodes
+// coming back from an outage they all saw say so within the health hold
+// of each other. Connects given up every h.every and started over would
+// each cost the server a session start, every node's and every source's
+// at once after a restart, and keep a slow server slow.
 func (h *healthMonitor) pingLoop(ctx context.Context, d *dbPing) {
 	var conn *pgx.Conn
 	defer func() {
@@ -189,7 +192,7 @@ func (h *healthMonitor) pingLoop(ctx context.Context, d *dbPing) {
 			cancel()
 		}
 	}()
-	bo := backoff.New(h.every, max(h.every, time.Second))
+	bo := backoff.New(h.every, max(h.every, h.redialMax))
 	t := time.NewTicker(h.every)
 	defer t.Stop()
 	for {

@@ -14,8 +14,8 @@ import (
 
 // RelayConfig is what a node's user sets of the relay (relay.Config,
 // where each field is documented at length; the names are the same). The
-// node derives the rest: the node name, and the read timeout (half the
-// lease TTL).
+// node derives the rest: the node name, and the read timeout (the lease
+// timing rule's, lease.Timing).
 type RelayConfig struct {
 	// Window is W, the most messages published and not yet marked; the
 	// AMQP publisher's window is the same. 1..65535; the default is 512.
@@ -74,7 +74,7 @@ func relaySettings(rc relay.Config) RelayConfig {
 func (c Config) relayConfig(logger *slog.Logger) relay.Config {
 	r := c.Relay
 	return relay.Config{
-		Node: c.NodeName, ReadTimeout: c.LeaseTTL / 2, Logger: logger,
+		Node: c.NodeName, ReadTimeout: c.timing().ReadTimeout, Logger: logger,
 		Window: r.Window, BatchSize: r.BatchSize, ReadAheadBytes: r.ReadAheadBytes, PollInterval: r.PollInterval,
 		RetryMin: r.RetryMin, RetryMax: r.RetryMax, SettleTimeout: r.SettleTimeout, MaxAttempts: r.MaxAttempts,
 		RetentionAge: r.RetentionAge, RetentionInterval: r.RetentionInterval, RetentionChunk: r.RetentionChunk,
@@ -83,14 +83,20 @@ func (c Config) relayConfig(logger *slog.Logger) relay.Config {
 
 // AMQPConfig is what a node's user sets of the RabbitMQ publisher
 // (rabbitmq.Config, same names). The node derives the rest: the window
-// (Relay.Window) and the stall timeout (the lease TTL).
+// (Relay.Window) and the stall timeout (the lease timing rule's,
+// lease.Timing).
 type AMQPConfig struct {
 	// URL is the broker, or a comma-separated list of broker nodes tried
 	// in turn. The default is the local broker's.
 	URL string
 
 	// ReconnectMin and ReconnectMax bound the backoff between connection
-	// attempts. The defaults are 100 ms and 1 s.
+	// attempts. ReconnectMin defaults to 100 ms. ReconnectMax defaults to
+	// 0, which means the lease timing rule's cap, a quarter of LeaseTTL
+	// (lease.Timing): nodes coming back from a broker outage they all saw
+	// must say so within the health hold of each other, or one hands its
+	// partitions off. A ReconnectMax above that cap is refused, and so is
+	// a LeaseTTL whose cap is below ReconnectMin.
 	ReconnectMin, ReconnectMax time.Duration
 
 	// StableAfter is how long a connection must stay up, with a publish
@@ -141,18 +147,19 @@ func amqpSettings(ac rabbitmq.Config) AMQPConfig {
 }
 
 // amqpConfig returns the publisher's config as the node runs it: its
-// window is the relay's, and a link that confirms nothing for a lease TTL
-// is taken for dead, so the node stops counting on it long before the
-// heartbeat would.
+// window is the relay's, a link that confirms nothing for a lease TTL is
+// taken for dead, so the node stops counting on it long before the
+// heartbeat would, and its reconnect cap is the timing rule's unless the
+// user set one.
 func (c Config) amqpConfig(logger *slog.Logger) rabbitmq.Config {
-	a := c.AMQP
+	a, t := c.AMQP, c.timing()
 	name := a.ConnectionName
 	if name == "" {
 		name = "ordo node " + c.NodeName // as the PostgreSQL sessions' application_name
 	}
 	return rabbitmq.Config{
-		Window: c.Relay.Window, StallTimeout: c.LeaseTTL, Logger: logger, ConnectionName: name,
-		URL: a.URL, ReconnectMin: a.ReconnectMin, ReconnectMax: a.ReconnectMax, StableAfter: a.StableAfter,
+		Window: c.Relay.Window, StallTimeout: t.StallTimeout, Logger: logger, ConnectionName: name,
+		URL: a.URL, ReconnectMin: a.ReconnectMin, ReconnectMax: t.ReconnectMax, StableAfter: a.StableAfter,
 		ExchangeCheckTTL: a.ExchangeCheckTTL, Heartbeat: a.Heartbeat, ConfirmTimeout: a.ConfirmTimeout,
 		CallTimeout: a.CallTimeout, CloudEvents: a.CloudEvents, CloudEventsSource: a.CloudEventsSource,
 	}
@@ -161,7 +168,7 @@ func (c Config) amqpConfig(logger *slog.Logger) rabbitmq.Config {
 // GossipConfig is what a node's user sets of gossip membership
 // (membership.Config, same names), and whether the node may gossip
 // unencrypted. The node derives the rest: the gossip name (NodeName) and
-// the health hold (half the lease TTL).
+// the health hold (the lease timing rule's, lease.Timing).
 type GossipConfig struct {
 	// BindAddr is the host:port gossip listens on. The default, empty,
 	// runs the node alone, without gossip: it wants every partition.
@@ -211,12 +218,12 @@ func gossipSettings(mc membership.Config) GossipConfig {
 
 // membershipConfig returns the membership config as the node runs it; tr,
 // if not nil, replaces memberlist's network transport (a test hook). A
-// node less healthy than a peer for half a lease TTL steps aside; nodes
+// node less healthy than a peer for the health hold steps aside; nodes
 // that notice a shared outage within that of each other stay.
 func (c Config) membershipConfig(logger *slog.Logger, tr memberlist.Transport) membership.Config {
 	g := c.Gossip
 	return membership.Config{
-		NodeName: c.NodeName, HealthHold: c.LeaseTTL / 2, Logger: logger, Transport: tr, Sources: sourceNames(c.sources()),
+		NodeName: c.NodeName, HealthHold: c.timing().HealthHold, Logger: logger, Transport: tr, Sources: sourceNames(c.sources()),
 		BindAddr: g.BindAddr, AdvertiseAddr: g.AdvertiseAddr, Join: g.Join, RejoinInterval: g.RejoinInterval,
 		JoinTimeout: g.JoinTimeout, Keys: g.Keys, ProbeInterval: g.ProbeInterval, SuspicionMult: g.SuspicionMult,
 	}

@@ -17,7 +17,8 @@ import (
 // its derived table, so that Validate reports it at its source), or the
 // logger, transport or tracer provider (from Options) the node passes
 // itself: a field added to a component's config fails this test until
-// the node decides which. The node's defaults are the components' own.
+// the node decides which. The node's defaults are the components' own,
+// except a field whose zero means a value derived by the node (zeroed).
 func TestNestedConfigsCoverTheirComponents(t *testing.T) {
 	d := DefaultConfig()
 	for _, c := range []struct {
@@ -27,10 +28,13 @@ func TestNestedConfigsCoverTheirComponents(t *testing.T) {
 		defaults any
 		derived  []confcheck.From
 		own      []string // fields of the node's nested config the component has not
+		zeroed   []string // fields whose node default is 0: derived unless set
 	}{
-		{"Relay", &d.Relay, func(c Config) any { return c.relayConfig(nil) }, relay.DefaultConfig(), relayDerived, nil},
-		{"AMQP", &d.AMQP, func(c Config) any { return c.amqpConfig(nil) }, rabbitmq.DefaultConfig(), amqpDerived, nil},
-		{"Gossip", &d.Gossip, func(c Config) any { return c.membershipConfig(nil, nil) }, membership.DefaultConfig(), gossipDerived, []string{"Insecure"}},
+		{"Relay", &d.Relay, func(c Config) any { return c.relayConfig(nil) }, relay.DefaultConfig(), relayDerived, nil, nil},
+		{"AMQP", &d.AMQP, func(c Config) any { return c.amqpConfig(nil) }, rabbitmq.DefaultConfig(), amqpDerived, nil,
+			[]string{"ReconnectMax"}},
+		{"Gossip", &d.Gossip, func(c Config) any { return c.membershipConfig(nil, nil) }, membership.DefaultConfig(), gossipDerived,
+			[]string{"Insecure"}, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			set := reflect.ValueOf(c.settable).Elem()
@@ -44,6 +48,10 @@ func TestNestedConfigsCoverTheirComponents(t *testing.T) {
 				switch {
 				case !df.IsValid() || df.Type() != f.Type:
 					t.Errorf("%s.%s has no field of its name and type in the component's config", c.name, f.Name)
+				case slices.Contains(c.zeroed, f.Name):
+					if !set.Field(i).IsZero() {
+						t.Errorf("%s.%s defaults to %v, want 0 (derived)", c.name, f.Name, set.Field(i))
+					}
 				case f.Name != "URL" && !reflect.DeepEqual(set.Field(i).Interface(), df.Interface()):
 					t.Errorf("%s.%s defaults to %v, the component to %v", c.name, f.Name, set.Field(i), df)
 				}

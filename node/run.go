@@ -138,7 +138,7 @@ func build(cfg Config, opts Options, hooks nodehook.Hooks, logger *slog.Logger, 
 		if err != nil {
 			return nil, err
 		}
-		lcfg := lease.ConfigWithTTL(cfg.LeaseTTL)
+		lcfg := cfg.timing().Config()
 		lcfg.Node, lcfg.Want, lcfg.Connect, lcfg.Logger = cfg.NodeName, b.want(s), connect, s.logger
 		if err := lcfg.Validate(); err != nil {
 			return nil, err

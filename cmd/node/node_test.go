@@ -311,7 +311,7 @@ func TestParseConfig(t *testing.T) {
 		t.Fatalf("config %+v", c)
 	}
 	for _, bad := range [][]string{
-		{"-partitions", "0"}, {"-lease-ttl", "10ms"}, {"-db-max-conns", "1"}, {"-log-level", "loud"}, {"stray"},
+		{"-partitions", "0"}, {"-lease-ttl", "10ms"}, {"-lease-ttl", "300ms"}, {"-db-max-conns", "1"}, {"-log-level", "loud"}, {"stray"},
 		{"-join", "a:1"}, {"-gossip-key", "short"}, {"-confirm-window", "0"},
 		{"-gossip-addr", "127.0.0.1:7946"},
 		{"-gossip-addr", "127.0.0.1:7946", "-gossip-insecure", "-gossip-key", testGossipKey},
@@ -320,6 +320,13 @@ func TestParseConfig(t *testing.T) {
 			t.Errorf("parseConfig(%q) accepted", bad)
 		}
 	}
+	// A TTL too short for the lease timing rule is refused at its flag,
+	// saying what would do.
+	_, err = parseConfig([]string{"-lease-ttl", "300ms"}, lookup, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "-lease-ttl") || !strings.Contains(err.Error(), "use at least 400ms") {
+		t.Fatalf("-lease-ttl 300ms: %v", err)
+	}
+	t.Logf("-lease-ttl 300ms: %v", err)
 }
 
 // closedPostgresURL points at a port nothing listens on, so a node that
