@@ -11,6 +11,7 @@ import (
 
 	"github.com/ordo-relay/ordo/bench/internal/harness"
 	"github.com/ordo-relay/ordo/bench/internal/result"
+	"github.com/ordo-relay/ordo/internal/ordercheck"
 	"github.com/ordo-relay/ordo/internal/testkit"
 )
 
@@ -130,7 +131,7 @@ func (c *consumer) loop(ch *amqp.Channel, msgs <-chan amqp.Delivery) {
 				c.mu.Unlock()
 				return
 			}
-			c.record(testkit.DeliveryFromAMQP(m))
+			c.record(ordercheck.DeliveryFromAMQP(m))
 			unacked++
 			lastTag = m.DeliveryTag
 			if unacked >= ackEvery {

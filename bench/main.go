@@ -52,7 +52,7 @@ import (
 
 	"github.com/ordo-relay/ordo/bench/internal/result"
 	"github.com/ordo-relay/ordo/bench/nemesis"
-	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/internal/childproc"
 )
 
 // scenario is one benchmark. run owns everything it creates and removes it
@@ -209,7 +209,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	code := run(ctx, invs)
 	stop()
-	testkit.RemoveBinaries()
+	childproc.RemoveBinaries()
 	os.Exit(code)
 }
 

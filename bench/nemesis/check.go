@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/ordo-relay/ordo/bench/internal/result"
-	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/internal/ordercheck"
 )
 
 // problemCap caps the problems a historyVerdict lists (the counts are exact).
@@ -30,7 +30,7 @@ type promise struct {
 // skip is a row the nemesis skipped on purpose, in its source.
 type skip struct {
 	Source string
-	testkit.Skip
+	ordercheck.Skip
 }
 
 // stepWindow is one nemesis step as it ran, for the attribution of
@@ -141,7 +141,7 @@ func (v *historyVerdict) problem(format string, args ...any) {
 // sourceCheck is one source's order checker and the names of its lost
 // promises' times.
 type sourceCheck struct {
-	h     *testkit.History
+	h     *ordercheck.History
 	at    map[string]time.Time // what LostIDs names -> when it was promised
 	t     sourceTally
 	seqID map[seqOfKey]string // (key, key_seq) -> the message id first delivered with it
@@ -152,8 +152,8 @@ type seqOfKey struct {
 	seq int64
 }
 
-func newSourceCheck(name string, foreign bool, skips []testkit.Skip) *sourceCheck {
-	return &sourceCheck{h: testkit.NewHistoryWithSkips(problemCap, skips), at: map[string]time.Time{},
+func newSourceCheck(name string, foreign bool, skips []ordercheck.Skip) *sourceCheck {
+	return &sourceCheck{h: ordercheck.NewHistoryWithSkips(problemCap, skips), at: map[string]time.Time{},
 		t: sourceTally{Name: name, Foreign: foreign}, seqID: map[seqOfKey]string{}}
 }
 
@@ -162,9 +162,9 @@ func newSourceCheck(name string, foreign bool, skips []testkit.Skip) *sourceChec
 // is a gap on top of the History's rules: a consumer that keeps one
 // number per key drops it as applied already (two sources' rows under one
 // name, or a key_seq counted twice).
-func (c *sourceCheck) add(d delivery, v *historyVerdict) testkit.Arrival {
+func (c *sourceCheck) add(d delivery, v *historyVerdict) ordercheck.Arrival {
 	a := c.h.Add(d.Delivery)
-	if a != testkit.First {
+	if a != ordercheck.First {
 		return a
 	}
 	k := seqOfKey{d.CorrelationID, d.KeySeq}
@@ -183,7 +183,7 @@ func (c *sourceCheck) add(d delivery, v *historyVerdict) testkit.Arrival {
 func sourceChecks(sources []string, promises []promise, skipped []skip) map[string]*sourceCheck {
 	cs := map[string]*sourceCheck{}
 	for _, name := range sources {
-		var sk []testkit.Skip
+		var sk []ordercheck.Skip
 		for _, s := range skipped {
 			if s.Source == name {
 				sk = append(sk, s.Skip)
@@ -215,7 +215,7 @@ func sourceChecks(sources []string, promises []promise, skipped []skip) map[stri
 // per (source, key) and message ids and partitions are per source. Loss,
 // duplicates, redeliveries, reorders and gaps (x-ordo-prev-key-seq
 // included) are the test kit's History with the source's skips known
-// (testkit.NewHistoryWithSkips states the rules); a promise with an id is
+// (ordercheck.NewHistoryWithSkips states the rules); a promise with an id is
 // expected by id, one without by correlation id and type, each in its
 // source's checker: a message delivered under another source's name is
 // lost from its own. On top of it:
@@ -260,7 +260,7 @@ func checkHistory(ds []delivery, promises []promise, skipped []skip, steps []ste
 				v.Steps[w].Relayed++
 			}
 		}
-		if c.add(d, &v) != testkit.Duplicate || w < 0 {
+		if c.add(d, &v) != ordercheck.Duplicate || w < 0 {
 			continue
 		}
 		v.Steps[w].Duplicates++

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/ordo-relay/ordo/bench/internal/harness"
+	"github.com/ordo-relay/ordo/internal/ordercheck"
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/outbox"
 	"github.com/ordo-relay/ordo/partition"
@@ -161,7 +162,7 @@ func (n *nemesis) plantAndPark(ctx context.Context, s plannedStep) (healFunc, er
 			if _, err := n.f.admin(ctx, "skip", "-source", row.db.name, row.id); err != nil {
 				return err
 			}
-			n.skipped = append(n.skipped, skip{Source: row.db.name, Skip: testkit.Skip{Key: row.key, KeySeq: row.keySeq}})
+			n.skipped = append(n.skipped, skip{Source: row.db.name, Skip: ordercheck.Skip{Key: row.key, KeySeq: row.keySeq}})
 		}
 		n.logf("  skipped %d rows with the operator CLI (node skip)", len(rows))
 		return nil

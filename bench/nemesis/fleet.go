@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ordo-relay/ordo/bench/internal/harness"
+	"github.com/ordo-relay/ordo/internal/childproc"
 	"github.com/ordo-relay/ordo/internal/testkit"
 )
 
@@ -219,7 +220,7 @@ func (f *fleet) startAPIs(ctx context.Context) ([]loadTarget, error) {
 // dbURL, its events addressed to exchange, stopped at r's Close, and
 // waits until it answers.
 func startOrderAPI(ctx context.Context, r *harness.Rig, name, dbURL, exchange string) (*harness.Node, error) {
-	bin, _, err := testkit.Build(ctx, "github.com/ordo-relay/ordo/cmd/orderapi")
+	bin, _, err := childproc.Build(ctx, "github.com/ordo-relay/ordo/cmd/orderapi")
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ordo-relay/ordo/bench/internal/harness"
 	"github.com/ordo-relay/ordo/internal/backoff"
+	"github.com/ordo-relay/ordo/internal/ordercheck"
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/wire"
 )
@@ -64,7 +65,7 @@ func deliveryFromAMQP(m amqp.Delivery) delivery {
 	if err != nil {
 		src = fmt.Sprintf("%q", fmt.Sprint(m.Headers[wire.HeaderSource]))
 	}
-	return delivery{Delivery: testkit.DeliveryFromAMQP(m), Source: src}
+	return delivery{Delivery: ordercheck.DeliveryFromAMQP(m), Source: src}
 }
 
 // declare creates the durable queue and binds it, once, before anything is

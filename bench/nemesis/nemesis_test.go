@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/ordo-relay/ordo/internal/ordercheck"
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/partition"
 )
@@ -196,11 +197,11 @@ func TestCheckHistory(t *testing.T) {
 			historyVerdict{Distinct: 2, Reorders: 1}},
 		{"gap never delivered", h().d("a", "k", 1, 0, 0, 1).d("c", "k", 3, 2, 0, 1), nil, nil, one,
 			historyVerdict{Distinct: 2, Gaps: 1}},
-		{"skipped on purpose", h().d("a", "k", 1, 0, 0, 1).d("c", "k", 3, 1, 0, 1), nil, []skip{{"default", testkit.Skip{Key: "k", KeySeq: 2}}}, one,
+		{"skipped on purpose", h().d("a", "k", 1, 0, 0, 1).d("c", "k", 3, 1, 0, 1), nil, []skip{{"default", ordercheck.Skip{Key: "k", KeySeq: 2}}}, one,
 			historyVerdict{Distinct: 2}},
 		{"a skip nobody made", h().d("a", "k", 1, 0, 0, 1).d("c", "k", 3, 1, 0, 1), nil, nil, one,
 			historyVerdict{Distinct: 2, Gaps: 2}},
-		{"sent past a row later skipped (per-key limit 2)", h().d("a", "k", 1, 0, 0, 1).d("c", "k", 3, 2, 0, 1), nil, []skip{{"default", testkit.Skip{Key: "k", KeySeq: 2}}}, one,
+		{"sent past a row later skipped (per-key limit 2)", h().d("a", "k", 1, 0, 0, 1).d("c", "k", 3, 2, 0, 1), nil, []skip{{"default", ordercheck.Skip{Key: "k", KeySeq: 2}}}, one,
 			historyVerdict{Distinct: 2, Gaps: 1}},
 		{"no prev header", h().d("a", "k", 1, 0, 0, 1).d("b", "k", 2, 1, 0, 1), nil, nil, one,
 			historyVerdict{Distinct: 2, Gaps: 1}},
@@ -226,7 +227,7 @@ func TestCheckHistory(t *testing.T) {
 			historyVerdict{Distinct: 2, Gaps: 1}},
 		{"a promise per source", h().d("a", "k", 1, 0, 0, 1), []promise{{Source: "billing", Key: "k", Type: "t"}}, nil, one,
 			historyVerdict{Distinct: 1, Lost: 1}},
-		{"a skip in the other source", h().d("a", "k", 1, 0, 0, 1).d("c", "k", 3, 1, 0, 1), nil, []skip{{"billing", testkit.Skip{Key: "k", KeySeq: 2}}}, one,
+		{"a skip in the other source", h().d("a", "k", 1, 0, 0, 1).d("c", "k", 3, 1, 0, 1), nil, []skip{{"billing", ordercheck.Skip{Key: "k", KeySeq: 2}}}, one,
 			historyVerdict{Distinct: 2, Gaps: 2}},
 		{"stale per source", h().d("a", "k", 1, 0, 0, 5).in("billing").d("b", "j", 1, 0, 0, 1), nil, nil, one,
 			historyVerdict{Distinct: 2}},

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ordo-relay/ordo/bench/internal/harness"
+	"github.com/ordo-relay/ordo/internal/childproc"
 	"github.com/ordo-relay/ordo/internal/testkit"
 )
 
@@ -49,7 +50,7 @@ type shippingFleet struct {
 // newShippingFleet builds cmd/shipping and prepares size slots on the
 // shipping database dbURL; nothing runs yet.
 func newShippingFleet(ctx context.Context, r *harness.Rig, dbURL, group, exchange string, size int) (*shippingFleet, error) {
-	bin, _, err := testkit.Build(ctx, "github.com/ordo-relay/ordo/cmd/shipping")
+	bin, _, err := childproc.Build(ctx, "github.com/ordo-relay/ordo/cmd/shipping")
 	if err != nil {
 		return nil, err
 	}

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/internal/childproc"
 )
 
 // console writes the demo's narrative to out and its children's output,
@@ -53,7 +53,7 @@ const childKeepLines = 100
 // terminal reaches only the demo, which then stops its children in order.
 type child struct {
 	name string
-	proc *testkit.Process
+	proc *childproc.Process
 
 	stopOnce sync.Once
 	stopErr  error
@@ -63,7 +63,7 @@ type child struct {
 // to con, each line prefixed with [name]. Stop ends it.
 func startChild(con *console, name, bin string, env []string) (*child, error) {
 	prefix := "[" + name + "]"
-	p, err := testkit.Start(name, bin, nil, testkit.ProcessOptions{
+	p, err := childproc.Start(name, bin, nil, childproc.Options{
 		Environ:   env,
 		OwnGroup:  true,
 		KeepLines: childKeepLines,

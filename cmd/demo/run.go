@@ -11,7 +11,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/internal/childproc"
+	"github.com/ordo-relay/ordo/internal/ordercheck"
 	"github.com/ordo-relay/ordo/orderapi"
 	"github.com/ordo-relay/ordo/wire"
 )
@@ -39,7 +40,7 @@ func run(ctx context.Context, cfg config, con *console) (err error) {
 	}
 
 	con.Step("Building cmd/node and cmd/orderapi")
-	defer testkit.RemoveBinaries()
+	defer childproc.RemoveBinaries()
 	t0 := time.Now()
 	nodeBin, apiBin, err := buildBinaries(ctx)
 	if err != nil {
@@ -56,11 +57,11 @@ func run(ctx context.Context, cfg config, con *console) (err error) {
 	con.Printf("consuming from %s\n", cfg.Queue)
 
 	con.Step("Starting the order API and one node")
-	apiAddr, err := testkit.PickAddr()
+	apiAddr, err := childproc.PickAddr()
 	if err != nil {
 		return err
 	}
-	nodeAddr, err := testkit.PickAddr()
+	nodeAddr, err := childproc.PickAddr()
 	if err != nil {
 		return err
 	}
@@ -171,10 +172,10 @@ func run(ctx context.Context, cfg config, con *console) (err error) {
 func since(t time.Time) time.Duration { return time.Since(t).Round(10 * time.Millisecond) }
 
 // events checks the events of this run's orders as they arrive, with the
-// repository's one order checker (testkit.History): each expected event
+// repository's one order checker (ordercheck.History): each expected event
 // arrives, and each order's arrive in order.
 type events struct {
-	h     *testkit.History
+	h     *ordercheck.History
 	ours  map[string]bool // this run's order ids
 	total int             // the events this run's own orders make
 }
@@ -183,7 +184,7 @@ type events struct {
 const eventsListCap = 1000
 
 func newEvents(orders []placedOrder) *events {
-	e := &events{h: testkit.NewHistory(eventsListCap), ours: map[string]bool{}}
+	e := &events{h: ordercheck.NewHistory(eventsListCap), ours: map[string]bool{}}
 	for _, o := range orders {
 		e.adopt(o.ID, orderapi.TypeOrderPlaced)
 		e.total++
@@ -207,12 +208,12 @@ func (e *events) done() bool { return e.h.Report().Lost == 0 }
 // record adds one delivery and returns a remark for it: "" for an
 // expected event of one of this run's orders, in order; otherwise what it
 // is.
-func (e *events) record(d testkit.Delivery) string {
+func (e *events) record(d ordercheck.Delivery) string {
 	if !e.ours[d.CorrelationID] {
 		return "not from this run (an earlier run's event, or another producer's)"
 	}
 	before := e.h.Report()
-	if e.h.Add(d) != testkit.First {
+	if e.h.Add(d) != ordercheck.First {
 		return fmt.Sprintf("duplicate of key_seq %d: delivery is at least once; a consumer drops key_seq <= the last it applied", d.KeySeq)
 	}
 	after := e.h.Report()
@@ -279,7 +280,7 @@ func receive(ctx context.Context, con *console, deliveries <-chan amqp.Delivery,
 
 // printDelivery prints one message and records it.
 func printDelivery(con *console, d amqp.Delivery, exp *events) {
-	remark := exp.record(testkit.DeliveryFromAMQP(d))
+	remark := exp.record(ordercheck.DeliveryFromAMQP(d))
 	var b strings.Builder
 	fmt.Fprintf(&b, "%-16s %s\n", d.RoutingKey, d.Type)
 	fmt.Fprintf(&b, "    order (correlation-id) %s  %s %s", d.CorrelationId, wire.HeaderKeySeq, headerText(d.Headers, wire.HeaderKeySeq))

@@ -13,7 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/internal/childproc"
 )
 
 // The demo's SQL: it only ever creates its database.
@@ -68,15 +68,15 @@ const (
 )
 
 // buildBinaries builds the node and the order API, side by side, with the
-// test kit's builder (go build, into a directory testkit.RemoveBinaries
+// builder (childproc.Build: go build, into a directory childproc.RemoveBinaries
 // deletes) and returns their paths.
 func buildBinaries(ctx context.Context) (node, orderapi string, err error) {
 	if _, err := exec.LookPath("go"); err != nil {
 		return "", "", fmt.Errorf("the go command is needed to build the services: %w", err)
 	}
 	var g errgroup.Group
-	g.Go(func() (err error) { node, _, err = testkit.Build(ctx, pkgNode); return err })
-	g.Go(func() (err error) { orderapi, _, err = testkit.Build(ctx, pkgOrderAPI); return err })
+	g.Go(func() (err error) { node, _, err = childproc.Build(ctx, pkgNode); return err })
+	g.Go(func() (err error) { orderapi, _, err = childproc.Build(ctx, pkgOrderAPI); return err })
 	if err := g.Wait(); err != nil {
 		return "", "", fmt.Errorf("run the demo from the repository (go run ./cmd/demo): %w", err)
 	}

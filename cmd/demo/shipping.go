@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/internal/childproc"
 )
 
 // pkgShipping is the example consumer the demo runs in -keep mode.
@@ -20,12 +20,12 @@ const pkgShipping = "github.com/ordo-relay/ordo/cmd/shipping"
 // the consumer group's shard queues (docs/consumer.md).
 const shippingInstances = 3
 
-// startShipping builds cmd/shipping (testkit.Build) and starts shippingInstances
+// startShipping builds cmd/shipping (childproc.Build) and starts shippingInstances
 // instances of it on database <cfg.Database>_shipping (which shipping
 // creates), consuming cfg.Exchange, and waits until each consumes. It
 // returns them and the database's URL. Stop them with stopShipping.
 func startShipping(ctx context.Context, con *console, cfg config) ([]*child, string, error) {
-	bin, _, err := testkit.Build(ctx, pkgShipping)
+	bin, _, err := childproc.Build(ctx, pkgShipping)
 	if err != nil {
 		return nil, "", err
 	}

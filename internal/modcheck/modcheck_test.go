@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -174,18 +175,32 @@ func lastLines(out []byte, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// TestExampleCommandsLinkNoTestRig checks that the example consumer a user
-// copies (cmd/shipping) links neither the testing package nor a test rig:
-// fault injection and test kits belong to the tests, the bench and the
-// nemesis. cmd/demo is not checked: it starts its children and checks the
-// order of what arrives with internal/testkit's Process and History, which
-// share that package with the testing.TB helpers.
+// TestExampleCommandsLinkNoTestRig checks that no command links the
+// testing package or a test rig: the example consumer a user copies
+// (cmd/shipping), the demo (cmd/demo, which starts its children with
+// internal/childproc and checks the order of what arrives with
+// internal/ordercheck), the node and the order API. Fault injection and
+// test kits belong to the tests, the bench and the nemesis. Every
+// directory under cmd/ is checked, so a new command is too.
 func TestExampleCommandsLinkNoTestRig(t *testing.T) {
 	root, err := filepath.Abs(filepath.Join("..", ".."))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, cmd := range []string{"./cmd/shipping"} {
+	entries, err := os.ReadDir(filepath.Join(root, "cmd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cmds []string
+	for _, e := range entries {
+		if e.IsDir() {
+			cmds = append(cmds, "./cmd/"+e.Name())
+		}
+	}
+	if !slices.Contains(cmds, "./cmd/demo") || !slices.Contains(cmds, "./cmd/shipping") {
+		t.Fatalf("commands %v: want cmd/demo and cmd/shipping among them", cmds)
+	}
+	for _, cmd := range cmds {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		c := exec.CommandContext(ctx, "go", "list", "-deps", cmd)
 		c.Dir = root

@@ -4,6 +4,11 @@
 // consumer that verifies delivery and per-key order, and helpers to run the
 // project's binaries as child processes that die with the test.
 //
+// What programs need too lives in packages that link no testing:
+// internal/childproc (building and starting the project's programs, free
+// ports) and internal/ordercheck (the order checker itself); testkit wraps
+// them for tests, failing the test where they return an error.
+//
 // Servers come from ORDO_TEST_POSTGRES_URL and ORDO_TEST_AMQP_URL, defaulting
 // to the local servers on 127.0.0.1. When a server cannot be reached, tests
 // that need it are skipped, with a message saying how to enable them, unless

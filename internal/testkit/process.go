@@ -1,55 +1,24 @@
 package testkit
 
 import (
-	"bytes"
 	"context"
-	"errors"
-	"fmt"
-	"io"
-	"os"
-	"os/exec"
-	"path"
-	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ordo-relay/ordo/internal/childproc"
 )
-
-// buildTimeout bounds one go build.
-const buildTimeout = 5 * time.Minute
-
-// processWaitDelay bounds how long Wait keeps reading a child's output after
-// the child has exited (a grandchild may still hold the pipes open).
-const processWaitDelay = 2 * time.Second
-
-var builds struct {
-	mu      sync.Mutex
-	dir     string // made with os.MkdirTemp on first use; see RemoveBinaries
-	entries map[string]*buildEntry
-}
-
-type buildEntry struct {
-	once sync.Once
-	sub  string // the entry's own directory, so equal last elements do not clash
-	bin  string
-	took time.Duration
-	err  error
-}
 
 // BuildBinary builds the main package pkg (an import path such as
 // "github.com/ordo-relay/ordo/cmd/node", or a path relative to the test's
 // directory such as "./testdata/x") with go build, without -race, and
-// returns the binary's path. Each pkg is built once per test process and
-// shared by every test; concurrent callers wait for the same build. It fails
-// tb with the compiler's output when the build fails. Binaries live in one
-// directory under os.TempDir for the whole process; RemoveBinaries deletes it.
+// returns the binary's path: childproc.Build, failing tb with the
+// compiler's output when the build fails. Each pkg is built once per test
+// process and shared by every test; RemoveBinaries deletes the binaries.
 func BuildBinary(tb testing.TB, pkg string) string {
 	tb.Helper()
-	bin, built, err := Build(context.Background(), pkg)
+	bin, built, err := childproc.Build(context.Background(), pkg)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -59,136 +28,36 @@ func BuildBinary(tb testing.TB, pkg string) string {
 	return bin
 }
 
-// Build is BuildBinary for programs that are not tests (the bench): it
-// returns the binary's path, how long this call spent building (zero when
-// the binary was built before), or the compiler's output as an error.
-// flags go to go build before pkg (the bench builds the node with
-// "-tags", "ordobench"); each pkg and flags is built once.
-func Build(ctx context.Context, pkg string, flags ...string) (bin string, took time.Duration, err error) {
-	builds.mu.Lock()
-	if builds.entries == nil {
-		builds.entries = map[string]*buildEntry{}
-	}
-	if builds.dir == "" {
-		dir, err := os.MkdirTemp("", "ordo-testkit-bin-")
-		if err != nil {
-			builds.mu.Unlock()
-			return "", 0, fmt.Errorf("build %s: %w", pkg, err)
-		}
-		builds.dir = dir
-	}
-	id := strings.Join(append(slices.Clone(flags), pkg), " ")
-	e := builds.entries[id]
-	if e == nil {
-		e = &buildEntry{sub: filepath.Join(builds.dir, strconv.Itoa(len(builds.entries)))}
-		builds.entries[id] = e
-	}
-	builds.mu.Unlock()
+// RemoveBinaries deletes the binaries BuildBinary built
+// (childproc.RemoveBinaries). Call it from TestMain after the tests have
+// run (for example from the Run method of a wrapper passed to
+// goleak.VerifyTestMain); without it they are left in os.TempDir.
+func RemoveBinaries() { childproc.RemoveBinaries() }
 
-	first := false
-	e.once.Do(func() {
-		first = true
-		e.bin, e.took, e.err = build(ctx, pkg, e.sub, flags)
-	})
-	if e.err != nil {
-		return "", 0, e.err
-	}
-	if !first {
-		return e.bin, 0, nil
-	}
-	return e.bin, e.took, nil
-}
-
-func build(ctx context.Context, pkg, dir string, flags []string) (string, time.Duration, error) {
-	name := path.Base(filepath.ToSlash(pkg))
-	if name == "." || name == "/" || name == "" {
-		name = "main"
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", 0, fmt.Errorf("build %s: %w", pkg, err)
-	}
-	bin := filepath.Join(dir, name)
-	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, buildTimeout)
-	defer cancel()
-	args := append(append([]string{"build", "-o", bin}, flags...), pkg)
-	out, err := exec.CommandContext(ctx, "go", args...).CombinedOutput()
-	if err != nil {
-		return "", 0, fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
-	}
-	return bin, time.Since(start), nil
-}
-
-// RemoveBinaries deletes the directory BuildBinary builds into. Call it from
-// TestMain after the tests have run (for example from the Run method of a
-// wrapper passed to goleak.VerifyTestMain); without it the directory is left
-// in os.TempDir. Building again afterwards starts a new directory.
-func RemoveBinaries() {
-	builds.mu.Lock()
-	defer builds.mu.Unlock()
-	if builds.dir != "" {
-		_ = os.RemoveAll(builds.dir)
-	}
-	builds.dir = ""
-	builds.entries = nil
-}
-
-// ProcessOptions are the choices StartProcess makes for a test and a
-// program such as the bench may make otherwise.
-type ProcessOptions struct {
-	// Env is added to the child's environment ("K=V"; later ones win).
-	Env []string
-	// Environ, when not nil, is the environment the child starts from, in
-	// place of this process's (which it otherwise inherits); Env is added
-	// to it. The demo uses it to keep the user's ORDO_* settings away from
-	// its children.
-	Environ []string
-	// OwnGroup starts the child in a process group of its own, so that a
-	// Ctrl-C at the terminal reaches only the parent, which then stops the
-	// child in order.
-	OwnGroup bool
-	// Echo, when set, receives each output line as it arrives.
-	Echo func(line string)
-	// KeepLines bounds the lines kept for Output, Tail and LineAfter: the
-	// oldest are dropped beyond it. Zero keeps every line.
-	KeepLines int
-}
-
-// Process is a child process started by StartProcess or Start. Its methods
-// are safe for concurrent use.
+// Process is a child process started by StartProcess: a
+// childproc.Process, with a wait that fails the test. Its methods are
+// safe for concurrent use.
 type Process struct {
-	name string
-	cmd  *exec.Cmd
-	done chan struct{} // closed when the process has exited and its output is read
-	// waitErr is set before done is closed.
-	waitErr error
-	keep    int
-	echo    func(string)
-
-	mu      sync.Mutex
-	tb      testing.TB // nil once the test has ended: output is no longer logged
-	lines   []outputLine
-	changed chan struct{} // closed and replaced when output arrives or the process exits
-}
-
-type outputLine struct {
-	at   time.Time
-	text string
+	*childproc.Process
 }
 
 // StartProcess starts bin with args, the environment of the test process
-// plus env ("K=V" entries, later ones win), and Pdeathsig set so that the
-// child is killed if the test process dies. Each line the child prints on
-// stdout or stderr is logged through tb.Logf with a "[name] " prefix while
-// the test runs, and kept for Output and WaitOutput. When tb ends, a child
-// still running is killed with SIGKILL and waited for.
-//
-// Pdeathsig follows the OS thread that started the child; the Go runtime
-// does not end threads in normal operation, so in practice it follows the
-// test process.
+// plus env ("K=V" entries, later ones win), dying with the test process
+// (childproc.Start). Each line the child prints on stdout or stderr is
+// logged through tb.Logf with a "[name] " prefix while the test runs, and
+// kept for Output and WaitOutput. When tb ends, a child still running is
+// killed with SIGKILL and waited for.
 func StartProcess(tb testing.TB, name, bin string, args []string, env []string) *Process {
 	tb.Helper()
-	p, err := start(name, bin, args, ProcessOptions{Env: env}, tb)
+	var mu sync.Mutex
+	live := true // false once the test has ended: output is no longer logged
+	p, err := childproc.Start(name, bin, args, childproc.Options{Env: env, Echo: func(line string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if live {
+			tb.Logf("[%s] %s", name, line)
+		}
+	}})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -197,171 +66,12 @@ func StartProcess(tb testing.TB, name, bin string, args []string, env []string) 
 		if !p.Exited() {
 			p.Kill()
 		}
-		<-p.done
-		p.mu.Lock()
-		p.tb = nil
-		p.mu.Unlock()
+		<-p.Done()
+		mu.Lock()
+		live = false
+		mu.Unlock()
 	})
-	return p
-}
-
-// Start is StartProcess for programs that are not tests: nothing is logged
-// but through o.Echo, and the caller owns the child's end (Stop, or Kill
-// and Wait).
-func Start(name, bin string, args []string, o ProcessOptions) (*Process, error) {
-	return start(name, bin, args, o, nil)
-}
-
-func start(name, bin string, args []string, o ProcessOptions, tb testing.TB) (*Process, error) {
-	p := &Process{
-		name:    name,
-		done:    make(chan struct{}),
-		tb:      tb,
-		keep:    o.KeepLines,
-		echo:    o.Echo,
-		changed: make(chan struct{}),
-	}
-	cmd := exec.Command(bin, args...)
-	base := o.Environ
-	if base == nil {
-		base = os.Environ()
-	}
-	// Never nil: a nil Env would make exec pass this process's environment.
-	cmd.Env = append(append(make([]string, 0, len(base)+len(o.Env)), base...), o.Env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: o.OwnGroup}
-	cmd.Stdout = &lineWriter{p: p}
-	cmd.Stderr = &lineWriter{p: p}
-	cmd.WaitDelay = processWaitDelay
-	p.cmd = cmd
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s (%s): %w", name, bin, err)
-	}
-	go func() {
-		err := cmd.Wait()
-		// exec has finished copying output: flush partial last lines.
-		cmd.Stdout.(*lineWriter).flush()
-		cmd.Stderr.(*lineWriter).flush()
-		p.waitErr = err
-		close(p.done)
-		p.mu.Lock()
-		p.notifyLocked()
-		p.mu.Unlock()
-	}()
-	return p, nil
-}
-
-// Name returns the name the process was started with.
-func (p *Process) Name() string { return p.name }
-
-// Pid returns the child's process id.
-func (p *Process) Pid() int { return p.cmd.Process.Pid }
-
-// Exited reports whether the child has exited (and its output was read).
-func (p *Process) Exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// Done is closed once the child has exited and its output was read.
-func (p *Process) Done() <-chan struct{} { return p.done }
-
-// Signal sends sig to the child. It returns os.ErrProcessDone when the child
-// has already exited.
-func (p *Process) Signal(sig os.Signal) error {
-	if p.Exited() {
-		return os.ErrProcessDone
-	}
-	return p.cmd.Process.Signal(sig)
-}
-
-// Kill sends SIGKILL to the child unless it has already exited. It does not
-// wait: use Wait for that.
-func (p *Process) Kill() {
-	_ = p.Signal(syscall.SIGKILL)
-}
-
-// Stop sends SIGTERM and waits up to timeout for the child to exit, then
-// kills it and waits for that. It returns the exit code as Wait does, and
-// an error naming the timeout when the child had to be killed.
-func (p *Process) Stop(timeout time.Duration) (exitCode int, err error) {
-	if err := p.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return -1, fmt.Errorf("stop %s: %w", p.name, err)
-	}
-	code, err := p.Wait(timeout)
-	if p.Exited() {
-		return code, err
-	}
-	p.Kill()
-	<-p.done
-	return -1, fmt.Errorf("%s did not stop within %v after SIGTERM; killed", p.name, timeout)
-}
-
-// Wait waits up to timeout for the child to exit. It returns the exit code
-// and a nil error when the child exited by itself; -1 and an error when it
-// was ended by a signal (the error names it) or could not be waited for; and
-// -1 and an error when timeout passes first, leaving the child running.
-func (p *Process) Wait(timeout time.Duration) (exitCode int, err error) {
-	if !p.Exited() {
-		t := time.NewTimer(timeout)
-		defer t.Stop()
-		select {
-		case <-p.done:
-		case <-t.C:
-			return -1, fmt.Errorf("%s (pid %d) still running after %v", p.name, p.Pid(), timeout)
-		}
-	}
-	st := p.cmd.ProcessState
-	if st == nil {
-		return -1, fmt.Errorf("wait for %s: %w", p.name, p.waitErr)
-	}
-	if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return -1, fmt.Errorf("%s (pid %d) terminated by signal %v", p.name, p.Pid(), ws.Signal())
-	}
-	if st.Exited() {
-		return st.ExitCode(), nil
-	}
-	return -1, fmt.Errorf("wait for %s: %v", p.name, st)
-}
-
-// Output returns everything the child has printed so far (the kept lines,
-// see ProcessOptions.KeepLines), stdout and stderr interleaved line by line.
-func (p *Process) Output() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var b strings.Builder
-	for _, l := range p.lines {
-		b.WriteString(l.text)
-		b.WriteByte('\n')
-	}
-	return b.String()
-}
-
-// Tail returns the last n lines of output, each indented by two spaces.
-func (p *Process) Tail(n int) string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var b strings.Builder
-	for _, l := range p.lines[max(0, len(p.lines)-n):] {
-		b.WriteString("  " + l.text + "\n")
-	}
-	return b.String()
-}
-
-// LineAfter returns when the first output line at or after t that holds
-// substr arrived.
-func (p *Process) LineAfter(substr string, t time.Time) (time.Time, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, l := range p.lines {
-		if !l.at.Before(t) && strings.Contains(l.text, substr) {
-			return l.at, true
-		}
-	}
-	return time.Time{}, false
+	return &Process{p}
 }
 
 // WaitOutput waits until substr has appeared in the child's output and logs
@@ -373,97 +83,5 @@ func (p *Process) WaitOutput(tb testing.TB, substr string, timeout time.Duration
 	if err := p.AwaitOutput(substr, timeout); err != nil {
 		tb.Fatal(err)
 	}
-	tb.Logf("%s printed %q after %v", p.name, substr, time.Since(start).Round(time.Millisecond))
-}
-
-// AwaitOutput is WaitOutput returning an error instead of failing the
-// test, for callers that retry (a port taken by another test meanwhile).
-func (p *Process) AwaitOutput(substr string, timeout time.Duration) error {
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	for {
-		// Exited first: once it is true, the output is complete.
-		exited := p.Exited()
-		p.mu.Lock()
-		found := p.containsLocked(substr)
-		changed := p.changed
-		p.mu.Unlock()
-		if found {
-			return nil
-		}
-		if exited {
-			code, err := p.Wait(0)
-			return fmt.Errorf("%s exited (code %d, %v) without printing %q", p.name, code, err, substr)
-		}
-		select {
-		case <-changed:
-		case <-deadline.C:
-			return fmt.Errorf("%s did not print %q within %v", p.name, substr, timeout)
-		}
-	}
-}
-
-func (p *Process) containsLocked(substr string) bool {
-	for _, l := range p.lines {
-		if strings.Contains(l.text, substr) {
-			return true
-		}
-	}
-	return false
-}
-
-func (p *Process) notifyLocked() {
-	close(p.changed)
-	p.changed = make(chan struct{})
-}
-
-// lineWriter receives one of a child's output streams from exec's copying
-// goroutine and hands complete lines to its Process.
-type lineWriter struct {
-	p       *Process
-	partial []byte // only touched by exec's copier, then by flush after Wait
-}
-
-var _ io.Writer = (*lineWriter)(nil)
-
-func (w *lineWriter) Write(b []byte) (int, error) {
-	w.partial = append(w.partial, b...)
-	for {
-		i := bytes.IndexByte(w.partial, '\n')
-		if i < 0 {
-			break
-		}
-		w.p.line(w.partial[:i])
-		w.partial = w.partial[i+1:]
-	}
-	// Keep the remainder in a fresh slice so the buffer does not grow
-	// without bound on a long-lived child.
-	w.partial = append([]byte(nil), w.partial...)
-	return len(b), nil
-}
-
-func (w *lineWriter) flush() {
-	if len(w.partial) > 0 {
-		w.p.line(w.partial)
-		w.partial = nil
-	}
-}
-
-// line records one line, logs it while the test runs and echoes it.
-func (p *Process) line(l []byte) {
-	text := string(bytes.TrimRight(l, "\r"))
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.keep > 0 && len(p.lines) == p.keep {
-		copy(p.lines, p.lines[1:])
-		p.lines = p.lines[:p.keep-1]
-	}
-	p.lines = append(p.lines, outputLine{time.Now(), text})
-	if p.tb != nil {
-		p.tb.Logf("[%s] %s", p.name, text)
-	}
-	if p.echo != nil {
-		p.echo(text)
-	}
-	p.notifyLocked()
+	tb.Logf("%s printed %q after %v", p.Name(), substr, time.Since(start).Round(time.Millisecond))
 }

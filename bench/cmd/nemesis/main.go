@@ -24,8 +24,8 @@ import (
 	"syscall"
 
 	"github.com/ordo-relay/ordo/bench/nemesis"
+	"github.com/ordo-relay/ordo/internal/childproc"
 	"github.com/ordo-relay/ordo/internal/envflag"
-	"github.com/ordo-relay/ordo/internal/testkit"
 )
 
 const envPrefix = "ORDO_NEMESIS"
@@ -73,7 +73,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	err = nemesis.Run(ctx, cfg)
 	stop()
-	testkit.RemoveBinaries()
+	childproc.RemoveBinaries()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "nemesis:", err)
 		os.Exit(1)

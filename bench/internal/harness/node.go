@@ -15,7 +15,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/internal/childproc"
 )
 
 const (
@@ -37,8 +37,8 @@ const (
 )
 
 // NodeBinary returns the node binary: -node-bin, or ./cmd/node built once
-// per bench process by the test kit with the NodeBuildTag (see
-// testkit.RemoveBinaries).
+// per bench process by childproc.Build with the NodeBuildTag (see
+// childproc.RemoveBinaries).
 func NodeBinary(ctx context.Context, o Config) (string, error) {
 	if o.NodeBin != "" {
 		return o.NodeBin, nil
@@ -46,7 +46,7 @@ func NodeBinary(ctx context.Context, o Config) (string, error) {
 	if err := inModule(ctx); err != nil {
 		return "", err
 	}
-	bin, took, err := testkit.Build(ctx, nodePkg, "-tags", NodeBuildTag)
+	bin, took, err := childproc.Build(ctx, nodePkg, "-tags", NodeBuildTag)
 	if err != nil {
 		return "", err
 	}
@@ -75,7 +75,7 @@ type Node struct {
 	Name     string
 	HTTPAddr string
 	Started  time.Time
-	Proc     *testkit.Process
+	Proc     *childproc.Process
 	stopping sync.Once
 	stopErr  error
 	took     time.Duration
@@ -112,7 +112,7 @@ func StartProcess(ctx context.Context, o Config, name, dbURL, amqpURL string, en
 	if dbURL != "" && !slices.ContainsFunc(env, func(e string) bool { return strings.HasPrefix(e, "ORDO_SOURCES=") }) {
 		base = append(base, "ORDO_POSTGRES_URL="+dbURL)
 	}
-	n.Proc, err = testkit.Start(name, bin, nil, testkit.ProcessOptions{
+	n.Proc, err = childproc.Start(name, bin, nil, childproc.Options{
 		Env:       append(base, env...),
 		OwnGroup:  true,
 		KeepLines: nodeLogLines,
@@ -125,7 +125,7 @@ func StartProcess(ctx context.Context, o Config, name, dbURL, amqpURL string, en
 }
 
 // FreeAddr returns 127.0.0.1:<a port free for TCP and UDP just now>.
-func FreeAddr() (string, error) { return testkit.PickAddr() }
+func FreeAddr() (string, error) { return childproc.PickAddr() }
 
 // Pid returns the node's process id.
 func (n *Node) Pid() int { return n.Proc.Pid() }

@@ -16,7 +16,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/internal/ordercheck"
 )
 
 // Result is what every scenario reports: its parameters, its measured
@@ -56,9 +56,9 @@ type Figure struct {
 }
 
 // Check is the order checker's verdict on every delivery of the run: the
-// test kit's Report (the one order checker, testkit.History), written into
-// the JSON as is.
-type Check = testkit.Report
+// order checker's Report (ordercheck.History), written into the JSON as
+// is.
+type Check = ordercheck.Report
 
 // Passed reports whether the run should count as a success: nothing lost,
 // and for Ordo nothing reordered or skipped either.

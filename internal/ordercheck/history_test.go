@@ -1,4 +1,4 @@
-package testkit
+package ordercheck
 
 import (
 	"errors"
@@ -6,6 +6,15 @@ import (
 	"strings"
 	"testing"
 )
+
+// msg builds a delivery with the prev header (prev >= 0).
+func msg(id, key string, seq, prev int64) Delivery {
+	d := Delivery{MessageID: id, CorrelationID: key, KeySeq: seq}
+	if prev >= 0 {
+		d.PrevKeySeq, d.HasPrevKeySeq = prev, true
+	}
+	return d
+}
 
 // ev builds a delivery of type t with the prev header (prev >= 0).
 func ev(id, key string, seq, prev int64) Delivery {

@@ -1,4 +1,4 @@
-package testkit
+package ordercheck
 
 import (
 	"errors"
@@ -70,6 +70,9 @@ const (
 	Duplicate                 // its message id was delivered before, and it is not flagged redelivered
 	Redelivery                // its message id was delivered before, and the broker flagged it redelivered
 )
+
+// reportListCap is the default cap of Report.LostIDs and Report.Problems.
+const reportListCap = 20
 
 // NewHistory returns a History that does not know which key_seqs were
 // skipped on purpose: it takes x-ordo-prev-key-seq at its word as long as
