@@ -47,10 +47,15 @@ type shippingFleet struct {
 	paused   []bool
 }
 
-// newShippingFleet builds cmd/shipping and prepares size slots on the
-// shipping database dbURL; nothing runs yet.
+// shippingBuildTag builds cmd/shipping with its fault injection
+// (internal/inboxfaults: the ORDO_FAULT_* variables below), which the
+// default build leaves out.
+const shippingBuildTag = "ordofaults"
+
+// newShippingFleet builds cmd/shipping (with shippingBuildTag) and
+// prepares size slots on the shipping database dbURL; nothing runs yet.
 func newShippingFleet(ctx context.Context, r *harness.Rig, dbURL, group, exchange string, size int) (*shippingFleet, error) {
-	bin, _, err := childproc.Build(ctx, "github.com/ordo-relay/ordo/cmd/shipping")
+	bin, _, err := childproc.Build(ctx, "github.com/ordo-relay/ordo/cmd/shipping", "-tags", shippingBuildTag)
 	if err != nil {
 		return nil, err
 	}

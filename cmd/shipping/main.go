@@ -48,19 +48,17 @@ const envPrefix = "ORDO"
 
 // config is what the flags and environment configure.
 type config struct {
-	postgresURL  string        // the shipping database (projection and inbox)
-	dbMaxConns   int           // pool size
-	handlerDelay time.Duration // simulated work per event
-	statsEvery   time.Duration // how often to log the inbox counters
-	httpAddr     string        // where /metrics, /healthz, /readyz and /admin/ are served; empty: not served
-	adminToken   string        // the bearer token /admin/ requires; empty: admin actions off
-	operator     string        // who runs a CLI action, for the audit record
-	source       string        // the source of the key a CLI action names
-	killAfter    int           // fault injection: SIGKILL itself after this many handled commits, before the ack
-	faults       faults        // fault injection: failing and panicking handler attempts, poison orders
-	logLevel     slog.Level
-	inbox        inbox.Config
-	command      []string // a subcommand and its argument, if any
+	postgresURL string        // the shipping database (projection and inbox)
+	dbMaxConns  int           // pool size
+	statsEvery  time.Duration // how often to log the inbox counters
+	httpAddr    string        // where /metrics, /healthz, /readyz and /admin/ are served; empty: not served
+	adminToken  string        // the bearer token /admin/ requires; empty: admin actions off
+	operator    string        // who runs a CLI action, for the audit record
+	source      string        // the source of the key a CLI action names
+	rig         rig           // the tests' and the nemesis' fault injection; empty in the default build (nofaults.go)
+	logLevel    slog.Level
+	inbox       inbox.Config
+	command     []string // a subcommand and its argument, if any
 }
 
 func parseConfig(args []string, lookup func(string) (string, bool), output io.Writer) (config, error) {
@@ -89,14 +87,12 @@ func parseConfig(args []string, lookup func(string) (string, bool), output io.Wr
 	fs.StringVar(&mode, "mode", "ordered", "ordered, bootstrap (first run over an existing stream) or partial")
 	fs.IntVar(&ic.Lanes, "lanes", ic.Lanes, "keys of a shard handled at once (each key one message at a time)")
 	fs.IntVar(&cfg.dbMaxConns, "db-max-conns", 0, "PostgreSQL pool size (0: 2 + lanes × shards, what one instance owning every shard uses)")
-	fs.DurationVar(&cfg.handlerDelay, "handler-delay", 0, "simulated work per event (tests, bench)")
 	fs.DurationVar(&cfg.statsEvery, "stats-every", 30*time.Second, "how often to log the inbox counters (0: only at exit)")
 	fs.StringVar(&cfg.httpAddr, "http-addr", "", "serve /metrics, /healthz, /readyz and /admin/ here, e.g. 127.0.0.1:8082 (empty: not served)")
 	fs.StringVar(&cfg.adminToken, "admin-token", "", "bearer token the /admin/ actions require (empty: they are off)")
 	fs.StringVar(&cfg.operator, "operator", "", "your name, recorded with resolve, retry and skip (default: $USER)")
 	fs.StringVar(&cfg.source, "source", wire.DefaultSource, "the source (x-ordo-source) of the order resolve, retry and skip act on")
-	fs.IntVar(&cfg.killAfter, "kill-after", 0, "fault injection: SIGKILL this process after N handled commits, before the ack")
-	cfg.faults.addFlags(fs)
+	cfg.rig.addFlags(fs)
 	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	fs.Usage = envflag.Usage(fs, envPrefix, "usage: shipping [flags] [stuck | dead | resolve ORDER | retry ORDER | skip ORDER | audit | reshard]")
 	if err := envflag.Parse(fs, envPrefix, args, lookup); err != nil {
@@ -127,7 +123,7 @@ func parseConfig(args []string, lookup func(string) (string, bool), output io.Wr
 		// about 2 + lanes × their own shards each.
 		cfg.dbMaxConns = 2 + ic.Lanes*ic.Shards
 	}
-	if err := cfg.faults.validate(); err != nil {
+	if err := cfg.rig.validate(); err != nil {
 		return config{}, err
 	}
 	if cfg.dbMaxConns < 2 || cfg.dbMaxConns > 1000 {

@@ -49,7 +49,9 @@ type env struct {
 func newEnv(tb testing.TB) *env {
 	tb.Helper()
 	testkit.RequireRabbitMQ(tb)
-	e := &env{tb: tb, bin: testkit.BuildBinary(tb, "github.com/ordo-relay/ordo/cmd/shipping")}
+	// With the fault injection (-kill-after, -handler-delay, -fault-*),
+	// which the default build leaves out (faults.go).
+	e := &env{tb: tb, bin: testkit.BuildBinary(tb, "github.com/ordo-relay/ordo/cmd/shipping", "-tags", "ordofaults")}
 	e.dbURL = testkit.NewDatabase(tb)
 	e.pool = testkit.NewPool(tb, e.dbURL, 3)
 	e.exchange = testkit.NewExchange(tb)

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -48,19 +47,9 @@ type orderCancelled struct {
 
 // projector returns the inbox handler: it applies OrderPlaced and
 // OrderCancelled to shipping_orders and records every message it handles
-// in shipping_events, all in the inbox's transaction. delay simulates the
-// work a real handler does (tests and bench use it).
-func projector(instance string, delay time.Duration) inbox.Handler {
+// in shipping_events, all in the inbox's transaction.
+func projector(instance string) inbox.Handler {
 	return func(ctx context.Context, tx pgx.Tx, m *inbox.Message) error {
-		if delay > 0 {
-			t := time.NewTimer(delay)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return ctx.Err()
-			case <-t.C:
-			}
-		}
 		var err error
 		switch m.Type {
 		case orderapi.TypeOrderPlaced:

@@ -31,12 +31,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if err := migrate(ctx, pool); err != nil {
 		return fmt.Errorf("migrate projection: %w", err)
 	}
-	var db inbox.DB = pool
-	h := cfg.faults.wrap(projector(cfg.inbox.Instance, cfg.handlerDelay))
-	if cfg.killAfter > 0 {
-		k := &killAfter{DB: pool, n: int64(cfg.killAfter), logger: logger}
-		db, h = k, k.handler(h)
-	}
+	db, h := cfg.rig.wrap(pool, projector(cfg.inbox.Instance), logger)
 	tp, flush, err := otelsetup.Start(ctx, "ordo-shipping", os.Stdout, os.Getenv, logger)
 	if err != nil {
 		return err

@@ -179,9 +179,11 @@ func lastLines(out []byte, n int) string {
 // testing package or a test rig: the example consumer a user copies
 // (cmd/shipping), the demo (cmd/demo, which starts its children with
 // internal/childproc and checks the order of what arrives with
-// internal/ordercheck), the node and the order API. Fault injection and
-// test kits belong to the tests, the bench and the nemesis. Every
-// directory under cmd/ is checked, so a new command is too.
+// internal/ordercheck), the node and the order API. Fault injection
+// (internal/inboxfaults, which cmd/shipping links only when built with the
+// ordofaults tag) and test kits belong to the tests, the bench and the
+// nemesis. Every directory under cmd/ is checked, as built by default, so
+// a new command is too.
 func TestExampleCommandsLinkNoTestRig(t *testing.T) {
 	root, err := filepath.Abs(filepath.Join("..", ".."))
 	if err != nil {
@@ -211,7 +213,8 @@ func TestExampleCommandsLinkNoTestRig(t *testing.T) {
 		}
 		for _, d := range strings.Fields(string(out)) {
 			if d == "testing" || strings.HasPrefix(d, "github.com/ordo-relay/ordo/internal/testkit") ||
-				strings.HasPrefix(d, "github.com/ordo-relay/ordo/internal/nodetest") {
+				strings.HasPrefix(d, "github.com/ordo-relay/ordo/internal/nodetest") ||
+				strings.HasPrefix(d, "github.com/ordo-relay/ordo/internal/inboxfaults") {
 				t.Errorf("%s links %s: keep test rigs out of the example commands", cmd, d)
 			}
 		}

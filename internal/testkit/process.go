@@ -14,11 +14,13 @@ import (
 // "github.com/ordo-relay/ordo/cmd/node", or a path relative to the test's
 // directory such as "./testdata/x") with go build, without -race, and
 // returns the binary's path: childproc.Build, failing tb with the
-// compiler's output when the build fails. Each pkg is built once per test
-// process and shared by every test; RemoveBinaries deletes the binaries.
-func BuildBinary(tb testing.TB, pkg string) string {
+// compiler's output when the build fails. flags go to go build before pkg
+// (cmd/shipping's tests build it with "-tags", "ordofaults"). Each pkg
+// and flags is built once per test process and shared by every test;
+// RemoveBinaries deletes the binaries.
+func BuildBinary(tb testing.TB, pkg string, flags ...string) string {
 	tb.Helper()
-	bin, built, err := childproc.Build(context.Background(), pkg)
+	bin, built, err := childproc.Build(context.Background(), pkg, flags...)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package main
+package inboxfaults
 
 import (
 	"context"
@@ -11,10 +11,10 @@ import (
 	"github.com/ordo-relay/ordo/inbox"
 )
 
-// killAfter is the -kill-after fault injection, built from the inbox's
-// public interfaces only: the inbox's database is wrapped so that the n-th
-// commit of a transaction in which the handler ran SIGKILLs the process,
-// after the commit and before the inbox acknowledges the delivery.
+// killAfter is the -kill-after fault injection (Config.KillAfter): the
+// inbox's database is wrapped so that the n-th commit of a transaction in
+// which the handler ran SIGKILLs the process, after the commit and before
+// the inbox acknowledges the delivery.
 type killAfter struct {
 	inbox.DB
 	n       int64
