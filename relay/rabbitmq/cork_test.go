@@ -1,6 +1,7 @@
 package rabbitmq
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -79,4 +80,42 @@ func TestFlushPastDeadlineResets(t *testing.T) {
 	if got := h.pub.Status().ChannelsOpened; got <= opened {
 		t.Fatalf("channels opened: %d, want more than %d (a reconnect)", got, opened)
 	}
+}
+
+// TestHeldDeadlineGuardsLaterWrite: a write that sends what the corked
+// connection holds (here a payload past corkMax, which the proxy, no
+// longer reading, makes block in the socket) is cut off at the earliest
+// deadline of the messages held, not at the later deadline of the
+// message being written: the held message must not leave after its
+// deadline either.
+func TestHeldDeadlineGuardsLaterWrite(t *testing.T) {
+	t.Parallel()
+	h := newBroker(t, nil)
+	r := newResults(t)
+	h.confirmOne(t, r)
+	h.proxy.Stall()
+	held := h.message("bound")
+	held.Deadline = time.Now().Add(corkLead + 500*time.Millisecond) // far enough to be held
+	h.publish(t, held, r.settle(held.ID))
+	big := h.message("bound")
+	big.Payload = make([]byte, 12<<20) // more than the socket buffers hold
+	big.Deadline = time.Now().Add(time.Minute)
+	took, err := h.publishAsync(t, big, r.settle(big.ID), corkLead+10*time.Second, h.proxy.Resume)
+	returned := time.Now()
+	t.Logf("the blocked publish returned after %v: %v", took.Round(time.Millisecond), err)
+	if returned.Before(held.Deadline) {
+		t.Fatalf("the write did not block: it returned %v before the held message's deadline", held.Deadline.Sub(returned))
+	}
+	if err == nil {
+		if res := r.wait(big.ID, 1); res.Outcome != relay.Unsent {
+			t.Fatalf("the publish cut off: %v (%v), want unsent", res.Outcome, res.Err)
+		}
+	} else if !errors.Is(err, relay.ErrLeaseExpired) {
+		t.Fatalf("the publish cut off returned %v, want ErrLeaseExpired", err)
+	}
+	if res := r.wait(held.ID, 1); res.Outcome != relay.Unsent {
+		t.Fatalf("the held publish: %v (%v), want unsent (the connection reset at its deadline)", res.Outcome, res.Err)
+	}
+	h.proxy.Resume()
+	h.confirmOne(t, r) // the publisher reconnected and goes on
 }

@@ -22,9 +22,10 @@ func BenchmarkPublishing(b *testing.B) {
 		Type: "bookstore.order-placed.v1", Payload: make([]byte, 300), OccurredAt: time.Now(),
 		Headers: map[string]any{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
 	}
+	p := newPublisher(Config{})
 	b.ReportAllocs()
 	for b.Loop() {
-		_ = publishing(m, 1)
+		_ = p.publishing(m, 1)
 	}
 }
 

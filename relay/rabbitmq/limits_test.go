@@ -20,7 +20,8 @@ func TestHeaderFrameSize(t *testing.T) {
 		Type: "t", Payload: []byte(`{}`), OccurredAt: time.Unix(1, 0),
 		Headers: map[string]any{"a": strings.Repeat("x", 60<<10), "b": strings.Repeat("x", 60<<10), "c": strings.Repeat("x", 60<<10)},
 	}
-	pub := publishing(m, 1)
+	p := newPublisher(Config{})
+	pub := p.publishing(m, 1)
 	size, err := headerFrameSize(&pub)
 	if err != nil {
 		t.Fatal(err)
@@ -34,7 +35,7 @@ func TestHeaderFrameSize(t *testing.T) {
 	if err := checkFrame(&pub, 131072); err == nil {
 		t.Fatal("three 60 KB header values fit a 128 KiB frame")
 	}
-	small := publishing(&relay.Message{ID: uuid.New(), Type: "t", Payload: []byte(`{}`)}, 1)
+	small := p.publishing(&relay.Message{ID: uuid.New(), Type: "t", Payload: []byte(`{}`)}, 1)
 	if err := checkFrame(&small, 4096); err != nil {
 		t.Fatalf("a small message: %v", err)
 	}

@@ -39,7 +39,7 @@ func (p *Publisher) Publish(ctx context.Context, m *relay.Message, settle func(r
 	}
 	attempt := p.attempt.Add(1)
 	annotateAttempt(ctx, attempt)
-	pub := publishing(m, attempt)
+	pub := p.publishing(m, attempt)
 	if p.cfg.CloudEvents {
 		addCloudEvents(pub.Headers, m, p.cfg.CloudEventsSource)
 	}
@@ -76,11 +76,15 @@ func (p *Publisher) Publish(ctx context.Context, m *relay.Message, settle func(r
 	if p.isolate > 0 {
 		p.isolate--
 	}
-	s.pending[tag] = &pendingPub{attempt: attempt, sent: time.Now(), settle: settle}
+	s.pending[tag] = pendingPub{attempt: attempt, sent: time.Now(), settle: settle}
 	p.mu.Unlock()
 
 	p.corkFor(s, m)
-	cut, err := p.watched(s, m, func() error {
+	guard := m // the write may send what is held: it keeps the earliest deadline
+	if s.corkedBy != nil {
+		guard = s.corkedBy
+	}
+	cut, err := p.watched(s, guard, func() error {
 		return s.ch.PublishWithContext(ctx, m.Exchange, m.RoutingKey, true, false, pub)
 	})
 	if err != nil {
@@ -90,16 +94,20 @@ func (p *Publisher) Publish(ctx context.Context, m *relay.Message, settle func(r
 }
 
 // corkLead is how far a message's deadline must lie for its write to be
-// held corked: the kernel sends what TCP_CORK holds within 200 ms even
-// if nobody uncorks, so a message held no nearer than this to its
+// held corked: a corked connection sends what it holds within corkHold
+// even if nobody uncorks, so a message held no nearer than this to its
 // deadline reaches the broker before it.
 const corkLead = time.Second
 
-// corkFor corks s's TCP connection before the write of m, so that the
-// publishes of one round of the relay leave in as few segments as the
-// kernel can make (one write per publish still, but not one segment, one
-// wake-up of the broker and one loopback delivery each); Flush uncorks.
-// A message whose deadline is near is sent at once, and with it what was
+// corkHold is the longest a corked connection holds a write: the hold
+// timer uncorks it then, for a caller that publishes and never flushes.
+const corkHold = 200 * time.Millisecond
+
+// corkFor corks s's connection before the write of m, so that the
+// publishes of one round of the relay leave in one write (the client
+// library writes each on its own: one write system call, one TCP segment
+// and one wake-up of the broker each, uncorked); Flush uncorks. A
+// message whose deadline is near is sent at once, and with it what was
 // held. Called with pubMu held.
 func (p *Publisher) corkFor(s *session, m *relay.Message) {
 	if s.raw == nil {
@@ -110,32 +118,52 @@ func (p *Publisher) corkFor(s *session, m *relay.Message) {
 		return
 	}
 	if !s.corked {
-		if !setCork(s.raw, true) {
-			return
-		}
+		s.raw.cork()
 		s.corked = true
+		p.calls.Add(1) // done by the timer's function, or by uncork if it never runs
+		s.hold.Reset(corkHold)
 	}
 	if !m.Deadline.IsZero() && (s.corkedBy == nil || m.Deadline.Before(s.corkedBy.Deadline)) {
 		s.corkedBy = m
 	}
 }
 
-// uncork sends what s's corked connection holds, unless the deadline of a
-// message held passed meanwhile: then it resets the connection, which
-// drops what the kernel still holds, rather than let it arrive late (the
-// publishes it held settle Unsent with the session). Called with pubMu
-// held.
+// uncork sends what s's corked connection holds, in one write under the
+// watchdog armed for the earliest deadline held, unless that deadline
+// passed meanwhile: then it resets the connection rather than let the
+// message arrive late (the publishes it held settle Unsent with the
+// session). Called with pubMu held.
 func (p *Publisher) uncork(s *session) {
 	if !s.corked {
 		return
 	}
 	m := s.corkedBy
 	s.corked, s.corkedBy = false, nil
+	if s.hold.Stop() {
+		p.calls.Done()
+	}
 	if m != nil && m.Expired(time.Now()) {
 		p.cutOff(s, m)
 		return
 	}
-	setCork(s.raw, false)
+	if m == nil {
+		_ = s.raw.uncork() // a failure closes the connection: the session ends
+		return
+	}
+	_, _ = p.watched(s, m, s.raw.uncork)
+}
+
+// newHoldTimer returns s's hold timer, stopped: armed by corkFor, it
+// uncorks s corkHold after the cork.
+func (p *Publisher) newHoldTimer(s *session) *time.Timer {
+	t := time.AfterFunc(time.Hour, func() {
+		defer p.calls.Done()
+		p.pubMu.Lock()
+		defer p.pubMu.Unlock()
+		p.uncork(s)
+	})
+	t.Stop()
+	return t
 }
 
 // Flush implements relay.Flusher: it sends what the current session's
@@ -234,9 +262,17 @@ func (p *Publisher) checkExchange(s *session, exchange string, until time.Time) 
 }
 
 // publishing builds the AMQP message for m (docs/design.md, "The AMQP
-// message"), with attempt as its wire.HeaderAttempt.
-func publishing(m *relay.Message, attempt int64) amqp.Publishing {
-	h := make(amqp.Table, len(m.Headers)+6)
+// message"), with attempt as its wire.HeaderAttempt. Its headers are p's
+// one table, emptied and filled again for every publish: the client
+// library has encoded them by the time PublishWithContext returns, and
+// keeps nothing of them. Called with pubMu held.
+func (p *Publisher) publishing(m *relay.Message, attempt int64) amqp.Publishing {
+	h := p.headers
+	if h == nil {
+		h = make(amqp.Table, len(m.Headers)+6)
+		p.headers = h
+	}
+	clear(h)
 	for k, v := range m.Headers {
 		h[k] = v
 	}

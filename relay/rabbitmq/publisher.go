@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,6 +33,7 @@ type Publisher struct {
 	down *outage.Log
 
 	pubMu   sync.Mutex     // serialises delivery-tag assignment with the publish
+	headers amqp.Table     // the headers of the publish under way (publishing); guarded by pubMu
 	calls   sync.WaitGroup // bounded broker calls still running; Run waits for them
 	attempt atomic.Int64   // the last wire.HeaderAttempt value used
 
@@ -167,7 +167,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 	}
 	for next := 0; ctx.Err() == nil; next++ {
 		url := strings.TrimSpace(urls[next%len(urls)])
-		var raw net.Conn // the TCP connection, for the publish watchdog
+		var raw *corkConn // the TCP connection, for corking and the publish watchdog
 		// A fresh table for every dial: the library writes into it.
 		props := amqp.NewConnectionProperties()
 		if p.cfg.ConnectionName != "" {
@@ -206,7 +206,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 // serveConn opens channels on conn (whose TCP connection is raw) until the
 // connection fails or ctx ends, then closes it. published reports whether
 // a publish was confirmed on it.
-func (p *Publisher) serveConn(ctx context.Context, conn *amqp.Connection, raw net.Conn) (published bool, err error) {
+func (p *Publisher) serveConn(ctx context.Context, conn *amqp.Connection, raw *corkConn) (published bool, err error) {
 	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	blockedDone := p.watchBlocked(conn)
 	defer func() {

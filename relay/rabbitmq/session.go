@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -16,10 +15,10 @@ import (
 // session is one confirm-mode channel and what is unconfirmed on it.
 type session struct {
 	conn     *amqp.Connection
-	raw      net.Conn // conn's TCP connection; nil if not known
+	raw      *corkConn // conn's TCP connection; nil if not known
 	ch       *amqp.Channel
-	frameMax int                    // negotiated frame_max; 0: no limit
-	pending  map[uint64]*pendingPub // by delivery tag; guarded by Publisher.mu
+	frameMax int                   // negotiated frame_max; 0: no limit
+	pending  map[uint64]pendingPub // by delivery tag; guarded by Publisher.mu
 	// expired maps the delivery tag of a publish settled Failed by the
 	// confirm timeout to its attempt, so that its late return and ack are
 	// recognised and dropped; guarded by Publisher.mu.
@@ -32,9 +31,11 @@ type session struct {
 	dog      *watchdog     // guards each write's lease deadline
 	// corked: raw holds the publishes written since it was corked
 	// (corkFor), corkedBy the one of them with the earliest deadline (nil
-	// if none has one); guarded by pubMu.
+	// if none has one); guarded by pubMu. hold sends what is held
+	// corkHold after the cork, if nothing else did.
 	corked   bool
 	corkedBy *relay.Message
+	hold     *time.Timer
 }
 
 type pendingPub struct {
@@ -46,8 +47,9 @@ type pendingPub struct {
 // resume gives the publishes of s back the time d they waited while the
 // broker blocked the connection. Called with Publisher.mu held.
 func (s *session) resume(d time.Duration) {
-	for _, pp := range s.pending {
+	for tag, pp := range s.pending {
 		pp.sent = pp.sent.Add(d)
+		s.pending[tag] = pp
 	}
 	s.progress = time.Now()
 }
@@ -77,7 +79,7 @@ type channelEvents struct {
 
 // openSession opens a confirm-mode channel on conn, registers its
 // notifications and makes it the current session.
-func (p *Publisher) openSession(conn *amqp.Connection, raw net.Conn, frameMax int) (*session, channelEvents, error) {
+func (p *Publisher) openSession(conn *amqp.Connection, raw *corkConn, frameMax int) (*session, channelEvents, error) {
 	var ch *amqp.Channel
 	if err := p.bounded(conn, "open channel", func() (err error) { ch, err = conn.Channel(); return err }); err != nil {
 		return nil, channelEvents{}, fmt.Errorf("open channel: %w", err)
@@ -92,9 +94,10 @@ func (p *Publisher) openSession(conn *amqp.Connection, raw net.Conn, frameMax in
 		returns:  ch.NotifyReturn(make(chan amqp.Return, buf)),
 		closed:   ch.NotifyClose(make(chan *amqp.Error, 1)),
 	}
-	s := &session{conn: conn, raw: raw, ch: ch, frameMax: frameMax, pending: map[uint64]*pendingPub{},
+	s := &session{conn: conn, raw: raw, ch: ch, frameMax: frameMax, pending: map[uint64]pendingPub{},
 		expired: map[uint64]int64{}, progress: time.Now()}
 	s.dog = p.newWatchdog(s)
+	s.hold = p.newHoldTimer(s)
 	p.mu.Lock()
 	p.cur = s
 	p.opened++
@@ -107,7 +110,7 @@ func (p *Publisher) openSession(conn *amqp.Connection, raw net.Conn, frameMax in
 // serveChannel opens a confirm-mode channel on conn and settles its
 // publishes until it or the connection closes, or ctx ends. confirmed
 // reports whether a publish was acked on it.
-func (p *Publisher) serveChannel(ctx context.Context, conn *amqp.Connection, raw net.Conn, connClosed <-chan *amqp.Error, frameMax int) (confirmed bool, err error) {
+func (p *Publisher) serveChannel(ctx context.Context, conn *amqp.Connection, raw *corkConn, connClosed <-chan *amqp.Error, frameMax int) (confirmed bool, err error) {
 	s, ev, err := p.openSession(conn, raw, frameMax)
 	if err != nil {
 		return false, err
@@ -228,6 +231,7 @@ func (p *Publisher) settleOne(s *session, c amqp.Confirmation, returned returns,
 // broker error found while isolating.
 func (p *Publisher) closeSession(s *session, cause error, confirms <-chan amqp.Confirmation, settle func(amqp.Confirmation)) {
 	p.pubMu.Lock()
+	p.uncork(s) // what is held goes before the closes below, which wait for answers
 	p.mu.Lock()
 	s.closed = true
 	p.cur = nil
@@ -321,7 +325,7 @@ func (p *Publisher) waitIsolated(ctx context.Context, s *session, until time.Tim
 // expire fails the publishes of s waiting longer than ConfirmTimeout,
 // unless the broker blocks the connection (then nobody's clock runs).
 func (p *Publisher) expire(s *session, now time.Time) {
-	var late []*pendingPub
+	var late []pendingPub
 	p.mu.Lock()
 	if p.blocked != "" {
 		p.mu.Unlock()

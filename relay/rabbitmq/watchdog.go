@@ -40,16 +40,6 @@ func leaseExpired(what string) error {
 	return fmt.Errorf("%w (%s)", relay.ErrLeaseExpired, what)
 }
 
-// keepConn wraps dial so that the connection it makes is stored in *raw.
-// amqp091-go calls it from DialConfig, in the caller's goroutine.
-func keepConn(raw *net.Conn, dial func(network, addr string) (net.Conn, error)) func(network, addr string) (net.Conn, error) {
-	return func(network, addr string) (net.Conn, error) {
-		c, err := dial(network, addr)
-		*raw = c
-		return c, err
-	}
-}
-
 // bounded runs f, a call that waits for the broker, for at most
 // CallTimeout. Past it, it closes conn, which ends f, and returns an error
 // wrapping ErrCallTimeout without waiting for f (Run does, before it
@@ -149,8 +139,11 @@ func (p *Publisher) watched(s *session, m *relay.Message, write func() error) (c
 func (p *Publisher) cutOff(s *session, m *relay.Message) {
 	p.cfg.Logger.Warn("the lease deadline passed while a publish was being written; resetting the broker connection so that it cannot complete",
 		"partition", m.Partition, "epoch", m.Epoch, "id", m.ID)
-	tc, ok := s.raw.(*net.TCPConn)
-	if !ok {
+	var tc *net.TCPConn
+	if s.raw != nil {
+		tc, _ = s.raw.Conn.(*net.TCPConn)
+	}
+	if tc == nil {
 		p.closeConn(s.conn, 0)
 		return
 	}
