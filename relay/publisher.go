@@ -105,7 +105,7 @@ type Publisher interface {
 
 // Flusher is implemented by a Publisher that may hold the messages of
 // consecutive Publish calls in the connection and send them together
-// (relay/rabbitmq corks its TCP connection). The relay calls Flush when a
+// (relay/rabbitmq corks its broker connection). The relay calls Flush when a
 // round of publishes ends, before it waits for anything. Such a Publisher
 // still sends what it holds on its own within a bounded time, and never
 // lets a message reach the broker after its Deadline.

@@ -46,10 +46,9 @@ func TestFlushSendsWhatIsCorked(t *testing.T) {
 // TestFlushPastDeadlineResets: when the deadline of a message held corked
 // has passed by the time it would be sent, Flush resets the connection
 // rather than send it late: the broker never routes it, it settles
-// Unsent, and the publisher reconnects. (The kernel sends what TCP_CORK
-// holds within 200 ms, and a message is held only a second or more from
-// its deadline, so the test makes the held message's deadline pass
-// directly, while the proxy holds the bytes back.)
+// Unsent, and the publisher reconnects. (What is corked is sent within
+// 200 ms, and a message is held only a second or more from its deadline,
+// so the test makes the held message's deadline pass directly.)
 func TestFlushPastDeadlineResets(t *testing.T) {
 	t.Parallel()
 	h := newBroker(t, nil)
