@@ -124,6 +124,22 @@ type Config struct {
 	// its shards, and the default S = 8 shards need a pool of 34, within
 	// what one PostgreSQL serves to a few instances.
 	Lanes int
+	// BatchSize bounds the deliveries a lane handles in one transaction
+	// (group commit): when a lane comes to work, it takes what its keys
+	// and the shard's waiting keys have queued, up to BatchSize, runs each
+	// message under a savepoint of its own in one transaction, commits
+	// once and then acknowledges them. It never waits for more: at low
+	// load a batch is the one delivery there is. 1 gives every delivery a
+	// transaction of its own. At most 32 (each message may use two
+	// subtransactions, and PostgreSQL tracks 64 per transaction cheaply).
+	// Default 16.
+	BatchSize int
+	// BatchTime bounds a batch's transaction: once it has been open this
+	// long, no further message is added to it; it commits, and the rest
+	// of the batch goes on in a new transaction. With handlers that take
+	// longer than this, every message gets a transaction of its own.
+	// Default 10ms.
+	BatchTime time.Duration
 	// Heartbeat is the AMQP heartbeat: a paused or cut-off instance's
 	// exclusive consumers are released by the broker after about two of
 	// them, which is when a new owner can attach. Default 10s.
@@ -172,6 +188,8 @@ func DefaultConfig(name string) Config {
 		Partitions:        64,
 		Prefetch:          32,
 		Lanes:             4,
+		BatchSize:         16,
+		BatchTime:         10 * time.Millisecond,
 		Heartbeat:         10 * time.Second,
 		LeaseTTL:          5 * time.Second,
 		RetryPoll:         200 * time.Millisecond,
@@ -200,6 +218,8 @@ func (c Config) withDefaults() Config {
 	confcheck.Fill(&c.Partitions, d.Partitions)
 	confcheck.Fill(&c.Prefetch, d.Prefetch)
 	confcheck.Fill(&c.Lanes, max(1, min(d.Lanes, c.Prefetch)))
+	confcheck.Fill(&c.BatchSize, max(1, min(d.BatchSize, c.Prefetch)))
+	confcheck.Fill(&c.BatchTime, d.BatchTime)
 	confcheck.Fill(&c.Heartbeat, d.Heartbeat)
 	confcheck.Fill(&c.LeaseTTL, d.LeaseTTL)
 	confcheck.Fill(&c.RetryPoll, d.RetryPoll)
@@ -225,6 +245,8 @@ func (c Config) Validate() error {
 	ck.Require(c.Partitions >= 1 && c.Partitions <= 1<<16, "Partitions", "%d out of range 1..65536", c.Partitions)
 	ck.Require(c.Prefetch >= 1 && c.Prefetch <= 65535, "Prefetch", "%d out of range 1..65535", c.Prefetch)
 	ck.Require(c.Lanes >= 1 && c.Lanes <= c.Prefetch, "Lanes", "%d out of range 1..Prefetch (%d)", c.Lanes, c.Prefetch)
+	ck.Require(c.BatchSize >= 1 && c.BatchSize <= maxBatchSize, "BatchSize", "%d out of range 1..%d", c.BatchSize, maxBatchSize)
+	ck.Require(c.BatchTime > 0, "BatchTime", "%v is not positive", c.BatchTime)
 	ck.Require(c.Heartbeat >= time.Second, "Heartbeat", "%v is below 1s", c.Heartbeat)
 	ck.Require(c.AMQPConfig.Heartbeat == 0, "AMQPConfig.Heartbeat", "%v: leave it zero and set Heartbeat", c.AMQPConfig.Heartbeat)
 	ck.Require(c.LeaseTTL >= 300*time.Millisecond, "LeaseTTL", "%v is below 300ms", c.LeaseTTL)

@@ -4,40 +4,59 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // lanes runs one shard session's work, a job per delivery or per stored
 // message due for a retry, keyed by the message's key (laneKey: its
-// source and correlation id; an invalid delivery may have an empty one): up to max keys
-// at once, each key's jobs strictly one after another in the order they
-// were added (the broker's delivery order, which for one key is key_seq
-// order). A key is in a lane from its first queued job until its queue is
-// empty; while it is, no other lane takes a job of it. A key arriving
-// while every lane is busy waits, in arrival order, for a lane to come
-// free.
+// source and correlation id; an invalid delivery may have an empty one),
+// up to max lanes at once. A lane holds keys: a key is in a lane from its
+// first queued job until its queue is empty after the lane's work on it;
+// while it is, no other lane takes a job of it, so each key's jobs run
+// strictly one after another in the order they were added (the broker's
+// delivery order, which for one key is key_seq order). A key arriving
+// while every lane is busy waits, in arrival order, for a lane.
+//
+// When a lane comes to work (it has a connection slot) it takes, as one
+// batch for deliverBatch's group commit, the deliveries queued for its
+// keys, and for as many waiting keys as it has room, each key's from its
+// head, up to batch deliveries; a retry job at a key's head runs on its
+// own first. It takes only what is queued, never waits for more. The
+// keys stay in the lane until the batch is done, so a key's next
+// delivery, queued meanwhile, waits for its predecessor's commit.
 //
 // One goroutine (the shard's dispatcher) calls add, addRetry, failed and
 // stop; the lane goroutines are started by add and are all finished when
 // stop returns. After stop (or a lane's error) no lane starts another
-// job: each finishes the one in hand; the deliveries not handled stay
+// batch: each finishes the one in hand; the deliveries not handled stay
 // unacknowledged and the broker requeues them when the channel closes.
 type lanes struct {
 	max   int
 	slots chan struct{} // shared by every shard's lanes; nil: no cap
+	batch int           // the most deliveries a lane takes at once
+	run   func([]*amqp.Delivery) error
 
 	mu       sync.Mutex
-	queued   map[string][]func() error // keys in a lane or waiting for one
-	waiting  []string                  // keys with no lane yet, in arrival order
-	retrying map[string]bool           // keys with a retry job queued or running
-	busy     int                       // lane goroutines running
+	queued   map[string][]laneJob // keys in a lane or waiting for one
+	waiting  []string             // keys with no lane yet, in arrival order
+	retrying map[string]bool      // keys with a retry job queued or running
+	busy     int                  // lane goroutines running
 	stopped  bool
 	err      error         // the first lane error
 	errc     chan struct{} // closed at the first lane error
 	wg       sync.WaitGroup
 }
 
-func newLanes(max int, slots chan struct{}) *lanes {
-	return &lanes{max: max, slots: slots, queued: map[string][]func() error{}, retrying: map[string]bool{}, errc: make(chan struct{})}
+// laneJob is a delivery, batched with the lane's others, or a job that
+// runs on its own (a retry).
+type laneJob struct {
+	d    *amqp.Delivery
+	solo func() error
+}
+
+func newLanes(n int, slots chan struct{}, batch int, run func([]*amqp.Delivery) error) *lanes {
+	return &lanes{max: n, slots: slots, batch: max(1, batch), run: run, queued: map[string][]laneJob{},
+		retrying: map[string]bool{}, errc: make(chan struct{})}
 }
 
 // addRetry adds a retry job for key unless one is queued or running: the
@@ -50,19 +69,22 @@ func (l *lanes) addRetry(key string, job func() error) {
 	}
 	l.retrying[key] = true
 	l.mu.Unlock()
-	l.add(key, func() error {
+	l.queue(key, laneJob{solo: func() error {
 		defer func() {
 			l.mu.Lock()
 			delete(l.retrying, key)
 			l.mu.Unlock()
 		}()
 		return job()
-	})
+	}})
 }
 
-// add queues job behind the jobs of key, starting a lane for the key if
+// add queues delivery d behind the jobs of key.
+func (l *lanes) add(key string, d *amqp.Delivery) { l.queue(key, laneJob{d: d}) }
+
+// queue queues job behind the jobs of key, starting a lane for the key if
 // none has it and one is free.
-func (l *lanes) add(k string, job func() error) {
+func (l *lanes) queue(k string, job laneJob) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.stopped {
@@ -72,67 +94,111 @@ func (l *lanes) add(k string, job func() error) {
 		l.queued[k] = append(q, job)
 		return
 	}
-	l.queued[k] = []func() error{job}
+	l.queued[k] = []laneJob{job}
 	if l.busy < l.max {
 		l.busy++
 		l.wg.Add(1)
-		go l.run(k)
+		go l.lane(k)
 		return
 	}
 	l.waiting = append(l.waiting, k)
 }
 
-// run is one lane: it runs key's jobs until its queue is empty, then
-// takes the next waiting key, and ends when there is none.
-func (l *lanes) run(key string) {
+// lane is one lane: it works on its keys (key first) until they have no
+// job left and no key waits, then ends.
+func (l *lanes) lane(key string) {
 	defer l.wg.Done()
+	mine := []string{key}
 	for {
-		job, next, ok := l.take(key)
+		var ok bool
+		if mine, ok = l.keep(mine); !ok {
+			return
+		}
+		if l.slots != nil {
+			l.slots <- struct{}{}
+		}
+		ds, solo, ok := l.take(&mine)
+		var err error
+		switch {
+		case !ok:
+		case solo != nil:
+			err = solo()
+		default:
+			err = l.run(ds)
+		}
+		if l.slots != nil {
+			<-l.slots
+		}
 		if !ok {
 			return
 		}
-		key = next
-		if job == nil {
-			continue
-		}
-		if err := l.runJob(job); err != nil {
+		if err != nil {
 			l.fail(err)
 			return
 		}
 	}
 }
 
-// take returns key's next job; when key's queue is empty it releases the
-// key and returns the next waiting key instead (job nil). ok is false
-// when the lane should end: stopped, or nothing waits.
-func (l *lanes) take(key string) (job func() error, next string, ok bool) {
+// keep releases the keys of mine whose queue is empty (their jobs are
+// done) and returns the rest; with none left it takes the first waiting
+// key. ok is false when the lane should end: stopped, or nothing to do.
+func (l *lanes) keep(mine []string) (kept []string, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.stopped {
 		l.busy--
-		return nil, "", false
+		return nil, false
 	}
-	if q := l.queued[key]; len(q) > 0 {
-		l.queued[key] = q[1:]
-		return q[0], key, true
+	kept = mine[:0]
+	for _, k := range mine {
+		if len(l.queued[k]) > 0 {
+			kept = append(kept, k)
+		} else {
+			delete(l.queued, k)
+		}
 	}
-	delete(l.queued, key)
-	if len(l.waiting) == 0 {
+	if len(kept) == 0 && len(l.waiting) > 0 {
+		kept = append(kept, l.waiting[0])
+		l.waiting = l.waiting[1:]
+	}
+	if len(kept) == 0 {
 		l.busy--
-		return nil, "", false
+		return nil, false
 	}
-	next = l.waiting[0]
-	l.waiting = l.waiting[1:]
-	return nil, next, true
+	return kept, true
 }
 
-// runJob runs job in one of the instance's slots.
-func (l *lanes) runJob(job func() error) error {
-	if l.slots != nil {
-		l.slots <- struct{}{}
-		defer func() { <-l.slots }()
+// take returns the lane's next work: a retry job at the head of one of
+// its keys, alone, or else up to batch deliveries, each key's from its
+// head, after taking waiting keys into the lane while it has room. ok is
+// false when stopped. A key of mine has at least one job (keep).
+func (l *lanes) take(mine *[]string) (ds []*amqp.Delivery, solo func() error, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped {
+		l.busy--
+		return nil, nil, false
 	}
-	return job()
+	for len(*mine) < l.batch && len(l.waiting) > 0 {
+		*mine = append(*mine, l.waiting[0])
+		l.waiting = l.waiting[1:]
+	}
+	for _, k := range *mine {
+		if q := l.queued[k]; len(q) > 0 && q[0].solo != nil {
+			l.queued[k] = q[1:]
+			return nil, q[0].solo, true
+		}
+	}
+	for _, k := range *mine {
+		q := l.queued[k]
+		n := 0
+		for n < len(q) && q[n].solo == nil && len(ds) < l.batch {
+			ds = append(ds, q[n].d)
+			n++
+		}
+		l.queued[k] = q[n:]
+	}
+	return ds, nil, true
 }
 
 // poolSizer is what laneSlots reads from a *pgxpool.Pool.
@@ -170,7 +236,7 @@ func (l *lanes) fail(err error) {
 // failed is closed at the first lane error; see wait.
 func (l *lanes) failed() <-chan struct{} { return l.errc }
 
-// stop makes every lane end after the delivery in hand, waits for them
+// stop makes every lane end after the batch in hand, waits for them
 // all, and returns the first lane error.
 func (l *lanes) stop() error {
 	l.mu.Lock()

@@ -194,4 +194,18 @@ WHERE consumer = $1 AND source = $7 AND correlation_id = $2 AND key_seq = $3 AND
 	// sqlDeleteStored drops a stored message found to be a duplicate. $2
 	// key, $3 key_seq, $4 source.
 	sqlDeleteStored = `DELETE FROM ordo_inbox_messages WHERE consumer = $1 AND source = $4 AND correlation_id = $2 AND key_seq = $3`
+
+	// sqlSavepoint opens a message's savepoint in a batch's transaction
+	// (group commit): each message of a batch runs after one, so that its
+	// failure rolls back to it (sqlRollbackToSavepoint) and undoes only its
+	// own writes. Savepoints are not released: a release costs a statement
+	// and frees nothing the commit does not free; the batch bound
+	// (maxBatchSize) keeps the subtransactions within the 64 PostgreSQL
+	// tracks per transaction without overflow.
+	sqlSavepoint = `SAVEPOINT m`
+
+	// sqlRollbackToSavepoint undoes the writes of the batch's latest
+	// message, its handler's included, and leaves the transaction usable
+	// after an error.
+	sqlRollbackToSavepoint = `ROLLBACK TO SAVEPOINT m`
 )

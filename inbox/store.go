@@ -185,7 +185,7 @@ func (s *Store) handle(ctx context.Context, f Fence, m *Message, h Handler) (out
 		return 0, false, fmt.Errorf("begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	d, last, err := s.decide(ctx, tx, m)
+	d, last, err := s.decide(ctx, tx, m, false)
 	if err != nil {
 		return 0, false, err
 	}
@@ -232,8 +232,9 @@ func (s *Store) redeliveryAttempts() int { return min(1, s.cfg.MaxAttempts-1) }
 // decide locks m's key row (creating it for a new key) and classifies m.
 // It also returns the key's last handled key_seq, which is the last_seq
 // of the key row it created if it was new: a failure stored after tx
-// rolls back must create the same row.
-func (s *Store) decide(ctx context.Context, tx pgx.Tx, m *Message) (decision, int64, error) {
+// rolls back must create the same row. With savepoint it first opens
+// m's savepoint in tx (sqlSavepoint), in the same round trip.
+func (s *Store) decide(ctx context.Context, tx pgx.Tx, m *Message, savepoint bool) (decision, int64, error) {
 	var (
 		last     *int64
 		lastID   string
@@ -243,8 +244,19 @@ func (s *Store) decide(ctx context.Context, tx pgx.Tx, m *Message) (decision, in
 		lowWater *time.Time
 		ignore   string
 	)
-	if err := tx.QueryRow(ctx, sqlDecide, s.cfg.Name, m.CorrelationID, m.KeySeq, s.idle, m.Source, s.newKeyBase(m)).
-		Scan(&ignore, &last, &lastID, &stored, &behind, &never, &lowWater); err != nil {
+	args := []any{s.cfg.Name, m.CorrelationID, m.KeySeq, s.idle, m.Source, s.newKeyBase(m)}
+	scan := func(r pgx.Row) error { return r.Scan(&ignore, &last, &lastID, &stored, &behind, &never, &lowWater) }
+	var err error
+	if savepoint {
+		// In a batch: m's savepoint, then the decision, in one round trip.
+		b := &pgx.Batch{}
+		b.Queue(sqlSavepoint)
+		b.Queue(sqlDecide, args...).QueryRow(scan)
+		err = tx.SendBatch(ctx, b).Close()
+	} else {
+		err = scan(tx.QueryRow(ctx, sqlDecide, args...))
+	}
+	if err != nil {
 		return 0, 0, fmt.Errorf("decide %s/%s/%d: %w", m.Source, m.CorrelationID, m.KeySeq, err)
 	}
 	if last != nil && m.KeySeq == *last && lastID != "" && m.ID != "" && m.ID != lastID {

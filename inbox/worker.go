@@ -8,6 +8,7 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ordo-relay/ordo/internal/outage"
 )
@@ -53,12 +54,13 @@ func (c *Consumer) runShard(ctx context.Context, l shardLease) {
 
 // consumeShard runs one consumer session on shard's queue: exclusive, so
 // the broker refuses a second instance while this one is attached, with
-// a manual ack of each delivery (never multiple) after its commit. Its
-// deliveries are handled in up to Lanes lanes (see lanes): keys at once,
-// each key serial and in delivery order. It returns when ctx is cancelled
-// or with the error that ended it, in both cases only after every lane
-// has finished the delivery in hand; closing the channel then requeues
-// the deliveries not acknowledged.
+// a manual ack of each delivery (never multiple) after the commit of its
+// transaction. Its deliveries are handled in up to Lanes lanes (see
+// lanes): keys at once, each key serial and in delivery order, a lane's
+// queued deliveries in one transaction (deliverBatch). It returns when
+// ctx is cancelled or with the error that ended it, in both cases only
+// after every lane has finished the batch in hand; closing the channel
+// then requeues the deliveries not acknowledged.
 func (c *Consumer) consumeShard(ctx context.Context, l shardLease) error {
 	conn, err := c.amqp.connection()
 	if err != nil {
@@ -81,7 +83,7 @@ func (c *Consumer) consumeShard(ctx context.Context, l shardLease) error {
 	// Every lane has stopped and been waited for before this returns, so
 	// before the channel closes and before the worker counts as stopped
 	// (its lease is released only after that).
-	ls := newLanes(c.cfg.Lanes, c.slots)
+	ls := newLanes(c.cfg.Lanes, c.slots, c.cfg.BatchSize, func(ds []*amqp.Delivery) error { return c.deliverBatch(ctx, fence, ds) })
 	poll := time.NewTicker(c.cfg.RetryPoll)
 	defer poll.Stop()
 	for {
@@ -98,7 +100,7 @@ func (c *Consumer) consumeShard(ctx context.Context, l shardLease) error {
 				}
 				return errors.New("channel closed by the broker")
 			}
-			ls.add(deliveryLaneKey(&d), func() error { return c.deliver(ctx, fence, &d) })
+			ls.add(deliveryLaneKey(&d), &d)
 		case <-poll.C:
 			if !c.leaseValid(l.Shard, l.Epoch) {
 				_ = ls.stop()
@@ -142,18 +144,22 @@ func (c *Consumer) deliver(ctx context.Context, f Fence, d *amqp.Delivery) error
 	if !c.leaseValid(f.Shard, f.Epoch) {
 		return errLeaseExpired
 	}
-	hctx, cancel := c.handleContext(ctx)
-	defer cancel()
 	m, err := FromDelivery(d)
-	ctx, span := c.startDelivery(ctx, f, d, m)
+	sctx, span := c.startDelivery(ctx, f, d, m)
 	if err != nil {
 		endDelivery(span, 0, err)
-		return c.invalidDelivery(hctx, f, d, err)
+		return c.invalidDelivery(ctx, f, d, err)
 	}
+	return c.deliverInPlace(sctx, f, d, m, span)
+}
+
+// deliverInPlace is deliver after d was parsed into m (and its span
+// started): one transaction for m alone.
+func (c *Consumer) deliverInPlace(ctx context.Context, f Fence, d *amqp.Delivery, m *Message, span trace.Span) error {
 	out, err := c.handleInPlace(ctx, f, m)
 	endDelivery(span, out, err)
 	if errors.Is(err, ErrInvalidMessage) {
-		return c.invalidDelivery(hctx, f, d, err)
+		return c.invalidDelivery(ctx, f, d, err)
 	}
 	if err != nil {
 		return err
@@ -161,10 +167,132 @@ func (c *Consumer) deliver(ctx context.Context, f Fence, d *amqp.Delivery) error
 	return ack(d)
 }
 
+// deliverBatch handles a lane's batch of deliveries: keys of the shard,
+// each key's in delivery order. One delivery is handled as deliver does.
+// More are handled with group commit (Store.handleBatch): a transaction
+// for as many as BatchTime allows, then another for the rest; each
+// transaction's deliveries are acknowledged after its commit, one by one
+// (a multiple ack would also acknowledge the other lanes' deliveries in
+// between, committed or not), and then the keys whose stored messages
+// became next are followed. An invalid delivery is dead-lettered and
+// acknowledged at once. When a batch fails for another reason than a
+// moved lease (the database, a deadlock between handlers' locks), its
+// deliveries are handled again one transaction each, retried in place:
+// one delivery's trouble is then its own.
+func (c *Consumer) deliverBatch(ctx context.Context, f Fence, ds []*amqp.Delivery) error {
+	if len(ds) == 1 {
+		return c.deliver(ctx, f, ds[0])
+	}
+	if !c.leaseValid(f.Shard, f.Epoch) {
+		return errLeaseExpired
+	}
+	type pending struct {
+		d    *amqp.Delivery
+		span trace.Span
+		ctx  context.Context // its span's
+	}
+	var ps []pending
+	var items []batchItem
+	for _, d := range ds {
+		m, err := FromDelivery(d)
+		sctx, span := c.startDelivery(ctx, f, d, m)
+		if err != nil {
+			endDelivery(span, 0, err)
+			if err := c.invalidDelivery(ctx, f, d, err); err != nil {
+				return err
+			}
+			continue
+		}
+		ps = append(ps, pending{d: d, span: span, ctx: sctx})
+		items = append(items, batchItem{m: m})
+	}
+	for len(items) > 0 {
+		hctx, cancel := c.handleContext(ctx)
+		for i := range items {
+			items[i].ctx = nil
+			if ps[i].span != nil {
+				items[i].ctx = trace.ContextWithSpan(hctx, ps[i].span)
+			}
+		}
+		res, err := c.store.handleBatch(hctx, f, items, c.h)
+		cancel()
+		if errors.Is(err, ErrFenced) {
+			for _, p := range ps {
+				endDelivery(p.span, 0, err)
+			}
+			return err
+		}
+		if err != nil {
+			c.cfg.Logger.Debug("inbox: batch failed; its messages are handled one at a time", "shard", f.Shard, "messages", len(items), "err", err)
+			for i, p := range ps {
+				if err := c.deliverInPlace(p.ctx, f, p.d, items[i].m, p.span); err != nil {
+					for _, q := range ps[i+1:] {
+						endDelivery(q.span, 0, err)
+					}
+					return err
+				}
+			}
+			return nil
+		}
+		c.dbDown.OK()
+		for i, r := range res {
+			endDelivery(ps[i].span, r.out, r.err)
+			if r.err != nil {
+				if err := c.invalidDelivery(ctx, f, ps[i].d, r.err); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := ack(ps[i].d); err != nil {
+				return err
+			}
+		}
+		if err := c.follow(ctx, f, items[:len(res)], res); err != nil {
+			return err
+		}
+		ps, items = ps[len(res):], items[len(res):]
+	}
+	return nil
+}
+
+// follow handles, after a batch committed, the stored messages that
+// became next in the keys of its messages with more set, each key once.
+// A database error is logged: the messages stay stored and the retry
+// poll takes them. A moved lease ends the session.
+func (c *Consumer) follow(ctx context.Context, f Fence, items []batchItem, res []batchResult) error {
+	var done map[string]bool
+	for i, r := range res {
+		if !r.more || r.err != nil {
+			continue
+		}
+		m := items[i].m
+		k := laneKey(m.Source, m.CorrelationID)
+		if done[k] {
+			continue
+		}
+		if done == nil {
+			done = map[string]bool{}
+		}
+		done[k] = true
+		hctx, cancel := c.handleContext(ctx)
+		err := c.store.follow(hctx, f, m.Source, m.CorrelationID, c.h)
+		cancel()
+		if errors.Is(err, ErrFenced) {
+			return err
+		}
+		if err != nil {
+			c.cfg.Logger.Warn("inbox: handle stored messages", "source", m.Source, "key", m.CorrelationID, "err", err)
+		}
+	}
+	return nil
+}
+
 // invalidDelivery dead-letters d as it came, counts it and acknowledges
 // it: the inbox cannot store it (why), so retrying cannot help.
 func (c *Consumer) invalidDelivery(ctx context.Context, f Fence, d *amqp.Delivery, why error) error {
-	if err := c.dead.raw(ctx, d, why.Error()); err != nil {
+	hctx, cancel := c.handleContext(ctx)
+	defer cancel()
+	if err := c.dead.raw(hctx, d, why.Error()); err != nil {
 		return err
 	}
 	c.invalid.Add(1)

@@ -1,0 +1,184 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ordo-relay/ordo/wire"
+)
+
+// maxBatchSize bounds Config.BatchSize: a message of a batch takes a
+// subtransaction (its savepoint) and a failed one a second (its failure
+// stored after the rollback to the savepoint); PostgreSQL keeps 64 per
+// transaction in shared memory, beyond which every snapshot taken while
+// the transaction is open gets slower.
+const maxBatchSize = 32
+
+// batchItem is one message of a batch and the context its handler runs
+// in (nil: the batch's own; with tracing, its delivery's span).
+type batchItem struct {
+	m   *Message
+	ctx context.Context
+}
+
+// batchResult is what handleBatch did with one message. When err is set
+// (wrapping ErrInvalidMessage: PostgreSQL refused the message's own data)
+// nothing of the message was committed, out is 0, and the Consumer
+// dead-letters it as it came.
+type batchResult struct {
+	out  Outcome
+	err  error
+	more bool           // stored messages of its key may have become next: follow after the commit
+	dead *storedMessage // a failed message out of attempts: dead-letter after the commit
+	held bool           // held below the low-water mark: copy it to the dead-letter queue after the commit
+}
+
+// handleBatch is group commit: it handles items' messages in order, in
+// one transaction, each under a savepoint of its own, and commits once.
+// A message's decision, its handler and its advance are Handle's; a
+// failing handler rolls back to the message's savepoint, undoing its own
+// writes only, and the failure is stored in the same transaction. The
+// fence is checked by every advance and store, and a moved lease (or any
+// error that is not a message's own bad data) refuses the whole batch:
+// nothing is committed and handleBatch returns the error. Once the
+// transaction has been open Config.BatchTime, no further message is
+// added: it returns the results of the messages it handled, a prefix of
+// items, all committed. After the commit it sends the held messages'
+// copies and the dead letters of failures out of attempts; following
+// the keys whose stored messages became next is left to the caller.
+//
+// Like Handle, the messages of one key must come in delivery order, from
+// one goroutine at a time; a batch may hold several of them, in order.
+func (s *Store) handleBatch(ctx context.Context, f Fence, items []batchItem, h Handler) ([]batchResult, error) {
+	tx, err := s.db.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("begin batch: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	start := time.Now()
+	res := make([]batchResult, 0, len(items))
+	for i, it := range items {
+		if i > 0 && time.Since(start) >= s.cfg.BatchTime {
+			break
+		}
+		hctx := ctx
+		if it.ctx != nil {
+			hctx = it.ctx
+		}
+		r, err := s.batchOne(ctx, hctx, tx, f, it.m, h)
+		if err != nil {
+			if errors.Is(err, ErrFenced) {
+				s.stats.fenced.Add(1)
+			}
+			return nil, err
+		}
+		res = append(res, r)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("commit batch of %d: %w", len(res), err)
+	}
+	for i := range res {
+		s.settled(ctx, f, items[i].m, &res[i])
+	}
+	return res, nil
+}
+
+// batchOne handles m in a batch's transaction, under its own savepoint.
+// PostgreSQL refusing m's own data (SQLSTATE class 22) rolls back to the
+// savepoint and makes m invalid; any other error is the batch's.
+func (s *Store) batchOne(ctx, hctx context.Context, tx pgx.Tx, f Fence, m *Message, h Handler) (batchResult, error) {
+	if m.Source == "" {
+		m.Source = wire.DefaultSource
+	}
+	if err := checkText(m); err != nil {
+		s.stats.invalid.Add(1)
+		return batchResult{err: fmt.Errorf("message %q: %w", m.ID, err)}, nil
+	}
+	r, err := s.batchDecide(ctx, hctx, tx, f, m, h)
+	if err == nil || !dataException(err) {
+		return r, err
+	}
+	if _, rerr := tx.Exec(ctx, sqlRollbackToSavepoint); rerr != nil {
+		return batchResult{}, fmt.Errorf("roll back %s/%s/%d to its savepoint: %w", m.Source, m.CorrelationID, m.KeySeq, rerr)
+	}
+	s.stats.invalid.Add(1)
+	return batchResult{err: fmt.Errorf("message %q: PostgreSQL refused its data: %w: %w", m.ID, err, ErrInvalidMessage)}, nil
+}
+
+// batchDecide is handle inside a batch: the same decisions, with the
+// writes that handle commits on their own (a gap, a held message, a
+// redelivery's attempt, a failure) made in the batch's transaction.
+func (s *Store) batchDecide(ctx, hctx context.Context, tx pgx.Tx, f Fence, m *Message, h Handler) (batchResult, error) {
+	d, last, err := s.decide(ctx, tx, m, true)
+	if err != nil {
+		return batchResult{}, err
+	}
+	switch {
+	case d == decDuplicate:
+		return batchResult{out: Duplicate}, nil
+	case d == decGap:
+		return batchResult{out: Stored}, s.store(ctx, tx, f, withAttempts(m, 0, ""), nil)
+	case d == decHold:
+		sm := withAttempts(m, 0, heldReason)
+		sm.keyBase, sm.held = last, heldReason
+		return batchResult{out: DeadLettered, held: true}, s.store(ctx, tx, f, sm, nil)
+	case m.Redelivered:
+		// As in handle: the attempt an earlier delivery may have made is
+		// counted (committed with the batch, before any handler run of
+		// it), and the message runs from the stored copy once committed.
+		due := 0.0
+		return batchResult{out: Retrying, more: true},
+			s.store(ctx, tx, f, withAttempts(m, s.redeliveryAttempts(), "redelivered by the broker"), &due)
+	}
+	if herr := s.runHandler(hctx, tx, m, h); herr != nil {
+		if _, err := tx.Exec(ctx, sqlRollbackToSavepoint); err != nil {
+			return batchResult{}, fmt.Errorf("roll back %s/%s/%d to its savepoint: %w", m.Source, m.CorrelationID, m.KeySeq, err)
+		}
+		sm := withAttempts(m, 1, storableText(herr.Error()))
+		sm.keyBase = last
+		due := s.cfg.backoff(1, rand.Float64()).Seconds()
+		r := batchResult{out: Retrying, more: true}
+		if s.cfg.MaxAttempts <= 1 {
+			r.dead = sm
+		}
+		return r, s.store(ctx, tx, f, sm, &due)
+	}
+	more, err := s.advance(ctx, tx, f, m)
+	return batchResult{out: Handled, more: more}, err
+}
+
+// settled does what follows a committed batch for its message m: the
+// counts, the lag metric, a held message's copy to the dead-letter queue,
+// and the dead letter of a failure out of attempts. A dead letter that
+// cannot be sent leaves m stored for a retry: it is dead-lettered at its
+// next attempt.
+func (s *Store) settled(ctx context.Context, f Fence, m *Message, r *batchResult) {
+	switch {
+	case r.err != nil:
+		return
+	case r.out == Handled:
+		s.metrics.handled(m)
+	case r.held:
+		s.cfg.Logger.Warn("inbox: message below the retention low-water mark held for an operator (dead-lettered); its key waits",
+			"source", m.Source, "key", m.CorrelationID, "key_seq", m.KeySeq, "message_id", m.ID, "timestamp", m.Timestamp)
+		if s.dead != nil {
+			if err := s.dead.DeadLetter(ctx, m, heldReason, 0); err != nil {
+				s.cfg.Logger.Warn("inbox: held message not copied to the dead-letter queue", "source", m.Source, "key", m.CorrelationID, "key_seq", m.KeySeq, "err", err)
+			}
+		}
+	case r.dead != nil:
+		out, err := s.deadLetter(ctx, f, r.dead)
+		if err != nil {
+			s.cfg.Logger.Warn("inbox: dead letter not sent; the message stays stored and is dead-lettered at its next attempt",
+				"source", m.Source, "key", m.CorrelationID, "key_seq", m.KeySeq, "err", err)
+			break
+		}
+		r.out = out
+	}
+	s.stats.count(r.out)
+}
