@@ -1,6 +1,9 @@
 package inbox
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // SetDeadLetterURL makes c publish its dead letters to the broker at url
 // (a test proxy in front of it) instead of Config.AMQPURL. Call it before
@@ -22,3 +25,23 @@ func LocalConfig(name string) Config {
 // SQLClaimShards is the claim statement: $1 consumer, $2 instance,
 // $3 TTL (seconds), $4 shards.
 const SQLClaimShards = sqlClaimShards
+
+// HandleBatch runs s's group commit (handleBatch) on ms under f: their
+// outcomes and per-message errors, in order, for the prefix it handled,
+// all committed together; or the batch's error, nothing committed. It
+// does not follow keys whose stored messages became next.
+func HandleBatch(ctx context.Context, s *Store, f Fence, ms []*Message, h Handler) ([]Outcome, []error, error) {
+	items := make([]batchItem, len(ms))
+	for i, m := range ms {
+		items[i].m = m
+	}
+	res, err := s.handleBatch(ctx, f, items, h)
+	if err != nil {
+		return nil, nil, err
+	}
+	outs, errs := make([]Outcome, len(res)), make([]error, len(res))
+	for i, r := range res {
+		outs[i], errs[i] = r.out, r.err
+	}
+	return outs, errs, nil
+}

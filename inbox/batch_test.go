@@ -1,0 +1,262 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ordo-relay/ordo/inbox"
+	"github.com/ordo-relay/ordo/internal/testkit"
+)
+
+// commitCounter is a pgx tracer counting the statements and the COMMITs a
+// pool sends.
+type commitCounter struct{ statements, commits atomic.Int64 }
+
+func (c *commitCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	c.statements.Add(1)
+	if strings.EqualFold(strings.TrimSpace(d.SQL), "commit") {
+		c.commits.Add(1)
+	}
+	return ctx
+}
+
+func (c *commitCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// countedPool is newDB's database through a pool of size conns whose
+// statements and commits are counted.
+func countedPool(tb testing.TB, conns int32) (*pgxpool.Pool, *commitCounter) {
+	tb.Helper()
+	url, _ := newDB(tb)
+	pc, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cc := &commitCounter{}
+	pc.ConnConfig.Tracer = cc
+	pc.MaxConns = conns
+	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool, cc
+}
+
+// writeThenFailOnce wraps h so that its first run of each message in fail writes
+// its row and then fails (the row must roll back with it).
+func writeThenFailOnce(h inbox.Handler, fail ...string) inbox.Handler {
+	var mu sync.Mutex
+	failed := map[string]bool{}
+	return func(ctx context.Context, tx pgx.Tx, m *inbox.Message) error {
+		if err := h(ctx, tx, m); err != nil {
+			return err
+		}
+		id := fmt.Sprintf("%s/%d", m.CorrelationID, m.KeySeq)
+		mu.Lock()
+		defer mu.Unlock()
+		if slices.Contains(fail, id) && !failed[id] {
+			failed[id] = true
+			return errors.New("fails once: " + id)
+		}
+		return nil
+	}
+}
+
+// TestBatchFailureRollsBackAlone: in one batch (one COMMIT), a handler
+// that writes its row and then fails is rolled back to its savepoint
+// alone: the others are committed once, the failure is stored for a
+// retry (and the key's later message behind it), and the retry handles
+// both in order. The same batch delivered again after its commit (a
+// crash before the acks: the broker redelivers it, flagged) is dropped
+// whole as duplicates.
+func TestBatchFailureRollsBackAlone(t *testing.T) {
+	pool, cc := countedPool(t, 4)
+	cfg := inbox.LocalConfig("t")
+	cfg.BatchTime = time.Minute // the whole batch in one transaction
+	s := newStore(t, cfg, pool, nil)
+	h := writeThenFailOnce(recordHandler(""), "b/1")
+	ctx := testkit.Context(t, 30*time.Second)
+	batch := func() []*inbox.Message {
+		return []*inbox.Message{msg("a", 1, 0), msg("b", 1, 0), msg("c", 1, 0), msg("a", 2, 0), msg("b", 2, 0)}
+	}
+	commits := cc.commits.Load()
+	outs, errs, err := inbox.HandleBatch(ctx, s, inbox.Fence{}, batch(), h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []inbox.Outcome{inbox.Handled, inbox.Retrying, inbox.Handled, inbox.Handled, inbox.Stored}
+	if !slices.Equal(outs, want) || errors.Join(errs...) != nil {
+		t.Fatalf("outcomes %v %v, want %v", outs, errs, want)
+	}
+	if n := cc.commits.Load() - commits; n != 1 {
+		t.Fatalf("%d commits for the batch, want 1", n)
+	}
+	checkOnceInOrder(t, handledSeqs(t, pool), map[string]int64{"a": 2, "c": 1})
+	testkit.WaitFor(t, 10*time.Second, "b retried", func() bool {
+		if _, err := s.RetryDue(ctx, inbox.Fence{}, 0, 10, h); err != nil {
+			t.Fatal(err)
+		}
+		return len(handledSeqs(t, pool)["b"]) == 2
+	})
+	checkOnceInOrder(t, handledSeqs(t, pool), map[string]int64{"a": 2, "b": 2, "c": 1})
+	again := batch()
+	for _, m := range again {
+		m.Redelivered = true
+	}
+	outs, _, err = inbox.HandleBatch(ctx, s, inbox.Fence{}, again, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.ContainsFunc(outs, func(o inbox.Outcome) bool { return o != inbox.Duplicate }) {
+		t.Fatalf("the batch redelivered after its commit: %v, want every one a duplicate", outs)
+	}
+	checkOnceInOrder(t, handledSeqs(t, pool), map[string]int64{"a": 2, "b": 2, "c": 1})
+}
+
+// TestBatchFenceRefusesWholeBatch: the lease moves while a batch is in
+// its transaction, after its first messages passed the fence: the next
+// fenced write refuses the whole batch, and nothing of it is committed,
+// the messages handled before the move included.
+func TestBatchFenceRefusesWholeBatch(t *testing.T) {
+	_, pool := newDB(t)
+	cfg := inbox.LocalConfig("t")
+	cfg.BatchTime = time.Minute
+	s := newStore(t, cfg, pool, nil)
+	ctx := testkit.Context(t, 30*time.Second)
+	if _, err := pool.Exec(ctx, `INSERT INTO ordo_inbox_leases (consumer, shard, owner, epoch, expires_at)
+		VALUES ('t', 0, 'a', 1, now() + interval '1 minute')`); err != nil {
+		t.Fatal(err)
+	}
+	rec := recordHandler("a")
+	h := func(ctx context.Context, tx pgx.Tx, m *inbox.Message) error {
+		if m.CorrelationID == "move" {
+			// Another instance takes the lease now, on a connection of
+			// its own (a plain update of non-key columns does not wait
+			// for the batch's FOR KEY SHARE lock on the row).
+			if _, err := pool.Exec(ctx, `UPDATE ordo_inbox_leases SET owner = 'b', epoch = 2 WHERE consumer = 't' AND shard = 0`); err != nil {
+				return err
+			}
+		}
+		return rec(ctx, tx, m)
+	}
+	f := inbox.Fence{Shard: 0, Owner: "a", Epoch: 1}
+	_, _, err := inbox.HandleBatch(ctx, s, f, []*inbox.Message{msg("k", 1, 0), msg("g", 2, 0), msg("move", 1, 0), msg("j", 1, 0)}, h)
+	if !errors.Is(err, inbox.ErrFenced) {
+		t.Fatalf("batch across a lease move: %v, want ErrFenced", err)
+	}
+	if got := handledSeqs(t, pool); len(got) != 0 {
+		t.Fatalf("a fenced batch committed handler writes: %v", got)
+	}
+	var keys, stored int
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM ordo_inbox_keys), (SELECT count(*) FROM ordo_inbox_messages)`).
+		Scan(&keys, &stored); err != nil || keys != 0 || stored != 0 {
+		t.Fatalf("a fenced batch left %d key rows and %d stored messages (%v)", keys, stored, err)
+	}
+	if st := s.Stats(); st.Fenced != 1 || st.Handled != 0 {
+		t.Fatalf("stats %+v: want 1 fenced, none handled", st)
+	}
+}
+
+// TestBatchInvalidDataAlone: a message whose data PostgreSQL refuses
+// (SQLSTATE class 22) in a batch is rolled back to its savepoint and
+// reported invalid; the batch's other messages commit, its key included.
+func TestBatchInvalidDataAlone(t *testing.T) {
+	_, pool := newDB(t)
+	cfg := inbox.LocalConfig("t")
+	cfg.BatchTime = time.Minute
+	s := newStore(t, cfg, pool, nil)
+	ctx := testkit.Context(t, 30*time.Second)
+	bad := msg("k", 1, 0)
+	bad.Timestamp = time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC)
+	outs, errs, err := inbox.HandleBatch(ctx, s, inbox.Fence{}, []*inbox.Message{msg("a", 1, 0), bad, msg("k", 1, 0), msg("a", 2, 0)}, recordHandler(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(errs[1], inbox.ErrInvalidMessage) || outs[1] != 0 {
+		t.Fatalf("the bad message: %v %v, want ErrInvalidMessage", outs[1], errs[1])
+	}
+	if want := []inbox.Outcome{inbox.Handled, 0, inbox.Handled, inbox.Handled}; !slices.Equal(outs, want) {
+		t.Fatalf("outcomes %v, want %v", outs, want)
+	}
+	checkOnceInOrder(t, handledSeqs(t, pool), map[string]int64{"a": 2, "k": 1})
+}
+
+// TestBatchTimeBoundsTransaction: a batch stops taking messages once its
+// transaction has been open BatchTime; the rest are left to the caller.
+func TestBatchTimeBoundsTransaction(t *testing.T) {
+	_, pool := newDB(t)
+	cfg := inbox.LocalConfig("t")
+	cfg.BatchTime = 30 * time.Millisecond
+	s := newStore(t, cfg, pool, nil)
+	ctx := testkit.Context(t, 30*time.Second)
+	outs, _, err := inbox.HandleBatch(ctx, s, inbox.Fence{}, []*inbox.Message{msg("a", 1, 0), msg("b", 1, 0), msg("c", 1, 0)},
+		sleepRecord(40*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(outs) != 1 {
+		t.Fatalf("%d messages in a batch whose first handler outlasted BatchTime, want 1", len(outs))
+	}
+	checkOnceInOrder(t, handledSeqs(t, pool), map[string]int64{"a": 1})
+}
+
+// TestGroupCommitThroughConsumer: a backlog on one shard, drained by a
+// consumer with 2 lanes and a handler that fails once on some messages
+// (a key's first among them) and panics once on one: every message is
+// handled once, in key order, no key ever has two handlers at once, and
+// the deliveries share commits (fewer COMMITs than messages handled).
+func TestGroupCommitThroughConsumer(t *testing.T) {
+	pool, cc := countedPool(t, 6)
+	cfg := consumerConfig(t, 1)
+	cfg.Lanes = 2
+	pub := newPublisher(t, cfg.Exchange)
+	// The topology exists before the consumer runs (so the backlog is
+	// queued, and delivered in prefetched batches when it attaches).
+	testkit.WithChannel(t, inbox.TopologyOf(cfg).Declare)
+	want := map[string]int64{}
+	for s := 1; s <= 5; s++ {
+		for k := range 40 {
+			key := fmt.Sprintf("k%02d", k)
+			pub.publish(key, int64(s))
+			want[key] = int64(s)
+		}
+	}
+	var panicked atomic.Bool
+	rec := writeThenFailOnce(recordHandler("a"), "k03/1", "k07/2", "k11/5", "k20/3")
+	h := func(ctx context.Context, tx pgx.Tx, m *inbox.Message) error {
+		if m.CorrelationID == "k30" && m.KeySeq == 2 && panicked.CompareAndSwap(false, true) {
+			panic("handler panics once")
+		}
+		return rec(ctx, tx, m)
+	}
+	w := newKeyWatch()
+	commits := cc.commits.Load()
+	r := startConsumer(t, cfg, "a", pool, w.wrap(h))
+	waitHandled(t, pool, want)
+	checkOnceInOrder(t, handledSeqs(t, pool), want)
+	w.mu.Lock()
+	problems := w.problems
+	w.mu.Unlock()
+	if len(problems) > 0 {
+		t.Fatalf("per-key violations: %v", problems[:min(5, len(problems))])
+	}
+	st := r.c.Stats()
+	n := cc.commits.Load() - commits
+	t.Logf("%d handled, %d retries, %d commits in all", st.Handled, st.Retries, n)
+	if st.Retries < 5 {
+		t.Fatalf("stats %+v: want at least the 5 injected failures retried", st)
+	}
+	if n >= st.Handled*3/4 {
+		t.Fatalf("%d commits for %d handled messages: the deliveries did not share commits", n, st.Handled)
+	}
+}
