@@ -27,6 +27,7 @@ type consumeFlags struct {
 	Delay     time.Duration // simulated handler work per message (ORDO_BENCH_CONSUME_DELAY, default 20ms)
 	Conns     int           // PostgreSQL connections per instance: its handler concurrency (ORDO_BENCH_CONSUME_CONNS, default 16)
 	Lanes     int           // inbox.Config.Lanes: keys handled at once per shard (ORDO_BENCH_CONSUME_LANES, default inbox's)
+	Batch     int           // inbox.Config.BatchSize: deliveries per transaction, 1 for none shared (ORDO_BENCH_CONSUME_BATCH, default inbox's)
 	Shards    int           // S (ORDO_BENCH_CONSUME_SHARDS, default 12)
 }
 
@@ -54,7 +55,8 @@ func (o consumeOptions) validate() error {
 // defaultConsumeFlags returns the consume scenario's defaults.
 func defaultConsumeFlags() consumeFlags {
 	return consumeFlags{Instances: []int{1, 2, 3}, Orders: 1000, Rate: 50, Latency: 5 * time.Second,
-		Delay: 20 * time.Millisecond, Conns: 16, Lanes: inbox.DefaultConfig("").Lanes, Shards: 12}
+		Delay: 20 * time.Millisecond, Conns: 16, Lanes: inbox.DefaultConfig("").Lanes,
+		Batch: inbox.DefaultConfig("").BatchSize, Shards: 12}
 }
 
 // addConsumeFlags registers the consume scenario's -consume-* flags on fs,
@@ -67,11 +69,12 @@ func addConsumeFlags(fs *flag.FlagSet, c *consumeFlags) {
 	fs.DurationVar(&c.Delay, "consume-delay", c.Delay, "simulated handler work per message")
 	fs.IntVar(&c.Conns, "consume-conns", c.Conns, "PostgreSQL connections per instance: its handler concurrency")
 	fs.IntVar(&c.Lanes, "consume-lanes", c.Lanes, "inbox.Config.Lanes: keys handled at once per shard")
+	fs.IntVar(&c.Batch, "consume-batch", c.Batch, "inbox.Config.BatchSize: deliveries handled in one transaction (group commit); 1: a transaction each")
 	fs.IntVar(&c.Shards, "consume-shards", c.Shards, "inbox shards S")
 }
 
 func (c consumeFlags) validate() error {
-	if c.Orders < 1 || c.Rate < 1 || c.Latency <= 0 || c.Delay < 0 || c.Conns < 2 || c.Shards < 1 || c.Lanes < 1 {
+	if c.Orders < 1 || c.Rate < 1 || c.Latency <= 0 || c.Delay < 0 || c.Conns < 2 || c.Shards < 1 || c.Lanes < 1 || c.Batch < 1 {
 		return fmt.Errorf("consume options out of range: %+v", c)
 	}
 	return nil

@@ -35,6 +35,7 @@ func consumeOnce(ctx context.Context, o consumeOptions, co consumeFlags, n int) 
 	addConsumeParams(res, o, co)
 	cfg := inbox.DefaultConfig(r.Name)
 	cfg.AMQPURL, cfg.Exchange, cfg.Shards, cfg.Partitions, cfg.Lanes = o.AMQPURL, r.exchange, co.Shards, o.Partitions, co.Lanes
+	cfg.BatchSize = co.Batch
 	cfg.LeaseTTL, cfg.Logger = 2*time.Second, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if err := r.declareTopology(ctx, inbox.TopologyOf(cfg)); err != nil {
 		return nil, err
@@ -62,7 +63,7 @@ func consumeOnce(ctx context.Context, o consumeOptions, co consumeFlags, n int) 
 	}
 	res.Seconds("settle", settled.Sub(start))
 	cpu0 := sampleCPU()
-	stmts0, trips0 := group.trace.counts()
+	stmts0, trips0, commits0 := group.trace.counts()
 	backends, err := startBackendCPU(ctx, r.Probe, r.Name)
 	if err != nil {
 		return nil, err
@@ -74,10 +75,11 @@ func consumeOnce(ctx context.Context, o consumeOptions, co consumeFlags, n int) 
 	}
 	rate := float64(2*co.Orders-before) / last.Sub(settled).Seconds()
 	addDrainCPU(ctx, res, cpu0, backends, 2*co.Orders-before)
-	stmts1, trips1 := group.trace.counts()
+	stmts1, trips1, commits1 := group.trace.counts()
 	drained := float64(max(2*co.Orders-before, 1))
 	res.Figure("drain_statements_per_msg", float64(stmts1-stmts0)/drained, "")
 	res.Figure("drain_round_trips_per_msg", float64(trips1-trips0)/drained, "")
+	res.Figure("drain_commits_per_msg", float64(commits1-commits0)/drained, "")
 	fmt.Printf("measuring latency at %d orders/s for %v\n", co.Rate, co.Latency)
 	lat, err := r.latencyPhase(ctx, co, node, 2*co.Orders)
 	if err != nil {
@@ -146,6 +148,7 @@ func addConsumeParams(res *result.Result, o consumeOptions, co consumeFlags) {
 	res.Param("handler_delay", co.Delay)
 	res.Param("conns_per_instance", co.Conns)
 	res.Param("lanes", co.Lanes)
+	res.Param("batch", co.Batch)
 	res.Param("latency_orders_per_sec", co.Rate)
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
@@ -12,9 +13,11 @@ import (
 // (Query, Exec, QueryRow, and the BEGIN and COMMIT of a transaction) is
 // one round trip; a batch is one round trip for all its statements.
 // Everything the instance sends counts: the handler's statements, lease
-// renewals, retry polls and gauges too. Safe for concurrent use.
+// renewals, retry polls and gauges too. It also counts the COMMITs: one
+// per transaction, so per handled message it says how many messages
+// share a commit (group commit). Safe for concurrent use.
 type stmtCounter struct {
-	statements, roundTrips atomic.Int64
+	statements, roundTrips, commits atomic.Int64
 }
 
 var (
@@ -26,10 +29,13 @@ var (
 // TraceBatchQuery, not TraceQueryStart.
 type batchKey struct{}
 
-func (s *stmtCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+func (s *stmtCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	if ctx.Value(batchKey{}) == nil {
 		s.statements.Add(1)
 		s.roundTrips.Add(1)
+	}
+	if strings.EqualFold(d.SQL, "commit") {
+		s.commits.Add(1)
 	}
 	return ctx
 }
@@ -47,7 +53,7 @@ func (s *stmtCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatch
 
 func (s *stmtCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
-// counts returns the statements and round trips so far.
-func (s *stmtCounter) counts() (statements, roundTrips int64) {
-	return s.statements.Load(), s.roundTrips.Load()
+// counts returns the statements, round trips and commits so far.
+func (s *stmtCounter) counts() (statements, roundTrips, commits int64) {
+	return s.statements.Load(), s.roundTrips.Load(), s.commits.Load()
 }
