@@ -28,6 +28,7 @@ type consumeFlags struct {
 	Conns     int           // PostgreSQL connections per instance: its handler concurrency (ORDO_BENCH_CONSUME_CONNS, default 16)
 	Lanes     int           // inbox.Config.Lanes: keys handled at once per shard (ORDO_BENCH_CONSUME_LANES, default inbox's)
 	Batch     int           // inbox.Config.BatchSize: deliveries per transaction, 1 for none shared (ORDO_BENCH_CONSUME_BATCH, default inbox's)
+	BatchTime time.Duration // inbox.Config.BatchTime (ORDO_BENCH_CONSUME_BATCH_TIME, default inbox's)
 	Shards    int           // S (ORDO_BENCH_CONSUME_SHARDS, default 12)
 }
 
@@ -56,7 +57,7 @@ func (o consumeOptions) validate() error {
 func defaultConsumeFlags() consumeFlags {
 	return consumeFlags{Instances: []int{1, 2, 3}, Orders: 1000, Rate: 50, Latency: 5 * time.Second,
 		Delay: 20 * time.Millisecond, Conns: 16, Lanes: inbox.DefaultConfig("").Lanes,
-		Batch: inbox.DefaultConfig("").BatchSize, Shards: 12}
+		Batch: inbox.DefaultConfig("").BatchSize, BatchTime: inbox.DefaultConfig("").BatchTime, Shards: 12}
 }
 
 // addConsumeFlags registers the consume scenario's -consume-* flags on fs,
@@ -70,11 +71,12 @@ func addConsumeFlags(fs *flag.FlagSet, c *consumeFlags) {
 	fs.IntVar(&c.Conns, "consume-conns", c.Conns, "PostgreSQL connections per instance: its handler concurrency")
 	fs.IntVar(&c.Lanes, "consume-lanes", c.Lanes, "inbox.Config.Lanes: keys handled at once per shard")
 	fs.IntVar(&c.Batch, "consume-batch", c.Batch, "inbox.Config.BatchSize: deliveries handled in one transaction (group commit); 1: a transaction each")
+	fs.DurationVar(&c.BatchTime, "consume-batch-time", c.BatchTime, "inbox.Config.BatchTime: how long a batch's transaction takes in more messages")
 	fs.IntVar(&c.Shards, "consume-shards", c.Shards, "inbox shards S")
 }
 
 func (c consumeFlags) validate() error {
-	if c.Orders < 1 || c.Rate < 1 || c.Latency <= 0 || c.Delay < 0 || c.Conns < 2 || c.Shards < 1 || c.Lanes < 1 || c.Batch < 1 {
+	if c.Orders < 1 || c.Rate < 1 || c.Latency <= 0 || c.Delay < 0 || c.Conns < 2 || c.Shards < 1 || c.Lanes < 1 || c.Batch < 1 || c.BatchTime <= 0 {
 		return fmt.Errorf("consume options out of range: %+v", c)
 	}
 	return nil

@@ -35,7 +35,7 @@ func consumeOnce(ctx context.Context, o consumeOptions, co consumeFlags, n int) 
 	addConsumeParams(res, o, co)
 	cfg := inbox.DefaultConfig(r.Name)
 	cfg.AMQPURL, cfg.Exchange, cfg.Shards, cfg.Partitions, cfg.Lanes = o.AMQPURL, r.exchange, co.Shards, o.Partitions, co.Lanes
-	cfg.BatchSize = co.Batch
+	cfg.BatchSize, cfg.BatchTime = co.Batch, co.BatchTime
 	cfg.LeaseTTL, cfg.Logger = 2*time.Second, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if err := r.declareTopology(ctx, inbox.TopologyOf(cfg)); err != nil {
 		return nil, err
@@ -149,6 +149,7 @@ func addConsumeParams(res *result.Result, o consumeOptions, co consumeFlags) {
 	res.Param("conns_per_instance", co.Conns)
 	res.Param("lanes", co.Lanes)
 	res.Param("batch", co.Batch)
+	res.Param("batch_time", co.BatchTime)
 	res.Param("latency_orders_per_sec", co.Rate)
 }
 

@@ -28,9 +28,19 @@ type DB interface {
 // Handler handles one message inside tx, the inbox's transaction: write
 // your business rows through tx and return nil, and the inbox records the
 // message as handled in the same commit. Return an error (or panic) and
-// the whole transaction rolls back; the message is retried with backoff
-// and dead-lettered after MaxAttempts. A Handler must not commit or roll
-// back tx, and should finish well within the lease TTL.
+// the message's writes, yours included, roll back; the message is retried
+// with backoff and dead-lettered after MaxAttempts.
+//
+// The Consumer may put several messages of a shard in one transaction
+// (group commit, Config.BatchSize), each behind a savepoint of its own:
+// a handler's error rolls back to its message's savepoint, leaving the
+// other messages' writes to commit. So a Handler must not commit or roll
+// back tx, must return a statement's error rather than catch it and go on
+// (PostgreSQL refuses the transaction's later statements until the
+// rollback), sees the writes and transaction settings (SET LOCAL) of the
+// handlers before it in the batch, and holds the row locks it takes until
+// the batch commits: lock rows shared by many messages in a fixed order,
+// or set BatchSize 1. It should finish well within the lease TTL.
 type Handler func(ctx context.Context, tx pgx.Tx, m *Message) error
 
 // Fence is the shard lease a write is made under. Every inbox write checks
