@@ -191,9 +191,9 @@ func TestBatchInvalidDataAlone(t *testing.T) {
 	checkOnceInOrder(t, handledSeqs(t, pool), map[string]int64{"a": 2, "k": 1})
 }
 
-// TestBatchTimeBoundsTransaction: a batch stops taking messages once its
-// transaction has been open BatchTime; the rest are left to the caller.
-func TestBatchTimeBoundsTransaction(t *testing.T) {
+// TestBatchTimeBoundsHandlers: a batch stops taking messages once its
+// handlers have run BatchTime; the rest are left to the caller.
+func TestBatchTimeBoundsHandlers(t *testing.T) {
 	_, pool := newDB(t)
 	cfg := inbox.LocalConfig("t")
 	cfg.BatchTime = 30 * time.Millisecond
