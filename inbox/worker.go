@@ -207,6 +207,17 @@ func (c *Consumer) deliverBatch(ctx context.Context, f Fence, ds []*amqp.Deliver
 		items = append(items, batchItem{m: m})
 	}
 	for len(items) > 0 {
+		if err := c.stopping(ctx, f); err != nil {
+			// The rest stay unacknowledged: the broker redelivers them,
+			// in order, to the shard's next owner.
+			for _, p := range ps {
+				endDelivery(p.span, 0, err)
+			}
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
 		hctx, cancel := c.handleContext(ctx)
 		for i := range items {
 			items[i].ctx = nil
@@ -225,9 +236,18 @@ func (c *Consumer) deliverBatch(ctx context.Context, f Fence, ds []*amqp.Deliver
 		if err != nil {
 			c.cfg.Logger.Debug("inbox: batch failed; its messages are handled one at a time", "shard", f.Shard, "messages", len(items), "err", err)
 			for i, p := range ps {
-				if err := c.deliverInPlace(p.ctx, f, p.d, items[i].m, p.span); err != nil {
+				err := c.stopping(ctx, f)
+				if err == nil {
+					err = c.deliverInPlace(p.ctx, f, p.d, items[i].m, p.span)
+				} else {
+					endDelivery(p.span, 0, err)
+				}
+				if err != nil {
 					for _, q := range ps[i+1:] {
 						endDelivery(q.span, 0, err)
+					}
+					if ctx.Err() != nil {
+						return nil
 					}
 					return err
 				}
@@ -251,6 +271,21 @@ func (c *Consumer) deliverBatch(ctx context.Context, f Fence, ds []*amqp.Deliver
 			return err
 		}
 		ps, items = ps[len(res):], items[len(res):]
+	}
+	return nil
+}
+
+// stopping returns ctx's error when the worker is told to stop, or
+// errLeaseExpired when the lease's local deadline passed: checked
+// between a batch's transactions, so that a stopping worker finishes the
+// transaction in hand, not the whole batch (slow handlers give a
+// transaction each, and a handoff waits for the worker).
+func (c *Consumer) stopping(ctx context.Context, f Fence) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if !c.leaseValid(f.Shard, f.Epoch) {
+		return errLeaseExpired
 	}
 	return nil
 }
