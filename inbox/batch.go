@@ -37,6 +37,10 @@ type batchResult struct {
 	dead *storedMessage // a failed message out of attempts: dead-letter after the commit
 	held bool           // held below the low-water mark: copy it to the dead-letter queue after the commit
 	took time.Duration  // its handler's run
+	// alone: the transaction's first message failed (its handler, or its
+	// data) and the transaction was rolled back; its outcome was recorded
+	// on its own, as Handle does, and the batch ends with it.
+	alone bool
 }
 
 // handleBatch is group commit: it handles items' messages in order, in
@@ -65,7 +69,7 @@ func (s *Store) handleBatch(ctx context.Context, f Fence, items []batchItem, h H
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	var handlers time.Duration // the batch's handler runs so far
 	res := make([]batchResult, 0, len(items))
-	for _, it := range items {
+	for i, it := range items {
 		if handlers >= s.cfg.BatchTime {
 			break
 		}
@@ -73,7 +77,7 @@ func (s *Store) handleBatch(ctx context.Context, f Fence, items []batchItem, h H
 		if it.ctx != nil {
 			hctx = it.ctx
 		}
-		r, err := s.batchOne(ctx, hctx, tx, f, it.m, h)
+		r, err := s.batchOne(ctx, hctx, tx, f, it.m, h, i == 0)
 		if err != nil {
 			if errors.Is(err, ErrFenced) {
 				s.stats.fenced.Add(1)
@@ -82,6 +86,10 @@ func (s *Store) handleBatch(ctx context.Context, f Fence, items []batchItem, h H
 		}
 		handlers += r.took
 		res = append(res, r)
+		if r.alone {
+			s.settled(ctx, f, it.m, &res[0])
+			return res, nil
+		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("commit batch of %d: %w", len(res), err)
@@ -92,10 +100,14 @@ func (s *Store) handleBatch(ctx context.Context, f Fence, items []batchItem, h H
 	return res, nil
 }
 
-// batchOne handles m in a batch's transaction, under its own savepoint.
-// PostgreSQL refusing m's own data (SQLSTATE class 22) rolls back to the
-// savepoint and makes m invalid; any other error is the batch's.
-func (s *Store) batchOne(ctx, hctx context.Context, tx pgx.Tx, f Fence, m *Message, h Handler) (batchResult, error) {
+// batchOne handles m in a batch's transaction, under its own savepoint,
+// except when m is the transaction's first (nothing before it to keep: a
+// savepoint would be a statement more for every transaction of one
+// message, as with handlers slower than BatchTime). PostgreSQL refusing
+// m's own data (SQLSTATE class 22) rolls back to the savepoint (the
+// whole transaction for the first) and makes m invalid; any other error
+// is the batch's.
+func (s *Store) batchOne(ctx, hctx context.Context, tx pgx.Tx, f Fence, m *Message, h Handler, first bool) (batchResult, error) {
 	if m.Source == "" {
 		m.Source = wire.DefaultSource
 	}
@@ -103,22 +115,24 @@ func (s *Store) batchOne(ctx, hctx context.Context, tx pgx.Tx, f Fence, m *Messa
 		s.stats.invalid.Add(1)
 		return batchResult{err: fmt.Errorf("message %q: %w", m.ID, err)}, nil
 	}
-	r, err := s.batchDecide(ctx, hctx, tx, f, m, h)
+	r, err := s.batchDecide(ctx, hctx, tx, f, m, h, first)
 	if err == nil || !dataException(err) {
 		return r, err
 	}
-	if _, rerr := tx.Exec(ctx, sqlRollbackToSavepoint); rerr != nil {
+	if first {
+		_ = tx.Rollback(ctx)
+	} else if _, rerr := tx.Exec(ctx, sqlRollbackToSavepoint); rerr != nil {
 		return batchResult{}, fmt.Errorf("roll back %s/%s/%d to its savepoint: %w", m.Source, m.CorrelationID, m.KeySeq, rerr)
 	}
 	s.stats.invalid.Add(1)
-	return batchResult{err: fmt.Errorf("message %q: PostgreSQL refused its data: %w: %w", m.ID, err, ErrInvalidMessage)}, nil
+	return batchResult{err: fmt.Errorf("message %q: PostgreSQL refused its data: %w: %w", m.ID, err, ErrInvalidMessage), alone: first}, nil
 }
 
 // batchDecide is handle inside a batch: the same decisions, with the
 // writes that handle commits on their own (a gap, a held message, a
 // redelivery's attempt, a failure) made in the batch's transaction.
-func (s *Store) batchDecide(ctx, hctx context.Context, tx pgx.Tx, f Fence, m *Message, h Handler) (batchResult, error) {
-	d, last, err := s.decide(ctx, tx, m, true)
+func (s *Store) batchDecide(ctx, hctx context.Context, tx pgx.Tx, f Fence, m *Message, h Handler, first bool) (batchResult, error) {
+	d, last, err := s.decide(ctx, tx, m, !first)
 	if err != nil {
 		return batchResult{}, err
 	}
@@ -142,6 +156,13 @@ func (s *Store) batchDecide(ctx, hctx context.Context, tx pgx.Tx, f Fence, m *Me
 	start := time.Now()
 	herr := s.runHandler(hctx, tx, m, h)
 	took := time.Since(start)
+	if herr != nil && first {
+		// Nothing else in the transaction: roll it back and store the
+		// failure as Handle does, and end the batch here.
+		_ = tx.Rollback(ctx)
+		out, err := s.failed(ctx, f, m, last, herr)
+		return batchResult{out: out, more: out == Retrying, took: took, alone: true}, err
+	}
 	if herr != nil {
 		if _, err := tx.Exec(ctx, sqlRollbackToSavepoint); err != nil {
 			return batchResult{}, fmt.Errorf("roll back %s/%s/%d to its savepoint: %w", m.Source, m.CorrelationID, m.KeySeq, err)

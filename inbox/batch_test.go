@@ -109,6 +109,24 @@ func TestBatchFailureRollsBackAlone(t *testing.T) {
 		return len(handledSeqs(t, pool)["b"]) == 2
 	})
 	checkOnceInOrder(t, handledSeqs(t, pool), map[string]int64{"a": 2, "b": 2, "c": 1})
+	// A transaction's first message has no savepoint: when it fails, the
+	// transaction rolls back, the failure is stored on its own, and the
+	// batch ends there.
+	h = writeThenFailOnce(recordHandler(""), "x/1")
+	outs, _, err = inbox.HandleBatch(ctx, s, inbox.Fence{}, []*inbox.Message{msg("x", 1, 0), msg("y", 1, 0)}, h)
+	if err != nil || !slices.Equal(outs, []inbox.Outcome{inbox.Retrying}) {
+		t.Fatalf("a batch whose first message fails: %v %v, want [retrying] alone", outs, err)
+	}
+	if outs, _, err = inbox.HandleBatch(ctx, s, inbox.Fence{}, []*inbox.Message{msg("y", 1, 0)}, h); err != nil || outs[0] != inbox.Handled {
+		t.Fatalf("the rest of that batch: %v %v", outs, err)
+	}
+	testkit.WaitFor(t, 10*time.Second, "x retried", func() bool {
+		if _, err := s.RetryDue(ctx, inbox.Fence{}, 0, 10, h); err != nil {
+			t.Fatal(err)
+		}
+		return len(handledSeqs(t, pool)["x"]) == 1
+	})
+	checkOnceInOrder(t, handledSeqs(t, pool), map[string]int64{"a": 2, "b": 2, "c": 1, "x": 1, "y": 1})
 	again := batch()
 	for _, m := range again {
 		m.Redelivered = true
@@ -120,7 +138,7 @@ func TestBatchFailureRollsBackAlone(t *testing.T) {
 	if slices.ContainsFunc(outs, func(o inbox.Outcome) bool { return o != inbox.Duplicate }) {
 		t.Fatalf("the batch redelivered after its commit: %v, want every one a duplicate", outs)
 	}
-	checkOnceInOrder(t, handledSeqs(t, pool), map[string]int64{"a": 2, "b": 2, "c": 1})
+	checkOnceInOrder(t, handledSeqs(t, pool), map[string]int64{"a": 2, "b": 2, "c": 1, "x": 1, "y": 1})
 }
 
 // TestBatchFenceRefusesWholeBatch: the lease moves while a batch is in
@@ -259,4 +277,36 @@ func TestGroupCommitThroughConsumer(t *testing.T) {
 	if n >= st.Handled*3/4 {
 		t.Fatalf("%d commits for %d handled messages: the deliveries did not share commits", n, st.Handled)
 	}
+}
+
+// TestStopFinishesTransactionNotBatch: a worker told to stop with a
+// lane's batch in hand whose handlers are slower than BatchTime (a
+// transaction each) finishes the transaction in hand and leaves the rest
+// unacknowledged for the next owner, rather than handling the whole
+// batch first: a handoff waits for one handler, not sixteen. What it
+// handled is handled once, in order, and the rest are handled by a
+// second instance started after it.
+func TestStopFinishesTransactionNotBatch(t *testing.T) {
+	_, pool := newDB(t)
+	cfg := consumerConfig(t, 1)
+	cfg.Lanes = 1
+	pub := newPublisher(t, cfg.Exchange)
+	testkit.WithChannel(t, inbox.TopologyOf(cfg).Declare)
+	for s := 1; s <= 20; s++ {
+		pub.publish("k", int64(s))
+	}
+	const delay = 200 * time.Millisecond
+	r := startConsumer(t, cfg, "a", pool, sleepRecord(delay))
+	testkit.WaitFor(t, 30*time.Second, "the first handled", func() bool { return len(handledSeqs(t, pool)["k"]) >= 1 })
+	start := time.Now()
+	r.stop(t)
+	took := time.Since(start)
+	n := len(handledSeqs(t, pool)["k"])
+	t.Logf("stopped in %v with %d of 20 handled", took, n)
+	if took > 8*delay {
+		t.Fatalf("stopping took %v: the worker handled its batch (%d handled) instead of the transaction in hand", took, n)
+	}
+	startConsumer(t, cfg, "b", pool, recordHandler("b"))
+	waitHandled(t, pool, map[string]int64{"k": 20})
+	checkOnceInOrder(t, handledSeqs(t, pool), map[string]int64{"k": 20})
 }

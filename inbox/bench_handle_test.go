@@ -26,3 +26,28 @@ func BenchmarkHandleInOrder(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkHandleBatch: the same messages in batches of 16 (group
+// commit: a savepoint each, one commit per batch); ns/op is per message.
+func BenchmarkHandleBatch(b *testing.B) {
+	_, pool := newDB(b)
+	cfg := inbox.DefaultConfig("bench")
+	cfg.BatchSize = 16
+	s, err := inbox.NewStore(cfg, pool, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := recordHandler("")
+	ctx := context.Background()
+	b.ResetTimer()
+	for i := 0; i < b.N; i += 16 {
+		ms := make([]*inbox.Message, 0, 16)
+		for j := i; j < min(i+16, b.N); j++ {
+			ms = append(ms, msg(fmt.Sprintf("k%d", j/4), int64(j%4+1), 0))
+		}
+		outs, _, err := inbox.HandleBatch(ctx, s, inbox.Fence{}, ms, h)
+		if err != nil || len(outs) != len(ms) {
+			b.Fatalf("%d of %d handled: %v", len(outs), len(ms), err)
+		}
+	}
+}
