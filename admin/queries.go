@@ -68,7 +68,7 @@ SELECT k.correlation_id, k.last_key_seq,
        coalesce((SELECT max(o.key_seq) FROM outbox AS o
                  WHERE o.correlation_id = k.correlation_id AND o.processed_at IS NOT NULL AND o.dead_at IS NULL),
                 (SELECT min(o.key_seq) - 1 FROM outbox AS o
-                 WHERE o.correlation_id = k.correlation_id AND o.processed_at IS NULL),
+                 WHERE o.correlation_id = k.correlation_id AND o.key_seq IS NOT NULL AND o.processed_at IS NULL),
                 k.last_key_seq) AS lo
 FROM outbox_keys AS k JOIN candidates USING (correlation_id)`
 

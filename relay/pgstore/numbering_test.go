@@ -150,6 +150,41 @@ func TestNumberingTakesTheKeysEarlierRows(t *testing.T) {
 	}
 }
 
+// TestNumberingStopsAtTheRead: a read numbers its partition's rows up to
+// the last row it returned, never the backlog above it (so a read's cost
+// follows the rows it returns), and the next read goes on with the same
+// keys' next numbers.
+func TestNumberingStopsAtTheRead(t *testing.T) {
+	testkit.RequirePostgres(t)
+	h := newHarness(t, false)
+	keys := make([]string, 300)
+	for i := range keys {
+		keys[i] = []string{"a", "b", "c"}[i%3]
+	}
+	h.Insert(t, 1, keys...)
+	ctx := testkit.Context(t, 30*time.Second)
+	first, err := h.store.ReadPending(ctx, []relay.Cursor{from(1)}, 10)
+	if err != nil || len(first) != 10 {
+		t.Fatalf("read %d rows (%v); want 10", len(first), err)
+	}
+	var numbered int
+	if err := h.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE key_seq IS NOT NULL`).Scan(&numbered); err != nil {
+		t.Fatal(err)
+	}
+	if numbered != 10 {
+		t.Fatalf("a read of 10 rows numbered %d of the 300", numbered)
+	}
+	next, err := h.store.ReadPending(ctx, []relay.Cursor{{Partition: 1, After: first[9].Seq}}, 10)
+	if err != nil || len(next) != 10 {
+		t.Fatalf("next read: %d rows (%v); want 10", len(next), err)
+	}
+	for i, r := range append(first, next...) {
+		if want := int64(i/3 + 1); r.KeySeq != want || r.CorrelationID != keys[i] {
+			t.Fatalf("row %d: %s key_seq %d; want %s key_seq %d", i, r.CorrelationID, r.KeySeq, keys[i], want)
+		}
+	}
+}
+
 // TestNumbersSurviveATakeover: a node numbers rows and loses the
 // partition before it publishes them; the next owner reads the same
 // key_seq and the same row below. The node that lost it numbers nothing

@@ -50,11 +50,11 @@ LEFT JOIN LATERAL (
 ) AS prev ON true`
 }
 
-// sqlNumberKeys numbers the unnumbered pending rows of keys $3 (each in
-// partition $2[i]) while node $1 holds that partition:
-// outbox_number_keys, package outbox's (docs/outbox-table.md, "Who
+// sqlNumberRows numbers the unnumbered pending rows of each partition
+// $2[i] up to seq $3[i] while node $1 holds that partition:
+// outbox_number_rows, package outbox's (docs/outbox-table.md, "Who
 // numbers a key's rows").
-const sqlNumberKeys = `SELECT outbox_number_keys($1, $2::int[], $3::text[])`
+const sqlNumberRows = `SELECT outbox_number_rows($1, $2::int[], $3::bigint[])`
 
 // sqlRegister records that node numbers rows (ordo_numbering_nodes), so
 // that the producers' key_seq trigger may be dropped once every node

@@ -70,10 +70,10 @@ func (s *Store) PeekPending(ctx context.Context, c relay.Cursor, limit int) ([]r
 }
 
 // readPending runs query, sqlReadPending or sqlPeekPending. If rows come
-// without key_seq, it numbers their keys (sqlNumberKeys, fenced by the
-// leases, committed before anything is returned) and reads again; a row
-// still unnumbered then (its partition is no longer held here) is left
-// out.
+// without key_seq, it numbers their partitions' rows up to them
+// (sqlNumberRows, fenced by the leases, committed before anything is
+// returned) and reads again; a row still unnumbered then (its partition
+// is no longer held here) is left out.
 func (s *Store) readPending(ctx context.Context, query string, cursors []relay.Cursor, limit int) ([]relay.Row, error) {
 	parts := make([]int32, len(cursors))
 	after := make([]int64, len(cursors))
@@ -97,13 +97,19 @@ func (s *Store) readPending(ctx context.Context, query string, cursors []relay.C
 	if err != nil || len(unnumbered) == 0 {
 		return out, err
 	}
-	keys := make([]string, len(unnumbered))
-	keyParts := make([]int32, len(unnumbered))
-	for i, row := range unnumbered {
-		keys[i], keyParts[i] = row.CorrelationID, int32(row.Partition)
+	// Each partition's rows up to the highest seq the read returned
+	// unnumbered: never the backlog above the read.
+	upTo := map[int32]int64{}
+	for _, row := range unnumbered {
+		upTo[int32(row.Partition)] = max(upTo[int32(row.Partition)], row.Seq)
 	}
-	if _, err := conn.Exec(ctx, sqlNumberKeys, planFresh, s.node, keyParts, keys); err != nil {
-		return nil, fmt.Errorf("read pending rows: number the rows of %d key(s): %w", len(keys), err)
+	numParts := make([]int32, 0, len(upTo))
+	numUpTo := make([]int64, 0, len(upTo))
+	for p, seq := range upTo {
+		numParts, numUpTo = append(numParts, p), append(numUpTo, seq)
+	}
+	if _, err := conn.Exec(ctx, sqlNumberRows, planFresh, s.node, numParts, numUpTo); err != nil {
+		return nil, fmt.Errorf("read pending rows: number the rows of %d partition(s): %w", len(numParts), err)
 	}
 	out, unnumbered, err = readRows(ctx, conn.Conn(), query, parts, after, limit)
 	if err != nil || len(unnumbered) == 0 {
