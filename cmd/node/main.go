@@ -12,6 +12,7 @@
 //	node purge  [-http ADDR]               delete purgeable dead rows
 //	node fill-gap [-http ADDR] KEY KEY_SEQ put a dead placeholder in a key_seq gap
 //	node gossip-key [-http ADDR] add|use|remove KEY   rotate gossip keys while running
+//	node drop-key-seq-trigger [-postgres-url URL] [-check]   let partition owners number rows
 //
 // Exit status: 0 done (or -h), 1 failed, 2 bad usage (flags, arguments or
 // settings).
@@ -58,6 +59,8 @@ var subcommands = map[string]subcommand{
 	"purge":      adminCmd,
 	"gossip-key": adminCmd,
 	"fill-gap":   adminCmd,
+
+	"drop-key-seq-trigger": dropKeySeqTriggerCmd,
 }
 
 // run runs the command line args (without the program name): a

@@ -7,7 +7,7 @@
 --
 -- While the BEFORE INSERT trigger outbox_assign_key_seq is installed it
 -- still numbers every row, and nothing changes. Once no relay older than
--- this migration runs, an operator drops it (`ordo outbox drop-trigger`,
+-- this migration runs, an operator drops it (`node drop-key-seq-trigger`,
 -- outbox.DropKeySeqTrigger): producers' INSERTs then pay no trigger.
 --
 -- occurred_at, which the trigger sets, gets the same value as a default:

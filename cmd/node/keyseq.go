@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/ordo-relay/ordo/internal/envflag"
+	"github.com/ordo-relay/ordo/outbox"
+)
+
+const dropKeySeqTriggerUsage = `usage: node drop-key-seq-trigger [-postgres-url URL] [-check] [-lock-timeout D]
+
+Drops the producers' key_seq trigger from one outbox database, after
+which partition owners number each key's rows and a producer's INSERT
+runs no trigger (docs/outbox-table.md, "Who numbers a key's rows").
+It refuses while a node that holds a lease there has not recorded that
+it numbers rows (a node of a release before the numbering), and names
+those nodes: upgrade or stop them, let their leases expire, run it again.
+Run it once per source database. -check says what it would do and
+changes nothing.`
+
+// dropKeySeqTriggerCmd runs "node drop-key-seq-trigger": outbox.DropKeySeqTrigger
+// against one database, with the outcome spelled out for an operator.
+// A refusal (old nodes, a lock not had in time) is a failure, exit
+// status 1.
+func dropKeySeqTriggerCmd(ctx context.Context, c cli, name string, args []string) error {
+	fs := flag.NewFlagSet("node "+name, flag.ContinueOnError)
+	fs.SetOutput(c.stderr)
+	url := fs.String("postgres-url", "", "PostgreSQL URL of the outbox database (the node's -postgres-url, or one -source's)")
+	check := fs.Bool("check", false, "say whether the trigger is installed and which nodes keep it needed; drop nothing")
+	lockTimeout := fs.Duration("lock-timeout", 5*time.Second,
+		"how long to wait for the outbox's lock (DROP TRIGGER waits for the inserts under way, and inserts queue behind it meanwhile)")
+	fs.Usage = envflag.Usage(fs, envPrefix, dropKeySeqTriggerUsage)
+	if err := envflag.Parse(fs, envPrefix, args, c.lookup); err != nil {
+		return usageError(err)
+	}
+	switch {
+	case fs.NArg() > 0:
+		return usageError(fmt.Errorf("unexpected arguments %q", fs.Args()))
+	case *url == "":
+		return usageError(errors.New("give the outbox database: -postgres-url (ORDO_POSTGRES_URL)"))
+	case *lockTimeout <= 0:
+		return usageError(fmt.Errorf("-lock-timeout %v: want a positive duration", *lockTimeout))
+	}
+	cfg, err := pgx.ParseConfig(*url)
+	if err != nil {
+		return usageError(fmt.Errorf("-postgres-url: %w", err))
+	}
+	cfg.RuntimeParams["application_name"] = "ordo node " + name
+	cfg.RuntimeParams["lock_timeout"] = fmt.Sprint(lockTimeout.Milliseconds())
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	conn, err := pgx.ConnectConfig(cctx, cfg)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.Background())
+	ctx, cancel = context.WithTimeout(ctx, *lockTimeout+30*time.Second)
+	defer cancel()
+
+	on, err := outbox.KeySeqTriggerInstalled(ctx, conn)
+	if err != nil {
+		return fmt.Errorf("%w (is this an Ordo outbox database, migrated by a node?)", err)
+	}
+	if !on {
+		fmt.Fprintln(c.stdout, "the key_seq trigger is not installed: partition owners number the rows; nothing to do")
+		return nil
+	}
+	if *check {
+		old, err := outbox.OldNodes(ctx, conn)
+		if err != nil {
+			return err
+		}
+		if len(old) > 0 {
+			fmt.Fprintf(c.stdout, "the key_seq trigger is installed, and must stay while these nodes hold leases without numbering rows:\n  %s\n",
+				strings.Join(old, "\n  "))
+			return nil
+		}
+		fmt.Fprintln(c.stdout, "the key_seq trigger is installed; every node holding a lease numbers rows: it can be dropped")
+		return nil
+	}
+	err = outbox.DropKeySeqTrigger(ctx, conn)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, outbox.ErrOldNodesRunning):
+		return err
+	case errors.As(err, &pgErr) && pgErr.Code == "55P03": // lock_not_available
+		return fmt.Errorf("the outbox stayed locked for %v (a transaction writing it, or a migration, is open): nothing dropped; run it again, or give a longer -lock-timeout: %w",
+			*lockTimeout, err)
+	case err != nil:
+		return err
+	}
+	fmt.Fprintln(c.stdout, "dropped the key_seq trigger: producers' inserts run no trigger, and partition owners number the rows")
+	return nil
+}
