@@ -133,6 +133,7 @@ type nemesisOptions struct {
 	Seed    int64          // the schedule's seed (0: drawn and printed)
 	Profile string         // short (about 2 minutes) or long (10 minutes or more)
 	Kinds   []nemesis.Kind // the kinds of fault to run (the others' steps are left out of the plan)
+	Lean    bool           // drop the producers' key_seq trigger once the nodes run: the owners number the rows
 }
 
 func defaultNemesisOptions() nemesisOptions { return nemesisOptions{Profile: nemesis.ProfileShort} }
@@ -141,6 +142,7 @@ func (o *nemesisOptions) addFlags(fs *flag.FlagSet) {
 	rateVar(fs, &o.Rate)
 	fs.Int64Var(&o.Seed, "seed", o.Seed, "seed of the fault schedule (0: draw one and print it)")
 	fs.StringVar(&o.Profile, "profile", o.Profile, "short (about 2 minutes) or long (10 minutes or more)")
+	fs.BoolVar(&o.Lean, "lean", o.Lean, "drop the producers' key_seq trigger once the nodes run, so the partition owners number the rows")
 	listVar(fs, "kinds", "all", "comma-separated kinds of fault to run, or all", func(s string) (err error) {
 		o.Kinds, err = nemesis.ParseKinds(s)
 		return err
@@ -158,7 +160,7 @@ func (o nemesisOptions) validate() error {
 func (o nemesisOptions) config() nemesis.Config {
 	return nemesis.Config{PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Out: o.Out, Partitions: o.Partitions,
 		ConfirmWindow: o.ConfirmWindow, NodeBin: o.NodeBin, Timeout: o.Timeout, Rate: o.Rate,
-		Seed: o.Seed, Scenario: nemesis.ScenarioRelay, Profile: o.Profile, Kinds: o.Kinds}
+		Seed: o.Seed, Scenario: nemesis.ScenarioRelay, Profile: o.Profile, Kinds: o.Kinds, Lean: o.Lean}
 }
 
 // compareScenario is the default: see runCompare. Its flags are those of

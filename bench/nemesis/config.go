@@ -40,6 +40,11 @@ type Config struct {
 	// source-link runs only then). 0 is the scenario's default: 2 for
 	// the relay, 1 for the consumers (which have only 1).
 	Sources int
+	// Lean drops the producers' key_seq trigger from every source once
+	// the nodes run (outbox.DropKeySeqTrigger): rows arrive without
+	// key_seq and the partition owners number them (docs/outbox-table.md,
+	// "Who numbers a key's rows"). The relay scenario only.
+	Lean bool
 }
 
 // DefaultConfig returns the settings of a short run on the local servers.
@@ -73,6 +78,9 @@ func (c Config) Validate() error {
 	}
 	if c.Sources < 0 || c.Sources > len(sourceNames) || (c.Scenario == ScenarioConsumers && c.Sources > 1) {
 		errs = append(errs, fmt.Errorf("sources %d: want 1 or %d for scenario relay, 1 for consumers (0: the scenario's default)", c.Sources, len(sourceNames)))
+	}
+	if c.Lean && c.Scenario != ScenarioRelay {
+		errs = append(errs, fmt.Errorf("lean: scenario %s keeps the key_seq trigger; only %s runs without it", c.Scenario, ScenarioRelay))
 	}
 	switch c.Scenario {
 	case ScenarioRelay, ScenarioConsumers:

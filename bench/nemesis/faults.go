@@ -129,6 +129,24 @@ type planted struct {
 	why    string
 }
 
+// numbered fills in the row's key_seq where it had none at insert (the
+// key_seq trigger dropped, -lean): a parked row was numbered before its
+// first publish.
+func (p *planted) numbered(ctx context.Context) error {
+	if p.keySeq > 0 {
+		return nil
+	}
+	var keySeq *int64
+	if err := p.db.pool.QueryRow(ctx, `SELECT key_seq FROM outbox WHERE id = $1`, p.id).Scan(&keySeq); err != nil {
+		return fmt.Errorf("key_seq of planted %s row %s: %w", p.why, p.id, err)
+	}
+	if keySeq == nil {
+		return fmt.Errorf("planted %s row %s is not numbered: it was never published", p.why, p.id)
+	}
+	p.keySeq = *keySeq
+	return nil
+}
+
 // plantAndPark writes the step's unsendable rows on live keys (orders the
 // load placed and will no longer cancel), each followed in its transaction
 // by a good message of its key, then cancels each order through the order
@@ -158,6 +176,11 @@ func (n *nemesis) plantAndPark(ctx context.Context, s plannedStep) (healFunc, er
 		n.logf("  planted %s row %s on key %s/%s (key_seq %d)", why, row.id, o.source, o.id, row.keySeq)
 	}
 	heal := once(func(ctx context.Context) error {
+		for i := range rows {
+			if err := rows[i].numbered(ctx); err != nil {
+				return err
+			}
+		}
 		for _, row := range rows {
 			if _, err := n.f.admin(ctx, "skip", "-source", row.db.name, row.id); err != nil {
 				return err
@@ -239,19 +262,20 @@ func (n *nemesis) plant(ctx context.Context, db *runDB, key, why string, step in
 	return row, nil
 }
 
-// insertBad inserts the unsendable row and returns its id and key_seq.
+// insertBad inserts the unsendable row and returns its id and key_seq (0
+// while it has none: the key_seq trigger dropped, -lean).
 func (n *nemesis) insertBad(ctx context.Context, tx pgx.Tx, key, why string) (string, int64, error) {
 	if why == "hostile" {
 		// Three header values of 60 KiB: each within the limit of a
 		// value, together over frame_max (128 KiB). Enqueue refuses it,
 		// so it goes in as a plain INSERT would.
 		id := uuid.Must(uuid.NewV7())
-		var keySeq int64
+		var keySeq *int64
 		err := tx.QueryRow(ctx, `INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, headers, payload)
 			VALUES ($1, $2, $3, $4, 'nemesis.hostile', $5,
 			jsonb_build_object('a', repeat('x', 61440), 'b', repeat('y', 61440), 'c', repeat('z', 61440)), '{}'::jsonb)
 			RETURNING key_seq`, id, partition.Of(key, n.o.Partitions), key, n.f.exchange, typePoison).Scan(&keySeq)
-		return id.String(), keySeq, err
+		return id.String(), orZero(keySeq), err
 	}
 	ex := n.voidExchange // exists, no queue bound: the broker returns it
 	if why == "no-exchange" {
@@ -262,9 +286,16 @@ func (n *nemesis) insertBad(ctx context.Context, tx pgx.Tx, key, why string) (st
 	if err != nil {
 		return "", 0, err
 	}
-	var keySeq int64
+	var keySeq *int64
 	err = tx.QueryRow(ctx, `SELECT key_seq FROM outbox WHERE id = $1`, ids[0]).Scan(&keySeq)
-	return ids[0].String(), keySeq, err
+	return ids[0].String(), orZero(keySeq), err
+}
+
+func orZero(p *int64) int64 {
+	if p == nil {
+		return 0
+	}
+	return *p
 }
 
 // probe commits one message on every partition of every source (one key

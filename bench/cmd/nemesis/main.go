@@ -46,6 +46,7 @@ func parseConfig(args []string, lookup func(string) (string, bool), out io.Write
 	fs.StringVar(&cfg.Scenario, "scenario", cfg.Scenario, "relay (3 nodes, judged from the deliveries) or consumers (3 shipping instances, judged from their database)")
 	fs.StringVar(&cfg.Profile, "profile", cfg.Profile, "short (about 2 minutes) or long (10 minutes or more)")
 	fs.IntVar(&cfg.Sources, "sources", cfg.Sources, "outbox databases the relay scenario's nodes relay: 2 (default and billing; adds the source-link fault) or 1 (default); 0: the scenario's (relay 2, consumers 1)")
+	fs.BoolVar(&cfg.Lean, "lean", cfg.Lean, "relay scenario: drop the producers' key_seq trigger once the nodes run, so the partition owners number the rows")
 	kinds := fs.String("kinds", "all", "comma-separated kinds of fault to run, or all (the scenario's)")
 	fs.Usage = envflag.Usage(fs, envPrefix, "usage: go run ./bench/cmd/nemesis [flags]")
 	if err := envflag.Parse(fs, envPrefix, args, lookup); err != nil {

@@ -20,6 +20,17 @@ func TestParseConfig(t *testing.T) {
 	if cfg, err := parseConfig([]string{"-sources", "1"}, lookup, io.Discard); err != nil || cfg.Sources != 1 {
 		t.Fatalf("-sources 1: %+v, %v", cfg, err)
 	}
+	if cfg.Lean {
+		t.Fatal("lean by default")
+	}
+	if cfg, err := parseConfig([]string{"-lean"}, lookup, io.Discard); err != nil || !cfg.Lean {
+		t.Fatalf("-lean: %+v, %v", cfg, err)
+	}
+	env["ORDO_NEMESIS_LEAN"] = "true"
+	if cfg, err := parseConfig(nil, lookup, io.Discard); err != nil || !cfg.Lean {
+		t.Fatalf("ORDO_NEMESIS_LEAN=true: %+v, %v", cfg, err)
+	}
+	delete(env, "ORDO_NEMESIS_LEAN")
 	for _, args := range [][]string{
 		{"-profile", "medium"},
 		{"-kinds", "kill,nap"},
@@ -30,6 +41,7 @@ func TestParseConfig(t *testing.T) {
 		{"-sources", "3"},
 		{"-sources", "1", "-kinds", "source-link"},
 		{"-scenario", "consumers", "-sources", "2"},
+		{"-scenario", "consumers", "-lean"},
 	} {
 		if _, err := parseConfig(args, lookup, io.Discard); err == nil {
 			t.Errorf("%q was accepted", args)
