@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -25,8 +27,19 @@ var ErrOldNodesRunning = errors.New("nodes that do not number rows hold leases")
 // (every relay records itself there before its first read). Run it once
 // every node runs a release that numbers rows; dropping a trigger that is
 // gone already succeeds. It runs under the migration lock, and DROP
-// TRIGGER waits for the inserts under way to commit.
+// TRIGGER waits for the inserts under way to commit, at most as long as
+// a migration waits for a lock (15 s): DropKeySeqTriggerWithin.
 func DropKeySeqTrigger(ctx context.Context, db TxBeginner) error {
+	return DropKeySeqTriggerWithin(ctx, db, pgmigrate.LockTimeout)
+}
+
+// DropKeySeqTriggerWithin is DropKeySeqTrigger with the wait for the
+// outbox's lock bounded by lockTimeout (rounded to milliseconds; at
+// least 1). Every insert that comes meanwhile queues behind the waiting
+// DROP TRIGGER: an operator who cannot have producers stall for long
+// gives a short bound, and a wait that runs out fails with SQLSTATE
+// 55P03 (lock_not_available) having dropped nothing.
+func DropKeySeqTriggerWithin(ctx context.Context, db TxBeginner, lockTimeout time.Duration) error {
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if err := pgmigrate.Lock(ctx, tx); err != nil {
 			return err
@@ -38,6 +51,10 @@ func DropKeySeqTrigger(ctx context.Context, db TxBeginner) error {
 		if len(old) > 0 {
 			return fmt.Errorf("keep the key_seq trigger: %w: %s (upgrade or stop them, and let their leases expire)",
 				ErrOldNodesRunning, strings.Join(old, ", "))
+		}
+		wait := strconv.FormatInt(max(lockTimeout.Milliseconds(), 1), 10)
+		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, wait); err != nil {
+			return fmt.Errorf("bound the wait for the outbox's lock: %w", err)
 		}
 		if _, err := tx.Exec(ctx, `DROP TRIGGER IF EXISTS outbox_assign_key_seq ON outbox`); err != nil {
 			return fmt.Errorf("drop the key_seq trigger: %w", err)

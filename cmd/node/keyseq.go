@@ -26,8 +26,8 @@ those nodes: upgrade or stop them, let their leases expire, run it again.
 Run it once per source database. -check says what it would do and
 changes nothing.`
 
-// dropKeySeqTriggerCmd runs "node drop-key-seq-trigger": outbox.DropKeySeqTrigger
-// against one database, with the outcome spelled out for an operator.
+// dropKeySeqTriggerCmd runs "node drop-key-seq-trigger":
+// outbox.DropKeySeqTriggerWithin against one database, with the outcome spelled out for an operator.
 // A refusal (old nodes, a lock not had in time) is a failure, exit
 // status 1.
 func dropKeySeqTriggerCmd(ctx context.Context, c cli, name string, args []string) error {
@@ -54,7 +54,6 @@ func dropKeySeqTriggerCmd(ctx context.Context, c cli, name string, args []string
 		return usageError(fmt.Errorf("-postgres-url: %w", err))
 	}
 	cfg.RuntimeParams["application_name"] = "ordo node " + name
-	cfg.RuntimeParams["lock_timeout"] = fmt.Sprint(lockTimeout.Milliseconds())
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	conn, err := pgx.ConnectConfig(cctx, cfg)
 	cancel()
@@ -86,7 +85,7 @@ func dropKeySeqTriggerCmd(ctx context.Context, c cli, name string, args []string
 		fmt.Fprintln(c.stdout, "the key_seq trigger is installed; every node holding a lease numbers rows: it can be dropped")
 		return nil
 	}
-	err = outbox.DropKeySeqTrigger(ctx, conn)
+	err = outbox.DropKeySeqTriggerWithin(ctx, conn, *lockTimeout)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.Is(err, outbox.ErrOldNodesRunning):
