@@ -140,6 +140,14 @@ func (r *Relay) ingestLocked(ps *partState, rows []Row) (leftOut int64) {
 		if r.flights.has(row.ID) || r.gen.wasMarked(row.ID) {
 			continue
 		}
+		if row.BehindParked {
+			// It waits for an operator, and the Store leaves it out of
+			// later reads: not kept, and forgotten if it was.
+			if e := ps.queued[row.ID]; e != nil {
+				r.forgetLocked(ps, e)
+			}
+			continue
+		}
 		if row.PrevPending && r.gen.prevMarked(&row) {
 			// The row below was marked after this read began: it was
 			// pending when read, and is not now.
@@ -216,24 +224,31 @@ func (r *Relay) parkHeadLocked(k *keyState) {
 // longer pending (an operator skipped or purged them, or another owner
 // published them) and are forgotten.
 func (r *Relay) sweepLocked(ps *partState) {
-	for id, e := range ps.queued {
+	for _, e := range ps.queued {
 		if e.seen >= ps.rd.passNo() {
 			continue
 		}
-		k := ps.keys[e.row.CorrelationID]
-		k.rows = slices.DeleteFunc(k.rows, func(x *entry) bool { return x == e })
-		delete(ps.queued, id)
-		r.mem.add(-e.size)
-		r.pushReadyLocked(k)
+		r.forgetLocked(ps, e)
 		if e.row.Parked {
-			// An operator skipped or purged it: this pass left its
-			// followers out, so read them in the next.
+			// Parked here, it is not read again (the Store leaves
+			// parked rows out): this pass may have left its followers
+			// out, so read them in the next, which holds them.
 			ps.rd.wantPass()
 		}
 	}
 	for _, k := range ps.keys {
 		r.forgetIfIdleLocked(k)
 	}
+}
+
+// forgetLocked drops queued entry e of ps: no longer pending, or not
+// to be kept.
+func (r *Relay) forgetLocked(ps *partState, e *entry) {
+	k := ps.keys[e.row.CorrelationID]
+	k.rows = slices.DeleteFunc(k.rows, func(x *entry) bool { return x == e })
+	delete(ps.queued, e.row.ID)
+	r.mem.add(-e.size)
+	r.pushReadyLocked(k)
 }
 
 // countAbove counts the rows of got (in seq order) above seq.

@@ -24,6 +24,8 @@ type Row struct {
 	OccurredAt    time.Time
 	Attempts      int
 	// Parked: the row failed MaxAttempts times and waits for an operator.
+	// The relay sets it when RecordFailures parks the row: a read does
+	// not return parked rows.
 	Parked bool
 	// NextAttemptAt, when set, is the earliest time the row may be
 	// published again after a failure.
@@ -34,6 +36,10 @@ type Row struct {
 	// PrevDead: the row just below is dead (skipped), so PrevKeySeq must
 	// be looked up with Store.PrevKeySeq.
 	PrevDead bool
+	// BehindParked: a row below it in its key is parked, so it cannot go
+	// before an operator acts on that row. It comes without Payload and
+	// Headers, and the relay does not keep it.
+	BehindParked bool
 }
 
 // ErrNoConnection is wrapped by the error of a Store operation that did
@@ -80,21 +86,26 @@ type Store interface {
 // under (docs/design.md, invariant 3).
 type Outbox interface {
 	// ReadPending returns, for each cursor, up to limit pending rows of its
-	// partition whose seq is above After, in seq order: every pending row,
-	// parked and backing-off ones included (they say so in Parked and
-	// NextAttemptAt), each with PrevPending and PrevDead describing the
-	// row below it in its key. A parked row comes without its Payload and
-	// Headers (nil): it is not published before an operator clears its
-	// parked state, and the first read after that returns them. Its cost
-	// follows the rows returned. A row that arrived without key_seq is
+	// partition whose seq is above After, in seq order, each with
+	// PrevPending and PrevDead describing the row below it in its key:
+	// every pending row that is not parked, backing-off ones included
+	// (they say so in NextAttemptAt). A parked row is not returned, and
+	// the rows of its key above it are returned at most about once, with
+	// BehindParked set (the Store then leaves them out of later reads,
+	// until an operator acts on the parked row): a parked key costs the
+	// read a fixed amount, not its rows on every pass. A row returned
+	// without BehindParked may still wait behind a parked row that is not
+	// the row below it (PrevPending keeps it waiting). After an
+	// operator's retry the parked row and its key's rows are returned as
+	// any pending rows. Its cost follows the rows returned. A row that
+	// arrived without key_seq is
 	// numbered first, durably, while the Store's node holds its partition
 	// (docs/outbox-table.md, "Who numbers a key's rows"): every row
-	// returned has its key_seq, except a row parked before it could be
-	// numbered (KeySeq 0), and a row the node could not number is left
-	// out.
+	// returned has its key_seq, and a row the node could not number is
+	// left out.
 	ReadPending(ctx context.Context, cursors []Cursor, limit int) ([]Row, error)
 	// PeekPending is ReadPending of one partition with every row's
-	// Payload and Headers left out (nil, as a parked row's): its cost does
+	// Payload and Headers left out (nil): its cost does
 	// not grow with the rows' size. The relay peeks at the row that a read
 	// of it alone could not return within ReadTimeout, to charge it an
 	// attempt (docs/design.md, "A slow row is read alone").

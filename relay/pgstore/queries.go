@@ -2,24 +2,27 @@ package pgstore
 
 // sqlReadPending: see Store.ReadPending. A backing-off row's wait is
 // returned as seconds left by the database's clock, so the node's clock
-// need not agree with it. One index range scan per
-// partition on outbox_pending_by_partition (partition, seq), and for each
-// row one equality probe of the unique (correlation_id, key_seq) index for
-// the row below it: the only sensible plans, generic or custom, with or
-// without statistics, and a cost that follows the rows returned. The
-// probe's LIMIT 1 keeps it a subquery run per row: without it PostgreSQL
-// may turn it into a join, and with statistics of a hot key (one
-// correlation_id) it hashed the key's whole backlog on every read (77
-// msg/s draining one key of 20,000 rows after ANALYZE). A parked row
-// comes without its payload and headers (NULL): it is not published
-// before an operator clears parked_at, and a payload of megabytes,
-// detoasted and sent by every read of its partition while it stays
+// need not agree with it. One index range scan per partition on
+// outbox_ready_by_partition (partition, seq): pending rows neither parked
+// nor held behind a parked row, so a parked key costs the read nothing
+// once its rows are held (sqlHoldBehindParked). For each row one equality
+// probe of the unique (correlation_id, key_seq) index for the row below
+// it: the only sensible plans, generic or custom, with or without
+// statistics, and a cost that follows the rows returned. The probe's
+// LIMIT 1 keeps it a subquery run per row: without it PostgreSQL may turn
+// it into a join, and with statistics of a hot key (one correlation_id)
+// it hashed the key's whole backlog on every read (77 msg/s draining one
+// key of 20,000 rows after ANALYZE).
+//
+// The probe also says whether the row below is parked or held, and
+// behind which parked row (its key_seq; 0: none): such a row comes
+// without its payload and headers (NULL), as it cannot go before an
+// operator acts, and Store.ReadPending holds it. A payload of megabytes,
+// detoasted and sent by every read of its partition while its key stays
 // parked, once made every read of the node outlast the read timeout.
-// A row without key_seq comes with key_seq 0 and its last column true
-// (unnumbered, unless parked): Store.ReadPending numbers it and reads
-// again.
-var sqlReadPending = readPendingSQL(
-	"CASE WHEN o.parked_at IS NULL THEN o.payload END", "CASE WHEN o.parked_at IS NULL THEN o.headers END")
+// A row without key_seq comes with key_seq 0 and its unnumbered column
+// true: Store.ReadPending numbers it and reads again.
+var sqlReadPending = readPendingSQL("CASE WHEN prev.head IS NULL THEN o.payload END", "CASE WHEN prev.head IS NULL THEN o.headers END")
 
 // sqlPeekPending: see Store.PeekPending. sqlReadPending without any
 // payload or headers: the relay peeks at a row too slow to read, whose
@@ -27,28 +30,60 @@ var sqlReadPending = readPendingSQL(
 var sqlPeekPending = readPendingSQL("NULL::jsonb", "NULL::jsonb")
 
 // readPendingSQL is the pending-rows read with payload and headers as the
-// expressions given (over o, the row).
+// expressions given (over o, the row, and prev, the row below).
 func readPendingSQL(payload, headers string) string {
 	return `
 SELECT o.id, o.partition, o.seq, o.correlation_id, coalesce(o.key_seq, 0), o.exchange, o.routing_key, o.type,
-       ` + payload + `, ` + headers + `, o.occurred_at, o.attempts, o.parked_at IS NOT NULL,
+       ` + payload + `, ` + headers + `, o.occurred_at, o.attempts,
        greatest(extract(epoch FROM o.next_attempt_at - clock_timestamp()), 0)::float8,
        coalesce(prev.pending, false), coalesce(prev.dead, false),
-       o.key_seq IS NULL AND o.parked_at IS NULL
+       o.key_seq IS NULL, coalesce(prev.head, 0)
 FROM unnest($1::int[], $2::bigint[]) AS c(partition, after)
 CROSS JOIN LATERAL (
     SELECT * FROM outbox AS x
-    WHERE x.partition = c.partition AND x.processed_at IS NULL AND x.seq > c.after
+    WHERE x.partition = c.partition AND x.processed_at IS NULL AND x.parked_at IS NULL AND x.held_behind IS NULL
+      AND x.seq > c.after
     ORDER BY x.seq
     LIMIT $3
 ) AS o
 LEFT JOIN LATERAL (
-    SELECT d.processed_at IS NULL AS pending, d.dead_at IS NOT NULL AS dead
+    SELECT d.processed_at IS NULL AS pending, d.dead_at IS NOT NULL AS dead,
+           CASE WHEN d.processed_at IS NULL THEN coalesce(d.held_behind, CASE WHEN d.parked_at IS NOT NULL THEN d.key_seq END) END AS head
     FROM outbox AS d
     WHERE d.correlation_id = o.correlation_id AND d.key_seq = o.key_seq - 1
     LIMIT 1
 ) AS prev ON true`
 }
+
+// sqlHoldBehindParked holds out of the read (held_behind) the pending rows
+// of keys $3 (each in partition $2[i]) above their parked row, key_seq
+// $4[i], while node $1 holds the partition and that row is still parked
+// and pending, and returns the ids it held. The parked rows are locked
+// FOR SHARE until the holds commit, so an operator's retry or skip of
+// one, whose trigger releases the rows held behind it
+// (outbox_release_held, package outbox's), waits for them and then sees
+// them; one being changed right now (locked) is skipped, not waited for:
+// its rows are read again and held by a later read, if it is still
+// parked. The leases are locked FOR SHARE in partition order, as every
+// relay write locks them. "h.partition + 0": see the writes below.
+const sqlHoldBehindParked = `
+WITH held AS (
+    SELECT l.partition FROM ordo_leases AS l
+    WHERE l.owner = $1 AND l.partition = ANY($2::int[])
+    ORDER BY l.partition
+    FOR SHARE),
+heads AS (
+    SELECT h.correlation_id, h.key_seq
+    FROM unnest($2::int[], $3::text[], $4::bigint[]) AS k(partition, key, head)
+    JOIN outbox AS h ON h.correlation_id = k.key AND h.key_seq = k.head
+    WHERE h.partition + 0 = k.partition AND h.parked_at IS NOT NULL AND h.processed_at IS NULL
+      AND k.partition IN (SELECT partition FROM held)
+    FOR SHARE OF h SKIP LOCKED)
+UPDATE outbox AS o SET held_behind = heads.key_seq
+FROM heads
+WHERE o.correlation_id = heads.correlation_id AND o.key_seq > heads.key_seq
+  AND o.processed_at IS NULL AND o.parked_at IS NULL AND o.held_behind IS NULL
+RETURNING o.id`
 
 // sqlNumberRows numbers the unnumbered pending rows of each partition
 // $2[i] up to seq $3[i] while node $1 holds that partition:

@@ -73,7 +73,9 @@ func (s *Store) PeekPending(ctx context.Context, c relay.Cursor, limit int) ([]r
 // without key_seq, it numbers their partitions' rows up to them
 // (sqlNumberRows, fenced by the leases, committed before anything is
 // returned) and reads again; a row still unnumbered then (its partition
-// is no longer held here) is left out.
+// is no longer held here) is left out. Rows behind a parked row of their
+// key it holds out of later reads (sqlHoldBehindParked), and returns them,
+// and the rows of the page that hold held too, marked BehindParked.
 func (s *Store) readPending(ctx context.Context, query string, cursors []relay.Cursor, limit int) ([]relay.Row, error) {
 	parts := make([]int32, len(cursors))
 	after := make([]int64, len(cursors))
@@ -93,9 +95,19 @@ func (s *Store) readPending(ctx context.Context, query string, cursors []relay.C
 		}
 		s.registered.Store(true)
 	}
-	out, unnumbered, err := readRows(ctx, conn.Conn(), query, parts, after, limit)
-	if err != nil || len(unnumbered) == 0 {
+	out, behind, err := s.numbered(ctx, conn.Conn(), query, parts, after, limit)
+	if err != nil || len(behind) == 0 {
 		return out, err
+	}
+	return s.holdBehindParked(ctx, conn.Conn(), out, behind)
+}
+
+// numbered reads, and if rows come without key_seq numbers their
+// partitions' rows up to them and reads again (see readPending).
+func (s *Store) numbered(ctx context.Context, conn *pgx.Conn, query string, parts []int32, after []int64, limit int) ([]relay.Row, map[uuid.UUID]int64, error) {
+	out, unnumbered, behind, err := readRows(ctx, conn, query, parts, after, limit)
+	if err != nil || len(unnumbered) == 0 {
+		return out, behind, err
 	}
 	// Each partition's rows up to the highest seq the read returned
 	// unnumbered: never the backlog above the read.
@@ -109,34 +121,79 @@ func (s *Store) readPending(ctx context.Context, query string, cursors []relay.C
 		numParts, numUpTo = append(numParts, p), append(numUpTo, seq)
 	}
 	if _, err := conn.Exec(ctx, sqlNumberRows, planFresh, s.node, numParts, numUpTo); err != nil {
-		return nil, fmt.Errorf("read pending rows: number the rows of %d partition(s): %w", len(numParts), err)
+		return nil, nil, fmt.Errorf("read pending rows: number the rows of %d partition(s): %w", len(numParts), err)
 	}
-	out, unnumbered, err = readRows(ctx, conn.Conn(), query, parts, after, limit)
+	out, unnumbered, behind, err = readRows(ctx, conn, query, parts, after, limit)
 	if err != nil || len(unnumbered) == 0 {
-		return out, err
+		return out, behind, err
 	}
 	kept := out[:0]
 	for _, row := range out {
-		if row.KeySeq > 0 || row.Parked {
+		if row.KeySeq > 0 {
 			kept = append(kept, row)
 		}
 	}
-	return kept, nil
+	return kept, behind, nil
+}
+
+// holdBehindParked holds the rows of out that wait behind a parked row
+// (behind: the parked row's key_seq, by row) and every pending row of
+// their keys above that row, and marks BehindParked, without payload or
+// headers, those rows and the rows of out it held. A parked key's rows
+// are thus read about once and then left out of every read, until an
+// operator acts on its parked row.
+func (s *Store) holdBehindParked(ctx context.Context, conn *pgx.Conn, out []relay.Row, behind map[uuid.UUID]int64) ([]relay.Row, error) {
+	type head struct {
+		key  string
+		part int
+	}
+	heads := map[head]int64{}
+	for _, row := range out {
+		if ks, ok := behind[row.ID]; ok {
+			heads[head{row.CorrelationID, row.Partition}] = ks
+		}
+	}
+	parts := make([]int32, 0, len(heads))
+	keys := make([]string, 0, len(heads))
+	seqs := make([]int64, 0, len(heads))
+	for h, ks := range heads {
+		parts, keys, seqs = append(parts, int32(h.part)), append(keys, h.key), append(seqs, ks)
+	}
+	rows, err := conn.Query(ctx, sqlHoldBehindParked, planFresh, s.node, parts, keys, seqs)
+	if err != nil {
+		return nil, fmt.Errorf("read pending rows: hold the rows behind %d parked row(s): %w", len(heads), err)
+	}
+	held, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, fmt.Errorf("read pending rows: hold the rows behind %d parked row(s): %w", len(heads), err)
+	}
+	isHeld := make(map[uuid.UUID]bool, len(held))
+	for _, id := range held {
+		isHeld[id] = true
+	}
+	for i := range out {
+		if _, ok := behind[out[i].ID]; ok || isHeld[out[i].ID] {
+			out[i].BehindParked, out[i].Payload, out[i].Headers = true, nil, nil
+		}
+	}
+	return out, nil
 }
 
 // readRows runs one read and returns its rows and, apart, those of them
-// without key_seq (not parked).
-func readRows(ctx context.Context, conn *pgx.Conn, query string, parts []int32, after []int64, limit int) (out, unnumbered []relay.Row, err error) {
+// without key_seq, and the rows behind a parked row with that row's
+// key_seq.
+func readRows(ctx context.Context, conn *pgx.Conn, query string, parts []int32, after []int64, limit int) (out, unnumbered []relay.Row, behind map[uuid.UUID]int64, err error) {
 	rows, err := conn.Query(ctx, query, planFresh, parts, after, limit)
 	if err != nil {
-		return nil, nil, fmt.Errorf("read pending rows: %w", err)
+		return nil, nil, nil, fmt.Errorf("read pending rows: %w", err)
 	}
 	out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (relay.Row, error) {
 		var x relay.Row
 		var wait *float64
 		var bare bool
+		var head int64
 		err := r.Scan(&x.ID, &x.Partition, &x.Seq, &x.CorrelationID, &x.KeySeq, &x.Exchange, &x.RoutingKey,
-			&x.Type, &x.Payload, &x.Headers, &x.OccurredAt, &x.Attempts, &x.Parked, &wait, &x.PrevPending, &x.PrevDead, &bare)
+			&x.Type, &x.Payload, &x.Headers, &x.OccurredAt, &x.Attempts, &wait, &x.PrevPending, &x.PrevDead, &bare, &head)
 		if wait != nil && *wait > 0 {
 			x.NextAttemptAt = time.Now().Add(time.Duration(*wait * float64(time.Second)))
 		}
@@ -144,12 +201,18 @@ func readRows(ctx context.Context, conn *pgx.Conn, query string, parts []int32, 
 		if bare {
 			unnumbered = append(unnumbered, x)
 		}
+		if head > 0 {
+			if behind == nil {
+				behind = map[uuid.UUID]int64{}
+			}
+			behind[x.ID] = head
+		}
 		return x, err
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("read pending rows: %w", err)
+		return nil, nil, nil, fmt.Errorf("read pending rows: %w", err)
 	}
-	return out, unnumbered, nil
+	return out, unnumbered, behind, nil
 }
 
 func settledArrays(rows []relay.Settled) ([]uuid.UUID, []int32, []int64, []string, []float64) {

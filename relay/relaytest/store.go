@@ -234,16 +234,17 @@ func (s *Store) readPending(ctx context.Context, cursors []relay.Cursor, limit i
 	s.reads++
 	var out []relay.Row
 	var slow time.Duration
+	parked := s.parkedLocked()
 	for _, c := range cursors {
 		n := 0
 		for _, r := range s.rows {
 			if n == limit {
 				break
 			}
-			if r.Processed || r.Partition != c.Partition || r.Seq <= c.After {
+			if r.Processed || r.Parked || r.Partition != c.Partition || r.Seq <= c.After {
 				continue
 			}
-			row := s.readLocked(r, bare)
+			row := s.readLocked(r, bare, parked)
 			if row.Payload != nil {
 				slow = max(slow, s.slow[row.ID])
 			}
@@ -259,12 +260,18 @@ func (s *Store) readPending(ctx context.Context, cursors []relay.Cursor, limit i
 }
 
 // readLocked is stored row r as a read returns it (bare: without payload
-// and headers).
-func (s *Store) readLocked(r *StoredRow, bare bool) relay.Row {
+// and headers; parked: parkedLocked's).
+func (s *Store) readLocked(r *StoredRow, bare bool, parked map[string]int64) relay.Row {
 	row := r.Row
 	row.Seq, row.Attempts, row.Parked, row.NextAttemptAt = r.Seq, r.Attempts, r.Parked, r.NextAttemptAt
 	row.PrevKeySeq = row.KeySeq - 1
-	if row.Parked || bare {
+	// Behind a parked row of its key. (PostgreSQL's read returns such a
+	// row about once, then holds it out of its reads; returning it every
+	// time is within the contract.)
+	if ks, ok := parked[row.CorrelationID]; ok && ks < row.KeySeq {
+		row.BehindParked = true
+	}
+	if row.BehindParked || bare {
 		row.Payload, row.Headers = nil, nil // as PostgreSQL's read: not until an operator acts
 	}
 	if prev := s.findLocked(row.CorrelationID, row.KeySeq-1); prev != nil {
@@ -279,6 +286,20 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 		return ctx.Err()
 	}
 	return nil
+}
+
+// parkedLocked maps each key with a pending parked row to the lowest
+// such row's key_seq.
+func (s *Store) parkedLocked() map[string]int64 {
+	parked := map[string]int64{}
+	for _, o := range s.rows {
+		if o.Parked && !o.Processed {
+			if ks, ok := parked[o.CorrelationID]; !ok || o.KeySeq < ks {
+				parked[o.CorrelationID] = o.KeySeq
+			}
+		}
+	}
+	return parked
 }
 
 func (s *Store) findLocked(key string, keySeq int64) *StoredRow {

@@ -53,7 +53,7 @@ func StoreSuite(t *testing.T, newHarness func(t *testing.T) StoreHarness) {
 		{"mark releases the key", storeMarkReleasesKey},
 		{"marks refused at a stale epoch", storeMarkRefusedAtStaleEpoch},
 		{"failures back off and park", storeFailuresBackOffAndPark},
-		{"a parked row is read without its payload", storeParkedWithoutPayload},
+		{"a parked row is left out, and its key's rows above it", storeParkedLeftOut},
 		{"a peek reads rows without payloads", storePeekWithoutPayload},
 		{"failure records refused at a stale epoch", storeFailureRefusedAtStaleEpoch},
 		{"prev key_seq steps over dead rows", storePrevKeySeqOverDead},
@@ -222,33 +222,57 @@ func storeFailuresBackOffAndPark(t *testing.T, h StoreHarness) {
 		t.Fatalf("after the second failure: %+v", st)
 	}
 	rows = read(t, h, 100, from(1))
-	if !rows[0].Parked || rows[0].Attempts != 2 {
-		t.Fatalf("parked row reads as %+v", rows[0])
+	wantIDs(t, "with a parked", ids(rows), id[1:])
+	if !rows[0].BehindParked || rows[1].BehindParked {
+		t.Fatalf("behind the parked row: %+v; another key's row: %+v", rows[0], rows[1])
 	}
 }
 
-// storeParkedWithoutPayload: a parked row is read without its payload
-// and headers, which a read must not fetch again and again while nothing
+// storeParkedLeftOut: a parked row is not read, and the rows of its key
+// above it come, if at all, marked BehindParked and without payload and
+// headers, which a read must not fetch again and again while nothing
 // publishes them (one huge parked row once slowed every read of its
-// node past the read timeout); an operator's retry brings them back.
-func storeParkedWithoutPayload(t *testing.T, h StoreHarness) {
+// node past the read timeout); an operator's retry brings them back, and
+// a skip lets the row above go. Another key's rows read as before.
+func storeParkedLeftOut(t *testing.T, h StoreHarness) {
 	e := h.Grant(t, "n1", 1)
-	id := h.Insert(t, 1, "a", "b")
+	id := h.Insert(t, 1, "a", "b", "a", "a")
+	read(t, h, 100, from(1)) // as a relay does before it publishes (and an owner numbers rows)
 	if _, err := h.Store().RecordFailures(ctxFor(t), settled(1, e, id[0]), 1); err != nil {
 		t.Fatal(err)
 	}
-	rows := read(t, h, 100, from(1))
-	wantIDs(t, "pending", ids(rows), id)
-	if p := rows[0]; !p.Parked || p.Payload != nil || p.Headers != nil {
-		t.Fatalf("parked row reads with parked=%v, payload %q, headers %q", p.Parked, p.Payload, p.Headers)
-	}
-	if b := rows[1]; b.Parked || len(b.Payload) == 0 || len(b.Headers) == 0 {
-		t.Fatalf("pending row reads with parked=%v, payload %q, headers %q", b.Parked, b.Payload, b.Headers)
+	for pass := range 2 {
+		for _, r := range read(t, h, 100, from(1)) {
+			switch {
+			case r.ID == id[0]:
+				t.Fatalf("pass %d: the parked row is read: %+v", pass, r)
+			case r.ID == id[1] && (r.BehindParked || len(r.Payload) == 0 || len(r.Headers) == 0):
+				t.Fatalf("pass %d: another key's row reads with behind=%v, payload %q, headers %q", pass, r.BehindParked, r.Payload, r.Headers)
+			case r.ID != id[1] && (!r.BehindParked || r.Payload != nil || r.Headers != nil || !r.PrevPending):
+				t.Fatalf("pass %d: a row behind the parked one reads with behind=%v, prev pending %v, payload %q, headers %q",
+					pass, r.BehindParked, r.PrevPending, r.Payload, r.Headers)
+			}
+		}
 	}
 	h.Retry(t, id[0])
+	rows := read(t, h, 100, from(1))
+	wantIDs(t, "after the retry", ids(rows), id)
+	for i, r := range rows {
+		if r.BehindParked || r.Parked || len(r.Payload) == 0 || len(r.Headers) == 0 || r.PrevPending != (i >= 2) {
+			t.Fatalf("after the retry, row %d reads with behind=%v, parked=%v, prev pending %v, payload %q, headers %q",
+				i, r.BehindParked, r.Parked, r.PrevPending, r.Payload, r.Headers)
+		}
+	}
+	if _, err := h.Store().RecordFailures(ctxFor(t), settled(1, e, id[0]), 1); err != nil {
+		t.Fatal(err)
+	}
+	read(t, h, 100, from(1))
+	h.Skip(t, id[0])
 	rows = read(t, h, 100, from(1))
-	if a := rows[0]; a.ID != id[0] || a.Parked || len(a.Payload) == 0 || len(a.Headers) == 0 {
-		t.Fatalf("retried row reads with parked=%v, payload %q, headers %q", a.Parked, a.Payload, a.Headers)
+	wantIDs(t, "after the skip", ids(rows), id[1:])
+	if a := rows[1]; a.BehindParked || a.PrevPending || !a.PrevDead || len(a.Payload) == 0 {
+		t.Fatalf("the row above a skipped one reads with behind=%v, prev pending %v, prev dead %v, payload %q",
+			a.BehindParked, a.PrevPending, a.PrevDead, a.Payload)
 	}
 }
 
