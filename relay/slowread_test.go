@@ -108,9 +108,9 @@ func (c *core) marked(ids []uuid.UUID, except int) func() bool {
 	}
 }
 
-// TestCoreRereadRowKeepsMemoryCount: a queued row that a later read
-// replaces (a parked row, read without its payload, that an operator
-// retried) counts at its new size in ReadAheadBytes, and the count
+// TestCoreRereadRowKeepsMemoryCount: a parked row, which reads leave
+// out, is not held; once an operator retried it, it is read with its
+// payload and counts at its size in ReadAheadBytes, and the count
 // returns to zero once everything is marked.
 func TestCoreRereadRowKeepsMemoryCount(t *testing.T) {
 	c := newCore(t, 0, nil)
@@ -122,9 +122,9 @@ func TestCoreRereadRowKeepsMemoryCount(t *testing.T) {
 	})
 	c.pub.Hold(true)
 	c.start()
-	testkit.WaitFor(t, waitTimeout, "the parked row read", func() bool { return c.r.Stats().ReadAhead == 1 })
-	if b := c.r.Stats().ReadAheadBytes; b >= size {
-		t.Fatalf("a parked row, read without its payload, counts %d bytes", b)
+	testkit.WaitFor(t, waitTimeout, "a read", func() bool { return c.r.Stats().Reads > 0 })
+	if st := c.r.Stats(); st.ReadAhead != 0 || st.ReadAheadBytes != 0 {
+		t.Fatalf("a parked row, which reads leave out, is held: %d rows, %d bytes", st.ReadAhead, st.ReadAheadBytes)
 	}
 	c.store.Update(big, func(r *relaytest.StoredRow) { r.Parked, r.Attempts = false, 0 }) // an operator's retry
 	c.store.Insert(0, "other")                                                            // a new row: a pass follows
