@@ -14,6 +14,7 @@ import (
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/lease"
 	"github.com/ordo-relay/ordo/outbox"
+	"github.com/ordo-relay/ordo/relay"
 )
 
 // TestPlansFollowTheWork: the relay's read and mark cost about the same
@@ -175,4 +176,84 @@ func markBuffersPerRow(t *testing.T, pool *pgxpool.Pool, mode string) float64 {
 	}
 	args := fmt.Sprintf("'n1', '{%s}', '{%s}', '{%s}'", strings.Join(ids, ","), strings.Join(ps, ","), strings.Join(es, ","))
 	return perRow(t, "mark", explain(t, pool, mode, sqlMarkPublished, args))
+}
+
+// TestParkedKeysCostTheReadNoBuffers: a full read of every partition
+// costs about the same buffers beside 20,000 parked keys (one row behind
+// each) as without them, once a read has held their rows: the read's
+// index leaves parked and held rows out. Without statistics and after
+// ANALYZE, planned for its parameters and as a generic plan.
+func TestParkedKeysCostTheReadNoBuffers(t *testing.T) {
+	testkit.RequirePostgres(t)
+	for _, stats := range []string{"no statistics", "ANALYZE"} {
+		t.Run(stats, func(t *testing.T) {
+			t.Parallel()
+			parkedKeysCostNoBuffers(t, stats == "ANALYZE")
+		})
+	}
+}
+
+func parkedKeysCostNoBuffers(t *testing.T, analyze bool) {
+	const others, parkedKeys = 20000, 20000
+	_, pool := testkit.NewTestDB(t, 2)
+	ctx := testkit.Context(t, 5*time.Minute)
+	if err := outbox.Migrate(ctx, pool, 64); err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Migrate(ctx, pool, 64); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, pool, `ALTER TABLE outbox SET (autovacuum_enabled = off)`)
+	exec(t, pool, `UPDATE ordo_leases SET owner = 'n1', epoch = 1, expires_at = clock_timestamp() + interval '1 hour'`)
+	insert := func(keys string) {
+		exec(t, pool, `
+INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload)
+SELECT gen_random_uuid(), abs(hashtext(k)) % 64, k, 'ex', 'rk', 't', '{"pad": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}'
+FROM (`+keys+`) AS s(k)`)
+	}
+	// As many rows as the parked keys will add, processed (as retention
+	// keeps them for a while): alone and beside the parked keys, the
+	// table and its indexes have the same size.
+	insert(fmt.Sprintf(`SELECT 'done-' || (g %% %d) FROM generate_series(1, %d) AS g`, parkedKeys, 2*parkedKeys))
+	exec(t, pool, `UPDATE outbox SET processed_at = clock_timestamp()`)
+	insert(fmt.Sprintf(`SELECT 'key-' || (g %% 1000) FROM generate_series(1, %d) AS g`, others))
+	parts, zeros := make([]string, 64), make([]string, 64)
+	cursors := make([]relay.Cursor, 64)
+	for i := range parts {
+		parts[i], zeros[i], cursors[i] = fmt.Sprint(i), "0", relay.Cursor{Partition: i}
+	}
+	args := fmt.Sprintf("'{%s}', '{%s}', 100000", strings.Join(parts, ","), strings.Join(zeros, ","))
+	measure := func(what string) map[string]explained {
+		if analyze {
+			exec(t, pool, `ANALYZE outbox`)
+		}
+		got := map[string]explained{}
+		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+			e := explain(t, pool, mode, sqlReadPending, args)
+			t.Logf("%s, %s: %d rows, %.0f buffers", what, mode, e.Plan.Rows, e.Plan.Hit+e.Plan.Read)
+			got[mode] = e
+		}
+		return got
+	}
+	alone := measure("alone")
+
+	// The parked keys: a head parked as the relay parks it, a row behind.
+	insert(fmt.Sprintf(`SELECT 'parked-' || (g %% %d) FROM generate_series(1, %d) AS g`, parkedKeys, 2*parkedKeys))
+	exec(t, pool, `UPDATE outbox SET parked_at = clock_timestamp(), attempts = 5, last_error = 'parked by the test'
+		WHERE correlation_id LIKE 'parked-%' AND key_seq = 1`)
+	s := New(pool, "n1", nil)
+	rows, err := s.ReadPending(ctx, cursors, 100000) // the pass that holds the rows behind them
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the first read beside %d parked keys: %d rows", parkedKeys, len(rows))
+	beside := measure("beside parked keys")
+	for mode, a := range alone {
+		b := beside[mode]
+		cost, base := b.Plan.Hit+b.Plan.Read, a.Plan.Hit+a.Plan.Read
+		if b.Plan.Rows != a.Plan.Rows || cost > 1.1*base+500 {
+			t.Errorf("%s: a full read returns %d rows in %.0f buffers beside %d parked keys, %d rows in %.0f buffers alone",
+				mode, b.Plan.Rows, cost, parkedKeys, a.Plan.Rows, base)
+		}
+	}
 }

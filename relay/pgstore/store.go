@@ -159,11 +159,18 @@ func (s *Store) holdBehindParked(ctx context.Context, conn *pgx.Conn, out []rela
 	for h, ks := range heads {
 		parts, keys, seqs = append(parts, int32(h.part)), append(keys, h.key), append(seqs, ks)
 	}
-	rows, err := conn.Query(ctx, sqlHoldBehindParked, planFresh, s.node, parts, keys, seqs)
-	if err != nil {
-		return nil, fmt.Errorf("read pending rows: hold the rows behind %d parked row(s): %w", len(heads), err)
-	}
-	held, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	var held []uuid.UUID
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sqlHoldPlan, planFresh); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, sqlHoldBehindParked, planFresh, s.node, parts, keys, seqs)
+		if err != nil {
+			return err
+		}
+		held, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("read pending rows: hold the rows behind %d parked row(s): %w", len(heads), err)
 	}
