@@ -30,8 +30,10 @@ WHERE r.file IS NOT NULL`
 // row lock record (the upsert's ON CONFLICT path took one before
 // updating), no entry in the counter's primary key (a HOT update needs
 // room on the page: outbox_keys' fillfactor), and the outbox's indexes
-// are its primary key, (correlation_id, key_seq) and the pending rows by
-// partition (the unique index on seq is gone). Read with pg_walinspect.
+// are its primary key, (correlation_id, key_seq), the pending rows by
+// partition and the pending rows the relay reads (neither parked nor
+// held) by partition (the unique index on seq is gone). Read with
+// pg_walinspect.
 func TestKeySeqWAL(t *testing.T) {
 	t.Parallel()
 	pool, _ := setup(t, 2)
@@ -73,7 +75,7 @@ func TestKeySeqWAL(t *testing.T) {
 		if !slices.Equal(keyRecords, []string{"outbox_keys Heap/HOT_UPDATE"}) {
 			t.Fatalf("row %d (key %.7s): the counter wrote %q, want one HOT update; all records: %q", k+keys+1, key, keyRecords, records)
 		}
-		if want := []string{"outbox_key_seq_key", "outbox_pending_by_partition", "outbox_pkey"}; !slices.Equal(indexInserts, want) {
+		if want := []string{"outbox_key_seq_key", "outbox_pending_by_partition", "outbox_pkey", "outbox_ready_by_partition"}; !slices.Equal(indexInserts, want) {
 			t.Fatalf("row %d: index entries in %q, want %q; all records: %q", k+keys+1, indexInserts, want, records)
 		}
 	}
