@@ -108,13 +108,15 @@ func drainOnce(ctx context.Context, c common, b backlog, analyze, lean bool, spe
 // parks it, and the key's later rows (followers) wait behind it for good.
 // With parked too, those first rows are loaded parked already, as after
 // -max-attempts failures: the drain then times the other keys beside
-// parked keys, not the parking.
+// parked keys, not the parking. With held too, the followers are loaded
+// held behind them (held_behind), as a node's first read leaves them.
 type rowGroup struct {
 	prefix string
 	keys   int
 	rows   int
 	poison bool
 	parked bool
+	held   bool
 }
 
 // drainPlan is what drainBacklog loads and how.

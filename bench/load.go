@@ -102,6 +102,16 @@ func loadGroups(ctx context.Context, r *harness.Rig, groups []rowGroup, payload 
 			if _, err := tx.Exec(cctx, `UPDATE outbox SET attempts = 1, parked_at = now(), last_error = 'loaded parked' WHERE exchange = $1`, missing); err != nil {
 				return nil, fmt.Errorf("park the poison rows: %w", err)
 			}
+			if g.held {
+				// Their followers, held behind them as a node's read
+				// holds them (docs/outbox-table.md, "Rows held behind
+				// a parked row").
+				if _, err := tx.Exec(cctx, `UPDATE outbox AS f SET held_behind = p.key_seq
+					FROM outbox AS p
+					WHERE p.exchange = $1 AND p.parked_at IS NOT NULL AND f.correlation_id = p.correlation_id AND f.key_seq > p.key_seq`, missing); err != nil {
+					return nil, fmt.Errorf("hold the poison rows' followers (-parked-held needs outbox migration 14): %w", err)
+				}
+			}
 			break
 		}
 	}

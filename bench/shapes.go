@@ -115,9 +115,10 @@ type shapesOptions struct {
 	ShapeSteady time.Duration // the steady run per shape (commit latency); 0 skips it
 	// The parked shape's poison group: ParkedKeys keys (0: the shape's
 	// 200) of ParkedFollowers followers each, their heads loaded parked
-	// with ParkedLoaded (otherwise parked by the node during the drain).
+	// with ParkedLoaded (otherwise parked by the node during the drain),
+	// and their followers loaded held behind them too with ParkedHeld.
 	ParkedKeys, ParkedFollowers int
-	ParkedLoaded                bool
+	ParkedLoaded, ParkedHeld    bool
 }
 
 func defaultShapesOptions() shapesOptions {
@@ -138,6 +139,7 @@ func (o *shapesOptions) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.ParkedKeys, "parked-keys", o.ParkedKeys, "parked keys of the "+shapeParked+" shape (0: 200, 20 with -quick)")
 	fs.IntVar(&o.ParkedFollowers, "parked-followers", o.ParkedFollowers, "rows waiting behind each parked key of the "+shapeParked+" shape")
 	fs.BoolVar(&o.ParkedLoaded, "parked-loaded", o.ParkedLoaded, "load the "+shapeParked+" shape's poison rows parked already, instead of the node parking them during the drain")
+	fs.BoolVar(&o.ParkedHeld, "parked-held", o.ParkedHeld, "with -parked-loaded, load their followers held behind them too (held_behind, outbox migration 14), as a node's first read leaves them: the drain then times the other keys beside parked keys a node has seen before")
 }
 
 // withParked sizes the parked shape's poison group as its flags say.
@@ -153,7 +155,7 @@ func (o shapesOptions) withParked(def shapeDef) shapeDef {
 		if o.ParkedKeys > 0 {
 			g.keys = o.ParkedKeys
 		}
-		g.rows, g.parked = g.keys*(o.ParkedFollowers+1), o.ParkedLoaded
+		g.rows, g.parked, g.held = g.keys*(o.ParkedFollowers+1), o.ParkedLoaded, o.ParkedLoaded && o.ParkedHeld
 		groups[i] = g
 	}
 	def.groups = groups
