@@ -59,6 +59,9 @@ func TestPoisonBlocksOnlyItsKey(t *testing.T) {
 	if n := h.count("correlation_id IN ('nobind', 'noex', 'skipme') AND key_seq > 1 AND attempts > 0"); n != 0 {
 		t.Fatalf("%d messages behind a parked one were tried", n)
 	}
+	// The rows behind them are held out of the relay's reads.
+	h.waitRows(30*time.Second, "the 5 rows behind the parked ones held", func(n int) bool { return n == 5 },
+		"correlation_id IN ('nobind', 'noex', 'skipme') AND key_seq > 1 AND held_behind = 1")
 	ctx := testkit.Context(t, 30*time.Second)
 	ops := admin.NewStore(h.pool)
 	list, err := ops.ListParked(ctx, 10)
