@@ -183,7 +183,10 @@ SELECT id FROM marked`
 
 // sqlRecordFailures counts one failed attempt per row, epoch-checked,
 // sets when it may be tried again ($6, seconds from now), and parks it once
-// it has failed $7 times.
+// it has failed $7 times, holding the pending rows of its key above it
+// out of the read in the same statement (see sqlHoldBehindParked): from
+// its commit no read returns them, whatever happens to the rows between
+// (a row deleted by hand below one of them once let it look free to go).
 var sqlRecordFailures = `
 WITH ` + sqlHeld + `,
 e AS (SELECT * FROM unnest($2::uuid[], $5::text[], $6::float8[]) AS e(id, err, delay)),
@@ -196,7 +199,17 @@ failed AS (
     FROM m JOIN held AS h ON h.partition = m.partition AND h.epoch = m.epoch
            JOIN e ON e.id = m.id
     WHERE o.id = m.id AND o.partition + 0 = m.partition AND o.processed_at IS NULL
-    RETURNING o.id, o.parked_at IS NOT NULL AS parked),` + sqlRefused("failure record") + `
+    RETURNING o.id, o.parked_at IS NOT NULL AS parked, o.correlation_id, o.key_seq),
+behind AS (
+    SELECT x.id, p.key_seq AS head FROM failed AS p
+    CROSS JOIN LATERAL (
+        SELECT f.id, f.processed_at, f.parked_at, f.held_behind FROM outbox AS f
+        WHERE f.correlation_id = p.correlation_id AND f.key_seq > p.key_seq
+        ORDER BY f.key_seq
+        OFFSET 0) AS x
+    WHERE p.parked AND x.processed_at IS NULL AND x.parked_at IS NULL AND x.held_behind IS NULL),
+held_behind AS (
+    UPDATE outbox AS o SET held_behind = behind.head FROM behind WHERE o.id = behind.id),` + sqlRefused("failure record") + `
 SELECT id FROM failed WHERE parked`
 
 // sqlRetention deletes up to $3 processed, not dead, rows of partition $2
