@@ -109,7 +109,7 @@ func loadGroups(ctx context.Context, r *harness.Rig, groups []rowGroup, payload 
 				if _, err := tx.Exec(cctx, `UPDATE outbox AS f SET held_behind = p.key_seq
 					FROM outbox AS p
 					WHERE p.exchange = $1 AND p.parked_at IS NOT NULL AND f.correlation_id = p.correlation_id AND f.key_seq > p.key_seq`, missing); err != nil {
-					return nil, fmt.Errorf("hold the poison rows' followers (-parked-held needs outbox migration 14): %w", err)
+					return nil, fmt.Errorf("hold the poison rows' followers (-parked-held needs outbox migration 15): %w", err)
 				}
 			}
 			break

@@ -139,7 +139,7 @@ func (o *shapesOptions) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.ParkedKeys, "parked-keys", o.ParkedKeys, "parked keys of the "+shapeParked+" shape (0: 200, 20 with -quick)")
 	fs.IntVar(&o.ParkedFollowers, "parked-followers", o.ParkedFollowers, "rows waiting behind each parked key of the "+shapeParked+" shape")
 	fs.BoolVar(&o.ParkedLoaded, "parked-loaded", o.ParkedLoaded, "load the "+shapeParked+" shape's poison rows parked already, instead of the node parking them during the drain")
-	fs.BoolVar(&o.ParkedHeld, "parked-held", o.ParkedHeld, "with -parked-loaded, load their followers held behind them too (held_behind, outbox migration 14), as a node's first read leaves them: the drain then times the other keys beside parked keys a node has seen before")
+	fs.BoolVar(&o.ParkedHeld, "parked-held", o.ParkedHeld, "with -parked-loaded, load their followers held behind them too (held_behind, outbox migration 15), as a node's first read leaves them: the drain then times the other keys beside parked keys a node has seen before")
 }
 
 // withParked sizes the parked shape's poison group as its flags say.

@@ -51,8 +51,13 @@ func keyIndexUpgrade(t *testing.T, before string) {
 	ctx := testkit.Context(t, 60*time.Second)
 	older := fstest.MapFS{}
 	err := fs.WalkDir(outbox.Migrations, "migrations", func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || strings.HasSuffix(path, keyIndexMigration) {
+		if err != nil || d.IsDir() {
 			return err
+		}
+		// The release before: the migrations up to the key index's, not
+		// it nor any after it.
+		if strings.HasSuffix(path, keyIndexMigration) || d.Name() > "0014" {
+			return nil
 		}
 		b, err := fs.ReadFile(outbox.Migrations, path)
 		older[path] = &fstest.MapFile{Data: b}
