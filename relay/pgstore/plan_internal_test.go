@@ -34,7 +34,11 @@ func TestPlansFollowTheWork(t *testing.T) {
 	}
 }
 
-func plansFollowTheWork(t *testing.T, hotStats bool) {
+// planDB returns a fresh database with the outbox and leases of 64
+// partitions, every lease held by n1, and autovacuum off on the outbox,
+// so that buffer counts follow the statements alone.
+func planDB(t *testing.T) (*pgxpool.Pool, context.Context) {
+	t.Helper()
 	_, pool := testkit.NewTestDB(t, 2)
 	ctx := testkit.Context(t, 5*time.Minute)
 	if err := outbox.Migrate(ctx, pool, 64); err != nil {
@@ -45,6 +49,11 @@ func plansFollowTheWork(t *testing.T, hotStats bool) {
 	}
 	exec(t, pool, `ALTER TABLE outbox SET (autovacuum_enabled = off)`)
 	exec(t, pool, `UPDATE ordo_leases SET owner = 'n1', epoch = 1, expires_at = clock_timestamp() + interval '1 hour'`)
+	return pool, ctx
+}
+
+func plansFollowTheWork(t *testing.T, hotStats bool) {
+	pool, _ := planDB(t)
 	if hotStats {
 		// Statistics that say there is one key: the shape that once turned
 		// the read's per-row probe into a hash of the key's whole backlog.
@@ -195,16 +204,7 @@ func TestParkedKeysCostTheReadNoBuffers(t *testing.T) {
 
 func parkedKeysCostNoBuffers(t *testing.T, analyze bool) {
 	const others, parkedKeys = 20000, 20000
-	_, pool := testkit.NewTestDB(t, 2)
-	ctx := testkit.Context(t, 5*time.Minute)
-	if err := outbox.Migrate(ctx, pool, 64); err != nil {
-		t.Fatal(err)
-	}
-	if err := lease.Migrate(ctx, pool, 64); err != nil {
-		t.Fatal(err)
-	}
-	exec(t, pool, `ALTER TABLE outbox SET (autovacuum_enabled = off)`)
-	exec(t, pool, `UPDATE ordo_leases SET owner = 'n1', epoch = 1, expires_at = clock_timestamp() + interval '1 hour'`)
+	pool, ctx := planDB(t)
 	insert := func(keys string) {
 		exec(t, pool, `
 INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload)
