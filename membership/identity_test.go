@@ -126,19 +126,7 @@ func TestMetaIdentityFits(t *testing.T) {
 // startWith starts a member that says h of itself from the start.
 func startWith(t *testing.T, cfg Config, h Health) *running {
 	t.Helper()
-	if cfg.Logger == nil {
-		cfg.Logger = testkit.Logger(t, slog.LevelWarn)
-	}
-	m, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.SetHealth(h)
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{m: m, cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- m.Run(ctx) }()
-	t.Cleanup(func() { r.stop() })
-	return r
+	return startAfter(t, cfg, func(m *Membership) { m.SetHealth(h) })
 }
 
 // exited waits for r's Run to return by itself, and returns its error.

@@ -29,12 +29,22 @@ type running struct {
 
 func start(t *testing.T, cfg Config) *running {
 	t.Helper()
+	return startAfter(t, cfg, nil)
+}
+
+// startAfter starts a member, calling before (if not nil) between New
+// and Run.
+func startAfter(t *testing.T, cfg Config, before func(*Membership)) *running {
+	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = testkit.Logger(t, slog.LevelWarn)
 	}
 	m, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if before != nil {
+		before(m)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{m: m, cancel: cancel, done: make(chan error, 1)}
