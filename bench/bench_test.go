@@ -171,7 +171,7 @@ func TestScenarioTakesOnlyItsFlags(t *testing.T) {
 		foreign  string   // a flag of other scenarios
 		owner    string   // one of them
 	}{
-		{"drain", join(backlog, []string{"-analyze=false", "-nodes", "1,2", "-lean"}), "-rate", "latency"},
+		{"drain", join(backlog, []string{"-analyze=false", "-nodes", "1,2", "-lean", "-wal-inspect"}), "-rate", "latency"},
 		{"outage", join(keyed, []string{"-before", "1s", "-outage", "2s"}), "-rows", "drain"},
 		{"latency", join(keyed, []string{"-duration", "5s", "-warmup", "1s"}), "-nodes", "drain"},
 		{"broker", join(backlog, []string{"-broker-window", "8"}), "-workers", "latency"},
@@ -199,7 +199,7 @@ func TestScenarioTakesOnlyItsFlags(t *testing.T) {
 			"-produce-reps", "produce"},
 		{"charts", []string{"-charts", "/tmp/charts"}, "-rows", "drain"},
 		{"nemesis", []string{"-rate", "10", "-seed", "7", "-profile", "long", "-kinds", "all", "-lean"}, "-workers", "latency"},
-		{"compare", join(backlog, polling, []string{"-analyze", "-lean", "-broker-window", "8", "-rate", "100", "-workers", "2",
+		{"compare", join(backlog, polling, []string{"-analyze", "-lean", "-wal-inspect", "-broker-window", "8", "-rate", "100", "-workers", "2",
 			"-duration", "5s", "-warmup", "1s", "-orders", "10", "-race-instances", "1", "-race-nodes", "1", "-reps", "1",
 			"-failover-target", "2s", "-join-target", "2s"}), "-nodes", "drain"},
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -21,6 +22,9 @@ type drainOptions struct {
 	Analyze bool  // ANALYZE the outbox after loading it
 	Nodes   []int // node counts, one run each
 	Lean    bool  // drop the producers' key_seq trigger first: the relays number the rows
+	// WALInspect counts the drain's WAL in the run's database by
+	// relation with pg_walinspect (besides the server-wide figure).
+	WALInspect bool
 }
 
 func defaultDrainOptions() drainOptions {
@@ -32,6 +36,7 @@ func (o *drainOptions) addFlags(fs *flag.FlagSet) {
 	analyzeVar(fs, &o.Analyze)
 	countsVar(fs, "nodes", &o.Nodes, "comma-separated Ordo node counts, one run each")
 	fs.BoolVar(&o.Lean, "lean", o.Lean, "drop the producers' key_seq trigger before loading (outbox.DropKeySeqTrigger): the rows arrive without key_seq and the relays number them")
+	fs.BoolVar(&o.WALInspect, "wal-inspect", o.WALInspect, "count the drain's WAL in the run's own database by relation with pg_walinspect (besides the server-wide LSN delta)")
 }
 
 func analyzeVar(fs *flag.FlagSet, p *bool) {
@@ -67,7 +72,7 @@ func (o classicOptions) validate() error {
 // -nodes (default 1): see drainOnce.
 func runDrain(ctx context.Context, o drainOptions, emit func(*result.Result)) error {
 	for _, n := range o.Nodes {
-		res, err := drainOnce(ctx, o.common, o.backlog, o.Analyze, o.Lean, ordo(n))
+		res, err := drainOnce(ctx, o.common, o.backlog, drainSwitches{analyze: o.Analyze, lean: o.Lean, walInspect: o.WALInspect}, ordo(n))
 		if err != nil {
 			return fmt.Errorf("%d node(s): %w", n, err)
 		}
@@ -80,7 +85,7 @@ func runDrain(ctx context.Context, o drainOptions, emit func(*result.Result)) er
 // each count in -instances (default 1,2).
 func runClassic(ctx context.Context, o classicOptions, emit func(*result.Result)) error {
 	for _, n := range o.Instances {
-		res, err := drainOnce(ctx, o.common, o.backlog, o.Analyze, false, classic(n, o.classicPolling))
+		res, err := drainOnce(ctx, o.common, o.backlog, drainSwitches{analyze: o.Analyze}, classic(n, o.classicPolling))
 		if err != nil {
 			return fmt.Errorf("%d instance(s): %w", n, err)
 		}
@@ -91,15 +96,21 @@ func runClassic(ctx context.Context, o classicOptions, emit func(*result.Result)
 
 // drainOnce measures how fast the relays of spec drain a backlog of -rows
 // rows (default 100000) over -keys keys (default 10000): see drainBacklog.
-func drainOnce(ctx context.Context, c common, b backlog, analyze, lean bool, spec systemSpec) (*result.Result, error) {
+func drainOnce(ctx context.Context, c common, b backlog, sw drainSwitches, spec systemSpec) (*result.Result, error) {
 	scenario := "drain"
 	if spec.classic {
 		scenario = "classic"
 	}
 	plan := drainPlan{scenario: scenario, groups: []rowGroup{{prefix: "key", keys: orDefault(b.Keys, 10000), rows: b.Rows}},
-		payload: b.Payload, analyze: analyze, lean: lean}
+		payload: b.Payload, analyze: sw.analyze, lean: sw.lean, walInspect: sw.walInspect}
 	res, _, err := drainBacklog(ctx, c, spec, plan)
 	return res, err
+}
+
+// drainSwitches are a drain's flags besides the backlog: -analyze, -lean
+// and -wal-inspect.
+type drainSwitches struct {
+	analyze, lean, walInspect bool
 }
 
 // rowGroup is a set of keys named prefix-<n> with rows messages spread
@@ -135,6 +146,9 @@ type drainPlan struct {
 	limit   time.Duration
 	durable bool // the consumer's queue is durable (confirms wait for fsync)
 	lean    bool // the key_seq trigger is dropped once the relays run: they number the rows
+	// walInspect counts the drain's WAL in the rig's database by relation
+	// (pg_walinspect), as wal_<relation>_bytes_per_msg figures.
+	walInspect bool
 	// before, when set, runs right after the rows were committed, and
 	// after once they are drained (before the relays stop); both may add
 	// figures to the result.
@@ -221,6 +235,14 @@ func drainBacklog(ctx context.Context, o common, spec systemSpec, plan drainPlan
 			return nil, costs, fmt.Errorf("autovacuum off: %w", err)
 		}
 	}
+	var wal *walWatch
+	if plan.walInspect {
+		// Before the load: its slot keeps the drain's WAL from here on.
+		if wal, err = watchWAL(ctx, r.DBURL, true); err != nil {
+			return nil, costs, err
+		}
+		defer wal.close()
+	}
 	loadStart := time.Now()
 	load, err := loadGroups(ctx, r, plan.groups, plan.payload, plan.analyze)
 	if err != nil {
@@ -287,6 +309,11 @@ func drainBacklog(ctx context.Context, o common, spec systemSpec, plan drainPlan
 	} else if got > 0 {
 		// Server-wide: other databases' WAL counts too.
 		res.Figure("wal_server_bytes_per_msg", float64(wal1-wal0)/float64(got), "B")
+		if wal != nil {
+			if err := addWALByRelation(ctx, res, wal, wal0, wal1, got); err != nil {
+				res.Note("WAL by relation: %v", err)
+			}
+		}
 	}
 	if plan.after != nil {
 		if err := plan.after(ctx, r, sys, res); err != nil {
@@ -409,6 +436,30 @@ func poisonPrefixes(groups []rowGroup) []string {
 		}
 	}
 	return out
+}
+
+// addWALByRelation adds the WAL that the rig's database wrote between
+// from and to, per message of got: in all (wal_bytes_per_msg), of it in
+// full-page images, and by relation (wal_<relation>_bytes_per_msg;
+// "commit" for the commit records of the transactions that wrote it).
+func addWALByRelation(ctx context.Context, res *result.Result, w *walWatch, from, to int64, got int) error {
+	byRel, fpi, err := w.byRelation(ctx, from, to)
+	if err != nil {
+		return err
+	}
+	var total int64
+	rels := make([]string, 0, len(byRel))
+	for rel, n := range byRel {
+		total += n
+		rels = append(rels, rel)
+	}
+	sort.Strings(rels)
+	res.Figure("wal_bytes_per_msg", float64(total)/float64(got), "B")
+	res.Figure("wal_fpi_bytes_per_msg", float64(fpi)/float64(got), "B")
+	for _, rel := range rels {
+		res.Figure("wal_"+rel+"_bytes_per_msg", float64(byRel[rel])/float64(got), "B")
+	}
+	return nil
 }
 
 // serverLSN returns the server's WAL insert position in bytes.
