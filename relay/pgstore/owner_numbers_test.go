@@ -1,0 +1,252 @@
+package pgstore_test
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/relay"
+	"github.com/ordo-relay/ordo/relay/pgstore"
+)
+
+// What the partition owner's numbering keeps, whoever writes the numbers
+// and whenever: a message id has one key_seq from its first read to its
+// mark, a key's numbers have no gap and no repeat, and a row the relay
+// parks takes its key's later rows out of the read.
+
+// epochOf returns the epoch at which the partition is held now.
+func epochOf(t *testing.T, h *pgHarness, p int) int64 {
+	t.Helper()
+	var epoch int64
+	if err := h.pool.QueryRow(testkit.Context(t, 10*time.Second), `SELECT epoch FROM ordo_leases WHERE partition = $1`, p).Scan(&epoch); err != nil {
+		t.Fatal(err)
+	}
+	return epoch
+}
+
+// TestNumbersGapFreeUnderConcurrentProducers: producers write a few keys
+// of one partition in small transactions while read-heads of the
+// owner read, number and mark the partition at once (three here), as the relay's
+// passes overlap. Every id is read with one key_seq whatever read returns
+// it, and each key ends numbered 1..n, each number once.
+func TestNumbersGapFreeUnderConcurrentProducers(t *testing.T) {
+	testkit.RequirePostgres(t)
+	h := newHarness(t, false)
+	const producers, readers, txs, keys = 4, 3, 100, 4
+	epoch := epochOf(t, h, 1)
+	ctx := testkit.Context(t, time.Minute)
+
+	var wg sync.WaitGroup
+	errs := make(chan error, producers+readers)
+	done := make(chan struct{})
+	var producing sync.WaitGroup
+	for w := range producers {
+		producing.Add(1)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer producing.Done()
+			for i := range txs {
+				tx, err := h.pool.Begin(ctx)
+				if err != nil {
+					errs <- err
+					return
+				}
+				for j := range 1 + (w+i)%3 {
+					key := fmt.Sprintf("k%d", (w+i+j)%keys)
+					if _, err := tx.Exec(ctx, `INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload)
+						VALUES ($1, 1, $2, 'ex', 'rk', 't', '{}')`, uuid.Must(uuid.NewV7()), key); err != nil {
+						_ = tx.Rollback(ctx)
+						errs <- err
+						return
+					}
+				}
+				if err := tx.Commit(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	go func() { producing.Wait(); close(done) }()
+
+	var mu sync.Mutex
+	seen := map[uuid.UUID]int64{} // id -> key_seq, as first read
+	for range readers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				finished := false
+				select {
+				case <-done:
+					finished = true // one more pass sees every committed row
+				default:
+				}
+				rows, err := h.store.ReadPending(ctx, []relay.Cursor{from(1)}, 20)
+				if err != nil {
+					errs <- fmt.Errorf("read: %w", err)
+					return
+				}
+				var settled []relay.Settled
+				mu.Lock()
+				for _, r := range rows {
+					if r.KeySeq < 1 {
+						mu.Unlock()
+						errs <- fmt.Errorf("row %s read without a number: %+v", r.ID, r)
+						return
+					}
+					if ks, ok := seen[r.ID]; ok && ks != r.KeySeq {
+						mu.Unlock()
+						errs <- fmt.Errorf("row %s read as %s key_seq %d, earlier %d", r.ID, r.CorrelationID, r.KeySeq, ks)
+						return
+					}
+					seen[r.ID] = r.KeySeq
+					settled = append(settled, relay.Settled{ID: r.ID, Partition: 1, Epoch: epoch})
+				}
+				mu.Unlock()
+				if len(settled) > 0 {
+					if _, err := h.store.MarkPublished(ctx, settled); err != nil {
+						errs <- fmt.Errorf("mark: %w", err)
+						return
+					}
+				}
+				if finished && len(rows) == 0 {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+
+	rows, err := h.pool.Query(ctx, `SELECT id, correlation_id, key_seq, processed_at IS NOT NULL FROM outbox WHERE partition = 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	perKey := map[string][]int64{}
+	total := 0
+	for rows.Next() {
+		var id uuid.UUID
+		var key string
+		var ks *int64
+		var processed bool
+		if err := rows.Scan(&id, &key, &ks, &processed); err != nil {
+			t.Fatal(err)
+		}
+		total++
+		if ks == nil || !processed {
+			t.Fatalf("row %s of %s left key_seq %v, processed %v", id, key, ks, processed)
+		}
+		if seen[id] != *ks {
+			t.Fatalf("row %s of %s marked with key_seq %d, read as %d", id, key, *ks, seen[id])
+		}
+		perKey[key] = append(perKey[key], *ks)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if total != len(seen) {
+		t.Fatalf("%d rows in the outbox, %d read", total, len(seen))
+	}
+	for key, seqs := range perKey {
+		slices.Sort(seqs)
+		for i, ks := range seqs {
+			if ks != int64(i+1) {
+				t.Fatalf("key %s numbered %v: want 1..%d", key, seqs, len(seqs))
+			}
+		}
+	}
+	t.Logf("%d rows over %d keys, each key numbered 1..n", total, len(perKey))
+}
+
+// TestParkingANumberedRowHoldsItsKey: a row numbered by a read and not
+// yet marked is parked by the relay (RecordFailures at the attempt cap)
+// with its number, and in the same statement its key's later rows are
+// held behind it: the next read returns none of them, the other key's
+// row still goes.
+func TestParkingANumberedRowHoldsItsKey(t *testing.T) {
+	testkit.RequirePostgres(t)
+	h := newHarness(t, false)
+	ids := h.Insert(t, 1, "a", "a", "b", "a")
+	ctx := testkit.Context(t, 30*time.Second)
+	rows := readAll(t, h.store, from(1))
+	if got := byID(rows); len(rows) != 4 || got[ids[0]].KeySeq != 1 || got[ids[3]].KeySeq != 3 {
+		t.Fatalf("read %+v; want a numbered 1, 2, 3 and b 1", rows)
+	}
+	parked, err := h.store.RecordFailures(ctx, []relay.Settled{{ID: ids[0], Partition: 1, Epoch: epochOf(t, h, 1), Err: "broker said no"}}, 1)
+	if err != nil || len(parked) != 1 || parked[0] != ids[0] {
+		t.Fatalf("RecordFailures parked %v (%v); want a's first row", parked, err)
+	}
+	var ks *int64
+	if err := h.pool.QueryRow(ctx, `SELECT key_seq FROM outbox WHERE id = $1 AND parked_at IS NOT NULL`, ids[0]).Scan(&ks); err != nil || ks == nil || *ks != 1 {
+		t.Fatalf("the parked row's key_seq: %v (%v); want 1", ks, err)
+	}
+	if held := parkedCount(t, h, `held_behind = 1 AND correlation_id = 'a'`); held != 2 {
+		t.Fatalf("%d of a's later rows held behind the parked one, want 2", held)
+	}
+	rows = readAll(t, h.store, from(1))
+	if len(rows) != 1 || rows[0].ID != ids[2] || rows[0].BehindParked {
+		t.Fatalf("after the park the read returned %+v; want b's row alone", rows)
+	}
+}
+
+// TestHandOffMidBatchKeepsNumbers: n1 reads a key's four rows and marks
+// two of them, then loses the partition. Its mark of the third, at the
+// old epoch, is refused; n2 reads the two left with the numbers n1 read
+// (a republish carries the same key_seq and prev), and numbers a row
+// committed after the hand-off above them. n1, no longer the owner,
+// numbers nothing.
+func TestHandOffMidBatchKeepsNumbers(t *testing.T) {
+	testkit.RequirePostgres(t)
+	h := newHarness(t, false)
+	ctx := testkit.Context(t, 30*time.Second)
+	ids := h.Insert(t, 1, "a", "a", "a", "a")
+	e1 := epochOf(t, h, 1)
+	first := byID(readAll(t, h.store, from(1)))
+	for i, id := range ids {
+		if first[id].KeySeq != int64(i+1) {
+			t.Fatalf("n1 read %+v; want a numbered 1..4 in insert order", first)
+		}
+	}
+	settle := func(epoch int64, ids ...uuid.UUID) []relay.Settled {
+		out := make([]relay.Settled, len(ids))
+		for i, id := range ids {
+			out[i] = relay.Settled{ID: id, Partition: 1, Epoch: epoch}
+		}
+		return out
+	}
+	if marked, err := h.store.MarkPublished(ctx, settle(e1, ids[0], ids[1])); err != nil || len(marked) != 2 {
+		t.Fatalf("n1 marked %v (%v); want 2 rows", marked, err)
+	}
+	h.Grant(t, "n2", 1)
+	late := h.Insert(t, 1, "a")[0]
+	if marked, err := h.store.MarkPublished(ctx, settle(e1, ids[2])); err != nil || len(marked) != 0 {
+		t.Fatalf("n1 marked %v (%v) after the hand-off; want none", marked, err)
+	}
+	if rows := readAll(t, h.store, from(1)); slices.ContainsFunc(rows, func(r relay.Row) bool { return r.ID == late }) {
+		t.Fatalf("n1, no longer the owner, read the late row numbered: %+v", rows)
+	}
+	n2 := pgstore.New(h.pool, "n2", nil)
+	got := readAll(t, n2, from(1))
+	if len(got) != 3 || got[0].ID != ids[2] || got[1].ID != ids[3] || got[2].ID != late {
+		t.Fatalf("n2 read %+v; want a's rows 3 and 4 and the late row", got)
+	}
+	for i, r := range got[:2] {
+		was := first[r.ID]
+		if r.KeySeq != was.KeySeq || r.PrevKeySeq != was.PrevKeySeq {
+			t.Fatalf("row %d: n1 read key_seq %d prev %d, n2 %d prev %d", i, was.KeySeq, was.PrevKeySeq, r.KeySeq, r.PrevKeySeq)
+		}
+	}
+	if got[0].PrevPending || !got[1].PrevPending || got[2].KeySeq != 5 || !got[2].PrevPending {
+		t.Fatalf("n2 read %+v; want row 3 free to go (2 is marked), 4 waiting, the late row numbered 5", got)
+	}
+}
