@@ -1,0 +1,192 @@
+package tablesource
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ordo-relay/ordo/internal/backoff"
+)
+
+// The intake's defaults (docs/adopt.md, "Intake: who reads the user's
+// table").
+const (
+	// DefaultIntakePage is how many rows one read of the user's table
+	// returns.
+	DefaultIntakePage = 500
+	// DefaultLookBack is how far behind the last row taken in a fast
+	// pass starts reading.
+	DefaultLookBack = time.Second
+	// DefaultSweepEvery is how often the sweep reads every pending row
+	// from the start.
+	DefaultSweepEvery = 10 * time.Second
+	// DefaultPollMin and DefaultPollMax bound the wait between two fast
+	// passes: the least while rows keep arriving, doubling up to the most
+	// while none do.
+	DefaultPollMin = 10 * time.Millisecond
+	DefaultPollMax = 200 * time.Millisecond
+)
+
+// Intake takes the user's pending rows into ordo_table_rows, where the
+// partition owners number and publish them. The node that holds
+// partition 0 runs it (Run); taking a row in twice changes nothing, so
+// two intakes at once (a lease in hand-off) lose or duplicate nothing.
+type Intake struct {
+	reader *Reader
+	pool   *pgxpool.Pool
+	node   string
+	logger *slog.Logger
+	sql    string
+
+	// Page, LookBack, SweepEvery, PollMin and PollMax: zero means the
+	// default above.
+	Page       int
+	LookBack   time.Duration
+	SweepEvery time.Duration
+	PollMin    time.Duration
+	PollMax    time.Duration
+
+	pos *Position // the last row a pass read, for the next fast pass
+}
+
+// NewIntake returns the intake of node over the table r reads, on pool.
+func NewIntake(pool *pgxpool.Pool, node string, r *Reader, logger *slog.Logger) *Intake {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return &Intake{reader: r, pool: pool, node: node, logger: logger, sql: intakeSQL(r.layout)}
+}
+
+func orDefault[T int | time.Duration](v, d T) T {
+	if v > 0 {
+		return v
+	}
+	return d
+}
+
+// Pass reads the user's pending rows and takes them in, page by page,
+// and returns how many it took in (rows taken in before are skipped).
+// A sweep reads from the oldest pending row; a fast pass from the last
+// row read minus LookBack, and misses a row that commits later behind
+// that point: only the sweep guarantees every row.
+func (in *Intake) Pass(ctx context.Context, sweep bool) (int, error) {
+	page := orDefault(in.Page, DefaultIntakePage)
+	var after *Position
+	if !sweep && in.pos != nil {
+		after = &Position{OccurredAt: in.pos.OccurredAt.Add(-orDefault(in.LookBack, DefaultLookBack)), ID: uuid.Nil}
+	}
+	taken := 0
+	for {
+		rows, err := in.reader.Pending(ctx, in.pool, after, page)
+		if err != nil {
+			return taken, fmt.Errorf("intake: %w", err)
+		}
+		if len(rows) > 0 {
+			n, err := in.take(ctx, rows)
+			taken += n
+			if err != nil {
+				return taken, err
+			}
+			last := rows[len(rows)-1].Position()
+			after = &last
+			if in.pos == nil || in.pos.OccurredAt.Before(last.OccurredAt) {
+				in.pos = &last
+			}
+		}
+		if len(rows) < page {
+			return taken, nil
+		}
+	}
+}
+
+// take inserts rows into ordo_table_rows, in one statement.
+func (in *Intake) take(ctx context.Context, rows []Row) (int, error) {
+	ids := make([][16]byte, len(rows))
+	parts := make([]int32, len(rows))
+	keys := make([]string, len(rows))
+	ats := make([]time.Time, len(rows))
+	problems := make([]*string, len(rows))
+	for i, r := range rows {
+		ids[i], parts[i], keys[i], ats[i] = r.ID, int32(r.Partition), r.Key, r.OccurredAt
+		if r.Problem != nil {
+			p := r.Problem.Error()
+			problems[i] = &p
+		}
+	}
+	var n int
+	err := pgx.BeginFunc(ctx, in.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sqlIntakePlan, planFresh); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, in.sql, planFresh, ids, parts, keys, ats, problems).Scan(&n)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("intake: take in %d row(s): %w", len(rows), err)
+	}
+	return n, nil
+}
+
+// holder reports whether the node holds partition 0, whose holder runs
+// the intake.
+func (in *Intake) holder(ctx context.Context) (bool, error) {
+	var ok bool
+	err := in.pool.QueryRow(ctx, sqlIntakeHolder, planFresh, in.node).Scan(&ok)
+	return ok, err
+}
+
+// Run takes rows in until ctx ends, while the node holds partition 0: a
+// fast pass after every wait (PollMin while rows keep arriving, doubling
+// to PollMax while none do), a sweep every SweepEvery. A failed pass is
+// logged and tried again after a back-off.
+func (in *Intake) Run(ctx context.Context) error {
+	pollMin, pollMax := orDefault(in.PollMin, DefaultPollMin), orDefault(in.PollMax, DefaultPollMax)
+	sweepEvery := orDefault(in.SweepEvery, DefaultSweepEvery)
+	bo := backoff.New(pollMin, sweepEvery)
+	gap := pollMin
+	var lastSweep time.Time
+	for {
+		err := func() error {
+			ok, err := in.holder(ctx)
+			if err != nil || !ok {
+				in.pos, lastSweep = nil, time.Time{} // a new holder sweeps first
+				gap = pollMax
+				return err
+			}
+			sweep := time.Since(lastSweep) >= sweepEvery
+			n, err := in.Pass(ctx, sweep)
+			if err != nil {
+				return err
+			}
+			if sweep {
+				lastSweep = time.Now()
+			}
+			if n > 0 {
+				gap = pollMin
+			} else {
+				gap = min(gap*2, pollMax)
+			}
+			return nil
+		}()
+		wait := gap
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if !errors.Is(err, context.DeadlineExceeded) {
+				in.logger.Warn("intake of the adopted table failed; retrying", "err", err)
+			}
+			wait = bo.Next()
+		} else {
+			bo.Reset()
+		}
+		if !backoff.Sleep(ctx, wait) {
+			return nil
+		}
+	}
+}

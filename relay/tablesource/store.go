@@ -1,0 +1,262 @@
+package tablesource
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ordo-relay/ordo/relay"
+)
+
+// planFresh: every statement is planned for its parameters and the tables
+// as they are when it runs (see package pgstore's planFresh).
+const planFresh = pgx.QueryExecModeCacheDescribe
+
+// Store is the relay.Store of one node over an adopted table: key heads
+// from ordo_table_rows in each partition's intake order, what the message
+// carries read from the user's row by primary key, and every write
+// (numbering, mark, failures) fenced by the node's leases. The intake
+// (Intake) fills ordo_table_rows; the Store numbers what it finds there.
+type Store struct {
+	pool     *pgxpool.Pool
+	node     string
+	exchange string
+	layout   Layout
+	sql      storeSQL
+	logger   *slog.Logger
+
+	late atomic.Int64 // rows numbered after a later row of their key
+}
+
+var _ relay.Store = (*Store)(nil)
+
+// NewStore returns the Store of node (the relay's Config.Node) over the
+// table l maps, on pool, publishing to exchange. It returns an error
+// wrapping ErrInvalidLayout for a layout Validate refuses.
+func NewStore(pool *pgxpool.Pool, node string, l Layout, exchange string, logger *slog.Logger) (*Store, error) {
+	if err := l.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return &Store{pool: pool, node: node, exchange: exchange, layout: l, sql: newStoreSQL(l), logger: logger}, nil
+}
+
+// LateRows returns how many rows this Store numbered after a row of their
+// key with a later occurred-at (docs/adopt.md, "Late rows").
+func (s *Store) LateRows() int64 { return s.late.Load() }
+
+// ReadPending implements relay.Outbox. Rows not numbered yet are
+// numbered first, fenced by the leases, and read again; a row still
+// unnumbered then (its partition is no longer held here) is left out.
+// A numbered row whose user row was processed or deleted outside Ordo is
+// marked dead and left out.
+func (s *Store) ReadPending(ctx context.Context, cursors []relay.Cursor, limit int) ([]relay.Row, error) {
+	return s.readPending(ctx, s.sql.read, cursors, limit)
+}
+
+// PeekPending implements relay.Outbox.
+func (s *Store) PeekPending(ctx context.Context, c relay.Cursor, limit int) ([]relay.Row, error) {
+	return s.readPending(ctx, s.sql.peek, []relay.Cursor{c}, limit)
+}
+
+// scanned is one row of a read, with what the Store must do about it.
+type scanned struct {
+	row        relay.Row
+	unnumbered bool
+	live       bool // the user's row is there and pending
+}
+
+func (s *Store) readPending(ctx context.Context, query string, cursors []relay.Cursor, limit int) ([]relay.Row, error) {
+	parts := make([]int32, len(cursors))
+	after := make([]int64, len(cursors))
+	for i, c := range cursors {
+		parts[i], after[i] = int32(c.Partition), c.After
+	}
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read pending rows: %w: %w", relay.ErrNoConnection, err)
+	}
+	defer conn.Release()
+	got, err := s.read(ctx, conn.Conn(), query, parts, after, limit)
+	if err != nil {
+		return nil, err
+	}
+	var numberParts []int32
+	seen := map[int32]bool{}
+	for _, r := range got {
+		if p := int32(r.row.Partition); r.unnumbered && !seen[p] {
+			seen[p] = true
+			numberParts = append(numberParts, p)
+		}
+	}
+	if len(numberParts) > 0 {
+		var n, late int64
+		if err := conn.QueryRow(ctx, sqlNumber, planFresh, s.node, numberParts).Scan(&n, &late); err != nil {
+			return nil, fmt.Errorf("read pending rows: number the rows of %d partition(s): %w", len(numberParts), err)
+		}
+		if late > 0 {
+			s.late.Add(late)
+			s.logger.Warn("rows numbered after a later row of their key (committed late, or a producer's clock behind)",
+				"rows", late, "partitions", numberParts)
+		}
+		if got, err = s.read(ctx, conn.Conn(), query, parts, after, limit); err != nil {
+			return nil, err
+		}
+	}
+	out := make([]relay.Row, 0, len(got))
+	var gone []relay.Settled
+	for _, r := range got {
+		switch {
+		case r.unnumbered:
+		case !r.live:
+			gone = append(gone, relay.Settled{ID: r.row.ID, Partition: r.row.Partition})
+		default:
+			out = append(out, r.row)
+		}
+	}
+	if len(gone) > 0 {
+		if err := s.markGone(ctx, conn.Conn(), gone); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// markGone marks dead the rows of gone (processed or deleted outside
+// Ordo) while the node holds their partitions.
+func (s *Store) markGone(ctx context.Context, conn *pgx.Conn, gone []relay.Settled) error {
+	ids, parts, _, _, _ := settledArrays(gone)
+	if _, err := conn.Exec(ctx, sqlMarkGone, planFresh, s.node, ids, parts); err != nil {
+		return fmt.Errorf("read pending rows: mark %d row(s) processed outside Ordo dead: %w", len(gone), err)
+	}
+	s.logger.Warn("rows processed or deleted outside Ordo after they were numbered: skipped", "rows", len(gone))
+	return nil
+}
+
+// read runs one read of ordo_table_rows and the user's rows.
+func (s *Store) read(ctx context.Context, conn *pgx.Conn, query string, parts []int32, after []int64, limit int) ([]scanned, error) {
+	rows, err := conn.Query(ctx, query, planFresh, parts, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("read pending rows: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (scanned, error) {
+		var x scanned
+		var wait float64
+		var behindParked bool
+		var typ, rk, payload *string
+		err := r.Scan(&x.row.ID, &x.row.Partition, &x.row.Seq, &x.row.CorrelationID, &x.row.KeySeq, &x.row.OccurredAt,
+			&x.row.Attempts, &wait, &x.unnumbered, &x.row.PrevPending, &x.row.PrevDead, &behindParked,
+			&typ, &rk, &payload, &x.live)
+		if wait > 0 {
+			x.row.NextAttemptAt = time.Now().Add(time.Duration(wait * float64(time.Second)))
+		}
+		x.row.PrevKeySeq = max(x.row.KeySeq-1, 0)
+		x.row.Exchange = s.exchange
+		x.row.BehindParked = behindParked
+		if typ != nil {
+			x.row.Type = *typ
+		}
+		if rk != nil {
+			x.row.RoutingKey = *rk
+		}
+		if payload != nil {
+			x.row.Payload = []byte(*payload)
+		}
+		return x, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read pending rows: %w", err)
+	}
+	return out, nil
+}
+
+// rawUUIDs converts ids to [16]byte values, which pgx encodes in binary
+// directly. Never nil: a NULL array would match no row.
+func rawUUIDs(ids []uuid.UUID) [][16]byte {
+	out := make([][16]byte, len(ids))
+	for i, id := range ids {
+		out[i] = id
+	}
+	return out
+}
+
+func settledArrays(rows []relay.Settled) ([][16]byte, []int32, []int64, []string, []float64) {
+	ids := make([]uuid.UUID, len(rows))
+	parts := make([]int32, len(rows))
+	epochs := make([]int64, len(rows))
+	errs := make([]string, len(rows))
+	delays := make([]float64, len(rows))
+	for i, r := range rows {
+		ids[i], parts[i], epochs[i], errs[i], delays[i] = r.ID, int32(r.Partition), r.Epoch, r.Err, r.Delay.Seconds()
+	}
+	return rawUUIDs(ids), parts, epochs, errs, delays
+}
+
+// MarkPublished implements relay.Outbox: it sets the user's processed-at
+// and forgets the rows, in one statement fenced by the leases.
+func (s *Store) MarkPublished(ctx context.Context, rows []relay.Settled) ([]uuid.UUID, error) {
+	ids, parts, epochs, _, _ := settledArrays(rows)
+	r, err := s.pool.Query(ctx, s.sql.mark, planFresh, s.node, ids, parts, epochs)
+	if err != nil {
+		return nil, fmt.Errorf("mark %d row(s) published: %w", len(rows), err)
+	}
+	marked, err := pgx.CollectRows(r, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, fmt.Errorf("mark %d row(s) published: %w", len(rows), err)
+	}
+	return marked, nil
+}
+
+// RecordFailures implements relay.Outbox.
+func (s *Store) RecordFailures(ctx context.Context, rows []relay.Settled, maxAttempts int) ([]uuid.UUID, error) {
+	ids, parts, epochs, errs, delays := settledArrays(rows)
+	r, err := s.pool.Query(ctx, sqlRecordFailures, planFresh, s.node, ids, parts, epochs, errs, delays, maxAttempts)
+	if err != nil {
+		return nil, fmt.Errorf("record %d failure(s): %w", len(rows), err)
+	}
+	parked, err := pgx.CollectRows(r, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, fmt.Errorf("record %d failure(s): %w", len(rows), err)
+	}
+	return parked, nil
+}
+
+// PrevKeySeq implements relay.Outbox.
+func (s *Store) PrevKeySeq(ctx context.Context, key string, keySeq int64) (int64, error) {
+	var prev int64
+	if err := s.pool.QueryRow(ctx, sqlPrevKeySeq, planFresh, key, keySeq).Scan(&prev); err != nil {
+		return 0, fmt.Errorf("previous key_seq of %q/%d: %w", key, keySeq, err)
+	}
+	return prev, nil
+}
+
+// DeleteProcessed implements relay.Retention. A row is deleted from
+// ordo_table_rows when it is marked, and the user's rows are the user's
+// (the article's cleanup job deletes them): nothing is left to delete.
+func (s *Store) DeleteProcessed(context.Context, int, int64, time.Duration, int) (int64, error) {
+	return 0, nil
+}
+
+// Listen implements relay.Notifications. Producers of an adopted table
+// do not notify: it wakes the relay once (partition -1) and then waits
+// for ctx, and the relay polls.
+func (s *Store) Listen(ctx context.Context, wake func(partition int)) error {
+	wake(-1)
+	<-ctx.Done()
+	return nil
+}
+
+// Arm implements relay.Notifications: no partition can be armed, so the
+// relay polls every partition.
+func (s *Store) Arm(context.Context, []int) ([]int, error) { return nil, nil }
+
+// Disarm implements relay.Notifications.
+func (s *Store) Disarm(context.Context, []int) error { return nil }

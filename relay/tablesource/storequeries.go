@@ -1,0 +1,176 @@
+package tablesource
+
+import "fmt"
+
+// The Store's statements. Those that touch the user's table are built
+// once per Layout from its quoted identifiers; every value is a
+// parameter. Every relay write checks the leases as package pgstore's do:
+// the node's lease rows at the epochs given, locked FOR SHARE in
+// partition order until the write commits.
+
+// storeSQL holds the Store's statements for one layout.
+type storeSQL struct {
+	read, peek, intake, mark string
+}
+
+func newStoreSQL(l Layout) storeSQL {
+	col := func(name string) string { return "m." + quote(name) }
+	return storeSQL{
+		read:     readSQL(l, fmt.Sprintf("%s::text", col(l.Payload))),
+		peek:     readSQL(l, "NULL::text"),
+		intake:   intakeSQL(l),
+		mark:     markSQL(l),
+	}
+}
+
+// readSQL reads, for each partition $1[i], up to $3 rows of
+// ordo_table_rows above seq $2[i] that may go (neither parked nor dead),
+// in seq order: one range scan of ordo_table_rows_ready per partition.
+// For each row, one probe of the key's row below it (key, key_seq - 1)
+// and one primary-key probe of the user's row for what the message
+// carries, with payload the expression given over m, the user's row. A
+// row whose user row is gone or already processed says so (the last
+// column false): Store.ReadPending marks it dead.
+func readSQL(l Layout, payload string) string {
+	col := func(name string) string { return "m." + quote(name) }
+	return fmt.Sprintf(`
+SELECT o.id, o.partition, o.seq, o.key, coalesce(o.key_seq, 0), o.occurred_at, o.attempts,
+       greatest(extract(epoch FROM o.next_attempt_at - clock_timestamp()), 0)::float8,
+       o.key_seq IS NULL, prev.key_seq IS NOT NULL AND prev.dead_at IS NULL, coalesce(prev.dead_at IS NOT NULL, false),
+       coalesce(prev.parked_at IS NOT NULL AND prev.dead_at IS NULL, false),
+       u.typ, u.rk, CASE WHEN prev.parked_at IS NULL OR prev.dead_at IS NOT NULL THEN u.payload END,
+       u.id IS NOT NULL AND u.processed_at IS NULL
+FROM unnest($1::int[], $2::bigint[]) AS c(partition, after)
+CROSS JOIN LATERAL (
+    SELECT * FROM ordo_table_rows AS x
+    WHERE x.partition = c.partition AND x.parked_at IS NULL AND x.dead_at IS NULL AND x.seq > c.after
+    ORDER BY x.seq
+    LIMIT $3
+) AS o
+LEFT JOIN LATERAL (
+    SELECT d.key_seq, d.dead_at, d.parked_at FROM ordo_table_rows AS d
+    WHERE d.key = o.key AND d.key_seq = o.key_seq - 1
+    LIMIT 1
+) AS prev ON true
+LEFT JOIN LATERAL (
+    SELECT %s AS id, %s::text AS typ, %s::text AS rk, %s AS payload, %s AS processed_at
+    FROM %s AS m WHERE %s = o.id
+) AS u ON true`,
+		col(l.ID), col(l.Type), col(l.RoutingKey), payload, col(l.ProcessedAt),
+		l.QuotedTable(), col(l.ID))
+}
+
+// intakeSQL takes a page of the user's pending rows into ordo_table_rows
+// ($1 ids, $2 partitions, $3 keys, $4 occurred-at, $5 problems, in read
+// order), idempotently, and returns how many it took in. Only rows still pending in the user's table
+// are taken, locked FOR SHARE: a row being marked right now is waited
+// for and then seen processed, so a row published and deleted from
+// ordo_table_rows meanwhile is never taken in again (and published
+// twice).
+func intakeSQL(l Layout) string {
+	col := func(name string) string { return "m." + quote(name) }
+	return fmt.Sprintf(`
+WITH live AS (
+    SELECT u.id, u.partition, u.key, u.occurred_at, u.problem, u.ord
+    FROM unnest($1::uuid[], $2::int[], $3::text[], $4::timestamptz[], $5::text[])
+         WITH ORDINALITY AS u(id, partition, key, occurred_at, problem, ord)
+    JOIN %s AS m ON %s = u.id
+    WHERE %s IS NULL
+    FOR SHARE OF m
+), taken AS (
+    INSERT INTO ordo_table_rows (id, partition, key, occurred_at, problem)
+    SELECT id, partition, key, occurred_at, problem FROM live ORDER BY ord
+    ON CONFLICT (id) DO NOTHING
+    RETURNING 1
+)
+SELECT count(*) FROM taken`,
+		l.QuotedTable(), col(l.ID), col(l.ProcessedAt))
+}
+
+// sqlIntakePlan confines the planner, for the intake's transaction, to
+// one primary-key probe of the user's table per row of the page.
+const sqlIntakePlan = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true),
+       set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`
+
+// sqlHeld is the lease check of every write (see package pgstore's):
+// node $1's leases of the rows $2 (ids), $3 (partitions), $4 (epochs).
+const sqlHeld = `
+m AS (SELECT * FROM unnest($2::uuid[], $3::int[], $4::bigint[]) AS m(id, partition, epoch)),
+held AS (
+    SELECT l.partition, l.epoch FROM ordo_leases AS l
+    WHERE l.owner = $1 AND (l.partition, l.epoch) IN (SELECT DISTINCT partition, epoch FROM m)
+    ORDER BY l.partition
+    FOR SHARE)`
+
+// markSQL deletes the confirmed rows from ordo_table_rows and sets the
+// user's processed-at on them, in one statement, while the node holds
+// each row's partition at its epoch, and returns the ids it marked. A
+// user row already processed (by someone else) is left as it is.
+func markSQL(l Layout) string {
+	return fmt.Sprintf(`
+WITH `+sqlHeld+`,
+done AS (
+    DELETE FROM ordo_table_rows AS o
+    USING m JOIN held AS h ON h.partition = m.partition AND h.epoch = m.epoch
+    WHERE o.id = m.id AND o.partition + 0 = m.partition AND o.dead_at IS NULL
+    RETURNING o.id),
+marked AS (
+    UPDATE %s AS t SET %s = clock_timestamp()
+    FROM done WHERE t.%s = done.id AND t.%s IS NULL)
+SELECT id FROM done`, l.QuotedTable(), quote(l.ProcessedAt), quote(l.ID), quote(l.ProcessedAt))
+}
+
+// sqlMarkGone marks dead the numbered rows $2 (in partitions $3) whose
+// user row was processed or deleted by someone else, while node $1
+// holds their partitions: their number stays, and the next row's prev
+// steps over it.
+const sqlMarkGone = `
+WITH held AS (
+    SELECT l.partition FROM ordo_leases AS l
+    WHERE l.owner = $1 AND l.partition = ANY($3::int[])
+    ORDER BY l.partition
+    FOR SHARE)
+UPDATE ordo_table_rows AS o SET dead_at = clock_timestamp(), last_error = 'processed or deleted outside Ordo'
+FROM unnest($2::uuid[], $3::int[]) AS g(id, partition)
+WHERE o.id = g.id AND o.partition + 0 = g.partition AND g.partition IN (SELECT partition FROM held)
+  AND o.dead_at IS NULL AND o.key_seq IS NOT NULL`
+
+// sqlRecordFailures counts one failed attempt per row while the node
+// holds its partition at the epoch given, sets when it may be tried
+// again ($6, seconds from now), and parks it once it has failed $7
+// times. It returns the ids it parked.
+const sqlRecordFailures = `
+WITH ` + sqlHeld + `,
+e AS (SELECT * FROM unnest($2::uuid[], $5::text[], $6::float8[]) AS e(id, err, delay)),
+failed AS (
+    UPDATE ordo_table_rows AS o
+    SET attempts = o.attempts + 1,
+        last_error = left(e.err, 1000),
+        next_attempt_at = clock_timestamp() + make_interval(secs => e.delay),
+        parked_at = CASE WHEN o.attempts + 1 >= $7 THEN clock_timestamp() END
+    FROM m JOIN held AS h ON h.partition = m.partition AND h.epoch = m.epoch
+           JOIN e ON e.id = m.id
+    WHERE o.id = m.id AND o.partition + 0 = m.partition AND o.dead_at IS NULL
+    RETURNING o.id, o.parked_at IS NOT NULL AS parked)
+SELECT id FROM failed WHERE parked`
+
+// sqlNumber numbers the unnumbered rows of partitions $2 while node $1
+// holds them (ordo_table_number, this package's migration).
+const sqlNumber = `SELECT numbered, late FROM ordo_table_number($1, $2::int[])`
+
+// sqlPrevKeySeq walks down from key_seq $2 - 1 over the key's dead rows
+// and returns the first key_seq that is not dead (0 if none). A number
+// missing below was published and marked: not dead.
+const sqlPrevKeySeq = `
+WITH RECURSIVE run(k) AS (
+    SELECT $2::bigint - 1
+    UNION ALL
+    SELECT run.k - 1 FROM run
+    WHERE run.k > 0 AND EXISTS (
+        SELECT 1 FROM ordo_table_rows WHERE key = $1 AND key_seq = run.k AND dead_at IS NOT NULL)
+)
+SELECT greatest(min(k), 0) FROM run`
+
+// sqlIntakeHolder says whether node $1 holds partition 0, whose holder
+// runs the intake.
+const sqlIntakeHolder = `SELECT EXISTS (SELECT 1 FROM ordo_leases WHERE partition = 0 AND owner = $1 AND expires_at > clock_timestamp())`
