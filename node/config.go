@@ -95,6 +95,18 @@ type Config struct {
 	// default is 1 s.
 	BacklogInterval time.Duration
 
+	// TableLayout, when set, makes the node relay a table Ordo did not
+	// create instead of its own outbox (docs/adopt.md): the name of a
+	// table layout preset, "article" (the article's EF Core
+	// "OutboxMessages", tablesource.Article). The one-source form only.
+	// Empty, the default, relays Ordo's own outbox table.
+	TableLayout string
+
+	// TableExchange is the exchange an adopted table's messages are
+	// published to (with TableLayout); the default is bookstore.ordering,
+	// the article's exchange.
+	TableExchange string
+
 	// Relay configures the relay: the confirm window W, batches, read
 	// ahead, backoff, parking and retention.
 	Relay RelayConfig
@@ -129,6 +141,7 @@ func DefaultConfig() Config {
 		LeaseTTL:        lease.DefaultTTL,
 		DegradedAfter:   10 * time.Second,
 		BacklogInterval: time.Second,
+		TableExchange:   DefaultTableExchange,
 		Relay:           relaySettings(relay.DefaultConfig()),
 		AMQP:            amqpCfg,
 		Gossip:          gossipSettings(membership.DefaultConfig()),
@@ -152,6 +165,7 @@ func (c Config) Validate() error {
 		c.validateTiming(ck)
 	}
 	ck.Require(c.BacklogInterval >= 100*time.Millisecond, "BacklogInterval", "%v is too short (at least 100ms)", c.BacklogInterval)
+	c.validateTable(ck)
 	ck.Require(c.DegradedAfter >= 0, "DegradedAfter", "%v is negative (0 turns the check off)", c.DegradedAfter)
 	ck.Require(c.Gossip.BindAddr != "" || len(c.Gossip.Join) == 0, "Gossip.Join",
 		"join addresses need a gossip address (Gossip.BindAddr)")

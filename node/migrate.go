@@ -251,6 +251,11 @@ func (s *source) migrateOnce(ctx context.Context) error {
 	if err := lease.Migrate(ctx, conn, s.partitions); err != nil {
 		return err
 	}
+	if s.table != nil {
+		if err := migrateTable(ctx, conn, s.table.layout); err != nil {
+			return err
+		}
+	}
 	return s.readIdentity(ctx, conn)
 }
 

@@ -181,7 +181,13 @@ func build(cfg Config, opts Options, hooks nodehook.Hooks, logger *slog.Logger, 
 		rc.Budget = budget
 		rc.TracerProvider = opts.TracerProvider
 		spub := observedPublisher{Publisher: stampSource{Publisher: pub, name: s.name}, m: pm.forSource(s.name)}
-		store := hooks.Store(pgstore.New(s.pool, rc.Node, s.logger))
+		var store relay.Store = pgstore.New(s.pool, rc.Node, s.logger)
+		if s.table != nil {
+			if store, err = newTableStore(cfg, s, rc.Node, s.logger); err != nil {
+				return nil, b.abandon(err) // Config.Validate checked it: not expected
+			}
+		}
+		store = hooks.Store(store)
 		if s.relay, err = relay.New(rc, store, spub, hooks.Ownership(s.leaser)); err != nil {
 			return nil, b.abandon(err) // Config.Validate checked it: not expected
 		}
@@ -266,6 +272,9 @@ func (b *built) run(ctx context.Context, ready func(httpAddr string)) error {
 	for _, s := range b.srcs {
 		leasers = append(leasers, component{b.named("leases", s), s.afterMigrated(s.leaser.Run)})
 		relays = append(relays, component{b.named("relay", s), s.afterMigrated(relayRun(b.hooks, s.relay))})
+		if s.table != nil {
+			relays = append(relays, component{b.named("intake", s), s.afterMigrated(s.table.intake.Run)})
+		}
 	}
 	st.start("leases", leasers...)
 	st.start("relay", relays...).after = func() {

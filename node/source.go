@@ -36,6 +36,7 @@ type source struct {
 	leaser     *lease.Leaser
 	relay      *relay.Relay
 	backlog    *Backlog
+	table      *tableSource // the adopted table it relays; nil: Ordo's own outbox
 
 	// partitions is P, as installed in its database (Config.sources
 	// resolves it).
@@ -56,6 +57,9 @@ func openSources(ctx context.Context, cfg Config, logger *slog.Logger) ([]*sourc
 	for _, sc := range srcs {
 		s := &source{name: sc.Name, partitions: sc.Partitions, logger: logger, wake: make(chan struct{}, 1),
 			migrated: make(chan struct{}), explicit: len(cfg.Sources) > 0}
+		if l, ok := cfg.tableLayout(); ok {
+			s.table = &tableSource{layout: l}
+		}
 		if len(srcs) > 1 || sc.Name != wire.DefaultSource {
 			s.logger = logger.With("source", sc.Name)
 		}

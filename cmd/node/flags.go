@@ -79,6 +79,8 @@ var nodeFlags = []nodeFlag{
 	{name: "admin-token", field: "AdminToken", help: "bearer token for the /admin actions (empty: actions off)"},
 	{name: "pprof", field: "PProf", help: "serve Go's profiler under /debug/pprof/ on the HTTP address"},
 	{name: "degraded-after", field: "DegradedAfter", help: "oldest pending age in this node's partitions above which /readyz and /status say degraded (0: off)"},
+	{name: "table-layout", field: "TableLayout", help: "relay a table Ordo did not create instead of its own outbox: a layout preset, article (the article's EF Core \"OutboxMessages\"); docs/adopt.md"},
+	{name: "table-exchange", field: "TableExchange", help: "the exchange an adopted table's messages go to (with -table-layout)"},
 	{name: "backlog-interval", field: "BacklogInterval", help: "how often the backlog of every partition is read for /status and /metrics (one bounded query)"},
 
 	{name: "confirm-window", field: "Relay.Window", help: "W: the most unconfirmed publishes in flight"},
