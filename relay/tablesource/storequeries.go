@@ -16,10 +16,10 @@ type storeSQL struct {
 func newStoreSQL(l Layout) storeSQL {
 	col := func(name string) string { return "m." + quote(name) }
 	return storeSQL{
-		read:     readSQL(l, fmt.Sprintf("%s::text", col(l.Payload))),
-		peek:     readSQL(l, "NULL::text"),
-		intake:   intakeSQL(l),
-		mark:     markSQL(l),
+		read:   readSQL(l, fmt.Sprintf("%s::text", col(l.Payload))),
+		peek:   readSQL(l, "NULL::text"),
+		intake: intakeSQL(l),
+		mark:   markSQL(l),
 	}
 }
 
