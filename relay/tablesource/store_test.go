@@ -1,0 +1,333 @@
+package tablesource_test
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/lease"
+	"github.com/ordo-relay/ordo/relay"
+	"github.com/ordo-relay/ordo/relay/tablesource"
+)
+
+const storeParts = 4
+
+// adoptedDB is the article's table with Ordo's tables beside it (leases
+// and tablesource's), every partition held by node n1 at epoch 1.
+func adoptedDB(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool := articleDB(t)
+	ctx := testkit.Context(t, 30*time.Second)
+	if err := lease.Migrate(ctx, pool, storeParts); err != nil {
+		t.Fatal(err)
+	}
+	if err := tablesource.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if err := tablesource.Migrate(ctx, pool); err != nil {
+		t.Fatalf("migrate again: %v", err)
+	}
+	holdAll(t, pool, "n1", 1)
+	return pool
+}
+
+// holdAll gives every partition's lease to node at epoch.
+func holdAll(t *testing.T, pool *pgxpool.Pool, node string, epoch int64) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), `UPDATE ordo_leases SET owner = $1, epoch = $2, expires_at = clock_timestamp() + interval '1 hour'`, node, epoch); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func newStore(t *testing.T, pool *pgxpool.Pool, node string) (*tablesource.Store, *tablesource.Intake) {
+	t.Helper()
+	logger := testkit.Logger(t, slog.LevelError)
+	s, err := tablesource.NewStore(pool, node, tablesource.Article(), "bookstore.ordering", logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := tablesource.NewReader(tablesource.Article(), storeParts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, tablesource.NewIntake(pool, node, r, logger)
+}
+
+// readAll reads every partition from the start.
+func readAll(t *testing.T, s *tablesource.Store) []relay.Row {
+	t.Helper()
+	cursors := make([]relay.Cursor, storeParts)
+	for p := range cursors {
+		cursors[p] = relay.Cursor{Partition: p}
+	}
+	rows, err := s.ReadPending(testkit.Context(t, 30*time.Second), cursors, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rows
+}
+
+func byID(rows []relay.Row) map[uuid.UUID]relay.Row {
+	m := map[uuid.UUID]relay.Row{}
+	for _, r := range rows {
+		m[r.ID] = r
+	}
+	return m
+}
+
+func take(t *testing.T, in *tablesource.Intake, sweep bool) int {
+	t.Helper()
+	n, err := in.Pass(testkit.Context(t, 30*time.Second), sweep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func settled(rows ...relay.Row) []relay.Settled {
+	out := make([]relay.Settled, len(rows))
+	for i, r := range rows {
+		out[i] = relay.Settled{ID: r.ID, Partition: r.Partition, Epoch: 1}
+	}
+	return out
+}
+
+func processedAt(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) *time.Time {
+	t.Helper()
+	var at *time.Time
+	if err := pool.QueryRow(context.Background(), `SELECT "ProcessedAt" FROM "OutboxMessages" WHERE "Id" = $1`, id).Scan(&at); err != nil {
+		t.Fatal(err)
+	}
+	return at
+}
+
+func keySeqInDB(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) *int64 {
+	t.Helper()
+	var ks *int64
+	if err := pool.QueryRow(context.Background(), `SELECT key_seq FROM ordo_table_rows WHERE id = $1`, id).Scan(&ks); err != nil {
+		t.Fatal(err)
+	}
+	return ks
+}
+
+// TestStoreNumbersAndMarks: a key's rows, inserted out of their
+// occurred-at order, are numbered in that order, durably, and come with
+// the message the article's consumers expect; a row whose correlation id
+// is null is a key of its own, keyed by its id. The mark sets
+// "ProcessedAt" and frees the next row.
+func TestStoreNumbersAndMarks(t *testing.T) {
+	t.Parallel()
+	pool := adoptedDB(t)
+	s, in := newStore(t, pool, "n1")
+	t0 := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
+	ids := []uuid.UUID{uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())}
+	insert(t, pool,
+		msg{id: ids[0], corr: ptr("order-1"), at: t0.Add(2 * time.Second)},
+		msg{id: ids[1], corr: ptr("order-1"), at: t0},
+		msg{id: ids[2], corr: ptr("order-1"), at: t0.Add(time.Second)},
+		msg{id: ids[3], at: t0})
+	if n := take(t, in, true); n != 4 {
+		t.Fatalf("took in %d rows, want 4", n)
+	}
+	if n := take(t, in, true); n != 0 {
+		t.Fatalf("a second sweep took in %d rows, want 0", n)
+	}
+	got := byID(readAll(t, s))
+	want := map[uuid.UUID]int64{ids[1]: 1, ids[2]: 2, ids[0]: 3, ids[3]: 1}
+	for id, ks := range want {
+		r, ok := got[id]
+		if !ok {
+			t.Fatalf("row %s not read; got %v", id, got)
+		}
+		if r.KeySeq != ks || r.PrevKeySeq != ks-1 || r.PrevPending != (ks > 1) {
+			t.Errorf("row %s: key_seq %d prev %d prev pending %v, want %d, %d, %v", id, r.KeySeq, r.PrevKeySeq, r.PrevPending, ks, ks-1, ks > 1)
+		}
+		if r.Exchange != "bookstore.ordering" || r.Type != "OrderPlaced" || r.RoutingKey != "order.placed" || !strings.Contains(string(r.Payload), `"orderId"`) {
+			t.Errorf("row %s: message %q %q %q %s", id, r.Exchange, r.Type, r.RoutingKey, r.Payload)
+		}
+		if ks := keySeqInDB(t, pool, id); ks == nil || *ks != want[id] {
+			t.Errorf("row %s: key_seq in the database %v, want %d", id, ks, want[id])
+		}
+	}
+	if got[ids[3]].CorrelationID != ids[3].String() {
+		t.Errorf("a row without correlation id is keyed %q, want its id", got[ids[3]].CorrelationID)
+	}
+	marked, err := s.MarkPublished(testkit.Context(t, 30*time.Second), settled(got[ids[1]]))
+	if err != nil || len(marked) != 1 {
+		t.Fatalf("mark: %v %v", marked, err)
+	}
+	if processedAt(t, pool, ids[1]) == nil {
+		t.Fatal(`"ProcessedAt" not set by the mark`)
+	}
+	after := byID(readAll(t, s))
+	if _, ok := after[ids[1]]; ok {
+		t.Error("a marked row is read again")
+	}
+	if r := after[ids[2]]; r.PrevPending || r.KeySeq != 2 {
+		t.Errorf("the next row after the mark: key_seq %d prev pending %v, want 2, false", r.KeySeq, r.PrevPending)
+	}
+	if n := take(t, in, true); n != 0 {
+		t.Fatalf("a sweep after the mark took in %d rows, want 0", n)
+	}
+}
+
+// TestStoreNumbersOnlyUnderTheLease: a node that does not hold the
+// partition numbers nothing (its read returns nothing), and a mark at a
+// stale epoch sets no "ProcessedAt".
+func TestStoreNumbersOnlyUnderTheLease(t *testing.T) {
+	t.Parallel()
+	pool := adoptedDB(t)
+	s1, in := newStore(t, pool, "n1")
+	s2, _ := newStore(t, pool, "n2")
+	id := uuid.Must(uuid.NewV7())
+	insert(t, pool, msg{id: id, corr: ptr("k"), at: time.Now()})
+	take(t, in, true)
+	if rows := readAll(t, s2); len(rows) != 0 {
+		t.Fatalf("node n2, holding nothing, read %d rows", len(rows))
+	}
+	if ks := keySeqInDB(t, pool, id); ks != nil {
+		t.Fatalf("node n2, holding nothing, numbered the row: key_seq %d", *ks)
+	}
+	rows := readAll(t, s1)
+	if len(rows) != 1 || rows[0].KeySeq != 1 {
+		t.Fatalf("n1 read %+v, want the row numbered 1", rows)
+	}
+	holdAll(t, pool, "n1", 2) // a new epoch: the row was read under 1
+	marked, err := s1.MarkPublished(testkit.Context(t, 30*time.Second), settled(rows[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(marked) != 0 || processedAt(t, pool, id) != nil {
+		t.Fatalf("a mark at a stale epoch marked %v (ProcessedAt %v)", marked, processedAt(t, pool, id))
+	}
+	parked, err := s1.RecordFailures(testkit.Context(t, 30*time.Second), settled(rows[0]), 1)
+	if err != nil || len(parked) != 0 {
+		t.Fatalf("a failure at a stale epoch parked %v (%v)", parked, err)
+	}
+}
+
+// TestStoreLateRow: a row that commits after later rows of its key were
+// numbered is missed by the fast pass, found by the sweep, numbered after
+// them and counted late; it is published, not lost.
+func TestStoreLateRow(t *testing.T) {
+	t.Parallel()
+	pool := adoptedDB(t)
+	s, in := newStore(t, pool, "n1")
+	t0 := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
+	a, b, late := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
+	insert(t, pool, msg{id: a, corr: ptr("k"), at: t0.Add(10 * time.Second)}, msg{id: b, corr: ptr("k"), at: t0.Add(20 * time.Second)})
+	take(t, in, true)
+	readAll(t, s)
+	insert(t, pool, msg{id: late, corr: ptr("k"), at: t0})
+	if n := take(t, in, false); n != 0 {
+		t.Fatalf("the fast pass took in %d rows: the late row is behind its position", n)
+	}
+	if n := take(t, in, true); n != 1 {
+		t.Fatalf("the sweep took in %d rows, want the late one", n)
+	}
+	r, ok := byID(readAll(t, s))[late]
+	if !ok || r.KeySeq != 3 || r.PrevKeySeq != 2 || !r.PrevPending {
+		t.Fatalf("the late row: %+v, want key_seq 3 after 2", r)
+	}
+	if s.LateRows() != 1 {
+		t.Fatalf("late rows counted: %d, want 1", s.LateRows())
+	}
+}
+
+// TestStoreHandOffKeepsNumbers: the next owner of a partition reads the
+// numbers the first gave (a republish carries the same key_seq and
+// prev), and numbers new rows after them; the old owner's mark is
+// refused.
+func TestStoreHandOffKeepsNumbers(t *testing.T) {
+	t.Parallel()
+	pool := adoptedDB(t)
+	s1, in := newStore(t, pool, "n1")
+	s2, _ := newStore(t, pool, "n2")
+	t0 := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
+	ids := []uuid.UUID{uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())}
+	insert(t, pool, msg{id: ids[0], corr: ptr("k"), at: t0}, msg{id: ids[1], corr: ptr("k"), at: t0.Add(time.Second)})
+	take(t, in, true)
+	first := byID(readAll(t, s1))
+	if _, err := s1.MarkPublished(testkit.Context(t, 30*time.Second), settled(first[ids[0]])); err != nil {
+		t.Fatal(err)
+	}
+	holdAll(t, pool, "n2", 2)
+	insert(t, pool, msg{id: ids[2], corr: ptr("k"), at: t0.Add(2 * time.Second)})
+	take(t, in, true)
+	second := byID(readAll(t, s2))
+	if r := second[ids[1]]; r.KeySeq != first[ids[1]].KeySeq || r.PrevKeySeq != first[ids[1]].PrevKeySeq || r.PrevPending {
+		t.Fatalf("after the hand-off the row reads %+v, was %+v", r, first[ids[1]])
+	}
+	if r := second[ids[2]]; r.KeySeq != 3 {
+		t.Fatalf("the new owner numbered the new row %d, want 3", r.KeySeq)
+	}
+	marked, err := s1.MarkPublished(testkit.Context(t, 30*time.Second), settled(first[ids[1]]))
+	if err != nil || len(marked) != 0 {
+		t.Fatalf("the old owner's mark: %v %v, want refused", marked, err)
+	}
+}
+
+// TestStoreBadRowParked: a row whose payload is not an object is parked
+// with the reason when it is numbered; its key's next row waits behind
+// it, without its payload; every other key flows.
+func TestStoreBadRowParked(t *testing.T) {
+	t.Parallel()
+	pool := adoptedDB(t)
+	s, in := newStore(t, pool, "n1")
+	t0 := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
+	bad, behind, other := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
+	insert(t, pool, msg{id: bad, corr: ptr("b"), at: t0, payload: `[1, 2]`},
+		msg{id: behind, corr: ptr("b"), at: t0.Add(time.Second)}, msg{id: other, corr: ptr("c"), at: t0})
+	take(t, in, true)
+	got := byID(readAll(t, s))
+	if _, ok := got[bad]; ok {
+		t.Fatal("the bad row was returned")
+	}
+	var reason *string
+	if err := pool.QueryRow(context.Background(), `SELECT last_error FROM ordo_table_rows WHERE id = $1 AND parked_at IS NOT NULL`, bad).Scan(&reason); err != nil {
+		t.Fatalf("the bad row is not parked: %v", err)
+	}
+	if reason == nil || !strings.Contains(*reason, "not a JSON object") {
+		t.Fatalf("parked with reason %v", reason)
+	}
+	if r := got[behind]; !r.BehindParked || r.Payload != nil {
+		t.Fatalf("the row behind the parked one: %+v", r)
+	}
+	if r := got[other]; r.KeySeq != 1 || r.PrevPending || r.Payload == nil {
+		t.Fatalf("the other key's row: %+v", r)
+	}
+}
+
+// TestStoreRowProcessedElsewhere: a numbered row whose "ProcessedAt"
+// someone else set (the old relay) is skipped: the next row's prev steps
+// over its number.
+func TestStoreRowProcessedElsewhere(t *testing.T) {
+	t.Parallel()
+	pool := adoptedDB(t)
+	s, in := newStore(t, pool, "n1")
+	t0 := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
+	a, b := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
+	insert(t, pool, msg{id: a, corr: ptr("k"), at: t0}, msg{id: b, corr: ptr("k"), at: t0.Add(time.Second)})
+	take(t, in, true)
+	readAll(t, s)
+	if _, err := pool.Exec(context.Background(), `UPDATE "OutboxMessages" SET "ProcessedAt" = now() WHERE "Id" = $1`, a); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := byID(readAll(t, s))[a]; ok {
+		t.Fatal("a row processed elsewhere was returned")
+	}
+	r := byID(readAll(t, s))[b]
+	if !r.PrevDead || r.KeySeq != 2 {
+		t.Fatalf("the next row: %+v, want key_seq 2 with its prev dead", r)
+	}
+	prev, err := s.PrevKeySeq(testkit.Context(t, 30*time.Second), "k", 2)
+	if err != nil || prev != 0 {
+		t.Fatalf("prev of 2: %d %v, want 0", prev, err)
+	}
+}
