@@ -52,6 +52,22 @@ type Layout struct {
 	ProcessedAt string
 }
 
+// ArticleDDL creates the table Article maps, exactly as the article's EF
+// Core model does (Npgsql): "Type" and "RoutingKey" HasMaxLength(200),
+// and the filtered index on "OccurredAt" that the pending read walks.
+const ArticleDDL = `
+CREATE TABLE "OutboxMessages" (
+    "Id" uuid NOT NULL,
+    "Type" character varying(200) NOT NULL,
+    "RoutingKey" character varying(200) NOT NULL,
+    "Payload" jsonb NOT NULL,
+    "CorrelationId" text NULL,
+    "OccurredAt" timestamp with time zone NOT NULL,
+    "ProcessedAt" timestamp with time zone NULL,
+    CONSTRAINT "PK_OutboxMessages" PRIMARY KEY ("Id")
+);
+CREATE INDEX "IX_OutboxMessages_OccurredAt" ON "OutboxMessages" ("OccurredAt") WHERE "ProcessedAt" IS NULL;`
+
 // Article returns the layout of the table the article's EF Core model
 // creates: "OutboxMessages" with "Id", "Type", "RoutingKey", "Payload",
 // "CorrelationId", "OccurredAt" and "ProcessedAt".

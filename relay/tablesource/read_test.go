@@ -18,28 +18,13 @@ import (
 	"github.com/ordo-relay/ordo/relay/tablesource"
 )
 
-// articleDDL is the table the article's EF Core model creates (Npgsql):
-// Type and RoutingKey HasMaxLength(200), the filtered index on OccurredAt.
-const articleDDL = `
-CREATE TABLE "OutboxMessages" (
-    "Id" uuid NOT NULL,
-    "Type" character varying(200) NOT NULL,
-    "RoutingKey" character varying(200) NOT NULL,
-    "Payload" jsonb NOT NULL,
-    "CorrelationId" text NULL,
-    "OccurredAt" timestamp with time zone NOT NULL,
-    "ProcessedAt" timestamp with time zone NULL,
-    CONSTRAINT "PK_OutboxMessages" PRIMARY KEY ("Id")
-);
-CREATE INDEX "IX_OutboxMessages_OccurredAt" ON "OutboxMessages" ("OccurredAt") WHERE "ProcessedAt" IS NULL;`
-
 const sqlInsert = `INSERT INTO "OutboxMessages" ("Id", "Type", "RoutingKey", "Payload", "CorrelationId", "OccurredAt", "ProcessedAt")
 VALUES ($1, $2, $3, $4, $5, $6, $7)`
 
 func articleDB(t *testing.T) *pgxpool.Pool {
 	t.Helper()
 	_, pool := testkit.NewTestDB(t, 4)
-	if _, err := pool.Exec(context.Background(), articleDDL); err != nil {
+	if _, err := pool.Exec(context.Background(), tablesource.ArticleDDL); err != nil {
 		t.Fatalf("create the article's table: %v", err)
 	}
 	return pool

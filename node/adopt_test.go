@@ -1,0 +1,137 @@
+package node_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/node"
+	"github.com/ordo-relay/ordo/relay/tablesource"
+)
+
+// insertArticleRow writes one row of the article's table the way its
+// producers do: a plain INSERT, one row per transaction, knowing nothing
+// of Ordo.
+func insertArticleRow(ctx context.Context, pool *pgxpool.Pool, id uuid.UUID, key string, at time.Time) error {
+	_, err := pool.Exec(ctx, `INSERT INTO "OutboxMessages" ("Id", "Type", "RoutingKey", "Payload", "CorrelationId", "OccurredAt")
+		VALUES ($1, 'OrderPlaced', 'order.placed', jsonb_build_object('orderId', $2::text), $3, $4)`, id, id.String(), key, at)
+	return err
+}
+
+// TestAdoptedTableRelayed: a node with -table-layout article relays the
+// article's table, written by four producers at once and by one producer
+// whose transaction commits late, across a restart of the node under
+// another name: every row arrives once, each key in the order its rows
+// were written, with gap-free x-ordo-key-seq and prev, the row committed
+// late after its key's rows, and every row's "ProcessedAt" is set.
+func TestAdoptedTableRelayed(t *testing.T) {
+	t.Parallel()
+	testkit.RequireRabbitMQ(t)
+	const partitions = 4
+	dbURL, pool := testkit.NewTestDB(t, 8)
+	ctx := testkit.Context(t, 2*time.Minute)
+	if _, err := pool.Exec(ctx, tablesource.ArticleDDL); err != nil {
+		t.Fatal(err)
+	}
+	ex := testkit.NewExchange(t)
+	checker := testkit.NewChecker(t, testkit.AMQPURL(), ex)
+	cfgFor := func(name string) node.Config {
+		cfg := node.DefaultConfig()
+		cfg.PostgresURL, cfg.AMQP.URL, cfg.NodeName = dbURL, testkit.AMQPURL(), name
+		cfg.HTTPAddr, cfg.Partitions, cfg.DBMaxConns = "127.0.0.1:0", partitions, 4
+		cfg.Relay.PollInterval = 50 * time.Millisecond
+		cfg.TableLayout, cfg.TableExchange = "article", ex
+		return cfg
+	}
+	opts := node.Options{Logger: testkit.Logger(t, slog.LevelWarn)}
+	_, stop1 := runNode(t, cfgFor("adopt-1"), opts)
+
+	// The late row: its producer's transaction takes its "OccurredAt"
+	// first and commits after the key's later rows were relayed.
+	lateTx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lateTx.Rollback(context.Background()) //nolint:errcheck // committed below
+	lateID := uuid.Must(uuid.NewV7())
+	if _, err := lateTx.Exec(ctx, `INSERT INTO "OutboxMessages" ("Id", "Type", "RoutingKey", "Payload", "CorrelationId", "OccurredAt")
+		VALUES ($1, 'OrderPlaced', 'order.placed', '{"late": true}', 'key-0', clock_timestamp())`, lateID); err != nil {
+		t.Fatal(err)
+	}
+
+	const producers, perProducer, keysPerProducer = 4, 150, 5
+	var mu sync.Mutex
+	written := map[string][]string{} // key -> ids in the order written
+	produce := func(from, to int) {
+		var wg sync.WaitGroup
+		for p := range producers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := from; i < to; i++ {
+					key := fmt.Sprintf("key-%d", p*keysPerProducer+i%keysPerProducer)
+					id := uuid.Must(uuid.NewV7())
+					if err := insertArticleRow(ctx, pool, id, key, time.Now()); err != nil {
+						t.Errorf("producer %d: %v", p, err)
+						return
+					}
+					mu.Lock()
+					written[key] = append(written[key], id.String())
+					mu.Unlock()
+					checker.Expect(id.String())
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	produce(0, perProducer/2)
+	checker.WaitDistinct(t, producers*perProducer/4, time.Minute)
+	stop1() // a restart under another name: the leases move
+	_, _ = runNode(t, cfgFor("adopt-2"), opts)
+	produce(perProducer/2, perProducer)
+	checker.WaitDistinct(t, producers*perProducer, time.Minute)
+	if err := lateTx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checker.Expect(lateID.String())
+	rep := checker.WaitDistinct(t, producers*perProducer+1, time.Minute)
+	if !rep.OK() || rep.Duplicates != 0 {
+		t.Fatalf("deliveries: %s", rep.Detail())
+	}
+
+	got := map[string][]string{}
+	var lateSeq, key0Top int64
+	for _, d := range checker.Deliveries() {
+		if d.Type != "OrderPlaced" || d.RoutingKey != "order.placed" {
+			t.Fatalf("delivery %s: type %q routing key %q", d.MessageID, d.Type, d.RoutingKey)
+		}
+		if d.MessageID == lateID.String() {
+			lateSeq = d.KeySeq
+			continue
+		}
+		got[d.CorrelationID] = append(got[d.CorrelationID], d.MessageID)
+		if d.CorrelationID == "key-0" {
+			key0Top = max(key0Top, d.KeySeq)
+		}
+	}
+	for key, ids := range written {
+		if fmt.Sprint(got[key]) != fmt.Sprint(ids) {
+			t.Fatalf("key %s delivered in the order %v, written %v", key, got[key], ids)
+		}
+	}
+	if lateSeq != key0Top+1 {
+		t.Fatalf("the late row has key_seq %d, want %d (after its key's rows)", lateSeq, key0Top+1)
+	}
+	testkit.WaitFor(t, 30*time.Second, `every row's "ProcessedAt" set`, func() bool {
+		var pending int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM "OutboxMessages" WHERE "ProcessedAt" IS NULL`).Scan(&pending)
+		return err == nil && pending == 0
+	})
+}
