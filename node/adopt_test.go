@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ordo-relay/ordo/internal/confcheck"
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/node"
 	"github.com/ordo-relay/ordo/relay/tablesource"
@@ -134,4 +137,37 @@ func TestAdoptedTableRelayed(t *testing.T) {
 		err := pool.QueryRow(ctx, `SELECT count(*) FROM "OutboxMessages" WHERE "ProcessedAt" IS NULL`).Scan(&pending)
 		return err == nil && pending == 0
 	})
+}
+
+// TestTableLayoutValidated: an unknown layout, a layout with -source,
+// and an empty or over-long exchange are refused, each at its field.
+func TestTableLayoutValidated(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		edit  func(*node.Config)
+		field string
+	}{
+		{"unknown layout", func(c *node.Config) { c.TableLayout = "rebus" }, "TableLayout"},
+		{"with sources", func(c *node.Config) {
+			c.TableLayout = "article"
+			c.Sources = []node.Source{{Name: "orders", PostgresURL: c.PostgresURL}}
+		}, "TableLayout"},
+		{"empty exchange", func(c *node.Config) { c.TableLayout, c.TableExchange = "article", "" }, "TableExchange"},
+		{"long exchange", func(c *node.Config) { c.TableLayout, c.TableExchange = "article", strings.Repeat("x", 256) }, "TableExchange"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := node.DefaultConfig()
+			tc.edit(&cfg)
+			err := cfg.Validate()
+			if !slices.Contains(confcheck.Fields(err), tc.field) {
+				t.Fatalf("Validate: %v, want a problem at %s", err, tc.field)
+			}
+		})
+	}
+	cfg := node.DefaultConfig()
+	cfg.TableLayout = "article"
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("the article's layout with the default exchange: %v", err)
+	}
 }
