@@ -1,6 +1,7 @@
 package tablesource
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -20,9 +21,11 @@ const (
 	// DefaultIntakePage is how many rows one read of the user's table
 	// returns.
 	DefaultIntakePage = 500
-	// DefaultLookBack is how far behind the last row taken in a fast
-	// pass starts reading.
-	DefaultLookBack = time.Second
+	// DefaultLookBack is how far behind the last row read a look-back
+	// pass starts reading, once every DefaultLookBackEvery; the other
+	// fast passes read after the last row read.
+	DefaultLookBack      = time.Second
+	DefaultLookBackEvery = time.Second
 	// DefaultSweepEvery is how often the sweep reads every pending row
 	// from the start.
 	DefaultSweepEvery = 10 * time.Second
@@ -44,15 +47,17 @@ type Intake struct {
 	logger *slog.Logger
 	sql    string
 
-	// Page, LookBack, SweepEvery, PollMin and PollMax: zero means the
-	// default above.
-	Page       int
-	LookBack   time.Duration
-	SweepEvery time.Duration
-	PollMin    time.Duration
-	PollMax    time.Duration
+	// Page, LookBack, LookBackEvery, SweepEvery, PollMin and PollMax:
+	// zero means the default above.
+	Page          int
+	LookBack      time.Duration
+	LookBackEvery time.Duration
+	SweepEvery    time.Duration
+	PollMin       time.Duration
+	PollMax       time.Duration
 
-	pos *Position // the last row a pass read, for the next fast pass
+	pos          *Position // the last row a pass read, for the next fast pass
+	lastLookBack time.Time // when a fast pass last read from pos - LookBack
 }
 
 // NewIntake returns the intake of node over the table r reads, on pool.
@@ -72,14 +77,22 @@ func orDefault[T int | time.Duration](v, d T) T {
 
 // Pass reads the user's pending rows and takes them in, page by page,
 // and returns how many it took in (rows taken in before are skipped).
-// A sweep reads from the oldest pending row; a fast pass from the last
-// row read minus LookBack, and misses a row that commits later behind
-// that point: only the sweep guarantees every row.
+// A sweep reads from the oldest pending row; a fast pass after the last
+// row read, or, once every LookBackEvery, from LookBack before it. A fast
+// pass misses a row that commits later behind where it starts: only the
+// sweep guarantees every row. Re-reading the look-back on every pass
+// would cost, in a burst, every row of its last second on every pass.
 func (in *Intake) Pass(ctx context.Context, sweep bool) (int, error) {
 	page := orDefault(in.Page, DefaultIntakePage)
 	var after *Position
-	if !sweep && in.pos != nil {
+	switch now := time.Now(); {
+	case sweep || in.pos == nil:
+	case now.Sub(in.lastLookBack) >= orDefault(in.LookBackEvery, DefaultLookBackEvery):
+		in.lastLookBack = now
 		after = &Position{OccurredAt: in.pos.OccurredAt.Add(-orDefault(in.LookBack, DefaultLookBack)), ID: uuid.Nil}
+	default:
+		p := *in.pos
+		after = &p
 	}
 	taken := 0
 	for {
@@ -95,7 +108,8 @@ func (in *Intake) Pass(ctx context.Context, sweep bool) (int, error) {
 			}
 			last := rows[len(rows)-1].Position()
 			after = &last
-			if in.pos == nil || in.pos.OccurredAt.Before(last.OccurredAt) {
+			if in.pos == nil || in.pos.OccurredAt.Before(last.OccurredAt) ||
+				in.pos.OccurredAt.Equal(last.OccurredAt) && bytes.Compare(in.pos.ID[:], last.ID[:]) < 0 {
 				in.pos = &last
 			}
 		}

@@ -62,11 +62,13 @@ LEFT JOIN LATERAL (
 
 // intakeSQL takes a page of the user's pending rows into ordo_table_rows
 // ($1 ids, $2 partitions, $3 keys, $4 occurred-at, $5 problems, in read
-// order), idempotently, and returns how many it took in. Only rows still pending in the user's table
-// are taken, locked FOR SHARE: a row being marked right now is waited
-// for and then seen processed, so a row published and deleted from
-// ordo_table_rows meanwhile is never taken in again (and published
-// twice).
+// order), idempotently, and returns how many it took in. Rows already
+// taken in are left out first, so that a sweep locks and inserts only
+// new rows. The others are taken only if still pending in the user's
+// table, locked FOR SHARE: a row whose mark is under way (taken in,
+// numbered and published since this statement's snapshot) is waited for
+// and then seen processed, so it is never taken in again and published
+// twice.
 func intakeSQL(l Layout) string {
 	col := func(name string) string { return "m." + quote(name) }
 	return fmt.Sprintf(`
@@ -75,7 +77,7 @@ WITH live AS (
     FROM unnest($1::uuid[], $2::int[], $3::text[], $4::timestamptz[], $5::text[])
          WITH ORDINALITY AS u(id, partition, key, occurred_at, problem, ord)
     JOIN %s AS m ON %s = u.id
-    WHERE %s IS NULL
+    WHERE %s IS NULL AND NOT EXISTS (SELECT 1 FROM ordo_table_rows AS r WHERE r.id = u.id)
     FOR SHARE OF m
 ), taken AS (
     INSERT INTO ordo_table_rows (id, partition, key, occurred_at, problem)
