@@ -21,11 +21,9 @@ const (
 	// DefaultIntakePage is how many rows one read of the user's table
 	// returns.
 	DefaultIntakePage = 500
-	// DefaultLookBack is how far behind the last row read a look-back
-	// pass starts reading, once every DefaultLookBackEvery; the other
-	// fast passes read after the last row read.
-	DefaultLookBack      = time.Second
-	DefaultLookBackEvery = time.Second
+	// DefaultLookBack is how far behind the last row read a fast pass
+	// starts reading.
+	DefaultLookBack = time.Second
 	// DefaultSweepEvery is how often the sweep reads every pending row
 	// from the start.
 	DefaultSweepEvery = 10 * time.Second
@@ -47,17 +45,15 @@ type Intake struct {
 	logger *slog.Logger
 	sql    string
 
-	// Page, LookBack, LookBackEvery, SweepEvery, PollMin and PollMax:
-	// zero means the default above.
-	Page          int
-	LookBack      time.Duration
-	LookBackEvery time.Duration
-	SweepEvery    time.Duration
-	PollMin       time.Duration
-	PollMax       time.Duration
+	// Page, LookBack, SweepEvery, PollMin and PollMax: zero means the
+	// default above.
+	Page       int
+	LookBack   time.Duration
+	SweepEvery time.Duration
+	PollMin    time.Duration
+	PollMax    time.Duration
 
-	pos          *Position // the last row a pass read, for the next fast pass
-	lastLookBack time.Time // when a fast pass last read from pos - LookBack
+	pos *Position // the last row a pass read, for the next fast pass
 }
 
 // NewIntake returns the intake of node over the table r reads, on pool.
@@ -77,22 +73,25 @@ func orDefault[T int | time.Duration](v, d T) T {
 
 // Pass reads the user's pending rows and takes them in, page by page,
 // and returns how many it took in (rows taken in before are skipped).
-// A sweep reads from the oldest pending row; a fast pass after the last
-// row read, or, once every LookBackEvery, from LookBack before it. A fast
-// pass misses a row that commits later behind where it starts: only the
-// sweep guarantees every row. Re-reading the look-back on every pass
-// would cost, in a burst, every row of its last second on every pass.
+// A sweep reads from the oldest pending row; a fast pass from LookBack
+// before the last row read. A fast pass misses a row that commits later
+// behind where it starts: only the sweep guarantees every row.
+//
+// The look-back is read on every fast pass, not once in a while: it is
+// what keeps a key's rows in order when producers of other keys commit
+// out of their occurred-at order. A producer's row a1 commits, then it
+// writes a2 of the same key; meanwhile another producer's row with a
+// later occurred-at than a1 committed first and moved the position past
+// a1. A pass reading only after the position takes a2 in without a1,
+// a2 is numbered first and a1 becomes a late row
+// (TestAdoptedTableRelayed saw it with four producers). The pass that
+// sees a2 began after a2 committed, so after a1 did: reading from
+// LookBack behind the position it takes a1 in too, before a2.
 func (in *Intake) Pass(ctx context.Context, sweep bool) (int, error) {
 	page := orDefault(in.Page, DefaultIntakePage)
 	var after *Position
-	switch now := time.Now(); {
-	case sweep || in.pos == nil:
-	case now.Sub(in.lastLookBack) >= orDefault(in.LookBackEvery, DefaultLookBackEvery):
-		in.lastLookBack = now
+	if !sweep && in.pos != nil {
 		after = &Position{OccurredAt: in.pos.OccurredAt.Add(-orDefault(in.LookBack, DefaultLookBack)), ID: uuid.Nil}
-	default:
-		p := *in.pos
-		after = &p
 	}
 	taken := 0
 	for {
