@@ -57,7 +57,7 @@ func openSources(ctx context.Context, cfg Config, logger *slog.Logger) ([]*sourc
 	for _, sc := range srcs {
 		s := &source{name: sc.Name, partitions: sc.Partitions, logger: logger, wake: make(chan struct{}, 1),
 			migrated: make(chan struct{}), explicit: len(cfg.Sources) > 0}
-		if l, ok := cfg.tableLayout(); ok {
+		if l, ok := tableLayout(sc); ok {
 			s.table = &tableSource{layout: l}
 		}
 		if len(srcs) > 1 || sc.Name != wire.DefaultSource {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ordo-relay/ordo/internal/confcheck"
 	"github.com/ordo-relay/ordo/partition"
+	"github.com/ordo-relay/ordo/relay/tablesource"
 	"github.com/ordo-relay/ordo/wire"
 )
 
@@ -41,6 +42,12 @@ type Source struct {
 	// node that relays the source uses the count its database holds.
 	// 1..4096 when set.
 	Partitions int
+
+	// Layout, when set, makes the node relay a table Ordo did not create
+	// in this source's database instead of Ordo's own outbox: the name of
+	// a table layout preset, "article" (see Config.TableLayout, the
+	// one-source form's). Empty, the default: Ordo's own outbox.
+	Layout string
 }
 
 // sources returns the sources the node relays: Sources when set, else
@@ -48,7 +55,7 @@ type Source struct {
 // its partition count resolved (Config.Partitions where it has none).
 // Everything that needs a source's count reads it here.
 func (c Config) sources() []Source {
-	srcs := []Source{{Name: wire.DefaultSource, PostgresURL: c.PostgresURL}}
+	srcs := []Source{{Name: wire.DefaultSource, PostgresURL: c.PostgresURL, Layout: c.TableLayout}}
 	if len(c.Sources) > 0 {
 		srcs = slices.Clone(c.Sources)
 	}
@@ -83,6 +90,10 @@ func (c Config) validateSources(ck *confcheck.Checker) {
 		if s.Partitions != 0 {
 			err := partition.ValidateCount(s.Partitions)
 			ck.Require(err == nil, "Sources", "source %q: %v (0 means Partitions)", s.Name, err)
+		}
+		if s.Layout != "" {
+			_, err := tablesource.Preset(s.Layout)
+			ck.Require(err == nil, "Sources", "source %q: %v", s.Name, err)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 
@@ -20,26 +21,28 @@ const DefaultTableExchange = "bookstore.ordering"
 // string).
 const maxExchangeLen = 255
 
-// validateTable checks TableLayout and TableExchange.
+// validateTable checks TableLayout and TableExchange (Sources' layouts
+// are validateSources').
 func (c Config) validateTable(ck *confcheck.Checker) {
-	if c.TableLayout == "" {
-		return
+	if c.TableLayout != "" {
+		_, err := tablesource.Preset(c.TableLayout)
+		ck.Require(err == nil, "TableLayout", "%v", err)
+		ck.Require(len(c.Sources) == 0, "TableLayout",
+			"applies to the one-source form (PostgresURL) only; with Sources give each source its layout (Source.Layout, -source-layout)")
 	}
-	_, err := tablesource.Preset(c.TableLayout)
-	ck.Require(err == nil, "TableLayout", "%v", err)
-	ck.Require(len(c.Sources) == 0, "TableLayout",
-		"applies to the one-source form (PostgresURL) only; a layout per source (-source-layout) is not built yet")
-	ck.Require(c.TableExchange != "" && len(c.TableExchange) <= maxExchangeLen, "TableExchange",
-		"%q: want 1 to %d bytes", c.TableExchange, maxExchangeLen)
+	if slices.ContainsFunc(c.sources(), func(s Source) bool { return s.Layout != "" }) {
+		ck.Require(c.TableExchange != "" && len(c.TableExchange) <= maxExchangeLen, "TableExchange",
+			"%q: want 1 to %d bytes", c.TableExchange, maxExchangeLen)
+	}
 }
 
-// tableLayout returns the layout of the table the node relays instead
-// of its own outbox, and false when it relays its own outbox.
-func (c Config) tableLayout() (tablesource.Layout, bool) {
-	if c.TableLayout == "" {
+// tableLayout returns the layout of the table source sc relays instead
+// of Ordo's own outbox, and false when it relays Ordo's own outbox.
+func tableLayout(sc Source) (tablesource.Layout, bool) {
+	if sc.Layout == "" {
 		return tablesource.Layout{}, false
 	}
-	l, err := tablesource.Preset(c.TableLayout)
+	l, err := tablesource.Preset(sc.Layout)
 	return l, err == nil // Validate refused the other names
 }
 

@@ -38,6 +38,9 @@ type options struct {
 	// it names (sourcePartitions) once every flag and the environment are
 	// read, since -source may come after it, or from the environment.
 	SourcePartitions sourceCounts
+	// SourceLayouts are the items of -source-layout, NAME=LAYOUT each,
+	// moved into Sources by sourceLayouts as SourcePartitions are.
+	SourceLayouts sourceCounts
 }
 
 // defaultOptions returns the defaults of every flag: node.DefaultConfig
@@ -80,6 +83,7 @@ var nodeFlags = []nodeFlag{
 	{name: "pprof", field: "PProf", help: "serve Go's profiler under /debug/pprof/ on the HTTP address"},
 	{name: "degraded-after", field: "DegradedAfter", help: "oldest pending age in this node's partitions above which /readyz and /status say degraded (0: off)"},
 	{name: "table-layout", field: "TableLayout", help: "relay a table Ordo did not create instead of its own outbox: a layout preset, article (the article's EF Core \"OutboxMessages\"); docs/adopt.md"},
+	{name: "source-layout", field: "SourceLayouts", help: "the table layout of one -source that relays a table Ordo did not create, NAME=LAYOUT (article); repeat it for each (the environment takes space-separated pairs)"},
 	{name: "table-exchange", field: "TableExchange", help: "the exchange an adopted table's messages go to (with -table-layout)"},
 	{name: "backlog-interval", field: "BacklogInterval", help: "how often the backlog of every partition is read for /status and /metrics (one bounded query)"},
 
@@ -237,6 +241,7 @@ func parseConfig(args []string, lookup func(string) (string, bool), out io.Write
 		errs = append(errs, err)
 	}
 	errs = append(errs, sourcePartitions(&o)...)
+	errs = append(errs, sourceLayouts(&o)...)
 	errs = append(errs, flagProblems(o.Validate())...)
 	if len(errs) > 0 {
 		return o, errs
@@ -359,9 +364,10 @@ func (l *sourceList) Set(v string) error {
 }
 
 // sourceCounts is a flag.Value of -source-partitions items, NAME=COUNT
-// each: every Set appends the space-separated items it is given (a
-// repeated flag, or the environment's list). They are checked and
-// applied by sourcePartitions, after parsing.
+// each (or -source-layout items, NAME=LAYOUT): every Set appends the
+// space-separated items it is given (a repeated flag, or the
+// environment's list). They are checked and applied by sourcePartitions
+// (sourceLayouts), after parsing.
 type sourceCounts []string
 
 func (l *sourceCounts) String() string { return strings.Join(*l, " ") }
@@ -372,41 +378,68 @@ func (l *sourceCounts) Set(v string) error {
 }
 
 // sourcePartitions sets the partition count of each source that
-// -source-partitions names, and returns every problem of its items, each
-// naming the flag: an item that is not NAME=COUNT, a count that is not
-// one (partition.ValidateCount: 0 is refused too, not read as "the
-// default"), a name that is not one of -source's, a name given twice.
+// -source-partitions names, and returns every problem of its items (see
+// perSource): a count that is not one (partition.ValidateCount: 0 is
+// refused too, not read as "the default") among them.
+func sourcePartitions(o *options) []error {
+	return perSource(o, "source-partitions", "COUNT", "the one-source form's count is -partitions", o.SourcePartitions,
+		func(s *node.Source, count string) string {
+			n, err := strconv.Atoi(count)
+			if err != nil {
+				return "the count is not a whole number: want NAME=COUNT"
+			}
+			if err := partition.ValidateCount(n); err != nil {
+				return err.Error()
+			}
+			s.Partitions = n
+			return ""
+		})
+}
+
+// sourceLayouts sets the table layout of each source that -source-layout
+// names (node.Source.Layout), and returns every problem of its items
+// (see perSource); the layout's name is checked by node.Config.Validate.
+func sourceLayouts(o *options) []error {
+	return perSource(o, "source-layout", "LAYOUT", "the one-source form's layout is -table-layout", o.SourceLayouts,
+		func(s *node.Source, layout string) string {
+			s.Layout = layout
+			return ""
+		})
+}
+
+// perSource applies the NAME=VALUE items of a per-source flag to the
+// sources they name (set returns a problem of the value, or ""), and
+// returns every problem, each naming the flag: an item that is not
+// NAME=VALUE, a name that is not one of -source's, a name given twice.
 // An item is quoted only by its name, once the name is a valid one: a
 // URL given here by mistake may hold a password.
-func sourcePartitions(o *options) []error {
+func perSource(o *options, flagName, value, oneSource string, items []string, set func(*node.Source, string) string) []error {
 	var errs []error
 	bad := func(format string, args ...any) {
-		errs = append(errs, fmt.Errorf("-source-partitions (%s): %s", envOf("source-partitions"), fmt.Sprintf(format, args...)))
+		errs = append(errs, fmt.Errorf("-%s (%s): %s", flagName, envOf(flagName), fmt.Sprintf(format, args...)))
 	}
 	seen := map[string]bool{}
-	for _, item := range o.SourcePartitions {
-		name, count, ok := strings.Cut(item, "=")
+	for _, item := range items {
+		name, v, ok := strings.Cut(item, "=")
 		if !ok || wire.ValidateSource(name) != nil {
-			bad("an item is not NAME=COUNT, NAME a source name (%s)", "[a-z][a-z0-9_-]*, 1 to 32 bytes")
+			bad("an item is not NAME=%s, NAME a source name (%s)", value, "[a-z][a-z0-9_-]*, 1 to 32 bytes")
 			continue
 		}
-		n, err := strconv.Atoi(count)
-		if err != nil {
-			bad("source %q: the count is not a whole number: want NAME=COUNT", name)
-		} else if err := partition.ValidateCount(n); err != nil {
-			bad("source %q: %v", name, err)
-			n = 0
-		}
 		i := slices.IndexFunc(o.Sources, func(s node.Source) bool { return s.Name == name })
+		var into node.Source
+		problem := set(&into, v)
+		if problem != "" {
+			bad("source %q: %s", name, problem)
+		}
 		switch {
 		case seen[name]:
 			bad("source %q is given twice", name)
 		case len(o.Sources) == 0:
-			bad("source %q: there is no -source (%s); the one-source form's count is -partitions", name, envOf("source"))
+			bad("source %q: there is no -source (%s); %s", name, envOf("source"), oneSource)
 		case i < 0:
 			bad("source %q is not one of -source (%s)", name, envOf("source"))
-		case n > 0:
-			o.Sources[i].Partitions = n
+		case problem == "":
+			set(&o.Sources[i], v)
 		}
 		seen[name] = true
 	}
