@@ -16,6 +16,7 @@ import (
 	"github.com/ordo-relay/ordo/internal/confcheck"
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/node"
+	"github.com/ordo-relay/ordo/outbox"
 	"github.com/ordo-relay/ordo/relay/tablesource"
 )
 
@@ -169,5 +170,37 @@ func TestTableLayoutValidated(t *testing.T) {
 	cfg.TableLayout = "article"
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("the article's layout with the default exchange: %v", err)
+	}
+}
+
+// TestAdoptedTableBesideAnOutbox: a node relays two sources at once, the
+// article's table in one database (-source-layout shop=article) and
+// Ordo's own outbox in another: both arrive, each key in order.
+func TestAdoptedTableBesideAnOutbox(t *testing.T) {
+	t.Parallel()
+	testkit.RequireRabbitMQ(t)
+	const partitions = 4
+	ob := testkit.NewOutbox(t, partitions, 4)
+	shopURL, shop := testkit.NewTestDB(t, 4)
+	ctx := testkit.Context(t, 2*time.Minute)
+	if _, err := shop.Exec(ctx, tablesource.ArticleDDL); err != nil {
+		t.Fatal(err)
+	}
+	ex := testkit.NewExchange(t)
+	checker := testkit.NewChecker(t, testkit.AMQPURL(), ex)
+	startNode(t, ob.URL, partitions, func(c *node.Config) {
+		c.Sources = []node.Source{{Name: "default", PostgresURL: ob.URL}, {Name: "shop", PostgresURL: shopURL, Layout: "article"}}
+		c.TableExchange = ex
+	})
+	for i := range 40 {
+		id := uuid.Must(uuid.NewV7())
+		if err := insertArticleRow(ctx, shop, id, fmt.Sprintf("shop-%d", i%4), time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		checker.Expect(id.String())
+		ob.Enqueue(t, checker, outbox.Message{CorrelationID: fmt.Sprintf("outbox-%d", i%4), Exchange: ex, RoutingKey: "r", Type: "t", Payload: []byte(`{}`)})
+	}
+	if rep := checker.WaitDistinct(t, 80, time.Minute); !rep.OK() || rep.Duplicates != 0 || rep.Keys != 8 {
+		t.Fatalf("deliveries: %s", rep.Detail())
 	}
 }
