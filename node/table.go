@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -79,4 +80,93 @@ func migrateTable(ctx context.Context, db *pgx.Conn, l tablesource.Layout) error
 		return fmt.Errorf("adopted table: %w", err)
 	}
 	return nil
+}
+
+// DryRunPage and DryRunSampleKeys are the page and the sampled keys of
+// the dry run (TableDryRun).
+const (
+	DryRunPage       = 500
+	DryRunSampleKeys = 5
+)
+
+// SourceDryRun is the dry run's report of one source relaying an adopted
+// table (tablesource.Report, as printed).
+type SourceDryRun struct {
+	Source                   string              `json:"source"`
+	Layout                   string              `json:"layout"`
+	At                       time.Time           `json:"at"`
+	Pending                  int                 `json:"pending"`
+	Keys                     int                 `json:"keys"`
+	KeysWithoutCorrelationID int                 `json:"keysWithoutCorrelationId"`
+	PerPartition             []int               `json:"perPartition"`
+	OldestOccurredAt         *time.Time          `json:"oldestOccurredAt,omitempty"`
+	OldestAge                string              `json:"oldestAge"`
+	Bad                      []DryRunBadRow      `json:"bad"`
+	Samples                  map[string][]string `json:"samples"`
+}
+
+// DryRunBadRow is a row the relay would park, and why.
+type DryRunBadRow struct {
+	ID     string `json:"id"`
+	Key    string `json:"key"`
+	Reason string `json:"reason"`
+}
+
+func sourceDryRun(source, layout string, r tablesource.Report) SourceDryRun {
+	out := SourceDryRun{Source: source, Layout: layout, At: r.At, Pending: r.Pending, Keys: r.Keys,
+		KeysWithoutCorrelationID: r.KeysWithoutCorrelationID, PerPartition: r.PerPartition,
+		OldestAge: r.OldestAge.String(), Bad: []DryRunBadRow{}, Samples: r.Samples}
+	if !r.OldestOccurredAt.IsZero() {
+		out.OldestOccurredAt = &r.OldestOccurredAt
+	}
+	for _, b := range r.Bad {
+		out.Bad = append(out.Bad, DryRunBadRow{ID: b.Row.ID.String(), Key: b.Row.Key, Reason: b.Reason})
+	}
+	return out
+}
+
+// TableDryRun reads what the node configured by cfg would publish from
+// each adopted table of its sources (tablesource.Reader.DryRun), and
+// returns one report per such source: counts, keys, partitions, the
+// oldest pending age, the rows that would be parked and sampled keys'
+// order. It creates nothing, takes no lease, publishes and marks
+// nothing, so it runs beside the table's old relay. Each source's
+// partition count is its configured one (the database's, once Ordo was
+// installed there, must be the same).
+func TableDryRun(ctx context.Context, cfg Config) ([]SourceDryRun, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	var out []SourceDryRun
+	for _, sc := range cfg.sources() {
+		l, ok := tableLayout(sc)
+		if !ok {
+			continue
+		}
+		rep, err := dryRunSource(ctx, cfg, sc, l)
+		if err != nil {
+			return out, fmt.Errorf("source %s: %w", sc.Name, err)
+		}
+		out = append(out, sourceDryRun(sc.Name, sc.Layout, rep))
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no source relays an adopted table: give -table-layout, or -source-layout with -source")
+	}
+	return out, nil
+}
+
+func dryRunSource(ctx context.Context, cfg Config, sc Source, l tablesource.Layout) (tablesource.Report, error) {
+	pool, _, err := openPool(ctx, cfg, sc.PostgresURL)
+	if err != nil {
+		return tablesource.Report{}, err
+	}
+	defer pool.Close()
+	if err := tablesource.Check(ctx, pool, l); err != nil {
+		return tablesource.Report{}, err
+	}
+	r, err := tablesource.NewReader(l, sc.Partitions)
+	if err != nil {
+		return tablesource.Report{}, err
+	}
+	return r.DryRun(ctx, pool, DryRunPage, DryRunSampleKeys)
 }

@@ -41,6 +41,9 @@ type options struct {
 	// SourceLayouts are the items of -source-layout, NAME=LAYOUT each,
 	// moved into Sources by sourceLayouts as SourcePartitions are.
 	SourceLayouts sourceCounts
+	// TableDryRun prints what the node would publish from its adopted
+	// tables (node.TableDryRun) and exits, instead of running the node.
+	TableDryRun bool
 }
 
 // defaultOptions returns the defaults of every flag: node.DefaultConfig
@@ -84,6 +87,7 @@ var nodeFlags = []nodeFlag{
 	{name: "degraded-after", field: "DegradedAfter", help: "oldest pending age in this node's partitions above which /readyz and /status say degraded (0: off)"},
 	{name: "table-layout", field: "TableLayout", help: "relay a table Ordo did not create instead of its own outbox: a layout preset, article (the article's EF Core \"OutboxMessages\"); docs/adopt.md"},
 	{name: "source-layout", field: "SourceLayouts", help: "the table layout of one -source that relays a table Ordo did not create, NAME=LAYOUT (article); repeat it for each (the environment takes space-separated pairs)"},
+	{name: "table-dry-run", field: "TableDryRun", help: "print what the node would publish from its adopted tables (counts, keys, partitions, oldest pending age, bad rows, sampled keys' order) as JSON and exit; creates, publishes and marks nothing, so it can run beside the old relay"},
 	{name: "table-exchange", field: "TableExchange", help: "the exchange an adopted table's messages go to (with -table-layout)"},
 	{name: "backlog-interval", field: "BacklogInterval", help: "how often the backlog of every partition is read for /status and /metrics (one bounded query)"},
 

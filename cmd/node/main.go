@@ -20,6 +20,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -79,6 +80,9 @@ func (c cli) run(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("node: %w", usageError(err))
 	}
+	if o.TableDryRun {
+		return c.tableDryRun(ctx, o)
+	}
 	return c.serve(ctx, o)
 }
 
@@ -97,6 +101,22 @@ func (c cli) serve(ctx context.Context, o options) error {
 		return &exitError{status: 1, err: err, logged: true}
 	}
 	logger.Info("node stopped")
+	return nil
+}
+
+// tableDryRun prints node.TableDryRun's reports, one JSON object per
+// line, to stdout.
+func (c cli) tableDryRun(ctx context.Context, o options) error {
+	reports, err := node.TableDryRun(ctx, o.Config)
+	enc := json.NewEncoder(c.stdout)
+	for _, r := range reports {
+		if err := enc.Encode(r); err != nil {
+			return fmt.Errorf("node -table-dry-run: %w", err)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("node -table-dry-run: %w", err)
+	}
 	return nil
 }
 
