@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ordo-relay/ordo/internal/confcheck"
 	"github.com/ordo-relay/ordo/internal/testkit"
@@ -19,15 +18,6 @@ import (
 	"github.com/ordo-relay/ordo/outbox"
 	"github.com/ordo-relay/ordo/relay/tablesource"
 )
-
-// insertArticleRow writes one row of the article's table the way its
-// producers do: a plain INSERT, one row per transaction, knowing nothing
-// of Ordo.
-func insertArticleRow(ctx context.Context, pool *pgxpool.Pool, id uuid.UUID, key string, at time.Time) error {
-	_, err := pool.Exec(ctx, `INSERT INTO "OutboxMessages" ("Id", "Type", "RoutingKey", "Payload", "CorrelationId", "OccurredAt")
-		VALUES ($1, 'OrderPlaced', 'order.placed', jsonb_build_object('orderId', $2::text), $3, $4)`, id, id.String(), key, at)
-	return err
-}
 
 // TestAdoptedTableRelayed: a node with -table-layout article relays the
 // article's table, written by four producers at once and by one producer
@@ -82,7 +72,7 @@ func TestAdoptedTableRelayed(t *testing.T) {
 				for i := from; i < to; i++ {
 					key := fmt.Sprintf("key-%d", p*keysPerProducer+i%keysPerProducer)
 					id := uuid.Must(uuid.NewV7())
-					if err := insertArticleRow(ctx, pool, id, key, time.Now()); err != nil {
+					if err := testkit.InsertArticleRow(ctx, pool, id, key, time.Now()); err != nil {
 						t.Errorf("producer %d: %v", p, err)
 						return
 					}
@@ -194,7 +184,7 @@ func TestAdoptedTableBesideAnOutbox(t *testing.T) {
 	})
 	for i := range 40 {
 		id := uuid.Must(uuid.NewV7())
-		if err := insertArticleRow(ctx, shop, id, fmt.Sprintf("shop-%d", i%4), time.Now()); err != nil {
+		if err := testkit.InsertArticleRow(ctx, shop, id, fmt.Sprintf("shop-%d", i%4), time.Now()); err != nil {
 			t.Fatal(err)
 		}
 		checker.Expect(id.String())
