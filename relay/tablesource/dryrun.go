@@ -53,33 +53,18 @@ func (r *Reader) DryRun(ctx context.Context, db TxBeginner, page, sampleKeys int
 	if page <= 0 {
 		return Report{}, fmt.Errorf("dry run of %s: page %d is not positive", r.layout, page)
 	}
-	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-	if err != nil {
-		return Report{}, fmt.Errorf("dry run of %s: %w", r.layout, err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // read-only: nothing to keep
-	if err := plannerSettings(ctx, tx); err != nil {
-		return Report{}, fmt.Errorf("dry run of %s: %w", r.layout, err)
-	}
 	rep := Report{PerPartition: make([]int, r.partitions), Samples: map[string][]string{}}
-	if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&rep.At); err != nil {
-		return Report{}, fmt.Errorf("dry run of %s: %w", r.layout, err)
-	}
 	keys := map[string]bool{}
-	var after *Position
-	for {
-		rows, err := r.pending(ctx, tx, after, page)
-		if err != nil {
-			return Report{}, fmt.Errorf("dry run of %s: read pending rows: %w", r.layout, err)
-		}
+	err := r.pages(ctx, db, nil, page, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, `SELECT now()`).Scan(&rep.At)
+	}, func(rows []Row) error {
 		for _, row := range rows {
 			rep.add(row, keys, sampleKeys)
 		}
-		if len(rows) < page {
-			break
-		}
-		p := rows[len(rows)-1].Position()
-		after = &p
+		return nil
+	})
+	if err != nil {
+		return Report{}, fmt.Errorf("dry run of %s: %w", r.layout, err)
 	}
 	rep.Keys = len(keys)
 	if rep.Pending > 0 {

@@ -28,3 +28,6 @@ func (r *Reader) ExplainPending(ctx context.Context, db TxBeginner, after *Posit
 	})
 	return strings.Join(lines, "\n"), err
 }
+
+// SetAfterPage makes f run after each page a pass of in takes in.
+func (in *Intake) SetAfterPage(f func()) { in.afterPage = f }

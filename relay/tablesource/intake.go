@@ -53,7 +53,8 @@ type Intake struct {
 	PollMin    time.Duration
 	PollMax    time.Duration
 
-	pos *Position // the last row a pass read, for the next fast pass
+	pos       *Position // the last row a pass read, for the next fast pass
+	afterPage func()    // tests: runs after each page is taken in
 }
 
 // NewIntake returns the intake of node over the table r reads, on pool.
@@ -74,7 +75,8 @@ func orDefault[T int | time.Duration](v, d T) T {
 // Pass reads the user's pending rows and takes them in, page by page,
 // and returns how many it took in (rows taken in before are skipped).
 // A sweep reads from the oldest pending row; a fast pass from LookBack
-// before the last row read. A fast pass misses a row that commits later
+// before the last row read. Every page of a pass is read in one snapshot
+// (Reader.pages), each taken in as it is read. A fast pass misses a row that commits later
 // behind where it starts: only the sweep guarantees every row.
 //
 // The look-back is read on every fast pass, not once in a while: it is
@@ -94,28 +96,26 @@ func (in *Intake) Pass(ctx context.Context, sweep bool) (int, error) {
 		after = &Position{OccurredAt: in.pos.OccurredAt.Add(-orDefault(in.LookBack, DefaultLookBack)), ID: uuid.Nil}
 	}
 	taken := 0
-	for {
-		rows, err := in.reader.Pending(ctx, in.pool, after, page)
+	err := in.reader.pages(ctx, in.pool, after, page, nil, func(rows []Row) error {
+		n, err := in.take(ctx, rows)
+		taken += n
 		if err != nil {
-			return taken, fmt.Errorf("intake: %w", err)
+			return err
 		}
-		if len(rows) > 0 {
-			n, err := in.take(ctx, rows)
-			taken += n
-			if err != nil {
-				return taken, err
-			}
-			last := rows[len(rows)-1].Position()
-			after = &last
-			if in.pos == nil || in.pos.OccurredAt.Before(last.OccurredAt) ||
-				in.pos.OccurredAt.Equal(last.OccurredAt) && bytes.Compare(in.pos.ID[:], last.ID[:]) < 0 {
-				in.pos = &last
-			}
+		last := rows[len(rows)-1].Position()
+		if in.pos == nil || in.pos.OccurredAt.Before(last.OccurredAt) ||
+			in.pos.OccurredAt.Equal(last.OccurredAt) && bytes.Compare(in.pos.ID[:], last.ID[:]) < 0 {
+			in.pos = &last
 		}
-		if len(rows) < page {
-			return taken, nil
+		if in.afterPage != nil {
+			in.afterPage()
 		}
+		return nil
+	})
+	if err != nil {
+		return taken, fmt.Errorf("intake: %w", err)
 	}
+	return taken, nil
 }
 
 // take inserts rows into ordo_table_rows, in one statement.

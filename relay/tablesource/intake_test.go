@@ -80,3 +80,50 @@ func TestIntakeSkipsARowBeingMarked(t *testing.T) {
 		t.Fatalf("the sweep took the marked row in again (%d taken in, %d row(s) in ordo_table_rows)", r.n, again)
 	}
 }
+
+// TestIntakePassIsOneSnapshot: a key's row committing late, behind the
+// end of a pass's first page, and the key's next row committed after it
+// before the pass reads its second page: the pass takes in neither (the
+// next pass takes both, in order), never the second without the first,
+// which would be numbered first.
+func TestIntakePassIsOneSnapshot(t *testing.T) {
+	t.Parallel()
+	pool := adoptedDB(t)
+	_, in := newStore(t, pool, "n1")
+	in.Page = 1
+	ctx := testkit.Context(t, 30*time.Second)
+	t0 := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
+	x, a1, a2 := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
+	insert(t, pool, msg{id: x, corr: ptr("x"), at: t0.Add(2 * time.Second)})
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // committed below
+	if _, err := tx.Exec(ctx, sqlInsert, a1, "OrderPlaced", "order.placed", `{}`, "k", t0.Add(time.Second), nil); err != nil {
+		t.Fatal(err)
+	}
+	once := false
+	in.SetAfterPage(func() {
+		if once {
+			return
+		}
+		once = true
+		if err := tx.Commit(ctx); err != nil {
+			t.Error(err)
+		}
+		insert(t, pool, msg{id: a2, corr: ptr("k"), at: t0.Add(3 * time.Second)})
+	})
+	take(t, in, true)
+	var hasA1, hasA2 bool
+	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM ordo_table_rows WHERE id = $1), EXISTS (SELECT 1 FROM ordo_table_rows WHERE id = $2)`,
+		a1, a2).Scan(&hasA1, &hasA2); err != nil {
+		t.Fatal(err)
+	}
+	if hasA2 && !hasA1 {
+		t.Fatal("the pass took in the key's second row without its first")
+	}
+	if n := take(t, in, true); n != 2 || !once {
+		t.Fatalf("the next pass took in %d rows, want both of the key's", n)
+	}
+}

@@ -133,6 +133,46 @@ func plannerSettings(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
+// pages reads the pending rows after after (nil: from the oldest), limit
+// at a time, all in one read-only REPEATABLE READ transaction steered as
+// Pending's is, and calls page with each page that has rows; first, if
+// not nil, runs in that transaction before the first read. One snapshot
+// for every page: read page by page in snapshots of their own, a key's
+// row committing between two reads behind the first page's end is
+// missed while the key's next row, committed after it, is read by the
+// second.
+func (r *Reader) pages(ctx context.Context, db TxBeginner, after *Position, limit int, first func(pgx.Tx) error, page func([]Row) error) error {
+	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // read-only: nothing to keep
+	if err := plannerSettings(ctx, tx); err != nil {
+		return err
+	}
+	if first != nil {
+		if err := first(tx); err != nil {
+			return err
+		}
+	}
+	for {
+		rows, err := r.pending(ctx, tx, after, limit)
+		if err != nil {
+			return fmt.Errorf("read pending rows: %w", err)
+		}
+		if len(rows) > 0 {
+			if err := page(rows); err != nil {
+				return err
+			}
+			p := rows[len(rows)-1].Position()
+			after = &p
+		}
+		if len(rows) < limit {
+			return nil
+		}
+	}
+}
+
 // pending is Pending inside tx, whose planner settings the caller made.
 func (r *Reader) pending(ctx context.Context, tx pgx.Tx, after *Position, limit int) ([]Row, error) {
 	var sql string
