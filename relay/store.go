@@ -68,6 +68,24 @@ type Settled struct {
 	Delay     time.Duration // wait before the next attempt, for RecordFailures
 }
 
+// SettledColumns returns rows as the columns a Store's write passes to
+// its database as arrays: ids, partitions, epochs, errors and delays (in
+// seconds). Ids are [16]byte values, which pgx encodes in binary
+// directly; for uuid.UUID it first tries and fails other encodings,
+// which cost about a quarter of the node's CPU in a drain. Never nil: a
+// NULL array would match no row.
+func SettledColumns(rows []Settled) (ids [][16]byte, parts []int32, epochs []int64, errs []string, delays []float64) {
+	ids = make([][16]byte, len(rows))
+	parts = make([]int32, len(rows))
+	epochs = make([]int64, len(rows))
+	errs = make([]string, len(rows))
+	delays = make([]float64, len(rows))
+	for i, r := range rows {
+		ids[i], parts[i], epochs[i], errs[i], delays[i] = r.ID, int32(r.Partition), r.Epoch, r.Err, r.Delay.Seconds()
+	}
+	return ids, parts, epochs, errs, delays
+}
+
 // Store is the relay's view of the outbox, in three concerns: the hot
 // path (Outbox), Retention, and Notifications. A Store is bound to one
 // node at construction, the lease owner every write is checked against;

@@ -222,34 +222,10 @@ func readRows(ctx context.Context, conn *pgx.Conn, query string, parts []int32, 
 	return out, unnumbered, behind, nil
 }
 
-func settledArrays(rows []relay.Settled) ([]uuid.UUID, []int32, []int64, []string, []float64) {
-	ids := make([]uuid.UUID, len(rows))
-	parts := make([]int32, len(rows))
-	epochs := make([]int64, len(rows))
-	errs := make([]string, len(rows))
-	delays := make([]float64, len(rows))
-	for i, r := range rows {
-		ids[i], parts[i], epochs[i], errs[i], delays[i] = r.ID, int32(r.Partition), r.Epoch, r.Err, r.Delay.Seconds()
-	}
-	return ids, parts, epochs, errs, delays
-}
-
-// rawUUIDs converts ids to [16]byte values, which pgx encodes in binary
-// directly; for uuid.UUID it first tries and fails other encodings, which
-// cost about a quarter of the node's CPU in a drain. Never nil: a NULL
-// array would exclude every row.
-func rawUUIDs(ids []uuid.UUID) [][16]byte {
-	out := make([][16]byte, len(ids))
-	for i, id := range ids {
-		out[i] = id
-	}
-	return out
-}
-
 // MarkPublished implements relay.Outbox.
 func (s *Store) MarkPublished(ctx context.Context, rows []relay.Settled) ([]uuid.UUID, error) {
-	ids, parts, epochs, _, _ := settledArrays(rows)
-	r, err := s.pool.Query(ctx, sqlMarkPublished, planFresh, s.node, rawUUIDs(ids), parts, epochs)
+	ids, parts, epochs, _, _ := relay.SettledColumns(rows)
+	r, err := s.pool.Query(ctx, sqlMarkPublished, planFresh, s.node, ids, parts, epochs)
 	if err != nil {
 		return nil, fmt.Errorf("mark %d row(s) published: %w", len(rows), err)
 	}
@@ -262,8 +238,8 @@ func (s *Store) MarkPublished(ctx context.Context, rows []relay.Settled) ([]uuid
 
 // RecordFailures implements relay.Outbox.
 func (s *Store) RecordFailures(ctx context.Context, rows []relay.Settled, maxAttempts int) ([]uuid.UUID, error) {
-	ids, parts, epochs, errs, delays := settledArrays(rows)
-	r, err := s.pool.Query(ctx, sqlRecordFailures, planFresh, s.node, rawUUIDs(ids), parts, epochs, errs, delays, maxAttempts)
+	ids, parts, epochs, errs, delays := relay.SettledColumns(rows)
+	r, err := s.pool.Query(ctx, sqlRecordFailures, planFresh, s.node, ids, parts, epochs, errs, delays, maxAttempts)
 	if err != nil {
 		return nil, fmt.Errorf("record %d failure(s): %w", len(rows), err)
 	}

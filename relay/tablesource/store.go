@@ -133,7 +133,7 @@ func (s *Store) readPending(ctx context.Context, query string, cursors []relay.C
 // markGone marks dead the rows of gone (processed or deleted outside
 // Ordo) while the node holds their partitions.
 func (s *Store) markGone(ctx context.Context, conn *pgx.Conn, gone []relay.Settled) error {
-	ids, parts, _, _, _ := settledArrays(gone)
+	ids, parts, _, _, _ := relay.SettledColumns(gone)
 	if _, err := conn.Exec(ctx, sqlMarkGone, planFresh, s.node, ids, parts); err != nil {
 		return fmt.Errorf("read pending rows: mark %d row(s) processed outside Ordo dead: %w", len(gone), err)
 	}
@@ -178,32 +178,10 @@ func (s *Store) read(ctx context.Context, conn *pgx.Conn, query string, parts []
 	return out, nil
 }
 
-// rawUUIDs converts ids to [16]byte values, which pgx encodes in binary
-// directly. Never nil: a NULL array would match no row.
-func rawUUIDs(ids []uuid.UUID) [][16]byte {
-	out := make([][16]byte, len(ids))
-	for i, id := range ids {
-		out[i] = id
-	}
-	return out
-}
-
-func settledArrays(rows []relay.Settled) ([][16]byte, []int32, []int64, []string, []float64) {
-	ids := make([]uuid.UUID, len(rows))
-	parts := make([]int32, len(rows))
-	epochs := make([]int64, len(rows))
-	errs := make([]string, len(rows))
-	delays := make([]float64, len(rows))
-	for i, r := range rows {
-		ids[i], parts[i], epochs[i], errs[i], delays[i] = r.ID, int32(r.Partition), r.Epoch, r.Err, r.Delay.Seconds()
-	}
-	return rawUUIDs(ids), parts, epochs, errs, delays
-}
-
 // MarkPublished implements relay.Outbox: it sets the user's processed-at
 // and forgets the rows, in one statement fenced by the leases.
 func (s *Store) MarkPublished(ctx context.Context, rows []relay.Settled) ([]uuid.UUID, error) {
-	ids, parts, epochs, _, _ := settledArrays(rows)
+	ids, parts, epochs, _, _ := relay.SettledColumns(rows)
 	r, err := s.pool.Query(ctx, s.sql.mark, planFresh, s.node, ids, parts, epochs)
 	if err != nil {
 		return nil, fmt.Errorf("mark %d row(s) published: %w", len(rows), err)
@@ -217,7 +195,7 @@ func (s *Store) MarkPublished(ctx context.Context, rows []relay.Settled) ([]uuid
 
 // RecordFailures implements relay.Outbox.
 func (s *Store) RecordFailures(ctx context.Context, rows []relay.Settled, maxAttempts int) ([]uuid.UUID, error) {
-	ids, parts, epochs, errs, delays := settledArrays(rows)
+	ids, parts, epochs, errs, delays := relay.SettledColumns(rows)
 	r, err := s.pool.Query(ctx, sqlRecordFailures, planFresh, s.node, ids, parts, epochs, errs, delays, maxAttempts)
 	if err != nil {
 		return nil, fmt.Errorf("record %d failure(s): %w", len(rows), err)
