@@ -31,3 +31,23 @@ func (r *Reader) ExplainPending(ctx context.Context, db TxBeginner, after *Posit
 
 // SetAfterPage makes f run after each page a pass of in takes in.
 func (in *Intake) SetAfterPage(f func()) { in.afterPage = f }
+
+// ReadSQL and MarkSQL are the Store's key-head read and mark, as they
+// run.
+func (s *Store) ReadSQL() string { return s.sql.read }
+func (s *Store) MarkSQL() string { return s.sql.mark }
+
+// ExplainTake takes rows in as Pass does, under EXPLAIN (ANALYZE,
+// BUFFERS), and returns the plan.
+func (in *Intake) ExplainTake(ctx context.Context, rows []Row) (string, error) {
+	var lines []string
+	err := in.inPlan(ctx, rows, func(tx pgx.Tx, args []any) error {
+		r, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) "+in.sql, append([]any{planFresh}, args...)...)
+		if err != nil {
+			return err
+		}
+		lines, err = pgx.CollectRows(r, pgx.RowTo[string])
+		return err
+	})
+	return strings.Join(lines, "\n"), err
+}

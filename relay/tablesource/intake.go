@@ -120,6 +120,21 @@ func (in *Intake) Pass(ctx context.Context, sweep bool) (int, error) {
 
 // take inserts rows into ordo_table_rows, in one statement.
 func (in *Intake) take(ctx context.Context, rows []Row) (int, error) {
+	var n int
+	err := in.inPlan(ctx, rows, func(tx pgx.Tx, args []any) error {
+		return tx.QueryRow(ctx, in.sql, append([]any{planFresh}, args...)...).Scan(&n)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("intake: take in %d row(s): %w", len(rows), err)
+	}
+	return n, nil
+}
+
+// inPlan runs f, given the intake statement's arguments for rows, in a
+// transaction whose planner is confined to the plan the statement is
+// written for (sqlIntakePlan): without statistics PostgreSQL otherwise
+// hashes every pending row of the user's table to join a page to it.
+func (in *Intake) inPlan(ctx context.Context, rows []Row, f func(tx pgx.Tx, args []any) error) error {
 	ids := make([][16]byte, len(rows))
 	parts := make([]int32, len(rows))
 	keys := make([]string, len(rows))
@@ -132,17 +147,12 @@ func (in *Intake) take(ctx context.Context, rows []Row) (int, error) {
 			problems[i] = &p
 		}
 	}
-	var n int
-	err := pgx.BeginFunc(ctx, in.pool, func(tx pgx.Tx) error {
+	return pgx.BeginFunc(ctx, in.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, sqlIntakePlan, planFresh); err != nil {
 			return err
 		}
-		return tx.QueryRow(ctx, in.sql, planFresh, ids, parts, keys, ats, problems).Scan(&n)
+		return f(tx, []any{ids, parts, keys, ats, problems})
 	})
-	if err != nil {
-		return 0, fmt.Errorf("intake: take in %d row(s): %w", len(rows), err)
-	}
-	return n, nil
 }
 
 // holder reports whether the node holds partition 0, whose holder runs

@@ -62,13 +62,15 @@ LEFT JOIN LATERAL (
 
 // intakeSQL takes a page of the user's pending rows into ordo_table_rows
 // ($1 ids, $2 partitions, $3 keys, $4 occurred-at, $5 problems, in read
-// order), idempotently, and returns how many it took in. Rows already
-// taken in are left out first, so that a sweep locks and inserts only
-// new rows. The others are taken only if still pending in the user's
-// table, locked FOR SHARE: a row whose mark is under way (taken in,
-// numbered and published since this statement's snapshot) is waited for
-// and then seen processed, so it is never taken in again and published
-// twice.
+// order), idempotently, and returns how many it took in. Each row of the
+// page is found in the user's table by one primary-key probe (LIMIT 1:
+// with the pending filter beside the id, the planner walked the partial
+// index of every pending row once per page and matched the page against
+// it, 341 ms a page of 500 on 20,000 pending rows) and locked FOR SHARE:
+// a row whose mark is under way (taken in, numbered and published since
+// this statement's snapshot) is waited for and then read as the mark
+// left it, processed, so it is never taken in again and published twice.
+// Rows already taken in are left out.
 func intakeSQL(l Layout) string {
 	col := func(name string) string { return "m." + quote(name) }
 	return fmt.Sprintf(`
@@ -76,9 +78,11 @@ WITH live AS (
     SELECT u.id, u.partition, u.key, u.occurred_at, u.problem, u.ord
     FROM unnest($1::uuid[], $2::int[], $3::text[], $4::timestamptz[], $5::text[])
          WITH ORDINALITY AS u(id, partition, key, occurred_at, problem, ord)
-    JOIN %s AS m ON %s = u.id
-    WHERE %s IS NULL AND NOT EXISTS (SELECT 1 FROM ordo_table_rows AS r WHERE r.id = u.id)
-    FOR SHARE OF m
+    CROSS JOIN LATERAL (
+        SELECT %s AS processed_at FROM %s AS m WHERE %s = u.id
+        LIMIT 1
+        FOR SHARE OF m) AS m
+    WHERE m.processed_at IS NULL AND NOT EXISTS (SELECT 1 FROM ordo_table_rows AS r WHERE r.id = u.id)
 ), taken AS (
     INSERT INTO ordo_table_rows (id, partition, key, occurred_at, problem)
     SELECT id, partition, key, occurred_at, problem FROM live ORDER BY ord
@@ -86,7 +90,7 @@ WITH live AS (
     RETURNING 1
 )
 SELECT count(*) FROM taken`,
-		l.QuotedTable(), col(l.ID), col(l.ProcessedAt))
+		col(l.ProcessedAt), l.QuotedTable(), col(l.ID))
 }
 
 // sqlIntakePlan confines the planner, for the intake's transaction, to

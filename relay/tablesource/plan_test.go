@@ -1,0 +1,146 @@
+package tablesource_test
+
+import (
+	"context"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/relay"
+	"github.com/ordo-relay/ordo/relay/tablesource"
+)
+
+// explain runs EXPLAIN (ANALYZE, BUFFERS) of sql with args, as the Store
+// runs it (each execution planned for its parameters), and returns the
+// plan and its shared buffers.
+func explain(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) (string, int) {
+	t.Helper()
+	return explainOn(t, pool, sql, args...)
+}
+
+// explainTx is explain inside tx.
+func explainTx(t *testing.T, tx pgx.Tx, sql string, args ...any) (string, int) {
+	t.Helper()
+	return explainOn(t, tx, sql, args...)
+}
+
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+func explainOn(t *testing.T, q querier, sql string, args ...any) (string, int) {
+	t.Helper()
+	rows, err := q.Query(testkit.Context(t, time.Minute), "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) "+sql,
+		append([]any{pgx.QueryExecModeCacheDescribe}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan := strings.Join(lines, "\n")
+	return plan, topBuffers(plan)
+}
+
+// topBuffers returns the shared buffers of plan's first node.
+func topBuffers(plan string) int {
+	m := regexp.MustCompile(`Buffers: shared hit=(\d+)(?: read=(\d+))?`).FindStringSubmatch(plan)
+	if m == nil {
+		return 0
+	}
+	hit, _ := strconv.Atoi(m[1])
+	read, _ := strconv.Atoi(m[2])
+	return hit + read
+}
+
+const intakePage = 500
+
+// seqScan reports whether plan scans a table whole, or collects every
+// row of an index's range first (a bitmap scan): ordo_leases, one row per
+// partition, may be.
+func seqScan(plan string) bool {
+	return regexp.MustCompile(`(Seq|Bitmap Heap) Scan on (ordo_table|"OutboxMessages")`).MatchString(plan)
+}
+
+// TestStorePlansWithoutStatistics: on 20,000 pending rows over 1,000
+// keys, written and taken in since the last ANALYZE (autovacuum off), the
+// key-head read, the mark and the intake of a page cost what they
+// handle, not the backlog: index scans only, buffers bounded per row, and
+// the intake probes the user's table by primary key, row by row, instead
+// of matching the page against every pending row.
+func TestStorePlansWithoutStatistics(t *testing.T) {
+	t.Parallel()
+	pool := adoptedDB(t)
+	ctx := testkit.Context(t, 2*time.Minute)
+	for _, tbl := range []string{`"OutboxMessages"`, `ordo_table_rows`, `ordo_table_keys`} {
+		if _, err := pool.Exec(ctx, `ALTER TABLE `+tbl+` SET (autovacuum_enabled = off)`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO "OutboxMessages" ("Id", "Type", "RoutingKey", "Payload", "CorrelationId", "OccurredAt")
+		SELECT gen_random_uuid(), 'OrderPlaced', 'order.placed', jsonb_build_object('n', i, 'pad', repeat('x', 200)), 'k' || (i % 1000),
+		       now() - interval '1 hour' + i * interval '1 ms'
+		FROM generate_series(1, 20000) AS i`); err != nil {
+		t.Fatal(err)
+	}
+	s, in := newStore(t, pool, "n1")
+	began := time.Now()
+	if n := take(t, in, true); n != 20000 {
+		t.Fatalf("took in %d rows", n)
+	}
+	t.Logf("intake of 20,000 rows: %v", time.Since(began).Round(time.Millisecond))
+	began = time.Now()
+	rows := readAll(t, s)
+	t.Logf("numbering and the first read: %v, %d rows", time.Since(began).Round(time.Millisecond), len(rows))
+
+	const limit = 100
+	plan, buffers := explain(t, pool, s.ReadSQL(), []int32{0, 1, 2, 3}, []int64{0, 0, 0, 0}, limit)
+	t.Logf("key-head read of %d rows: %d buffers\n%s", 4*limit, buffers, plan)
+	if seqScan(plan) || buffers > 4*limit*8 {
+		t.Fatalf("the key-head read costs the backlog: %d buffers for %d rows\n%s", buffers, 4*limit, plan)
+	}
+	var settle []relay.Settled
+	for _, r := range rows[:limit] {
+		settle = append(settle, relay.Settled{ID: r.ID, Partition: r.Partition, Epoch: 1})
+	}
+	ids, parts, epochs, _, _ := relay.SettledColumns(settle)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // EXPLAIN ANALYZE of a write: undone
+	plan, buffers = explainTx(t, tx, s.MarkSQL(), "n1", ids, parts, epochs)
+	t.Logf("mark of %d rows: %d buffers\n%s", limit, buffers, plan)
+	if seqScan(plan) || buffers > limit*20 {
+		t.Fatalf("the mark costs the backlog: %d buffers for %d rows\n%s", buffers, limit, plan)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO "OutboxMessages" ("Id", "Type", "RoutingKey", "Payload", "CorrelationId", "OccurredAt")
+		SELECT gen_random_uuid(), 'OrderPlaced', 'order.placed', '{}', 'k' || (i % 1000), now() + i * interval '1 ms'
+		FROM generate_series(1, $1::int) AS i`, intakePage); err != nil {
+		t.Fatal(err)
+	}
+	r, err := tablesource.NewReader(tablesource.Article(), storeParts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, err := r.Pending(ctx, pool, &tablesource.Position{OccurredAt: time.Now().Add(-time.Second)}, intakePage)
+	if err != nil || len(page) != intakePage {
+		t.Fatalf("read %d new rows: %v", len(page), err)
+	}
+	plan, err = in.ExplainTake(ctx, page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buffers = topBuffers(plan)
+	t.Logf("intake of %d rows: %d buffers\n%s", intakePage, buffers, plan)
+	if seqScan(plan) || buffers > intakePage*30 || strings.Contains(plan, "IX_OutboxMessages_OccurredAt") || strings.Contains(plan, "Join Filter") {
+		t.Fatalf("the intake costs the backlog: %d buffers for %d rows\n%s", buffers, intakePage, plan)
+	}
+}
