@@ -275,7 +275,8 @@ func TestStoreHandOffKeepsNumbers(t *testing.T) {
 
 // TestStoreBadRowParked: a row whose payload is not an object is parked
 // with the reason when it is numbered; its key's next row waits behind
-// it, without its payload; every other key flows.
+// it, without its payload; every other key flows. Skipped, the parked
+// row lets its key's next row go.
 func TestStoreBadRowParked(t *testing.T) {
 	t.Parallel()
 	pool := adoptedDB(t)
@@ -301,6 +302,13 @@ func TestStoreBadRowParked(t *testing.T) {
 	}
 	if r := got[other]; r.KeySeq != 1 || r.PrevPending || r.Payload == nil {
 		t.Fatalf("the other key's row: %+v", r)
+	}
+	// An operator's skip, in SQL (docs/operations.md): the key flows on.
+	if _, err := pool.Exec(context.Background(), `UPDATE ordo_table_rows SET dead_at = now() WHERE id = $1 AND key_seq IS NOT NULL`, bad); err != nil {
+		t.Fatal(err)
+	}
+	if r := byID(readAll(t, s))[behind]; r.BehindParked || r.PrevPending || !r.PrevDead || r.Payload == nil {
+		t.Fatalf("the row behind the skipped one: %+v", r)
 	}
 }
 
