@@ -119,6 +119,8 @@ var (
 		"1 while the node is degraded (oldest pending age in its partitions above -degraded-after, broker blocked, or a peer disagrees on a source's database).", nil, nil)
 	descConflicts = prometheus.NewDesc("ordo_source_identity_conflicts",
 		"Live peers that disagree with this node on the source's database (another database under its name, or its database under another name); each is left out of the source's map on this node.", srcLabel, nil)
+	descTableLateRows = prometheus.NewDesc("ordo_table_late_rows_total",
+		"Rows of an adopted table this node numbered after a later row of their key (committed late, or a producer's clock behind); exported for sources with a table layout only.", srcLabel, nil)
 )
 
 // collector is the node's prometheus.Collector: every value is read from
@@ -136,6 +138,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 		descBudgetSlots, descBudgetSlotsUsed, descBudgetBytes, descBudgetBytesUsed, descBudgetSourceSlots, descBudgetSourceBytes,
 		descClaims, descRenewFailures, descLosses, descHandoffs, descHandoffTimeouts, descRebalances,
 		descBrokerUp, descBrokerBlocked, descDatabaseUp, descMembers, descMembersGone, descDegraded, descConflicts,
+		descTableLateRows,
 	} {
 		ch <- d
 	}
@@ -244,6 +247,10 @@ func (c collector) collectSource(ch chan<- prometheus.Metric, src *source) {
 	} else {
 		gauge(descBudgetSourceSlots, float64(s.InFlight))
 		gauge(descBudgetSourceBytes, float64(s.ReadAheadBytes))
+	}
+
+	if src.table != nil {
+		counter(descTableLateRows, src.table.store.LateRows())
 	}
 
 	ls := src.leaser.Stats()

@@ -48,10 +48,11 @@ func tableLayout(sc Source) (tablesource.Layout, bool) {
 }
 
 // tableSource is what a source relaying an adopted table adds: the
-// intake, run by the holder of partition 0.
+// intake, run by the holder of partition 0, and the store.
 type tableSource struct {
 	layout tablesource.Layout
 	intake *tablesource.Intake
+	store  *tablesource.Store // for its late-row count
 }
 
 // newTableStore returns the relay store over the adopted table of s and
@@ -67,6 +68,7 @@ func newTableStore(cfg Config, s *source, node string, logger *slog.Logger) (rel
 		return nil, err
 	}
 	s.table.intake = tablesource.NewIntake(s.pool, node, reader, logger)
+	s.table.store = store
 	return store, nil
 }
 

@@ -90,6 +90,12 @@ func TestClusterAdoptedTableKillNode(t *testing.T) {
 				key, i, len(ids), got[key][i:min(i+3, len(got[key]))], ids[i:min(i+3, len(ids))])
 		}
 	}
+	fams := scrape(t, c.http[0])
+	for name, typ := range tableTypes {
+		if fam, ok := fams[name]; !ok || fam.GetType() != typ {
+			t.Errorf("%s: exported %v, type %v, want %v", name, ok, fam.GetType(), typ)
+		}
+	}
 	testkit.WaitFor(t, 30*time.Second, `every row's "ProcessedAt" set`, func() bool {
 		var pending int
 		err := f.pool.QueryRow(ctx, `SELECT count(*) FROM "OutboxMessages" WHERE "ProcessedAt" IS NULL`).Scan(&pending)
