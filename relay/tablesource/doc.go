@@ -23,7 +23,16 @@
 // (counts, keys, partitions, the oldest pending age, the bad rows, sampled
 // keys' order) before a cut-over.
 //
-// The package only reads: it takes no lock, writes nothing and may run
-// beside the table's existing relay. docs/adopt.md describes how the rest
-// of the relay (numbering, publishing, marking) builds on it.
+// The Reader only reads: it takes no lock, writes nothing and may run
+// beside the table's existing relay.
+//
+// Relaying the table takes Ordo's own tables beside it (Migrate:
+// ordo_table_rows, ordo_table_keys, the numbering function; nothing is
+// added to the user's table). Intake, run by the holder of partition 0,
+// takes the pending rows into ordo_table_rows, idempotently; Store, a
+// relay.Store, has each partition's owner number its rows under its lease
+// (durable before the first publish), reads key heads with the message
+// from the user's row by primary key, and marks a published row by
+// setting the user's processed-at and forgetting it, in one statement
+// fenced by the lease. docs/adopt.md is the design.
 package tablesource
