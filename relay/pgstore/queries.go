@@ -1,5 +1,7 @@
 package pgstore
 
+import "github.com/ordo-relay/ordo/relay/internal/pgwrite"
+
 // sqlReadPending: see Store.ReadPending. A backing-off row's wait is
 // returned as seconds left by the database's clock, so the node's clock
 // need not agree with it. One index range scan per partition on
@@ -136,20 +138,9 @@ WITH RECURSIVE run(k) AS (
 )
 SELECT greatest(min(k), 0) FROM run`
 
-// sqlHeld is the lease check shared by every relay write: the leases of
-// node at the epochs given, locked FOR SHARE until the write commits, so
-// no claim can slip between the check and the write. They are locked in
-// partition order (the LockRows sits above the sort), as the leaser locks
-// them to renew, release or claim: in any other order a write holding 3
-// and waiting for 7 and a renewal holding 7 and waiting for 3 deadlock
-// (docs/design.md, "Lease row locks").
-const sqlHeld = `
-m AS (SELECT * FROM unnest($2::uuid[], $3::int[], $4::bigint[]) AS m(id, partition, epoch)),
-held AS (
-    SELECT l.partition, l.epoch FROM ordo_leases AS l
-    WHERE l.owner = $1 AND (l.partition, l.epoch) IN (SELECT DISTINCT partition, epoch FROM m)
-    ORDER BY l.partition
-    FOR SHARE)`
+// sqlHeld is the lease check shared by every relay write
+// (pgwrite.HeldCTE).
+const sqlHeld = pgwrite.HeldCTE
 
 // sqlRefused records, once per partition and epoch, the rows a write
 // skipped because the lease is no longer held at the published epoch.

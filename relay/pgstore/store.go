@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ordo-relay/ordo/relay"
+	"github.com/ordo-relay/ordo/relay/internal/pgwrite"
 )
 
 // planFresh is the query mode of every relay statement: pgx describes the
@@ -224,39 +225,17 @@ func readRows(ctx context.Context, conn *pgx.Conn, query string, parts []int32, 
 
 // MarkPublished implements relay.Outbox.
 func (s *Store) MarkPublished(ctx context.Context, rows []relay.Settled) ([]uuid.UUID, error) {
-	ids, parts, epochs, _, _ := relay.SettledColumns(rows)
-	r, err := s.pool.Query(ctx, sqlMarkPublished, planFresh, s.node, ids, parts, epochs)
-	if err != nil {
-		return nil, fmt.Errorf("mark %d row(s) published: %w", len(rows), err)
-	}
-	marked, err := pgx.CollectRows(r, pgx.RowTo[uuid.UUID])
-	if err != nil {
-		return nil, fmt.Errorf("mark %d row(s) published: %w", len(rows), err)
-	}
-	return marked, nil
+	return pgwrite.Mark(ctx, s.pool, sqlMarkPublished, s.node, rows)
 }
 
 // RecordFailures implements relay.Outbox.
 func (s *Store) RecordFailures(ctx context.Context, rows []relay.Settled, maxAttempts int) ([]uuid.UUID, error) {
-	ids, parts, epochs, errs, delays := relay.SettledColumns(rows)
-	r, err := s.pool.Query(ctx, sqlRecordFailures, planFresh, s.node, ids, parts, epochs, errs, delays, maxAttempts)
-	if err != nil {
-		return nil, fmt.Errorf("record %d failure(s): %w", len(rows), err)
-	}
-	parked, err := pgx.CollectRows(r, pgx.RowTo[uuid.UUID])
-	if err != nil {
-		return nil, fmt.Errorf("record %d failure(s): %w", len(rows), err)
-	}
-	return parked, nil
+	return pgwrite.RecordFailures(ctx, s.pool, sqlRecordFailures, s.node, rows, maxAttempts)
 }
 
 // PrevKeySeq implements relay.Outbox.
 func (s *Store) PrevKeySeq(ctx context.Context, key string, keySeq int64) (int64, error) {
-	var prev int64
-	if err := s.pool.QueryRow(ctx, sqlPrevKeySeq, planFresh, key, keySeq).Scan(&prev); err != nil {
-		return 0, fmt.Errorf("previous key_seq of %q/%d: %w", key, keySeq, err)
-	}
-	return prev, nil
+	return pgwrite.PrevKeySeq(ctx, s.pool, sqlPrevKeySeq, key, keySeq)
 }
 
 // DeleteProcessed implements relay.Retention.

@@ -1,6 +1,10 @@
 package tablesource
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/ordo-relay/ordo/relay/internal/pgwrite"
+)
 
 // The Store's statements. Those that touch the user's table are built
 // once per Layout from its quoted identifiers; every value is a
@@ -98,15 +102,8 @@ SELECT count(*) FROM taken`,
 const sqlIntakePlan = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true),
        set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`
 
-// sqlHeld is the lease check of every write (see package pgstore's):
-// node $1's leases of the rows $2 (ids), $3 (partitions), $4 (epochs).
-const sqlHeld = `
-m AS (SELECT * FROM unnest($2::uuid[], $3::int[], $4::bigint[]) AS m(id, partition, epoch)),
-held AS (
-    SELECT l.partition, l.epoch FROM ordo_leases AS l
-    WHERE l.owner = $1 AND (l.partition, l.epoch) IN (SELECT DISTINCT partition, epoch FROM m)
-    ORDER BY l.partition
-    FOR SHARE)`
+// sqlHeld is the lease check of every write (pgwrite.HeldCTE).
+const sqlHeld = pgwrite.HeldCTE
 
 // markSQL deletes the confirmed rows from ordo_table_rows and sets the
 // user's processed-at on them, in one statement, while the node holds
