@@ -194,3 +194,44 @@ func TestAdoptedTableBesideAnOutbox(t *testing.T) {
 		t.Fatalf("deliveries: %s", rep.Detail())
 	}
 }
+
+// TestAdoptedTableCreatedLater: a node started before the article's
+// table exists waits, retrying its source's migration (which checks the
+// table), and relays the table once it is created.
+func TestAdoptedTableCreatedLater(t *testing.T) {
+	t.Parallel()
+	testkit.RequireRabbitMQ(t)
+	const partitions = 4
+	dbURL, pool := testkit.NewTestDB(t, 4)
+	ctx := testkit.Context(t, time.Minute)
+	ex := testkit.NewExchange(t)
+	checker := testkit.NewChecker(t, testkit.AMQPURL(), ex)
+	created := make(chan error, 1)
+	go func() {
+		// The table comes once the node's migration has created Ordo's
+		// own tables, so after the migration's first check of it.
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) {
+			var n int
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE tablename = 'ordo_table_rows'`).Scan(&n); err == nil && n == 1 {
+				_, err := pool.Exec(ctx, tablesource.ArticleDDL)
+				created <- err
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		created <- fmt.Errorf("the node never migrated Ordo's own tables")
+	}()
+	startNode(t, dbURL, partitions, func(c *node.Config) { c.TableLayout, c.TableExchange = "article", ex })
+	if err := <-created; err != nil {
+		t.Fatal(err)
+	}
+	id := uuid.Must(uuid.NewV7())
+	if err := testkit.InsertArticleRow(ctx, pool, id, "order-1", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	checker.Expect(id.String())
+	if rep := checker.WaitDistinct(t, 1, 30*time.Second); !rep.OK() {
+		t.Fatalf("deliveries: %s", rep.Detail())
+	}
+}
