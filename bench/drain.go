@@ -140,6 +140,8 @@ type drainPlan struct {
 	// autovacuumOff sets autovacuum_enabled = off on the outbox before
 	// loading, so that no statistics appear during the drain either.
 	autovacuumOff bool
+	// vacuum VACUUMs the outbox after the load commits, before the drain.
+	vacuum bool
 	// limit, when set, bounds the drain: a backlog not drained by then is
 	// reported as incomplete (complete=0, msgs_per_sec over what arrived)
 	// instead of failing the run. 0 waits up to -timeout and fails.
@@ -153,6 +155,37 @@ type drainPlan struct {
 	// after once they are drained (before the relays stop); both may add
 	// figures to the result.
 	before, after func(ctx context.Context, r *harness.Rig, sys system, res *result.Result) error
+}
+
+// loadVacuumed, with plan.vacuum, loads the plan's parked groups (poison
+// rows loaded parked, and their followers) in a transaction of their own,
+// VACUUMs the outbox, and returns the groups still to load and the ids of
+// the rows it loaded: the timed rows then arrive beside parked keys that
+// have stood for a while, which autovacuum has seen. Without plan.vacuum
+// it loads nothing.
+func loadVacuumed(ctx context.Context, r *harness.Rig, plan drainPlan) (rest []rowGroup, ids []string, err error) {
+	if !plan.vacuum {
+		return plan.groups, nil, nil
+	}
+	var early []rowGroup
+	for _, g := range plan.groups {
+		if g.poison && g.parked {
+			early = append(early, g)
+		} else {
+			rest = append(rest, g)
+		}
+	}
+	if len(early) > 0 {
+		load, err := loadGroups(ctx, r, early, plan.payload, false)
+		if err != nil {
+			return nil, nil, err
+		}
+		ids = load.held
+	}
+	if _, err := r.Pool.Exec(ctx, `VACUUM outbox`); err != nil {
+		return nil, nil, fmt.Errorf("vacuum the outbox: %w", err)
+	}
+	return rest, ids, nil
 }
 
 // drainCosts is what a drain measured of PostgreSQL's work, for the shapes
@@ -243,11 +276,16 @@ func drainBacklog(ctx context.Context, o common, spec systemSpec, plan drainPlan
 		}
 		defer wal.close()
 	}
-	loadStart := time.Now()
-	load, err := loadGroups(ctx, r, plan.groups, plan.payload, plan.analyze)
+	groups, early, err := loadVacuumed(ctx, r, plan)
 	if err != nil {
 		return nil, costs, err
 	}
+	loadStart := time.Now()
+	load, err := loadGroups(ctx, r, groups, plan.payload, plan.analyze)
+	if err != nil {
+		return nil, costs, err
+	}
+	load.held = append(early, load.held...)
 	ids, committed := load.timed, load.committed
 	loadTime := committed.Sub(loadStart)
 	costs.insert, costs.loadRows, costs.msgs = load.insertCPU, len(load.timed)+len(load.held), len(ids)

@@ -119,6 +119,9 @@ type shapesOptions struct {
 	// and their followers loaded held behind them too with ParkedHeld.
 	ParkedKeys, ParkedFollowers int
 	ParkedLoaded, ParkedHeld    bool
+	// Vacuum loads the parked keys first and VACUUMs the outbox before
+	// loading the rows the drain times (loadVacuumed).
+	Vacuum bool
 }
 
 func defaultShapesOptions() shapesOptions {
@@ -140,6 +143,7 @@ func (o *shapesOptions) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.ParkedFollowers, "parked-followers", o.ParkedFollowers, "rows waiting behind each parked key of the "+shapeParked+" shape")
 	fs.BoolVar(&o.ParkedLoaded, "parked-loaded", o.ParkedLoaded, "load the "+shapeParked+" shape's poison rows parked already, instead of the node parking them during the drain")
 	fs.BoolVar(&o.ParkedHeld, "parked-held", o.ParkedHeld, "with -parked-loaded, load their followers held behind them too (held_behind, outbox migration 15), as a node's first read leaves them: the drain then times the other keys beside parked keys a node has seen before")
+	fs.BoolVar(&o.Vacuum, "vacuum", o.Vacuum, "load the parked shape's parked keys (with -parked-loaded) first, VACUUM the outbox as autovacuum would before long (the shapes run with autovacuum off), then load the rows the drain times: the dead versions and index entries of -parked-held's holds are gone")
 }
 
 // withParked sizes the parked shape's poison group as its flags say.
@@ -230,7 +234,7 @@ func runShape(ctx context.Context, o shapesOptions, def shapeDef, emit func(*res
 	}
 	drain := func(spec systemSpec, groups []rowGroup, analyze bool, label string) (*result.Result, drainCosts, error) {
 		plan := drainPlan{scenario: "shape", label: def.name + "-" + label, groups: groups, analyze: analyze,
-			payload: o.Payload, autovacuumOff: true, limit: o.ShapeLimit}
+			payload: o.Payload, autovacuumOff: true, vacuum: o.Vacuum, limit: o.ShapeLimit}
 		res, costs, err := drainBacklog(ctx, o.common, spec, plan)
 		if err != nil {
 			return nil, costs, fmt.Errorf("%s: %w", label, err)
