@@ -159,7 +159,8 @@ type drainPlan struct {
 
 // loadVacuumed, with plan.vacuum, loads the plan's parked groups (poison
 // rows loaded parked, and their followers) in a transaction of their own,
-// VACUUMs the outbox, and returns the groups still to load and the ids of
+// waits until the relays have held the followers (or finds them loaded
+// held), VACUUMs the outbox, and returns the groups still to load and the ids of
 // the rows it loaded: the timed rows then arrive beside parked keys that
 // have stood for a while, which autovacuum has seen. Without plan.vacuum
 // it loads nothing.
@@ -181,6 +182,27 @@ func loadVacuumed(ctx context.Context, r *harness.Rig, plan drainPlan) (rest []r
 			return nil, nil, err
 		}
 		ids = load.held
+		// Without -parked-held the relays hold the followers at their
+		// first read: wait for it, so that VACUUM comes after the holds.
+		deadline := time.Now().Add(r.Config.Timeout)
+		for {
+			var ready bool
+			if err := r.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox
+				WHERE processed_at IS NULL AND parked_at IS NULL AND held_behind IS NULL)`).Scan(&ready); err != nil {
+				return nil, nil, fmt.Errorf("wait for the parked keys' holds: %w", err)
+			}
+			if !ready {
+				break
+			}
+			if time.Now().After(deadline) {
+				return nil, nil, fmt.Errorf("the parked keys' followers not held after %v", r.Config.Timeout)
+			}
+			select {
+			case <-ctx.Done():
+				return nil, nil, ctx.Err()
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
 	}
 	if _, err := r.Pool.Exec(ctx, `VACUUM outbox`); err != nil {
 		return nil, nil, fmt.Errorf("vacuum the outbox: %w", err)
