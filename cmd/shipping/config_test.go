@@ -35,6 +35,12 @@ func TestParseConfig(t *testing.T) {
 				t.Fatalf("lanes 2 of 6 shards: %+v", c)
 			}
 		}},
+		{name: "group commit", args: []string{"-batch", "4", "-batch-time", "5ms"}, check: func(t *testing.T, c config) {
+			if c.inbox.BatchSize != 4 || c.inbox.BatchTime != 5*time.Millisecond {
+				t.Fatalf("-batch 4 -batch-time 5ms: %+v", c)
+			}
+		}},
+		{name: "bad batch", args: []string{"-batch", "33"}, wantErr: "BatchSize"},
 		{name: "subcommand", args: []string{"-shards", "12", "reshard"}, check: func(t *testing.T, c config) {
 			if c.inbox.Shards != 12 || len(c.command) != 1 || c.command[0] != "reshard" {
 				t.Fatalf("subcommand: %+v", c)

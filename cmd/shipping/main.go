@@ -86,6 +86,8 @@ func parseConfig(args []string, lookup func(string) (string, bool), output io.Wr
 	fs.DurationVar(&ic.RetentionAge, "retention-age", 0, "delete keys idle longer than this (the redelivery bound); 0 keeps them")
 	fs.StringVar(&mode, "mode", "ordered", "ordered, bootstrap (first run over an existing stream) or partial")
 	fs.IntVar(&ic.Lanes, "lanes", ic.Lanes, "keys of a shard handled at once (each key one message at a time)")
+	fs.IntVar(&ic.BatchSize, "batch", ic.BatchSize, "deliveries a lane handles in one transaction, one commit for all (group commit; 1: a transaction each)")
+	fs.DurationVar(&ic.BatchTime, "batch-time", ic.BatchTime, "handler time after which a lane's transaction takes no more deliveries")
 	fs.IntVar(&cfg.dbMaxConns, "db-max-conns", 0, "PostgreSQL pool size (0: 2 + lanes × shards, what one instance owning every shard uses)")
 	fs.DurationVar(&cfg.statsEvery, "stats-every", 30*time.Second, "how often to log the inbox counters (0: only at exit)")
 	fs.StringVar(&cfg.httpAddr, "http-addr", "", "serve /metrics, /healthz, /readyz and /admin/ here, e.g. 127.0.0.1:8082 (empty: not served)")
