@@ -246,10 +246,15 @@ func TestHTTPEndpoints(t *testing.T) {
 	f.checker.WaitDistinct(t, 10, 30*time.Second)
 	// The partitions in /status come from the backlog snapshot, at most a
 	// refresh interval (1 s) old: wait for one taken after the claims.
+	// Until the node's first snapshot /status answers 503.
 	var st node.Status
 	for {
 		if code := getJSON(t, base+"/status", &st); code != http.StatusOK {
-			t.Fatalf("/status %d", code)
+			if code != http.StatusServiceUnavailable || time.Now().After(deadline) {
+				t.Fatalf("/status %d", code)
+			}
+			time.Sleep(50 * time.Millisecond)
+			continue
 		}
 		if st.Node != "http-node" || len(st.Leases) != 64 || len(st.Held) != 64 {
 			t.Fatalf("status: node %q, %d partitions, %d held", st.Node, len(st.Leases), len(st.Held))
