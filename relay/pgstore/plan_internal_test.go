@@ -202,15 +202,20 @@ func TestParkedKeysCostTheReadNoBuffers(t *testing.T) {
 	}
 }
 
-func parkedKeysCostNoBuffers(t *testing.T, analyze bool) {
-	const others, parkedKeys = 20000, 20000
-	pool, ctx := planDB(t)
-	insert := func(keys string) {
-		exec(t, pool, `
+// insertKeys inserts a pending row for each key keys (a query of one
+// column) yields, in its key's partition of 64.
+func insertKeys(t *testing.T, pool *pgxpool.Pool, keys string) {
+	t.Helper()
+	exec(t, pool, `
 INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload)
 SELECT gen_random_uuid(), abs(hashtext(k)) % 64, k, 'ex', 'rk', 't', '{"pad": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}'
 FROM (`+keys+`) AS s(k)`)
-	}
+}
+
+func parkedKeysCostNoBuffers(t *testing.T, analyze bool) {
+	const others, parkedKeys = 20000, 20000
+	pool, ctx := planDB(t)
+	insert := func(keys string) { insertKeys(t, pool, keys) }
 	// As many rows as the parked keys will add, processed (as retention
 	// keeps them for a while): alone and beside the parked keys, the
 	// table and its indexes have the same size.
@@ -276,12 +281,7 @@ func TestLeanNumberingSkipsParkedKeys(t *testing.T) {
 	testkit.RequirePostgres(t)
 	const parkedKeys, fresh = 20000, 10
 	pool, ctx := planDB(t)
-	insert := func(keys string) {
-		exec(t, pool, `
-INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload)
-SELECT gen_random_uuid(), abs(hashtext(k)) % 64, k, 'ex', 'rk', 't', '{"pad": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}'
-FROM (`+keys+`) AS s(k)`)
-	}
+	insert := func(keys string) { insertKeys(t, pool, keys) }
 	parts, ids := make([]string, 64), make([]int32, 64)
 	cursors := make([]relay.Cursor, 64)
 	for i := range parts {
