@@ -157,59 +157,6 @@ type drainPlan struct {
 	before, after func(ctx context.Context, r *harness.Rig, sys system, res *result.Result) error
 }
 
-// loadVacuumed, with plan.vacuum, loads the plan's parked groups (poison
-// rows loaded parked, and their followers) in a transaction of their own,
-// waits until the relays have held the followers (or finds them loaded
-// held), VACUUMs the outbox, and returns the groups still to load and the ids of
-// the rows it loaded: the timed rows then arrive beside parked keys that
-// have stood for a while, which autovacuum has seen. Without plan.vacuum
-// it loads nothing.
-func loadVacuumed(ctx context.Context, r *harness.Rig, plan drainPlan) (rest []rowGroup, ids []string, err error) {
-	if !plan.vacuum {
-		return plan.groups, nil, nil
-	}
-	var early []rowGroup
-	for _, g := range plan.groups {
-		if g.poison && g.parked {
-			early = append(early, g)
-		} else {
-			rest = append(rest, g)
-		}
-	}
-	if len(early) > 0 {
-		load, err := loadGroups(ctx, r, early, plan.payload, false)
-		if err != nil {
-			return nil, nil, err
-		}
-		ids = load.held
-		// Without -parked-held the relays hold the followers at their
-		// first read: wait for it, so that VACUUM comes after the holds.
-		deadline := time.Now().Add(r.Config.Timeout)
-		for {
-			var ready bool
-			if err := r.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox
-				WHERE processed_at IS NULL AND parked_at IS NULL AND held_behind IS NULL)`).Scan(&ready); err != nil {
-				return nil, nil, fmt.Errorf("wait for the parked keys' holds: %w", err)
-			}
-			if !ready {
-				break
-			}
-			if time.Now().After(deadline) {
-				return nil, nil, fmt.Errorf("the parked keys' followers not held after %v", r.Config.Timeout)
-			}
-			select {
-			case <-ctx.Done():
-				return nil, nil, ctx.Err()
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
-	}
-	if _, err := r.Pool.Exec(ctx, `VACUUM outbox`); err != nil {
-		return nil, nil, fmt.Errorf("vacuum the outbox: %w", err)
-	}
-	return rest, ids, nil
-}
-
 // drainCosts is what a drain measured of PostgreSQL's work, for the shapes
 // scenario's whole-cost figures.
 type drainCosts struct {
