@@ -17,7 +17,6 @@ import (
 	"github.com/ordo-relay/ordo/membership"
 	"github.com/ordo-relay/ordo/partition"
 	"github.com/ordo-relay/ordo/relay"
-	"github.com/ordo-relay/ordo/relay/rabbitmq"
 )
 
 // Config is everything a node is configured with: the node's own
@@ -129,9 +128,7 @@ func DefaultConfig() Config {
 	if err != nil || name == "" {
 		name = "ordo-node"
 	}
-	amqpCfg := amqpSettings(rabbitmq.DefaultConfig())
-	amqpCfg.URL = "amqp://guest:guest@127.0.0.1:5672/"
-	amqpCfg.ReconnectMax = 0 // the lease timing rule's cap for LeaseTTL
+	amqpCfg := defaultAMQP()
 	return Config{
 		NodeName:        name,
 		PostgresURL:     "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",

@@ -11,7 +11,6 @@ import (
 
 	"github.com/ordo-relay/ordo/internal/backoff"
 	"github.com/ordo-relay/ordo/membership"
-	"github.com/ordo-relay/ordo/relay/rabbitmq"
 	"github.com/ordo-relay/ordo/wire"
 )
 
@@ -41,7 +40,7 @@ import (
 //     that publish, so counting it would move partitions to idle nodes
 //     that are about to be blocked too.
 type healthMonitor struct {
-	pub         *rabbitmq.Publisher
+	broker      broker
 	dbs         []*dbPing
 	perSource   bool                   // gossip each source's reachability (Health.Sources)
 	members     *membership.Membership // nil when the node runs alone
@@ -64,11 +63,11 @@ type dbPing struct {
 	lastPing atomic.Int64  // unix nanoseconds when the last successful ping was sent
 }
 
-func newHealthMonitor(cfg Config, pub *rabbitmq.Publisher, srcs []*source,
+func newHealthMonitor(cfg Config, br broker, srcs []*source,
 	members *membership.Membership, logger *slog.Logger) *healthMonitor {
 	t := cfg.timing()
 	h := &healthMonitor{
-		pub: pub, members: members, logger: logger,
+		broker: br, members: members, logger: logger,
 		every: t.HealthEvery, dbWindow: t.DatabaseWindow, brokerGrace: t.BrokerGrace, redialMax: t.ReconnectMax,
 		health:    membership.Healthy,
 		perSource: len(srcs) > 1 || srcs[0].name != wire.DefaultSource,
@@ -152,7 +151,7 @@ func (h *healthMonitor) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case now := <-t.C:
-			h.set(h.compute(now, broker.update(now, h.pub.Status().Connected, h.brokerGrace)))
+			h.set(h.compute(now, broker.update(now, h.broker.State().Connected, h.brokerGrace)))
 		}
 	}
 }

@@ -42,7 +42,7 @@ func leaseConnect(h nodehook.Hooks, s *source) (func(context.Context) (*pgx.Conn
 
 // parts returns the built node's components, for nodehook.Hooks.Built.
 func (b *built) parts() nodehook.Parts {
-	p := nodehook.Parts{Publisher: b.pub}
+	p := nodehook.Parts{Publisher: b.broker}
 	for _, s := range b.srcs {
 		p.Sources = append(p.Sources, nodehook.SourceParts{Name: s.name, Relay: s.relay, Leaser: s.leaser})
 	}

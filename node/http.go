@@ -12,7 +12,6 @@ import (
 	"github.com/ordo-relay/ordo/admin"
 	"github.com/ordo-relay/ordo/membership"
 	"github.com/ordo-relay/ordo/relay"
-	"github.com/ordo-relay/ordo/relay/rabbitmq"
 )
 
 // Limits of the node's HTTP server. Its requests are small JSON documents
@@ -58,7 +57,7 @@ type Status struct {
 	BrokerURL string `json:"brokerURL"`
 	// BrokerState says why the broker cannot be published to, if so
 	// (not connected, or blocked by a resource alarm).
-	BrokerState rabbitmq.State      `json:"broker"`
+	BrokerState BrokerState         `json:"broker"`
 	Relay       relay.Stats         `json:"relay"`
 	Members     []membership.Member `json:"members"`
 	Assignment  []string            `json:"assignment"` // this node's view: owner by partition
@@ -133,7 +132,7 @@ func (v *view) readyz(w http.ResponseWriter, r *http.Request) {
 	// Status, not Connected: a broker that blocks publishing (a resource
 	// alarm) leaves the node ready but degraded, and the degradation says
 	// so.
-	if !v.pub.Status().Connected {
+	if !v.broker.State().Connected {
 		rd.Problems = append(rd.Problems, "broker not connected")
 	}
 	rd.Assigned, rd.Held = v.assigned()
@@ -157,8 +156,8 @@ func (v *view) status(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	now := time.Now()
-	st := Status{Node: v.cfg.NodeName, Partitions: v.srcs[0].partitions, Broker: v.pub.Connected(), BrokerURL: v.pub.URL(),
-		BrokerState: v.pub.Status(), Members: v.memberList(), Degradation: v.degradation(), Sources: []SourceStatus{},
+	st := Status{Node: v.cfg.NodeName, Partitions: v.srcs[0].partitions, Broker: v.broker.Connected(), BrokerURL: v.broker.URL(),
+		BrokerState: v.broker.State(), Members: v.memberList(), Degradation: v.degradation(), Sources: []SourceStatus{},
 		IdentityConflicts: v.conflicts()}
 	up := false
 	for _, s := range v.srcs {

@@ -162,10 +162,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	gauge := func(d *prometheus.Desc, x float64) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, x)
 	}
-	gauge(descBrokerUp, b2f(v.pub.Connected()))
-	if blocked, known := v.brokerBlocked(); known {
-		gauge(descBrokerBlocked, b2f(blocked))
-	}
+	gauge(descBrokerUp, b2f(v.broker.Connected()))
+	gauge(descBrokerBlocked, b2f(v.broker.State().Blocked != ""))
 	alive, gone := 0, 0
 	for _, m := range v.memberList() {
 		if m.State == "alive" {

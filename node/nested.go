@@ -9,7 +9,6 @@ import (
 	"github.com/ordo-relay/ordo/internal/confcheck"
 	"github.com/ordo-relay/ordo/membership"
 	"github.com/ordo-relay/ordo/relay"
-	"github.com/ordo-relay/ordo/relay/rabbitmq"
 )
 
 // RelayConfig is what a node's user sets of the relay (relay.Config,
@@ -78,90 +77,6 @@ func (c Config) relayConfig(logger *slog.Logger) relay.Config {
 		Window: r.Window, BatchSize: r.BatchSize, ReadAheadBytes: r.ReadAheadBytes, PollInterval: r.PollInterval,
 		RetryMin: r.RetryMin, RetryMax: r.RetryMax, SettleTimeout: r.SettleTimeout, MaxAttempts: r.MaxAttempts,
 		RetentionAge: r.RetentionAge, RetentionInterval: r.RetentionInterval, RetentionChunk: r.RetentionChunk,
-	}
-}
-
-// AMQPConfig is what a node's user sets of the RabbitMQ publisher
-// (rabbitmq.Config, same names). The node derives the rest: the window
-// (Relay.Window) and the stall timeout (the lease timing rule's,
-// lease.Timing).
-type AMQPConfig struct {
-	// URL is the broker, or a comma-separated list of broker nodes tried
-	// in turn. The default is the local broker's.
-	URL string
-
-	// ReconnectMin and ReconnectMax bound the backoff between connection
-	// attempts. ReconnectMin defaults to 100 ms. ReconnectMax defaults to
-	// 0, which means the lease timing rule's cap, a quarter of LeaseTTL
-	// (lease.Timing): nodes coming back from a broker outage they all saw
-	// must say so within the health hold of each other, or one hands its
-	// partitions off. A ReconnectMax above that cap is refused, and so is
-	// a LeaseTTL whose cap is below ReconnectMin.
-	ReconnectMin, ReconnectMax time.Duration
-
-	// StableAfter is how long a connection must stay up, with a publish
-	// confirmed, before the reconnect backoff starts over. The default is
-	// 1 s.
-	StableAfter time.Duration
-
-	// ExchangeCheckTTL is how long a check that an exchange exists is
-	// trusted. The default is 10 s.
-	ExchangeCheckTTL time.Duration
-
-	// Heartbeat is the AMQP heartbeat interval. The default is 5 s.
-	Heartbeat time.Duration
-
-	// ConfirmTimeout is how long a publish may wait for its confirm on an
-	// open channel before it counts as a failed attempt. The default is
-	// 30 s.
-	ConfirmTimeout time.Duration
-
-	// CallTimeout bounds every call that waits for the broker's answer.
-	// The default is 5 s.
-	CallTimeout time.Duration
-
-	// ConnectionName is the connection_name the broker shows for the
-	// node's connection; empty means "ordo node " + NodeName, as the
-	// node's PostgreSQL sessions are named.
-	ConnectionName string
-
-	// CloudEvents publishes every message as a CloudEvent too (AMQP
-	// binding, binary content mode); CloudEventsSource is its source
-	// attribute, required with it. Off by default.
-	CloudEvents       bool
-	CloudEventsSource string
-}
-
-// amqpDerived are the fields of rabbitmq.Config the node sets from its
-// own.
-var amqpDerived = []confcheck.From{{Field: "Window", Source: "Relay.Window"}, {Field: "StallTimeout", Source: "LeaseTTL"}}
-
-// amqpSettings returns what a user may set of ac.
-func amqpSettings(ac rabbitmq.Config) AMQPConfig {
-	return AMQPConfig{
-		URL: ac.URL, ReconnectMin: ac.ReconnectMin, ReconnectMax: ac.ReconnectMax, StableAfter: ac.StableAfter,
-		ExchangeCheckTTL: ac.ExchangeCheckTTL, Heartbeat: ac.Heartbeat, ConfirmTimeout: ac.ConfirmTimeout,
-		CallTimeout: ac.CallTimeout, ConnectionName: ac.ConnectionName,
-		CloudEvents: ac.CloudEvents, CloudEventsSource: ac.CloudEventsSource,
-	}
-}
-
-// amqpConfig returns the publisher's config as the node runs it: its
-// window is the relay's, a link that confirms nothing for a lease TTL is
-// taken for dead, so the node stops counting on it long before the
-// heartbeat would, and its reconnect cap is the timing rule's unless the
-// user set one.
-func (c Config) amqpConfig(logger *slog.Logger) rabbitmq.Config {
-	a, t := c.AMQP, c.timing()
-	name := a.ConnectionName
-	if name == "" {
-		name = "ordo node " + c.NodeName // as the PostgreSQL sessions' application_name
-	}
-	return rabbitmq.Config{
-		Window: c.Relay.Window, StallTimeout: t.StallTimeout, Logger: logger, ConnectionName: name,
-		URL: a.URL, ReconnectMin: a.ReconnectMin, ReconnectMax: t.ReconnectMax, StableAfter: a.StableAfter,
-		ExchangeCheckTTL: a.ExchangeCheckTTL, Heartbeat: a.Heartbeat, ConfirmTimeout: a.ConfirmTimeout,
-		CallTimeout: a.CallTimeout, CloudEvents: a.CloudEvents, CloudEventsSource: a.CloudEventsSource,
 	}
 }
 

@@ -2,13 +2,11 @@ package node
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ordo-relay/ordo/relay"
-	"github.com/ordo-relay/ordo/relay/rabbitmq"
 )
 
 // publishFamilies are the publish counters and the commit-to-confirm
@@ -45,9 +43,10 @@ func (f *publishFamilies) collectors() []prometheus.Collector {
 }
 
 // forSource returns source's series, created now so that /metrics shows
-// them at 0 before the first message.
-func (f *publishFamilies) forSource(source string) *publishMetrics {
-	return &publishMetrics{
+// them at 0 before the first message; timedOut tells a failure that is a
+// confirm timeout (broker.TimedOut).
+func (f *publishFamilies) forSource(source string, timedOut func(error) bool) *publishMetrics {
+	return &publishMetrics{isTimeout: timedOut,
 		published: f.published.WithLabelValues(source), confirmed: f.confirmed.WithLabelValues(source),
 		nacked: f.nacked.WithLabelValues(source), returned: f.returned.WithLabelValues(source),
 		failed: f.failed.WithLabelValues(source), timedOut: f.timedOut.WithLabelValues(source),
@@ -60,6 +59,7 @@ func (f *publishFamilies) forSource(source string) *publishMetrics {
 type publishMetrics struct {
 	published, confirmed, nacked, returned, failed, timedOut, unsent prometheus.Counter
 	latency                                                          prometheus.Observer
+	isTimeout                                                        func(error) bool // nil: none counts
 }
 
 // observe counts one settled result.
@@ -74,7 +74,7 @@ func (m *publishMetrics) observe(msg *relay.Message, res relay.Result, now time.
 		m.returned.Inc()
 	case relay.Failed:
 		m.failed.Inc()
-		if errors.Is(res.Err, rabbitmq.ErrConfirmTimeout) {
+		if m.isTimeout != nil && m.isTimeout(res.Err) {
 			m.timedOut.Inc()
 		}
 	case relay.Unsent:

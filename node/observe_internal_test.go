@@ -31,7 +31,7 @@ func TestPublishMetricsPerSource(t *testing.T) {
 	reg.MustRegister(fams.collectors()...)
 	want := map[string]int{"default": 2, "billing": 3}
 	for src, n := range want {
-		p := observedPublisher{Publisher: confirmAll{}, m: fams.forSource(src)}
+		p := observedPublisher{Publisher: confirmAll{}, m: fams.forSource(src, nil)}
 		for range n {
 			if err := p.Publish(context.Background(), &relay.Message{OccurredAt: time.Now()}, func(relay.Result) {}); err != nil {
 				t.Fatal(err)

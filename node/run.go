@@ -21,7 +21,6 @@ import (
 	"github.com/ordo-relay/ordo/membership"
 	"github.com/ordo-relay/ordo/relay"
 	"github.com/ordo-relay/ordo/relay/pgstore"
-	"github.com/ordo-relay/ordo/relay/rabbitmq"
 	"github.com/ordo-relay/ordo/wire"
 )
 
@@ -85,7 +84,7 @@ type built struct {
 	hooks   nodehook.Hooks // tests only (internal/nodehook)
 	logger  *slog.Logger
 	members *membership.Membership // nil when the node runs alone
-	pub     *rabbitmq.Publisher
+	broker  broker
 	health  *healthMonitor
 	srcs    []*source // in Config order; the first is the one-source form's
 	migs    *migrations
@@ -160,12 +159,12 @@ func build(cfg Config, opts Options, hooks nodehook.Hooks, logger *slog.Logger, 
 			lcfgs[0].Wake = b.members.Changed() // no fan-out needed
 		}
 	}
-	if b.pub, err = rabbitmq.New(cfg.amqpConfig(logger)); err != nil {
+	if b.broker, err = cfg.newBroker(logger); err != nil {
 		return nil, b.abandon(err) // Config.Validate checked it: not expected
 	}
-	b.health = newHealthMonitor(cfg, b.pub, srcs, b.members, logger)
+	b.health = newHealthMonitor(cfg, b.broker, srcs, b.members, logger)
 	pm := newPublishFamilies()
-	pub := hooks.Publisher(b.pub)
+	pub := hooks.Publisher(b.broker)
 	var budget *relay.Budget
 	if len(srcs) > 1 && !hooks.UnsharedBudget {
 		// The sources' relays share the node's W and read-ahead, fairly
@@ -180,7 +179,7 @@ func build(cfg Config, opts Options, hooks nodehook.Hooks, logger *slog.Logger, 
 		rc := cfg.relayConfig(s.logger)
 		rc.Budget = budget
 		rc.TracerProvider = opts.TracerProvider
-		spub := observedPublisher{Publisher: stampSource{Publisher: pub, name: s.name}, m: pm.forSource(s.name)}
+		spub := observedPublisher{Publisher: stampSource{Publisher: pub, name: s.name}, m: pm.forSource(s.name, b.broker.TimedOut)}
 		var store relay.Store = pgstore.New(s.pool, rc.Node, s.logger)
 		if s.table != nil {
 			if store, err = newTableStore(cfg, s, rc.Node, s.logger); err != nil {
@@ -193,7 +192,7 @@ func build(cfg Config, opts Options, hooks nodehook.Hooks, logger *slog.Logger, 
 		}
 		s.backlog = NewBacklog(s.pool, cfg.BacklogInterval, s.logger)
 	}
-	v := &view{cfg: cfg, srcs: srcs, pub: b.pub, members: b.members, health: b.health, logger: logger, budget: budget}
+	v := &view{cfg: cfg, srcs: srcs, broker: b.broker, members: b.members, health: b.health, logger: logger, budget: budget}
 	b.srv = newHTTPServer(newHTTP(v, pm), cfg.PProf, logger)
 	return b, nil
 }
@@ -256,7 +255,7 @@ func (b *built) run(ctx context.Context, ready func(httpAddr string)) error {
 	running, fail := context.WithCancelCause(ctx)
 	defer fail(nil)
 	st := &stages{fail: fail, logger: b.logger}
-	services := []component{{"broker", b.pub.Run}, {"http", serveHTTP(b.srv, b.ln)}}
+	services := []component{{"broker", b.broker.Run}, {"http", serveHTTP(b.srv, b.ln)}}
 	for _, s := range b.srcs {
 		services = append(services, component{b.named("backlog", s), s.afterMigrated(s.backlog.Run)})
 	}

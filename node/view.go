@@ -8,7 +8,6 @@ import (
 	"github.com/ordo-relay/ordo/membership"
 	"github.com/ordo-relay/ordo/partition"
 	"github.com/ordo-relay/ordo/relay"
-	"github.com/ordo-relay/ordo/relay/rabbitmq"
 )
 
 // view is what the node's HTTP endpoints and its metrics read: the running
@@ -17,16 +16,12 @@ import (
 type view struct {
 	cfg     Config
 	srcs    []*source // the first is the one-source form's, and the top level of /status
-	pub     *rabbitmq.Publisher
+	broker  broker
 	members *membership.Membership // nil without gossip
 	health  *healthMonitor
 	logger  *slog.Logger
 	budget  *relay.Budget // the sources' shared W and read-ahead; nil with one source
 }
-
-// blocker is implemented by a publisher that knows whether the broker has
-// blocked its connection (connection.blocked: a memory or disk alarm).
-type blocker interface{ Blocked() bool }
 
 // source returns the source named name, or nil.
 func (v *view) source(name string) *source {
@@ -89,16 +84,6 @@ func (v *view) conflicts() []membership.Conflict {
 	return v.members.Conflicts()
 }
 
-// brokerBlocked reports whether the broker blocked the connection; false
-// when the publisher cannot tell.
-func (v *view) brokerBlocked() (blocked, known bool) {
-	b, ok := any(v.pub).(blocker)
-	if !ok {
-		return false, false
-	}
-	return b.Blocked(), true
-}
-
 // backlogMaxAge is how old a backlog snapshot may be before the views that
 // show it call the database unreachable.
 func (v *view) backlogMaxAge() time.Duration {
@@ -134,7 +119,7 @@ func (v *view) degradation() Degradation {
 	if v.cfg.DegradedAfter > 0 && d.OldestPendingSeconds > v.cfg.DegradedAfter.Seconds() {
 		d.Reasons = append(d.Reasons, "oldest pending message in a held partition is older than -degraded-after ("+v.cfg.DegradedAfter.String()+")")
 	}
-	if blocked, _ := v.brokerBlocked(); blocked {
+	if v.broker.State().Blocked != "" {
 		d.Reasons = append(d.Reasons, "broker blocked the connection (memory or disk alarm)")
 	}
 	for _, c := range v.conflicts() {

@@ -96,7 +96,7 @@ func TestMissingExchangeChannelCloseIsNotAnAttempt(t *testing.T) {
 	}
 	h.waitRows(30*time.Second, "the doomed row fails with exchange not found", func(n int) bool { return n == 1 },
 		"exchange = $1 AND last_error LIKE '%exchange not found%'", doomed)
-	if got := n.pub.Status().ChannelsOpened; got < 2 {
+	if got := n.brokerState(t).ChannelsOpened; got < 2 {
 		t.Fatalf("channels opened = %d: the broker never closed the channel, so the test proved nothing", got)
 	}
 	if got := h.count("exchange <> $1 AND attempts > 0", doomed); got != 0 {

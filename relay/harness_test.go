@@ -166,8 +166,19 @@ type nodeOpts struct {
 type node struct {
 	stop   func() // ends the node and waits for it (idempotent; also at the test's end)
 	relay  *relay.Relay
-	pub    *rabbitmq.Publisher
+	pub    relay.Publisher
 	leaser *lease.Leaser
+}
+
+// brokerState is the node's RabbitMQ publisher's state (the node's broker
+// embeds *rabbitmq.Publisher).
+func (n *node) brokerState(t testing.TB) rabbitmq.State {
+	t.Helper()
+	p, ok := n.pub.(interface{ Status() rabbitmq.State })
+	if !ok {
+		t.Fatalf("the node's publisher %T is not RabbitMQ's", n.pub)
+	}
+	return p.Status()
 }
 
 // config returns the node's Config: one source (the harness database, or

@@ -14,7 +14,6 @@ import (
 
 	"github.com/ordo-relay/ordo/lease"
 	"github.com/ordo-relay/ordo/relay"
-	"github.com/ordo-relay/ordo/relay/rabbitmq"
 )
 
 // Hooks are the test hooks of one node. The zero value is the node as it
@@ -53,7 +52,7 @@ type Hooks struct {
 
 // Parts are a built node's components.
 type Parts struct {
-	Publisher *rabbitmq.Publisher
+	Publisher relay.Publisher
 	// Sources are the node's sources, in Config order.
 	Sources []SourceParts
 }
