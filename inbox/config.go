@@ -147,8 +147,11 @@ type Config struct {
 	// them, which is when a new owner can attach. Default 10s.
 	Heartbeat time.Duration
 
-	// LeaseTTL is how long a shard lease lasts without renewal; renewed
-	// every LeaseTTL/3. It also bounds how long a handler transaction may
+	// LeaseTTL is how long a shard lease lasts without renewal. The
+	// intervals derived from it are the relay's lease timing rule
+	// (lease.TimingFor): renewed every TTL/3, each round bounded by TTL/2,
+	// handled under a lease until TTL minus a quarter after the renewal
+	// was sent. It also bounds how long a handler transaction may
 	// sit idle (idle_in_transaction_session_timeout), so that a paused
 	// instance cannot hold a key's row lock past its lease. Default 5s.
 	LeaseTTL time.Duration

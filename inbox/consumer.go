@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ordo-relay/ordo/internal/outage"
+	"github.com/ordo-relay/ordo/lease"
 )
 
 // Consumer consumes a consumer group's shard queues: it balances the S
@@ -21,13 +22,14 @@ import (
 // its key (Config.Lanes keys of a shard at once, each key serial). Create
 // it with New and run it with Run.
 type Consumer struct {
-	cfg   Config
-	db    DB
-	h     Handler
-	topo  Topology
-	store *Store
-	amqp  *broker
-	dead  *deadLetters
+	cfg    Config
+	timing lease.Timing // the intervals derived from cfg.LeaseTTL
+	db     DB
+	h      Handler
+	topo   Topology
+	store  *Store
+	amqp   *broker
+	dead   *deadLetters
 
 	ready    chan struct{} // closed once the topology is declared
 	dbDown   *outage.Log   // handler database errors, rate-limited
@@ -64,7 +66,7 @@ func New(cfg Config, db DB, h Handler) (*Consumer, error) {
 	if err := cfg.validateConsumer(); err != nil {
 		return nil, err
 	}
-	c := &Consumer{cfg: cfg, db: db, h: h, topo: TopologyOf(cfg), workers: map[int]*worker{}, ready: make(chan struct{}),
+	c := &Consumer{cfg: cfg, timing: lease.TimingFor(cfg.LeaseTTL), db: db, h: h, topo: TopologyOf(cfg), workers: map[int]*worker{}, ready: make(chan struct{}),
 		dbDown: outage.New(cfg.Logger, "inbox database"), slots: laneSlots(db)}
 	if cfg.TracerProvider != nil {
 		c.tracer = cfg.TracerProvider.Tracer(tracerName)
@@ -161,7 +163,8 @@ func (c *Consumer) connect(ctx context.Context) error {
 	}
 }
 
-// supervise is the lease loop: every LeaseTTL/3 it heartbeats, renews,
+// supervise is the lease loop: every RenewEvery (LeaseTTL/3, the lease
+// timing rule's, lease.Timing) it heartbeats, renews,
 // hands off shards no longer wanted and claims the wanted ones.
 func (c *Consumer) supervise(ctx context.Context) error {
 	down := outage.New(c.cfg.Logger, "inbox lease database")
@@ -190,12 +193,12 @@ func (c *Consumer) supervise(ctx context.Context) error {
 		} else {
 			down.OK()
 		}
-		t.Reset(c.cfg.LeaseTTL / 3)
+		t.Reset(c.timing.RenewEvery)
 	}
 }
 
 func (c *Consumer) tick(ctx context.Context) error {
-	qctx, cancel := context.WithTimeout(ctx, c.cfg.LeaseTTL/2)
+	qctx, cancel := context.WithTimeout(ctx, c.timing.HandoffTimeout)
 	defer cancel()
 	held := c.heldLeases()
 	lost, err := c.renew(qctx, held)
@@ -238,12 +241,13 @@ func (c *Consumer) tick(ctx context.Context) error {
 }
 
 // want heartbeats and returns the shards this instance should own; while
-// the broker has been unreachable for longer than LeaseTTL it leaves the
+// the broker has been unreachable for longer than StallTimeout (LeaseTTL)
+// it leaves the
 // member list instead and wants nothing, so that instances that reach the
 // broker take its shards (it would hold them uselessly), and it tries the
 // broker again.
 func (c *Consumer) want(ctx context.Context) ([]int, error) {
-	if !c.amqp.reachable(c.cfg.LeaseTTL) {
+	if !c.amqp.reachable(c.timing.StallTimeout) {
 		if _, err := c.amqp.connection(); err != nil {
 			if _, err := c.db.Exec(ctx, sqlLeave, c.cfg.Name, c.cfg.Instance); err != nil {
 				return nil, fmt.Errorf("leave: %w", err)
@@ -271,7 +275,7 @@ func (c *Consumer) handOff(ctx context.Context, want []int) error {
 	}
 	c.stopWorkers(shardsOf(rel))
 	// A fresh bound: the workers' last messages may have used up ctx's.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.LeaseTTL/2)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.timing.HandoffTimeout)
 	defer cancel()
 	c.cfg.Logger.Info("inbox: shards handed off", "instance", c.cfg.Instance, "shards", shardsOf(rel))
 	return c.release(rctx, rel)

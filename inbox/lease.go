@@ -17,7 +17,8 @@ type shardLease struct {
 	Epoch int64
 	// Deadline is the local instant after which the instance stops
 	// handling the shard: when it sent its last successful claim or
-	// renewal, plus the TTL, minus a quarter of it.
+	// renewal, plus the TTL, minus the timing rule's Margin (a quarter of
+	// it).
 	Deadline time.Time
 }
 
@@ -173,5 +174,5 @@ func (c *Consumer) release(ctx context.Context, ls []shardLease) error {
 }
 
 func (c *Consumer) deadline(sent time.Time) time.Time {
-	return sent.Add(c.cfg.LeaseTTL - c.cfg.LeaseTTL/4)
+	return sent.Add(c.timing.TTL - c.timing.Margin)
 }

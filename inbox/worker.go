@@ -35,7 +35,7 @@ func (c *Consumer) runShard(ctx context.Context, l shardLease) {
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(c.cfg.LeaseTTL):
+			case <-time.After(c.timing.TTL):
 			}
 			continue
 		}
@@ -369,7 +369,7 @@ func (c *Consumer) handleInPlace(ctx context.Context, f Fence, m *Message) (Outc
 // handleContext bounds one message's handling by the lease TTL. It is not
 // cancelled with ctx: a stopping worker finishes the message in hand.
 func (c *Consumer) handleContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), c.cfg.LeaseTTL)
+	return context.WithTimeout(context.WithoutCancel(ctx), c.timing.TTL)
 }
 
 func ack(d *amqp.Delivery) error {
