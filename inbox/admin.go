@@ -27,6 +27,7 @@ type Stats struct {
 	StuckKeys    int   // ordo_inbox_stuck_keys: keys whose gap waited longer than GapWait (Consumer only)
 	DeadKeys     int   // ordo_inbox_dead_keys: keys held behind a dead-lettered message (Consumer only)
 	ShardsOwned  int   // ordo_inbox_shards_owned (Consumer only)
+	LaneLimit    int   // ordo_inbox_lanes_limit: lanes of all shards allowed at work at once (Consumer with a pool only)
 }
 
 // Stats returns the Store's counters. Safe for concurrent use.

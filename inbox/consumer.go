@@ -39,9 +39,10 @@ type Consumer struct {
 	invalid  atomic.Int64
 	tracer   trace.Tracer // nil: tracing off
 
-	// slots caps the lanes of all shards at work at once below the pool's
-	// size, so the lease loop always finds a connection (nil: no cap).
-	slots chan struct{}
+	// gate caps the lanes of all shards at work at once below the pool's
+	// size, so the lease loop always finds a connection, and below that
+	// while handlers are fast (nil: no cap).
+	gate *gate
 
 	mu      sync.Mutex
 	workers map[int]*worker // owned by Run's loop; read under mu by Owned
@@ -67,7 +68,7 @@ func New(cfg Config, db DB, h Handler) (*Consumer, error) {
 		return nil, err
 	}
 	c := &Consumer{cfg: cfg, timing: lease.TimingFor(cfg.LeaseTTL), db: db, h: h, topo: TopologyOf(cfg), workers: map[int]*worker{}, ready: make(chan struct{}),
-		dbDown: outage.New(cfg.Logger, "inbox database"), slots: laneSlots(db)}
+		dbDown: outage.New(cfg.Logger, "inbox database")}
 	if cfg.TracerProvider != nil {
 		c.tracer = cfg.TracerProvider.Tracer(tracerName)
 		c.h = c.tracedHandler(h)
@@ -79,6 +80,8 @@ func New(cfg Config, db DB, h Handler) (*Consumer, error) {
 		return nil, err
 	}
 	c.store = s
+	c.gate = laneGate(db, func() time.Duration { return time.Duration(s.stats.handlerNanos.Load()) },
+		func() int { return int(s.stats.inHandler.Load()) })
 	return c, nil
 }
 
@@ -97,6 +100,9 @@ func (c *Consumer) Stats() Stats {
 	s.ShardsOwned = int(c.owned.Load())
 	s.StuckKeys = int(c.stuck.Load())
 	s.DeadKeys = int(c.deadKeys.Load())
+	if c.gate != nil {
+		s.LaneLimit = c.gate.cap()
+	}
 	return s
 }
 

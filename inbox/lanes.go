@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -32,8 +33,8 @@ import (
 // unacknowledged and the broker requeues them when the channel closes.
 type lanes struct {
 	max   int
-	slots chan struct{} // shared by every shard's lanes; nil: no cap
-	batch int           // the most deliveries a lane takes at once
+	gate  *gate // shared by every shard's lanes; nil: no cap
+	batch int   // the most deliveries a lane takes at once
 	run   func([]*amqp.Delivery) error
 
 	mu       sync.Mutex
@@ -54,8 +55,8 @@ type laneJob struct {
 	solo func() error
 }
 
-func newLanes(n int, slots chan struct{}, batch int, run func([]*amqp.Delivery) error) *lanes {
-	return &lanes{max: n, slots: slots, batch: max(1, batch), run: run, queued: map[string][]laneJob{},
+func newLanes(n int, g *gate, batch int, run func([]*amqp.Delivery) error) *lanes {
+	return &lanes{max: n, gate: g, batch: max(1, batch), run: run, queued: map[string][]laneJob{},
 		retrying: map[string]bool{}, errc: make(chan struct{})}
 }
 
@@ -114,9 +115,10 @@ func (l *lanes) lane(key string) {
 		if mine, ok = l.keep(mine); !ok {
 			return
 		}
-		if l.slots != nil {
-			l.slots <- struct{}{}
+		if l.gate != nil {
+			l.gate.acquire()
 		}
+		start := time.Now()
 		ds, solo, ok := l.take(&mine)
 		var err error
 		switch {
@@ -126,8 +128,8 @@ func (l *lanes) lane(key string) {
 		default:
 			err = l.run(ds)
 		}
-		if l.slots != nil {
-			<-l.slots
+		if l.gate != nil {
+			l.gate.release(time.Since(start), ok && solo == nil)
 		}
 		if !ok {
 			return
@@ -204,19 +206,20 @@ func (l *lanes) take(mine *[]string) (ds []*amqp.Delivery, solo func() error, ok
 // poolSizer is what laneSlots reads from a *pgxpool.Pool.
 type poolSizer interface{ Stat() *pgxpool.Stat }
 
-// laneSlots returns the cap on an instance's lanes at work, of all its
-// shards together: the pool's size less laneReserve connections for the
-// lease loop and the retry polls. A busy lane holds a connection for its
+// laneGate returns the gate of an instance's lanes at work, of all its
+// shards together: at most the pool's size less laneReserve connections
+// for the lease loop and the retry polls, and fewer while handlers are
+// fast (gate). A busy lane holds a connection for its
 // handler's transaction; uncapped, lanes queued for connections would
 // make a renewal wait behind them and lose leases under load (measured:
 // 510 redeliveries in one bench run with 16 connections for 16 lanes).
 // nil (no cap) when db does not say its size.
-func laneSlots(db DB) chan struct{} {
+func laneGate(db DB, handler func() time.Duration, inside func() int) *gate {
 	p, ok := db.(poolSizer)
 	if !ok {
 		return nil
 	}
-	return make(chan struct{}, max(1, int(p.Stat().MaxConns())-laneReserve))
+	return newGate(int(p.Stat().MaxConns())-laneReserve, handler, inside)
 }
 
 // laneReserve is the connections of a pool laneSlots keeps from lanes.

@@ -269,3 +269,41 @@ func TestLanesLeavePoolConnectionsForLeases(t *testing.T) {
 	checkOnceInOrder(t, handledSeqs(t, pool), want)
 	w.check(t, int(pool.Stat().MaxConns())-2)
 }
+
+// TestLanesAtWorkFollowTheHandlers: an instance's cap on lanes at work
+// (ordo_inbox_lanes_limit) stays at 1 while its handlers do nothing, so
+// one lane's batches take every key ready, and rises to the pool's
+// connections less 2 while its handlers wait, so that they wait
+// together.
+func TestLanesAtWorkFollowTheHandlers(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		h    inbox.Handler
+		want func(limit, most int) bool
+	}{
+		{"no work", func(context.Context, pgx.Tx, *inbox.Message) error { return nil },
+			func(limit, _ int) bool { return limit == 1 }},
+		{"waits 30ms", sleepRecord(30 * time.Millisecond),
+			func(limit, most int) bool { return limit == most }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			pool := lanesDB(t)
+			most := int(pool.Stat().MaxConns()) - 2
+			cfg := consumerConfig(t, 1)
+			cfg.Lanes = 8
+			r := startConsumer(t, cfg, "a", pool, c.h)
+			testkit.WaitFor(t, 30*time.Second, "shard owned", func() bool { return len(r.c.Owned()) == 1 })
+			publishRuns(newPublisher(t, cfg.Exchange), 40, 5)
+			var peak int
+			testkit.WaitFor(t, 60*time.Second, "200 messages handled", func() bool {
+				st := r.c.Stats()
+				peak = max(peak, st.LaneLimit)
+				return st.Handled >= 200
+			})
+			if st := r.c.Stats(); !c.want(st.LaneLimit, most) {
+				t.Fatalf("lanes limit %d (peak %d) after 200 messages, pool of %d for lanes", st.LaneLimit, peak, most)
+			}
+			t.Logf("lanes limit %d (peak %d), pool of %d for lanes", r.c.Stats().LaneLimit, peak, most)
+		})
+	}
+}

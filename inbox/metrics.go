@@ -21,6 +21,7 @@ const (
 	metricStuck      = "ordo_inbox_stuck_keys"
 	metricDeadKeys   = "ordo_inbox_dead_keys"
 	metricOwned      = "ordo_inbox_shards_owned"
+	metricLaneLimit  = "ordo_inbox_lanes_limit"
 )
 
 // metricHelp is every scrape-time metric's help text, by name.
@@ -36,6 +37,7 @@ var metricHelp = map[string]string{
 	metricStuck:      "Keys whose gap waited longer than GapWait.",
 	metricDeadKeys:   "Dead-lettered messages holding their keys.",
 	metricOwned:      "Shards this instance holds.",
+	metricLaneLimit:  "Lanes of all shards allowed at work at once: at most the pool's connections less 2, fewer while handlers take little of the lanes' time.",
 }
 
 // storeMetrics are the Store's histograms, observed as messages are
@@ -99,7 +101,7 @@ func (cc consumerCollector) Collect(ch chan<- prometheus.Metric) {
 	} {
 		ch <- prometheus.MustNewConstMetric(cc.desc(name), prometheus.CounterValue, float64(v))
 	}
-	for name, v := range map[string]int{metricStuck: s.StuckKeys, metricDeadKeys: s.DeadKeys, metricOwned: s.ShardsOwned} {
+	for name, v := range map[string]int{metricStuck: s.StuckKeys, metricDeadKeys: s.DeadKeys, metricOwned: s.ShardsOwned, metricLaneLimit: s.LaneLimit} {
 		ch <- prometheus.MustNewConstMetric(cc.desc(name), prometheus.GaugeValue, float64(v))
 	}
 	cc.c.store.metrics.handler.Collect(ch)

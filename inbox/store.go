@@ -385,8 +385,12 @@ func (s *Store) advance(ctx context.Context, tx pgx.Tx, f Fence, m *Message) (mo
 // duration.
 func (s *Store) runHandler(ctx context.Context, tx pgx.Tx, m *Message, h Handler) (err error) {
 	start := time.Now()
+	s.stats.inHandler.Add(1)
 	defer func() {
-		s.metrics.handler.Observe(time.Since(start).Seconds())
+		s.stats.inHandler.Add(-1)
+		d := time.Since(start)
+		s.stats.handlerNanos.Add(int64(d))
+		s.metrics.handler.Observe(d.Seconds())
 		if r := recover(); r != nil {
 			err = fmt.Errorf("handler panic: %v", r)
 		}
@@ -425,6 +429,8 @@ func (s *Store) storeAndCommit(ctx context.Context, tx pgx.Tx, f Fence, m *store
 // counters are the Store's monotonic counts; see Stats.
 type counters struct {
 	handled, duplicates, stored, retried, dead, invalid, fenced, rewinds atomic.Int64
+	handlerNanos                                                         atomic.Int64 // handlers' time, every run
+	inHandler                                                            atomic.Int64 // handlers running now
 }
 
 func (c *counters) count(o Outcome) {

@@ -83,7 +83,7 @@ func (c *Consumer) consumeShard(ctx context.Context, l shardLease) error {
 	// Every lane has stopped and been waited for before this returns, so
 	// before the channel closes and before the worker counts as stopped
 	// (its lease is released only after that).
-	ls := newLanes(c.cfg.Lanes, c.slots, c.cfg.BatchSize, func(ds []*amqp.Delivery) error { return c.deliverBatch(ctx, fence, ds) })
+	ls := newLanes(c.cfg.Lanes, c.gate, c.cfg.BatchSize, func(ds []*amqp.Delivery) error { return c.deliverBatch(ctx, fence, ds) })
 	poll := time.NewTicker(c.cfg.RetryPoll)
 	defer poll.Stop()
 	for {
