@@ -21,10 +21,11 @@ import (
 //     batches every key ready, and more lanes at once only split the
 //     batches and contend for the same CPU (three instances with 14 each
 //     handled fewer messages than one). While handlers take under a
-//     quarter of the lanes' time, the cap falls by one per window.
+//     quarter of the lanes' time, the cap halves per window.
 //
 // A window is at least gateMinWindow batches and at least as many as the
-// cap, so that a look sees every lane's work. A new instance starts at 1.
+// cap, so that a look sees every lane's work. A new instance starts at
+// most: slow handlers lose nothing while the cap finds fast ones out.
 type gate struct {
 	most    int                  // the pool's connections for lanes (laneSlots)
 	handler func() time.Duration // the handlers' time so far (Store's counter)
@@ -43,7 +44,7 @@ type gate struct {
 const (
 	// gateGrow and gateShrink are the handlers' share of a window at or
 	// above which (with lanes waiting) the cap doubles, and below which
-	// it falls by one.
+	// it halves.
 	gateGrow   = 0.5
 	gateShrink = 0.25
 	// gateMinWindow is a window's fewest batches.
@@ -54,11 +55,12 @@ const (
 )
 
 func newGate(most int, handler func() time.Duration, inside func() int) *gate {
-	return &gate{most: max(1, most), handler: handler, inside: inside, limit: 1, wake: make(chan struct{}), since: handler()}
+	return &gate{most: max(1, most), handler: handler, inside: inside, limit: max(1, most), wake: make(chan struct{}), since: handler()}
 }
 
-// acquire waits until a lane may work.
-func (g *gate) acquire() {
+// acquire waits until a lane may work, and reports true; or until quit
+// is closed, and reports false.
+func (g *gate) acquire(quit <-chan struct{}) bool {
 	g.mu.Lock()
 	for g.inUse >= g.limit {
 		g.waited = true
@@ -66,6 +68,9 @@ func (g *gate) acquire() {
 		g.mu.Unlock()
 		t := time.NewTimer(gateStall)
 		select {
+		case <-quit:
+			t.Stop()
+			return false
 		case <-wake:
 			t.Stop()
 			g.mu.Lock()
@@ -78,6 +83,7 @@ func (g *gate) acquire() {
 	}
 	g.inUse++
 	g.mu.Unlock()
+	return true
 }
 
 // release ends a lane's work of d; batch is false for work that is not a
@@ -108,7 +114,7 @@ func (g *gate) look() {
 	case share >= gateGrow && g.waited:
 		g.grow()
 	case share < gateShrink:
-		g.limit = max(1, g.limit-1)
+		g.limit = max(1, g.limit/2)
 	}
 	g.since, g.held, g.batches, g.waited = h, 0, 0, false
 }

@@ -21,11 +21,20 @@ func newGateRig(most int) *gateRig {
 	return r
 }
 
+// atOne is a rig whose gate's cap has come down to 1.
+func atOne(most int) *gateRig {
+	r := newGateRig(most)
+	r.g.mu.Lock()
+	r.g.limit = 1
+	r.g.mu.Unlock()
+	return r
+}
+
 // window runs one window's batches one after another, each of d of
 // which share went to its handler, with a lane waiting or not.
 func (r *gateRig) window(d time.Duration, share float64, waiting bool) {
 	for range max(gateMinWindow, r.g.cap()) {
-		r.g.acquire()
+		r.g.acquire(nil)
 		if waiting {
 			r.g.mu.Lock()
 			r.g.waited = true
@@ -36,14 +45,21 @@ func (r *gateRig) window(d time.Duration, share float64, waiting bool) {
 	}
 }
 
-// TestGateFollowsHandlerShare: lanes whose time goes to their handlers,
-// with lanes waiting, double the cap each window up to the pool's; a
-// share under a quarter brings it back down by one a window, to 1; a
-// high share with no lane waiting leaves it; retries count in no window.
+// TestGateFollowsHandlerShare: a new gate's cap is the pool's; a share
+// under a quarter halves it each window, to 1; lanes whose time
+// goes to their handlers, with lanes waiting, double it each window up to
+// the pool's; a high share with no lane waiting leaves it; retries count
+// in no window.
 func TestGateFollowsHandlerShare(t *testing.T) {
 	r := newGateRig(14)
+	if got := r.g.cap(); got != 14 {
+		t.Fatalf("a new gate's cap is %d, want the pool's 14", got)
+	}
+	for range 20 {
+		r.window(time.Millisecond, 0.05, true)
+	}
 	if got := r.g.cap(); got != 1 {
-		t.Fatalf("a new gate's cap is %d, want 1", got)
+		t.Fatalf("fast handlers: cap %d, want 1", got)
 	}
 	r.window(10*time.Millisecond, 0.9, false)
 	if got := r.g.cap(); got != 1 {
@@ -68,7 +84,7 @@ func TestGateFollowsHandlerShare(t *testing.T) {
 		t.Fatalf("fast handlers: cap %d, want 1", got)
 	}
 	for range 3 * gateMinWindow {
-		r.g.acquire()
+		r.g.acquire(nil)
 		r.handled.Add(int64(time.Second))
 		r.g.release(time.Second, false)
 	}
@@ -84,14 +100,14 @@ func TestGateFollowsHandlerShare(t *testing.T) {
 // its handler (in the inbox's own statements), it waits for the release.
 func TestGateBlocksAtTheCapAndGrowsForHandlersThatWait(t *testing.T) {
 	for _, inHandler := range []bool{true, false} {
-		r := newGateRig(4)
-		r.g.acquire()
+		r := atOne(4)
+		r.g.acquire(nil)
 		if inHandler {
 			r.inside.Store(1)
 		}
 		in := make(chan struct{})
 		go func() {
-			r.g.acquire()
+			r.g.acquire(nil)
 			close(in)
 		}()
 		select {
@@ -118,5 +134,27 @@ func TestGateBlocksAtTheCapAndGrowsForHandlersThatWait(t *testing.T) {
 			}
 		}
 		r.g.release(time.Millisecond, true)
+	}
+}
+
+// TestGateLetsAStoppedLaneGo: a lane waiting at the gate gives up once
+// its lanes stop (quit closed), without taking a place.
+func TestGateLetsAStoppedLaneGo(t *testing.T) {
+	r := atOne(4)
+	r.g.acquire(nil)
+	quit := make(chan struct{})
+	got := make(chan bool)
+	go func() { got <- r.g.acquire(quit) }()
+	close(quit)
+	select {
+	case ok := <-got:
+		if ok {
+			t.Fatal("a stopped lane went in at the cap")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a stopped lane still waits at the gate")
+	}
+	if r.g.inUse != 1 {
+		t.Fatalf("%d places in use, want 1", r.g.inUse)
 	}
 }

@@ -45,6 +45,7 @@ type lanes struct {
 	stopped  bool
 	err      error         // the first lane error
 	errc     chan struct{} // closed at the first lane error
+	quit     chan struct{} // closed once stopped: a lane waiting at the gate gives up
 	wg       sync.WaitGroup
 }
 
@@ -57,7 +58,7 @@ type laneJob struct {
 
 func newLanes(n int, g *gate, batch int, run func([]*amqp.Delivery) error) *lanes {
 	return &lanes{max: n, gate: g, batch: max(1, batch), run: run, queued: map[string][]laneJob{},
-		retrying: map[string]bool{}, errc: make(chan struct{})}
+		retrying: map[string]bool{}, errc: make(chan struct{}), quit: make(chan struct{})}
 }
 
 // addRetry adds a retry job for key unless one is queued or running: the
@@ -115,8 +116,11 @@ func (l *lanes) lane(key string) {
 		if mine, ok = l.keep(mine); !ok {
 			return
 		}
-		if l.gate != nil {
-			l.gate.acquire()
+		if l.gate != nil && !l.gate.acquire(l.quit) {
+			l.mu.Lock()
+			l.busy--
+			l.mu.Unlock()
+			return
 		}
 		start := time.Now()
 		ds, solo, ok := l.take(&mine)
@@ -233,7 +237,16 @@ func (l *lanes) fail(err error) {
 		l.err = err
 		close(l.errc)
 	}
-	l.stopped = true
+	l.halt()
+}
+
+// halt marks the lanes stopped and lets lanes waiting at the gate go.
+// The caller holds mu.
+func (l *lanes) halt() {
+	if !l.stopped {
+		l.stopped = true
+		close(l.quit)
+	}
 }
 
 // failed is closed at the first lane error; see wait.
@@ -243,7 +256,7 @@ func (l *lanes) failed() <-chan struct{} { return l.errc }
 // all, and returns the first lane error.
 func (l *lanes) stop() error {
 	l.mu.Lock()
-	l.stopped = true
+	l.halt()
 	l.mu.Unlock()
 	l.wg.Wait()
 	l.mu.Lock()
