@@ -2,9 +2,18 @@ package node_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ordo-relay/ordo/internal/nodehook"
 	"github.com/ordo-relay/ordo/internal/nodetest"
@@ -13,44 +22,286 @@ import (
 	"github.com/ordo-relay/ordo/relay/tablesource"
 )
 
-// BenchmarkAdoptedTableDrain: one node with -table-layout article drains
-// 20,000 rows over 1,000 keys of the article's table, written before it
-// starts (~250-byte payloads, one INSERT), until every row's
-// "ProcessedAt" is set; it reports rows a second (msg/s), the whole drain
-// included: the intake, numbering, publishing and marking.
+// The adopted-table drain, side by side with the article's own relay on
+// the same table: 20,000 rows over 1,000 keys (~250-byte payloads, one
+// INSERT), written before the relay starts, drained until every row's
+// "ProcessedAt" is set. Each reports rows a second (msg/s), the whole
+// drain included, and reorders: deliveries that reached a queue bound to
+// the exchange after a later row of their key (the rows of a key carry n
+// in "OccurredAt" order).
+const adoptRows = 20000
+
+// The two layouts of the rows: spread, key i % 1,000 (a key's rows 1,000
+// apart), and runs, key i / 20 (a key's 20 rows one after another, as an
+// aggregate's events of a burst): two article relays split the runs
+// between their batches.
+var adoptLayouts = []struct{ name, key string }{
+	{"spread", "'order-' || (i % 1000)"},
+	{"runs", "'order-' || (i / 20)"},
+}
+
+// BenchmarkAdoptedTableDrain: one node with -table-layout article (the
+// intake, numbering, publishing and marking).
 func BenchmarkAdoptedTableDrain(b *testing.B) {
 	testkit.RequireRabbitMQ(b)
-	const rows, keys, partitions = 20000, 1000, 64
+	for _, l := range adoptLayouts {
+		b.Run(l.name, func(b *testing.B) { adoptedDrain(b, l.key) })
+	}
+}
+
+func adoptedDrain(b *testing.B, key string) {
 	for range b.N {
 		b.StopTimer()
-		dbURL, pool := testkit.NewTestDB(b, 8)
-		ctx := testkit.Context(b, 3*time.Minute)
-		if _, err := pool.Exec(ctx, tablesource.ArticleDDL); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := pool.Exec(ctx, `INSERT INTO "OutboxMessages" ("Id", "Type", "RoutingKey", "Payload", "CorrelationId", "OccurredAt")
-			SELECT gen_random_uuid(), 'OrderPlaced', 'order.placed', jsonb_build_object('n', i, 'pad', repeat('x', 220)),
-			       'order-' || (i % $2), now() - interval '1 hour' + i * interval '1 ms'
-			FROM generate_series(1, $1::int) AS i`, rows, keys); err != nil {
-			b.Fatal(err)
-		}
-		ex := testkit.NewExchange(b)
-		testkit.NewChecker(b, testkit.AMQPURL(), ex) // a bound queue: unroutable messages fail
+		dbURL, pool, ex, order := articleTable(b, key)
 		cfg := node.DefaultConfig()
 		cfg.PostgresURL, cfg.AMQP.URL, cfg.NodeName = dbURL, testkit.AMQPURL(), "drain"
-		cfg.HTTPAddr, cfg.Partitions = "127.0.0.1:0", partitions
+		cfg.HTTPAddr, cfg.Partitions = "127.0.0.1:0", 64
 		cfg.TableLayout, cfg.TableExchange = "article", ex
 		b.StartTimer()
 		began := time.Now()
 		_, stop := nodetest.Run(b, cfg, node.Options{Logger: testkit.Logger(b, slog.LevelWarn)}, nodehook.Hooks{})
-		testkit.WaitFor(b, 2*time.Minute, "the drain", func() bool {
-			var pending int
-			err := pool.QueryRow(context.Background(), `SELECT count(*) FROM "OutboxMessages" WHERE "ProcessedAt" IS NULL`).Scan(&pending)
-			return err == nil && pending == 0
-		})
-		took := time.Since(began)
+		took := waitProcessed(b, pool, began)
 		b.StopTimer()
 		stop()
-		b.ReportMetric(rows/took.Seconds(), "msg/s")
+		reportDrain(b, took, order)
 	}
+}
+
+// BenchmarkArticleRelayDrain: the article's relay, 1 and 2 instances, as
+// its BackgroundService runs it: the oldest 50 pending rows FOR UPDATE
+// SKIP LOCKED, each published (persistent, mandatory) and confirmed in
+// turn, "ProcessedAt" set, commit; again at once while batches come back
+// full, else after a second (the bench's classic relay, docs/bench.md,
+// over the article's table).
+func BenchmarkArticleRelayDrain(b *testing.B) {
+	testkit.RequireRabbitMQ(b)
+	for _, l := range adoptLayouts {
+		for _, n := range []int{1, 2} {
+			b.Run(fmt.Sprintf("%s/instances=%d", l.name, n), func(b *testing.B) { articleDrain(b, l.key, n) })
+		}
+	}
+}
+
+func articleDrain(b *testing.B, key string, n int) {
+	for range b.N {
+		b.StopTimer()
+		dbURL, pool, ex, order := articleTable(b, key)
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		errs := make(chan error, n)
+		b.StartTimer()
+		began := time.Now()
+		for range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := articleRelay(ctx, dbURL, ex); err != nil && ctx.Err() == nil {
+					errs <- err
+				}
+			}()
+		}
+		took := waitProcessed(b, pool, began)
+		b.StopTimer()
+		cancel()
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			b.Fatal(err)
+		}
+		reportDrain(b, took, order)
+	}
+}
+
+// articleTable creates a database with the article's table and its rows,
+// an exchange, and a queue bound to it whose deliveries order counts.
+// key is the rows' "CorrelationId", an SQL expression of i.
+func articleTable(b *testing.B, key string) (string, *pgxpool.Pool, string, *keyOrder) {
+	dbURL, pool := testkit.NewTestDB(b, 8)
+	ctx := testkit.Context(b, 3*time.Minute)
+	if _, err := pool.Exec(ctx, tablesource.ArticleDDL); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO "OutboxMessages" ("Id", "Type", "RoutingKey", "Payload", "CorrelationId", "OccurredAt")
+		SELECT gen_random_uuid(), 'OrderPlaced', 'order.placed', jsonb_build_object('n', i, 'pad', repeat('x', 220)),
+		       `+key+`, now() - interval '1 hour' + i * interval '1 ms'
+		FROM generate_series(1, $1::int) AS i`, adoptRows); err != nil {
+		b.Fatal(err)
+	}
+	ex := testkit.NewExchange(b)
+	return dbURL, pool, ex, watchOrder(b, ex)
+}
+
+// waitProcessed waits until every row's "ProcessedAt" is set and returns
+// the time since began.
+func waitProcessed(b *testing.B, pool *pgxpool.Pool, began time.Time) time.Duration {
+	testkit.WaitFor(b, 3*time.Minute, "the drain", func() bool {
+		var pending int
+		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM "OutboxMessages" WHERE "ProcessedAt" IS NULL`).Scan(&pending)
+		return err == nil && pending == 0
+	})
+	return time.Since(began)
+}
+
+func reportDrain(b *testing.B, took time.Duration, order *keyOrder) {
+	got, reorders := order.wait(b, adoptRows)
+	b.ReportMetric(adoptRows/took.Seconds(), "msg/s")
+	b.ReportMetric(float64(reorders), "reorders")
+	b.Logf("%d rows in %v, %d delivered, %d out of their key's order", adoptRows, took, got, reorders)
+}
+
+// keyOrder counts the deliveries of a queue and those that came after a
+// later row of their key.
+type keyOrder struct {
+	mu       sync.Mutex
+	last     map[string]int64
+	got      int
+	reorders int
+}
+
+func watchOrder(b *testing.B, ex string) *keyOrder {
+	conn, err := amqp.Dial(testkit.AMQPURL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := ch.QueueBind(q.Name, "#", ex, false, nil); err != nil {
+		b.Fatal(err)
+	}
+	ds, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	o := &keyOrder{last: map[string]int64{}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for d := range ds {
+			var p struct{ N int64 }
+			_ = json.Unmarshal(d.Body, &p)
+			o.mu.Lock()
+			o.got++
+			if p.N < o.last[d.CorrelationId] {
+				o.reorders++
+			}
+			o.last[d.CorrelationId] = max(o.last[d.CorrelationId], p.N)
+			o.mu.Unlock()
+		}
+	}()
+	b.Cleanup(func() {
+		_ = conn.Close()
+		<-done
+	})
+	return o
+}
+
+// wait waits until n deliveries arrived and returns them and the
+// reorders.
+func (o *keyOrder) wait(b *testing.B, n int) (got, reorders int) {
+	testkit.WaitFor(b, time.Minute, "every delivery", func() bool {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		return o.got >= n
+	})
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.got, o.reorders
+}
+
+// articleRelay is one instance of the article's relay, until ctx ends.
+func articleRelay(ctx context.Context, dbURL, ex string) error {
+	db, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	defer db.Close(context.Background())
+	conn, err := amqp.Dial(testkit.AMQPURL())
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	if err := ch.Confirm(false); err != nil {
+		return err
+	}
+	returned := ch.NotifyReturn(make(chan amqp.Return, 1))
+	const batch = 50
+	for {
+		n, err := articleBatch(ctx, db, ch, returned, ex, batch)
+		if err != nil {
+			return err
+		}
+		if n == batch {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// articleBatch publishes and marks one batch, and returns its size.
+func articleBatch(ctx context.Context, db *pgx.Conn, ch *amqp.Channel, returned <-chan amqp.Return, ex string, batch int) (int, error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(context.Background())
+	rows, err := tx.Query(ctx, `SELECT "Id", "Type", "RoutingKey", "Payload", "CorrelationId" FROM "OutboxMessages"
+		WHERE "ProcessedAt" IS NULL ORDER BY "OccurredAt" LIMIT $1 FOR UPDATE SKIP LOCKED`, batch)
+	if err != nil {
+		return 0, err
+	}
+	type row struct {
+		id             uuid.UUID
+		typ, key, corr string
+		payload        []byte
+	}
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
+		var x row
+		var corr *string
+		err := r.Scan(&x.id, &x.typ, &x.key, &x.payload, &corr)
+		if corr != nil {
+			x.corr = *corr
+		}
+		return x, err
+	})
+	if err != nil {
+		return 0, err
+	}
+	ids := make([]uuid.UUID, len(got))
+	for i, x := range got {
+		c, err := ch.PublishWithDeferredConfirmWithContext(ctx, ex, x.key, true, false, amqp.Publishing{
+			MessageId: x.id.String(), CorrelationId: x.corr, Type: x.typ, ContentType: "application/json",
+			DeliveryMode: amqp.Persistent, Body: x.payload,
+		})
+		if err != nil {
+			return 0, err
+		}
+		if ok, err := c.WaitContext(ctx); err != nil || !ok {
+			return 0, errors.Join(errors.New("not confirmed"), err)
+		}
+		select {
+		case r := <-returned:
+			return 0, fmt.Errorf("returned: %s", r.ReplyText)
+		default:
+		}
+		ids[i] = x.id
+	}
+	if _, err := tx.Exec(ctx, `UPDATE "OutboxMessages" SET "ProcessedAt" = now() WHERE "Id" = ANY($1)`, ids); err != nil {
+		return 0, err
+	}
+	return len(got), tx.Commit(ctx)
 }
