@@ -127,6 +127,12 @@ func New(cfg Config) (*Membership, error) {
 	mc.GossipInterval = min(mc.GossipInterval, cfg.ProbeInterval/2)
 	mc.SuspicionMult = cfg.SuspicionMult
 	mc.PushPullInterval = 5 * time.Second
+	// No LZW on gossip: the messages are a few hundred bytes on a LAN,
+	// and compressing each one cost about 8 % of a node's CPU in a
+	// four-node cluster (docs/performance.md). A member decodes a
+	// compressed message whatever this says, so members that still
+	// compress gossip with those that do not.
+	mc.EnableCompression = false
 	mc.TCPTimeout = 2 * time.Second
 	if len(cfg.Keys) > 0 {
 		kr, err := memberlist.NewKeyring(cfg.Keys, cfg.Keys[0])
