@@ -140,6 +140,11 @@ func TestTableLayoutValidated(t *testing.T) {
 		field string
 	}{
 		{"unknown layout", func(c *node.Config) { c.TableLayout = "rebus" }, "TableLayout"},
+		{"unknown column key", func(c *node.Config) { c.TableLayout = "article;colour=red" }, "TableLayout"},
+		{"column missing", func(c *node.Config) { c.TableLayout = "table=outbox;id=id" }, "TableLayout"},
+		{"source layout column missing", func(c *node.Config) {
+			c.Sources = []node.Source{{Name: "orders", PostgresURL: c.PostgresURL, Layout: "article;table="}}
+		}, "Sources"},
 		{"with sources", func(c *node.Config) {
 			c.TableLayout = "article"
 			c.Sources = []node.Source{{Name: "orders", PostgresURL: c.PostgresURL}}
@@ -161,6 +166,66 @@ func TestTableLayoutValidated(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("the article's layout with the default exchange: %v", err)
 	}
+}
+
+// TestRenamedTableRelayed: a table whose table and column names are not
+// the article's, mapped with a layout spec, is relayed like the
+// article's: every row once, each key in the order written, each row's
+// processed-at column set.
+func TestRenamedTableRelayed(t *testing.T) {
+	t.Parallel()
+	testkit.RequireRabbitMQ(t)
+	dbURL, pool := testkit.NewTestDB(t, 8)
+	ctx := testkit.Context(t, 2*time.Minute)
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA app;
+		CREATE TABLE app.outbox_messages (
+		    message_id uuid PRIMARY KEY, kind text NOT NULL, topic text NOT NULL, body jsonb NOT NULL,
+		    "AggregateId" text, created_at timestamptz NOT NULL, sent_at timestamptz);
+		CREATE INDEX ON app.outbox_messages (created_at) WHERE sent_at IS NULL`); err != nil {
+		t.Fatal(err)
+	}
+	ex := testkit.NewExchange(t)
+	checker := testkit.NewChecker(t, testkit.AMQPURL(), ex)
+	cfg := node.DefaultConfig()
+	cfg.PostgresURL, cfg.AMQP.URL, cfg.NodeName = dbURL, testkit.AMQPURL(), "renamed"
+	cfg.HTTPAddr, cfg.Partitions, cfg.DBMaxConns = "127.0.0.1:0", 4, 4
+	cfg.Relay.PollInterval = 50 * time.Millisecond
+	cfg.TableLayout = "table=outbox_messages;schema=app;id=message_id;type=kind;routing_key=topic;payload=body;" +
+		"correlation_id=AggregateId;occurred_at=created_at;processed_at=sent_at"
+	cfg.TableExchange = ex
+	_, stop := runNode(t, cfg, node.Options{Logger: testkit.Logger(t, slog.LevelWarn)})
+	defer stop()
+	written := map[string][]string{}
+	for i := range 60 {
+		key := fmt.Sprintf("agg-%d", i%6)
+		id := uuid.Must(uuid.NewV7())
+		if _, err := pool.Exec(ctx, `INSERT INTO app.outbox_messages (message_id, kind, topic, body, "AggregateId", created_at)
+			VALUES ($1, 'OrderPlaced', 'order.placed', '{"n": 1}', $2, clock_timestamp())`, id, key); err != nil {
+			t.Fatal(err)
+		}
+		written[key] = append(written[key], id.String())
+		checker.Expect(id.String())
+	}
+	rep := checker.WaitFor(t, time.Minute, func(r testkit.Report) bool { return r.Lost == 0 })
+	if !rep.OK() {
+		t.Fatalf("checker: %s", rep.Detail())
+	}
+	got := map[string][]string{}
+	for _, d := range checker.Deliveries() {
+		if ids := got[d.CorrelationID]; !slices.Contains(ids, d.MessageID) {
+			got[d.CorrelationID] = append(ids, d.MessageID)
+		}
+	}
+	for key, ids := range written {
+		if !slices.Equal(got[key], ids) {
+			t.Fatalf("key %s delivered %v, written %v", key, got[key], ids)
+		}
+	}
+	testkit.WaitFor(t, 30*time.Second, "every row's sent_at set", func() bool {
+		var pending int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM app.outbox_messages WHERE sent_at IS NULL`).Scan(&pending)
+		return err == nil && pending == 0
+	})
 }
 
 // TestAdoptedTableBesideAnOutbox: a node relays two sources at once, the

@@ -95,9 +95,12 @@ type Config struct {
 	BacklogInterval time.Duration
 
 	// TableLayout, when set, makes the node relay a table Ordo did not
-	// create instead of its own outbox (docs/adopt.md): the name of a
-	// table layout preset, "article" (the article's EF Core
-	// "OutboxMessages", tablesource.Article). The one-source form only.
+	// create instead of its own outbox (docs/adopt.md): a table layout
+	// spec (tablesource.ParseLayout), a preset's name, "article" (the
+	// article's EF Core "OutboxMessages", tablesource.Article), and or
+	// key=column items separated by ";" for a table whose names differ
+	// ("article;table=outbox_messages;correlation_id=AggregateId"). The
+	// one-source form only.
 	// Empty, the default, relays Ordo's own outbox table.
 	TableLayout string
 

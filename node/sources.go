@@ -44,9 +44,9 @@ type Source struct {
 	Partitions int
 
 	// Layout, when set, makes the node relay a table Ordo did not create
-	// in this source's database instead of Ordo's own outbox: the name of
-	// a table layout preset, "article" (see Config.TableLayout, the
-	// one-source form's). Empty, the default: Ordo's own outbox.
+	// in this source's database instead of Ordo's own outbox: a table
+	// layout spec, as Config.TableLayout (the one-source form's). Empty,
+	// the default: Ordo's own outbox.
 	Layout string
 }
 
@@ -92,7 +92,7 @@ func (c Config) validateSources(ck *confcheck.Checker) {
 			ck.Require(err == nil, "Sources", "source %q: %v (0 means Partitions)", s.Name, err)
 		}
 		if s.Layout != "" {
-			_, err := tablesource.Preset(s.Layout)
+			_, err := tablesource.ParseLayout(s.Layout)
 			ck.Require(err == nil, "Sources", "source %q: %v", s.Name, err)
 		}
 	}

@@ -26,7 +26,7 @@ const maxExchangeLen = 255
 // are validateSources').
 func (c Config) validateTable(ck *confcheck.Checker) {
 	if c.TableLayout != "" {
-		_, err := tablesource.Preset(c.TableLayout)
+		_, err := tablesource.ParseLayout(c.TableLayout)
 		ck.Require(err == nil, "TableLayout", "%v", err)
 		ck.Require(len(c.Sources) == 0, "TableLayout",
 			"applies to the one-source form (PostgresURL) only; with Sources give each source its layout (Source.Layout, -source-layout)")
@@ -43,8 +43,8 @@ func tableLayout(sc Source) (tablesource.Layout, bool) {
 	if sc.Layout == "" {
 		return tablesource.Layout{}, false
 	}
-	l, err := tablesource.Preset(sc.Layout)
-	return l, err == nil // Validate refused the other names
+	l, err := tablesource.ParseLayout(sc.Layout)
+	return l, err == nil // Validate refused the other specs
 }
 
 // tableSource is what a source relaying an adopted table adds: the

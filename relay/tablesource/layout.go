@@ -3,6 +3,7 @@ package tablesource
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -97,6 +98,85 @@ func Preset(name string) (Layout, error) {
 		return Layout{}, fmt.Errorf("%w %q (known: article)", ErrUnknownPreset, name)
 	}
 	return f(), nil
+}
+
+// specKey is a key of a layout spec (ParseLayout) and the field it sets.
+type specKey struct {
+	key string
+	set func(*Layout) *string
+}
+
+// specKeys are the keys of a layout spec.
+var specKeys = []specKey{
+	{"schema", func(l *Layout) *string { return &l.Schema }},
+	{"table", func(l *Layout) *string { return &l.Table }},
+	{"id", func(l *Layout) *string { return &l.ID }},
+	{"type", func(l *Layout) *string { return &l.Type }},
+	{"routing_key", func(l *Layout) *string { return &l.RoutingKey }},
+	{"payload", func(l *Layout) *string { return &l.Payload }},
+	{"correlation_id", func(l *Layout) *string { return &l.CorrelationID }},
+	{"occurred_at", func(l *Layout) *string { return &l.OccurredAt }},
+	{"processed_at", func(l *Layout) *string { return &l.ProcessedAt }},
+}
+
+// ParseLayout returns the layout a spec describes: a preset's name
+// ("article"), or items separated by ";": optionally a preset's name
+// first, then key=name items that set the table and the columns, each
+// at most once. The keys are schema, table, id, type, routing_key,
+// payload, correlation_id, occurred_at and processed_at; without a
+// preset every one but schema must be given. Names are taken as
+// written (case-sensitive, no quotes), so
+//
+//	article;table=outbox_messages;correlation_id=AggregateId
+//
+// is the article's table renamed, with its key in "AggregateId". The
+// result is validated (Layout.Validate); every problem is reported at
+// once, in an error wrapping ErrInvalidLayout or ErrUnknownPreset.
+func ParseLayout(spec string) (Layout, error) {
+	items := strings.Split(spec, ";")
+	var l Layout
+	var problems []string
+	first := strings.TrimSpace(items[0])
+	if !strings.Contains(first, "=") {
+		p, err := Preset(first)
+		if err != nil {
+			return Layout{}, err
+		}
+		l, items = p, items[1:]
+	}
+	set := map[string]bool{}
+	for _, item := range items {
+		key, name, ok := strings.Cut(strings.TrimSpace(item), "=")
+		key = strings.TrimSpace(key)
+		i := slices.IndexFunc(specKeys, func(k specKey) bool { return k.key == key })
+		switch {
+		case !ok:
+			problems = append(problems, fmt.Sprintf("%q is not key=name (a preset's name goes first)", item))
+		case i < 0:
+			problems = append(problems, fmt.Sprintf("unknown key %q (known: %s)", key, specKeyNames()))
+		case set[key]:
+			problems = append(problems, fmt.Sprintf("%s is given twice", key))
+		default:
+			set[key] = true
+			*specKeys[i].set(&l) = name
+		}
+	}
+	if len(problems) > 0 {
+		return Layout{}, fmt.Errorf("%w %q: %s", ErrInvalidLayout, spec, strings.Join(problems, "; "))
+	}
+	if err := l.Validate(); err != nil {
+		return Layout{}, fmt.Errorf("layout %q: %w", spec, err)
+	}
+	return l, nil
+}
+
+// specKeyNames lists the keys of a layout spec.
+func specKeyNames() string {
+	names := make([]string, len(specKeys))
+	for i, k := range specKeys {
+		names[i] = k.key
+	}
+	return strings.Join(names, ", ")
 }
 
 // column is one mapped column: the field's name for errors, and its value.

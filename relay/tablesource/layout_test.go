@@ -76,6 +76,51 @@ func TestPreset(t *testing.T) {
 	}
 }
 
+// TestParseLayout: a spec is a preset, a preset with overrides, or every
+// column given; every problem of a bad one is named at once.
+func TestParseLayout(t *testing.T) {
+	renamed := tablesource.Article()
+	renamed.Schema, renamed.Table, renamed.CorrelationID = "app", "outbox_messages", "AggregateId"
+	full := tablesource.Layout{Table: "outbox", ID: "message_id", Type: "kind", RoutingKey: "topic", Payload: "body",
+		CorrelationID: "aggregate_id", OccurredAt: "created_at", ProcessedAt: "sent_at"}
+	for _, c := range []struct {
+		spec string
+		want tablesource.Layout
+		errs []string // substrings of the error; nil: no error
+	}{
+		{"article", tablesource.Article(), nil},
+		{" article ; schema=app; table=outbox_messages ;correlation_id=AggregateId", renamed, nil},
+		{"table=outbox;id=message_id;type=kind;routing_key=topic;payload=body;correlation_id=aggregate_id;" +
+			"occurred_at=created_at;processed_at=sent_at", full, nil},
+		{"table=outbox;id=message_id", tablesource.Layout{}, []string{"Type is empty", "ProcessedAt is empty"}},
+		{"article;colour=red;table=a;table=b;oops", tablesource.Layout{},
+			[]string{`unknown key "colour" (known: schema, table, id,`, "table is given twice", `"oops" is not key=name`}},
+		{"article;id=Type", tablesource.Layout{}, []string{`both name column "Type"`}},
+		{"article;table=", tablesource.Layout{}, []string{"Table is empty"}},
+		{"artikel;table=x", tablesource.Layout{}, []string{"known: article"}},
+	} {
+		l, err := tablesource.ParseLayout(c.spec)
+		if c.errs == nil {
+			if err != nil || l != c.want {
+				t.Errorf("ParseLayout(%q) = %+v, %v; want %+v", c.spec, l, err, c.want)
+			}
+			continue
+		}
+		if err == nil {
+			t.Errorf("ParseLayout(%q) = %+v, want an error", c.spec, l)
+			continue
+		}
+		if !errors.Is(err, tablesource.ErrInvalidLayout) && !errors.Is(err, tablesource.ErrUnknownPreset) {
+			t.Errorf("ParseLayout(%q): %v wraps neither ErrInvalidLayout nor ErrUnknownPreset", c.spec, err)
+		}
+		for _, want := range c.errs {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("ParseLayout(%q): %v, want it to say %q", c.spec, err, want)
+			}
+		}
+	}
+}
+
 func TestNewReaderPartitions(t *testing.T) {
 	for _, n := range []int{0, -1, 4097} {
 		if _, err := tablesource.NewReader(tablesource.Article(), n); err == nil {
