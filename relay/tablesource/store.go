@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -99,9 +100,18 @@ func (s *Store) readPending(ctx context.Context, query string, cursors []relay.C
 		}
 	}
 	if len(numberParts) > 0 {
-		var n, late int64
-		if err := conn.QueryRow(ctx, sqlNumber, planFresh, s.node, numberParts).Scan(&n, &late); err != nil {
-			return nil, fmt.Errorf("read pending rows: number the rows of %d partition(s): %w", len(numberParts), err)
+		// One partition per statement, each committed on its own: a read
+		// that runs out of time (a large intake's first numbering on a
+		// loaded machine) keeps the partitions it numbered, and the next
+		// read goes on from there instead of starting over.
+		slices.Sort(numberParts)
+		var late int64
+		for i, p := range numberParts {
+			var n, l int64
+			if err := conn.QueryRow(ctx, sqlNumber, planFresh, s.node, []int32{p}).Scan(&n, &l); err != nil {
+				return nil, fmt.Errorf("read pending rows: number the rows of partition %d (%d of %d): %w", p, i+1, len(numberParts), err)
+			}
+			late += l
 		}
 		if late > 0 {
 			s.late.Add(late)

@@ -2,6 +2,7 @@ package tablesource_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/lease"
+	"github.com/ordo-relay/ordo/partition"
 	"github.com/ordo-relay/ordo/relay"
 	"github.com/ordo-relay/ordo/relay/tablesource"
 )
@@ -337,5 +339,60 @@ func TestStoreRowProcessedElsewhere(t *testing.T) {
 	prev, err := s.PrevKeySeq(testkit.Context(t, 30*time.Second), "k", 2)
 	if err != nil || prev != 0 {
 		t.Fatalf("prev of 2: %d %v, want 0", prev, err)
+	}
+}
+
+// TestNumberingKeepsWhatACancelledReadDid: a read whose numbering runs
+// out of time (here: one key's counter locked by another session) keeps
+// the partitions it numbered before, so the next read goes on from there
+// instead of numbering everything again, which on a loaded machine
+// never finished within the read timeout.
+func TestNumberingKeepsWhatACancelledReadDid(t *testing.T) {
+	t.Parallel()
+	pool := adoptedDB(t)
+	s, in := newStore(t, pool, "n1")
+	keyIn := func(p int) string {
+		for i := 0; ; i++ {
+			if k := fmt.Sprintf("order-%d", i); partition.Of(k, storeParts) == p {
+				return k
+			}
+		}
+	}
+	first, last := keyIn(0), keyIn(storeParts-1)
+	t0 := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
+	insert(t, pool, msg{id: uuid.Must(uuid.NewV7()), corr: ptr(last), at: t0})
+	take(t, in, true)
+	readAll(t, s) // last's counter now exists
+	a, b := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
+	insert(t, pool, msg{id: a, corr: ptr(first), at: t0.Add(time.Second)}, msg{id: b, corr: ptr(last), at: t0.Add(time.Second)})
+	take(t, in, true)
+
+	ctx := testkit.Context(t, 30*time.Second)
+	lock, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Rollback(context.Background()) //nolint:errcheck // rolled back below
+	if _, err := lock.Exec(ctx, `SELECT 1 FROM ordo_table_keys WHERE key = $1 FOR UPDATE`, last); err != nil {
+		t.Fatal(err)
+	}
+	cursors := make([]relay.Cursor, storeParts)
+	for p := range cursors {
+		cursors[p] = relay.Cursor{Partition: p}
+	}
+	short, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if _, err := s.ReadPending(short, cursors, 100); err == nil {
+		t.Fatal("a read numbering a locked key's rows returned in time")
+	}
+	if ks := keySeqInDB(t, pool, a); ks == nil || *ks != 1 {
+		t.Fatalf("partition 0's row numbered %v after the read ran out of time in partition %d, want 1 (kept)", ks, storeParts-1)
+	}
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := byID(readAll(t, s))
+	if got[a].KeySeq != 1 || got[b].KeySeq != 2 {
+		t.Fatalf("after the lock: key_seq %d and %d, want 1 and 2", got[a].KeySeq, got[b].KeySeq)
 	}
 }
