@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 )
 
@@ -61,11 +60,8 @@ func (r *Relay) nextFlight() (f *flight, leaseLost bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := time.Now()
-	for r.flights.live() < r.cfg.Window && len(r.ready) > 0 {
-		k := r.ready[0]
-		r.ready[0] = nil
-		r.ready = r.ready[1:]
-		k.inReady = false
+	for r.flights.live() < r.cfg.Window && r.queues.waiting() > 0 {
+		k := r.queues.pop()
 		if !r.currentLocked(k) {
 			continue
 		}
@@ -78,7 +74,7 @@ func (r *Relay) nextFlight() (f *flight, leaseLost bool) {
 		if !held || l.Epoch != k.part.epoch || !l.Valid(now) {
 			// Tried again on the next poll or ownership change: a late
 			// renewal may bring the lease back.
-			r.leaseWait[k] = true
+			r.queues.waitLease(k)
 			r.stats.LeaseSkipped++
 			return nil, true
 		}
@@ -91,8 +87,7 @@ func (r *Relay) nextFlight() (f *flight, leaseLost bool) {
 		if !r.flights.add(f) {
 			// The node's window is full (Budget): k keeps its place, and
 			// a slot given back wakes the relay.
-			k.inReady = true
-			r.ready = slices.Insert(r.ready, 0, k)
+			r.queues.pushFront(k)
 			return nil, false
 		}
 		k.rows[0] = nil // the backing array would keep it alive
@@ -104,12 +99,11 @@ func (r *Relay) nextFlight() (f *flight, leaseLost bool) {
 		if r.perKeyLimit > 1 && !k.inReady && len(k.rows) > 0 {
 			// Its next row goes right behind this one (tests only: the
 			// rule is 1).
-			k.inReady = true
-			r.ready = append([]*keyState{k}, r.ready...)
+			r.queues.pushFront(k)
 		}
 		return f, false
 	}
-	r.flights.wantSlots(len(r.ready) > 0)
+	r.flights.wantSlots(r.queues.waiting() > 0)
 	return nil, false
 }
 

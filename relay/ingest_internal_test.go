@@ -52,7 +52,9 @@ func TestIngestKeepsKeysContiguous(t *testing.T) {
 		delete(ps.queued, e.row.ID)
 		r.mem.add(-e.size)
 	}
-	k.rows, k.inReady, r.ready = nil, false, nil // as the dispatch loop leaves it
+	k.rows = nil
+	for r.queues.pop() != nil { // as the dispatch loop leaves it
+	}
 	r.forgetIfIdleLocked(k)
 	r.ingestLocked(ps, rows[25:])
 	if k2 := ps.keys["k"]; k2 != nil && len(k2.rows) > 0 {
@@ -93,7 +95,7 @@ func TestHalfFreeWaitUnderABudget(t *testing.T) {
 		t.Fatal("a read past the relay's share left nothing out")
 	}
 	held := len(k.rows)
-	r.ready = append(r.ready, k) // rows to publish: a full read-ahead refuses reads
+	r.queues.push(k) // rows to publish: a full read-ahead refuses reads
 	t.Logf("kept %d rows (%d bytes, ReadAheadBytes %d)", held, r.mem.held(), r.cfg.ReadAheadBytes)
 	free := func(n int) {
 		for _, e := range k.rows[:n] {

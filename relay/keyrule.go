@@ -24,7 +24,7 @@ func (r *Relay) headLocked(k *keyState, now time.Time) (*entry, bool) {
 		return nil, false
 	}
 	if now.Before(e.row.NextAttemptAt) {
-		r.backingOff[k] = true
+		r.queues.backOff(k)
 		return nil, false
 	}
 	prev := e.row.KeySeq - 1
@@ -43,7 +43,7 @@ func (r *Relay) headLocked(k *keyState, now time.Time) (*entry, bool) {
 // next row, read later, is judged by the database (the row below it is
 // marked by then).
 func (r *Relay) forgetIfIdleLocked(k *keyState) {
-	if len(k.rows) > 0 || k.flights.live() > 0 || k.inReady || r.backingOff[k] || r.leaseWait[k] || k.gapFrom > 0 {
+	if len(k.rows) > 0 || k.flights.live() > 0 || r.queues.holds(k) || k.gapFrom > 0 {
 		return
 	}
 	if ps := k.part; ps.keys[k.name] == k {
@@ -55,23 +55,11 @@ func (r *Relay) forgetIfIdleLocked(k *keyState) {
 // (zero if none), and puts the keys whose time has come back in line
 // (due: at least one).
 func (r *Relay) earliestRetryLocked(now time.Time) (first time.Time, due bool) {
-	for k := range r.backingOff {
-		if !r.currentLocked(k) || len(k.rows) == 0 {
-			delete(r.backingOff, k)
-			continue
-		}
-		at := k.rows[0].row.NextAttemptAt
-		if !now.Before(at) {
-			delete(r.backingOff, k)
-			r.pushReadyLocked(k)
-			due = true
-			continue
-		}
-		if first.IsZero() || at.Before(first) {
-			first = at
-		}
+	first, ks := r.queues.retryDue(now, r.currentLocked)
+	for _, k := range ks {
+		r.pushReadyLocked(k)
 	}
-	return first, due
+	return first, len(ks) > 0
 }
 
 // eligibleLocked counts queued heads that nothing but a lease or a stall

@@ -197,11 +197,10 @@ func (r *Relay) waitDispatch(ctx context.Context, retry *time.Timer) bool {
 func (r *Relay) retryLeaseWait() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for k := range r.leaseWait {
+	for _, k := range r.queues.takeLeaseWait() {
 		if r.currentLocked(k) {
 			r.pushReadyLocked(k)
 		}
-		delete(r.leaseWait, k)
 	}
 }
 

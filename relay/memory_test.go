@@ -198,7 +198,11 @@ func TestMemoryParkedKeysDoNotSlowOthers(t *testing.T) {
 	reads, rows := drain(t, 120)
 	t.Logf("a %d-row hot key drained in %d reads (%d rows read) alone, %d reads (%d rows read) beside 120 parked keys",
 		hotRows, baseReads, baseRows, reads, rows)
-	if reads > 2*baseReads+5 {
+	// The reads a drain takes follow when rows land between reads (5 to
+	// 18 alone, 7 to 15 beside the parked keys, in runs on one machine);
+	// with the parked keys' rows kept in memory it takes about one read
+	// per row (403 against 8).
+	if reads > 4*baseReads+20 {
 		t.Fatalf("beside 120 parked keys the hot key took %d reads, alone %d", reads, baseReads)
 	}
 }

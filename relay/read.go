@@ -67,7 +67,7 @@ func (r *Relay) readOnce(ctx context.Context) (bool, error) {
 // what memory held then is free: a read per freed row would read a page
 // to keep a row or two of it (memory.refused).
 func (r *Relay) readRefusedLocked() bool {
-	return r.mem.refused() && (len(r.ready) > 0 || r.flights.live() > 0)
+	return r.mem.refused() && (r.queues.waiting() > 0 || r.flights.live() > 0)
 }
 
 // ingestRead stores what plan's read returned for its partitions and

@@ -45,9 +45,7 @@ type Relay struct {
 	parts          map[int]*partState // held partitions, as last synced with the leases
 	flights        flightBook         // published and not yet marked or recorded failed (flight.go)
 	gen            readGen            // what reads may overwrite (readgen.go)
-	ready          []*keyState        // keys whose head may be publishable
-	backingOff     map[*keyState]bool // keys whose head backs off until a time
-	leaseWait      map[*keyState]bool // keys whose partition's lease was not valid when they were due
+	queues         keyQueues          // the lines keys wait in: ready, backing off, lease wait (queues.go)
 	mem            memory             // bytes of queued rows and flights, for ReadAheadBytes and the Budget (memory.go)
 	readWaits      int64              // waitRead calls: a read loop that spins shows here (tests)
 	share          *share             // its part of Config.Budget; nil without one
@@ -130,8 +128,7 @@ func New(cfg Config, store Store, pub Publisher, own Ownership) (*Relay, error) 
 		wakeMark:     make(chan struct{}, 1),
 		parts:        map[int]*partState{},
 		gen:          newReadGen(),
-		backingOff:   map[*keyState]bool{},
-		leaseWait:    map[*keyState]bool{},
+		queues:       newKeyQueues(),
 		progress:     newProgress(cfg.Logger),
 	}
 	if cfg.Budget != nil {

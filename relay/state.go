@@ -27,8 +27,10 @@ import (
 //     returned is newer than what memory holds: whether marks or failure
 //     records were written since the read began.
 //   - Relay.settled holds the settlements waiting to be written
-//     (writeback.go); Relay.ready, backingOff and leaseWait hold keys
-//     waiting to be looked at by dispatch, for a time, or for a lease.
+//     (writeback.go).
+//   - Relay.queues (queues.go) holds the keys waiting to be looked at by
+//     dispatch (ready), for a time (backing off) or for a lease (lease
+//     wait); only its methods change the three lines and keyState.inReady.
 //   - Relay.mem (memory.go) counts the memory of rows read ahead and of
 //     flights, in the relay's count and its Budget's at once, and holds
 //     the half-free mark; only its methods change them. A parked head is
@@ -100,8 +102,7 @@ func (r *Relay) dropPartLocked(ps *partState) {
 		r.mem.add(-e.size)
 	}
 	for _, k := range ps.keys {
-		delete(r.backingOff, k)
-		delete(r.leaseWait, k)
+		r.queues.forget(k)
 	}
 	delete(r.parts, ps.id)
 }
@@ -116,9 +117,7 @@ func (r *Relay) currentLocked(k *keyState) bool {
 // head back unparked (after an operator's retry), and a pass would
 // otherwise line up every parked key for nothing.
 func (r *Relay) pushReadyLocked(k *keyState) {
-	if !k.inReady && len(k.rows) > 0 && !k.rows[0].row.Parked {
-		k.inReady = true
-		r.ready = append(r.ready, k)
+	if len(k.rows) > 0 && !k.rows[0].row.Parked && r.queues.push(k) {
 		signal(r.wakeDispatch)
 	}
 }
