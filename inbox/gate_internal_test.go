@@ -45,6 +45,18 @@ func (r *gateRig) window(d time.Duration, share float64, waiting bool) {
 	}
 }
 
+// fastWindows runs 20 windows of handlers that take 5 % of the lanes'
+// time, and fails t unless the cap is then 1.
+func (r *gateRig) fastWindows(t *testing.T) {
+	t.Helper()
+	for range 20 {
+		r.window(time.Millisecond, 0.05, true)
+	}
+	if got := r.g.cap(); got != 1 {
+		t.Fatalf("fast handlers: cap %d, want 1", got)
+	}
+}
+
 // TestGateFollowsHandlerShare: a new gate's cap is the pool's; a share
 // under a quarter halves it each window, to 1; lanes whose time
 // goes to their handlers, with lanes waiting, double it each window up to
@@ -55,12 +67,7 @@ func TestGateFollowsHandlerShare(t *testing.T) {
 	if got := r.g.cap(); got != 14 {
 		t.Fatalf("a new gate's cap is %d, want the pool's 14", got)
 	}
-	for range 20 {
-		r.window(time.Millisecond, 0.05, true)
-	}
-	if got := r.g.cap(); got != 1 {
-		t.Fatalf("fast handlers: cap %d, want 1", got)
-	}
+	r.fastWindows(t)
 	r.window(10*time.Millisecond, 0.9, false)
 	if got := r.g.cap(); got != 1 {
 		t.Fatalf("slow handlers, no lane waiting: cap %d, want 1", got)
@@ -77,12 +84,7 @@ func TestGateFollowsHandlerShare(t *testing.T) {
 	if got := r.g.cap(); got != 14 {
 		t.Fatalf("cap %d after windows that give no reason to move, want 14", got)
 	}
-	for range 20 {
-		r.window(time.Millisecond, 0.05, true)
-	}
-	if got := r.g.cap(); got != 1 {
-		t.Fatalf("fast handlers: cap %d, want 1", got)
-	}
+	r.fastWindows(t)
 	for range 3 * gateMinWindow {
 		r.g.acquire(nil)
 		r.handled.Add(int64(time.Second))
