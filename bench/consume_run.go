@@ -193,6 +193,7 @@ func startInstances(ctx context.Context, r *consumeRig, cfg inbox.Config, co con
 		}
 		pc.MaxConns = int32(co.Conns)
 		pc.ConnConfig.Tracer = g.trace
+		pc.ConnConfig.RuntimeParams["application_name"] = appInbox
 		pool, err := pgxpool.NewWithConfig(ctx, pc)
 		if err != nil {
 			g.stop()
@@ -368,7 +369,8 @@ func startCompeting(ctx context.Context, r *consumeRig, queue string, co consume
 // addDrainCPU adds the CPU of the drain (from cpu0 and the start of
 // backends until now): the machine's, the bench process's (the inbox
 // instances run in it) and the PostgreSQL backends' of the bench's
-// database (the instances' and the relay's; other databases' left out),
+// database (the instances' and the relay's; other databases' left out;
+// the instances' alone as pg_inbox),
 // each also per handled message in microseconds, so that one instance's
 // run says how many messages a second the machine's cores could handle.
 func addDrainCPU(ctx context.Context, res *result.Result, cpu0 cpuSample, backends *backendCPU, msgs int) {
@@ -378,8 +380,9 @@ func addDrainCPU(ctx context.Context, res *result.Result, cpu0 cpuSample, backen
 	}
 	cpu1 := sampleCPU()
 	addCPU(res, cpu0, cpu1, "drain_")
-	pg := totals[groupRelay]
+	pg := totals[groupRelay] + totals[groupInbox]
 	res.Seconds("drain_cpu_pg_db", pg)
+	res.Figure("drain_us_per_msg_pg_inbox", perMsgMicros(totals[groupInbox], msgs), "us")
 	bench := cpu1.self - cpu0.self
 	res.Figure("drain_us_per_msg_bench", perMsgMicros(bench, msgs), "us")
 	res.Figure("drain_us_per_msg_pg_db", perMsgMicros(pg, msgs), "us")

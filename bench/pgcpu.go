@@ -22,10 +22,16 @@ const (
 	backendEvery = 100 * time.Millisecond
 )
 
+// appInbox is the application_name of the consume scenario's inbox
+// instances' connections, so that their backends' CPU is told apart from
+// the relay's.
+const appInbox = "ordo_bench_inbox"
+
 // Backend groups of a backendCPU sampler.
 const (
 	groupBench = "bench" // application_name ordo_bench: the bench's loads and producers
 	groupProbe = "probe" // the samplers themselves
+	groupInbox = "inbox" // application_name ordo_bench_inbox: the consume scenario's inbox instances
 	groupRelay = "relay" // anything else: the relay under test
 )
 
@@ -36,6 +42,8 @@ func backendGroup(app string) string {
 		return groupBench
 	case harness.AppProbe:
 		return groupProbe
+	case appInbox:
+		return groupInbox
 	default:
 		return groupRelay
 	}

@@ -62,6 +62,33 @@ type batchResult struct {
 // Like Handle, the messages of one key must come in delivery order, from
 // one goroutine at a time; a batch may hold several of them, in order.
 func (s *Store) handleBatch(ctx context.Context, f Fence, items []batchItem, h Handler) ([]batchResult, error) {
+	defaultSources(items)
+	res, failed, err := s.batchFast(ctx, f, items, h)
+	switch {
+	case err == nil:
+		for i := range res {
+			s.settled(ctx, f, items[i].m, &res[i])
+		}
+		return res, nil
+	case errors.Is(err, ErrFenced):
+		s.stats.fenced.Add(1)
+		return nil, err
+	case !errors.Is(err, errSlowPath):
+		return nil, err
+	}
+	if failed != nil {
+		it := &items[failed.at]
+		if it.ctx == nil {
+			it.ctx = ctx
+		}
+		it.ctx = failed.replay(it.ctx, it.m)
+	}
+	return s.batchSlow(ctx, f, items, h)
+}
+
+// batchSlow is handleBatch's per-message path: each message's decision,
+// handler and advance in turn, each message under a savepoint.
+func (s *Store) batchSlow(ctx context.Context, f Fence, items []batchItem, h Handler) ([]batchResult, error) {
 	tx, err := s.db.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("begin batch: %w", err)

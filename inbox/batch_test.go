@@ -144,8 +144,22 @@ func TestBatchFailureRollsBackAlone(t *testing.T) {
 // TestBatchFenceRefusesWholeBatch: the lease moves while a batch is in
 // its transaction, after its first messages passed the fence: the next
 // fenced write refuses the whole batch, and nothing of it is committed,
-// the messages handled before the move included.
+// the messages handled before the move included. Both paths: a batch
+// with a gap in it (the per-message path, a fenced write per message)
+// and one whose messages are all next (the fast path, one fenced advance).
 func TestBatchFenceRefusesWholeBatch(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ms   []*inbox.Message
+	}{
+		{"per-message path", []*inbox.Message{msg("k", 1, 0), msg("g", 2, 0), msg("move", 1, 0), msg("j", 1, 0)}},
+		{"fast path", []*inbox.Message{msg("k", 1, 0), msg("g", 1, 0), msg("move", 1, 0), msg("j", 1, 0)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { batchAcrossLeaseMove(t, tc.ms) })
+	}
+}
+
+func batchAcrossLeaseMove(t *testing.T, ms []*inbox.Message) {
 	_, pool := newDB(t)
 	cfg := inbox.LocalConfig("t")
 	cfg.BatchTime = time.Minute
@@ -168,7 +182,7 @@ func TestBatchFenceRefusesWholeBatch(t *testing.T) {
 		return rec(ctx, tx, m)
 	}
 	f := inbox.Fence{Shard: 0, Owner: "a", Epoch: 1}
-	_, _, err := inbox.HandleBatch(ctx, s, f, []*inbox.Message{msg("k", 1, 0), msg("g", 2, 0), msg("move", 1, 0), msg("j", 1, 0)}, h)
+	_, _, err := inbox.HandleBatch(ctx, s, f, ms, h)
 	if !errors.Is(err, inbox.ErrFenced) {
 		t.Fatalf("batch across a lease move: %v, want ErrFenced", err)
 	}

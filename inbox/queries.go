@@ -209,3 +209,53 @@ WHERE consumer = $1 AND source = $7 AND correlation_id = $2 AND key_seq = $3 AND
 	// after an error.
 	sqlRollbackToSavepoint = `ROLLBACK TO SAVEPOINT m`
 )
+
+// The statements of a batch's fast path (handleBatch): a batch whose
+// messages are all their keys' next (or duplicates) is decided in one
+// statement and advanced in one, whatever its size. Their arrays are read
+// through sub-selects, so that the planner estimates their length the
+// same in a plan for the values given (a custom plan) as in the plan
+// cached for any (the generic one): a custom plan that knew a short
+// batch's length looked cheaper, and PostgreSQL then planned the
+// statement afresh at every execution, about a millisecond each.
+const (
+	// sqlDecideBatch is sqlDecide for a batch's messages $2..$5 (keys,
+	// key_seqs, sources, new keys' last_seq), in order: it creates the
+	// rows of keys it has not seen (the first message of a key giving
+	// its last_seq), locks every key's row in the batch's order, and
+	// returns, per message (by its ordinal), what sqlDecide returns. $6
+	// is the idle timeout (ms, text).
+	sqlDecideBatch = `
+WITH c AS (
+    SELECT * FROM unnest((SELECT $2::text[]), (SELECT $3::bigint[]), (SELECT $4::text[]), (SELECT $5::bigint[]))
+        WITH ORDINALITY AS c(key, key_seq, source, base, i)
+), new AS (
+    INSERT INTO ordo_inbox_keys (consumer, source, correlation_id, last_seq)
+    SELECT DISTINCT ON (c.source, c.key) $1, c.source, c.key, c.base FROM c ORDER BY c.source, c.key, c.i
+    ON CONFLICT DO NOTHING RETURNING source, correlation_id, last_seq
+)
+SELECT (SELECT set_config('idle_in_transaction_session_timeout', $6, true)),
+       c.i, coalesce(k.last_seq, n.last_seq), coalesce(k.last_message_id, ''),
+       EXISTS (SELECT 1 FROM ordo_inbox_messages WHERE consumer = $1 AND source = c.source AND correlation_id = c.key AND key_seq = c.key_seq),
+       EXISTS (SELECT 1 FROM ordo_inbox_messages WHERE consumer = $1 AND source = c.source AND correlation_id = c.key AND key_seq < c.key_seq),
+       k.last_message_id IS NULL,
+       (SELECT low_water FROM ordo_inbox_retention WHERE consumer = $1)
+FROM c
+LEFT JOIN new AS n ON n.source = c.source AND n.correlation_id = c.key
+LEFT JOIN LATERAL (
+    SELECT last_seq, last_message_id FROM ordo_inbox_keys
+    WHERE consumer = $1 AND source = c.source AND correlation_id = c.key FOR UPDATE
+) AS k ON true
+ORDER BY c.i`
+
+	// sqlAdvanceBatch is sqlAdvance for the keys $2 of a batch, each once
+	// (its last message handled: key_seq $3, id $4, occurred_at $5,
+	// source $9), fenced by the shard lease ($6 shard, $7 owner, $8
+	// epoch): ordo_inbox_advance_keys (migration 4). It returns whether
+	// the fence held, the key rows updated and, per key in order, whether
+	// a stored message is left after it. A batch on the fast path has no
+	// stored message at or below a key_seq it handles (the decision saw
+	// none: a stored copy makes a duplicate, an earlier message a gap), so
+	// unlike sqlAdvance it deletes none.
+	sqlAdvanceBatch = `SELECT held, advanced, more FROM ordo_inbox_advance_keys($1, $6, $7, $8, $9, $2, $3, $4, $5)`
+)

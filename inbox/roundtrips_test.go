@@ -2,6 +2,8 @@ package inbox_test
 
 import (
 	"context"
+	"errors"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -66,4 +68,74 @@ func TestHandleRoundTrips(t *testing.T) {
 	handle(t, s, inbox.Fence{}, msg("a", 4, 0), h)
 	handle(t, s, inbox.Fence{}, msg("a", 3, 0), h)
 	checkOnceInOrder(t, handledSeqs(t, pool), map[string]int64{"warm": 2, "a": 4})
+}
+
+// TestBatchRoundTrips: a batch whose messages are all their keys' next,
+// new keys and known ones, two of one key among them, takes four round
+// trips besides its handlers' statements, whatever its size: BEGIN, one
+// decision for all, one advance for all, COMMIT. A batch with a gap in
+// it takes the per-message path and still ends right: the gap stored
+// and the rest handled.
+func TestBatchRoundTrips(t *testing.T) {
+	url, _ := newDB(t)
+	pc, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trips := &tripCounter{}
+	pc.ConnConfig.Tracer = trips
+	pc.MaxConns = 1 // one connection: its statements prepared once
+	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	cfg := inbox.LocalConfig("t")
+	cfg.BatchTime = time.Minute
+	s := newStore(t, cfg, pool, nil)
+	h := recordHandler("")
+	ctx := testkit.Context(t, 30*time.Second)
+	batch := func(ms ...*inbox.Message) []inbox.Outcome {
+		t.Helper()
+		outs, errs, err := inbox.HandleBatch(ctx, s, inbox.Fence{}, ms, h)
+		if err != nil || errors.Join(errs...) != nil {
+			t.Fatalf("batch: %v %v", err, errs)
+		}
+		return outs
+	}
+	batch(msg("warm", 1, 0), msg("warm", 2, 0))
+	for _, tc := range []struct {
+		name string
+		ms   []*inbox.Message
+	}{
+		{"new keys", []*inbox.Message{msg("a", 1, 0), msg("b", 1, 0), msg("a", 2, 0), msg("c", 1, 0)}},
+		{"known keys and a duplicate", []*inbox.Message{msg("a", 3, 0), msg("b", 2, 0), msg("b", 1, 0), msg("c", 2, 0), msg("d", 1, 0), msg("a", 4, 0)}},
+	} {
+		before := trips.n.Load()
+		outs := batch(tc.ms...)
+		handled := 0
+		for _, o := range outs {
+			if o == inbox.Handled {
+				handled++
+			}
+		}
+		if len(outs) != len(tc.ms) {
+			t.Fatalf("%s: %d outcomes for %d messages", tc.name, len(outs), len(tc.ms))
+		}
+		if n := trips.n.Load() - before; n != int64(4+handled) {
+			t.Errorf("%s: %d round trips for %d handled, want %d", tc.name, n, handled, 4+handled)
+		}
+	}
+	if outs := batch(msg("e", 1, 0), msg("a", 6, 0), msg("b", 3, 0)); !slices.Equal(outs, []inbox.Outcome{inbox.Handled, inbox.Stored, inbox.Handled}) {
+		t.Fatalf("a batch with a gap: %v, want handled, stored, handled", outs)
+	}
+	if outs := batch(msg("a", 5, 0), msg("e", 2, 0)); !slices.Equal(outs, []inbox.Outcome{inbox.Handled, inbox.Handled}) {
+		t.Fatalf("the gap filled: %v", outs)
+	}
+	want := map[string]int64{"warm": 2, "a": 5, "b": 3, "c": 2, "d": 1, "e": 2}
+	checkOnceInOrder(t, handledSeqs(t, pool), want)
+	var stored int64
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM ordo_inbox_messages WHERE correlation_id = 'a' AND key_seq = 6`).Scan(&stored); err != nil || stored != 1 {
+		t.Fatalf("a/6 stored %d times (%v), want once, waiting for the Consumer's follow-up", stored, err)
+	}
 }

@@ -190,6 +190,21 @@ const (
 // handle is Handle without the follow-up; more reports that stored
 // messages of m's key may have become next.
 func (s *Store) handle(ctx context.Context, f Fence, m *Message, h Handler) (out Outcome, more bool, err error) {
+	// The common case, m its key's next, takes batchFast's two
+	// statements, which every connection then plans once for batches and
+	// single messages alike.
+	res, failed, err := s.batchFast(ctx, f, []batchItem{{m: m}}, h)
+	switch {
+	case err == nil:
+		if res[0].out == Handled {
+			s.metrics.handled(m)
+		}
+		return res[0].out, res[0].more, nil
+	case !errors.Is(err, errSlowPath):
+		return 0, false, err
+	case failed != nil:
+		ctx = failed.replay(ctx, m)
+	}
 	tx, err := s.db.Begin(ctx)
 	if err != nil {
 		return 0, false, fmt.Errorf("begin: %w", err)
@@ -384,6 +399,9 @@ func (s *Store) advance(ctx context.Context, tx pgx.Tx, f Fence, m *Message) (mo
 // runHandler runs h, turning a panic into an error, and records its
 // duration.
 func (s *Store) runHandler(ctx context.Context, tx pgx.Tx, m *Message, h Handler) (err error) {
+	if err := replayed(ctx, m); err != nil {
+		return err // counted when it ran
+	}
 	start := time.Now()
 	s.stats.inHandler.Add(1)
 	defer func() {

@@ -1,0 +1,256 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ordo-relay/ordo/wire"
+)
+
+// errSlowPath ends batchFast when its batch needs the per-message path:
+// a message that is not its key's next (a gap, a hold, a redelivery), a
+// key row created meanwhile by another transaction, or data PostgreSQL
+// refuses. Nothing was committed.
+var errSlowPath = errors.New("batch needs the per-message path")
+
+// handlerFailed is what batchFast learned before it gave up: the handler
+// of items[at] failed with err, its first run, whose writes and those of
+// the handlers before it rolled back with the transaction.
+type handlerFailed struct {
+	at  int
+	err error
+}
+
+// replayKey is the context key of a handler failure to replay.
+type replayKey struct{}
+
+// replayValue is the failure of m's handler that runHandler returns
+// instead of running the handler.
+type replayValue struct {
+	m   *Message
+	err error
+}
+
+// replay returns ctx carrying the failure, for the per-message path: its
+// run of m's handler returns the failure the fast path saw, without a
+// second run (whose outcome could differ), and is not counted again.
+func (hf *handlerFailed) replay(ctx context.Context, m *Message) context.Context {
+	return context.WithValue(ctx, replayKey{}, replayValue{m: m, err: hf.err})
+}
+
+// replayed returns the failure ctx carries for m's handler, nil if none.
+func replayed(ctx context.Context, m *Message) error {
+	if v, ok := ctx.Value(replayKey{}).(replayValue); ok && v.m == m {
+		return v.err
+	}
+	return nil
+}
+
+// batchFast is group commit for the common batch, whose messages are all
+// their keys' next or duplicates: one statement decides them all
+// (sqlDecideBatch), the handlers run one after another in the
+// transaction with no savepoint between them, and one statement advances
+// every key (sqlAdvanceBatch) before the commit. That is four round trips
+// for the batch (BEGIN, the decision, the advance, COMMIT) besides the
+// handlers' own, where the per-message path takes three per message.
+//
+// It returns errSlowPath, with nothing committed, when the batch needs
+// the per-message path; failed is then set when a handler failed (its
+// transaction was rolled back whole, for want of a savepoint), so that
+// the per-message path records that failure instead of running the
+// handler again. Other errors are the batch's, as handleBatch's.
+func (s *Store) batchFast(ctx context.Context, f Fence, items []batchItem, h Handler) (res []batchResult, failed *handlerFailed, err error) {
+	n := len(items)
+	keys, seqs, sources, bases := make([]string, n), make([]int64, n), make([]string, n), make([]int64, n)
+	for i, it := range items {
+		m := it.m
+		if m.Redelivered || checkText(m) != nil {
+			return nil, nil, errSlowPath
+		}
+		keys[i], seqs[i], sources[i], bases[i] = m.CorrelationID, m.KeySeq, m.Source, s.newKeyBase(m)
+	}
+	tx, err := s.db.Begin(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("begin batch: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	decs, err := s.decideBatch(ctx, tx, items, keys, seqs, sources, bases)
+	if err != nil {
+		return nil, nil, err
+	}
+	var handlers time.Duration
+	res = make([]batchResult, 0, n)
+	for i, it := range items {
+		if handlers >= s.cfg.BatchTime {
+			break
+		}
+		if decs[i] == decDuplicate {
+			res = append(res, batchResult{out: Duplicate})
+			continue
+		}
+		hctx := ctx
+		if it.ctx != nil {
+			hctx = it.ctx
+		}
+		start := time.Now()
+		herr := s.runHandler(hctx, tx, it.m, h)
+		took := time.Since(start)
+		if herr != nil {
+			return nil, &handlerFailed{at: i, err: herr}, errSlowPath
+		}
+		handlers += took
+		res = append(res, batchResult{out: Handled, took: took})
+	}
+	if err := s.advanceBatch(ctx, tx, f, items[:len(res)], res); err != nil {
+		if dataException(err) {
+			return nil, nil, errSlowPath
+		}
+		return nil, nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, nil, fmt.Errorf("commit batch of %d: %w", len(res), err)
+	}
+	return res, nil, nil
+}
+
+// decideBatch runs sqlDecideBatch and classifies each message as decide
+// does, a later message of a key in the batch against the key as its
+// earlier ones leave it. It returns errSlowPath unless every message is
+// next or a duplicate.
+func (s *Store) decideBatch(ctx context.Context, tx pgx.Tx, items []batchItem, keys []string, seqs []int64, sources []string, bases []int64) ([]decision, error) {
+	rows, err := tx.Query(ctx, sqlDecideBatch, s.cfg.Name, keys, seqs, sources, bases, s.idle)
+	if err != nil {
+		return nil, fmt.Errorf("decide batch of %d: %w", len(items), err)
+	}
+	type keyState struct {
+		last  int64
+		moved bool // an earlier message of the batch advances the key
+	}
+	seen := make(map[[2]string]*keyState, len(items))
+	decs := make([]decision, len(items))
+	var (
+		i        int64
+		ignore   string
+		last     *int64
+		lastID   string
+		stored   bool
+		behind   bool
+		never    bool
+		lowWater *time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&ignore, &i, &last, &lastID, &stored, &behind, &never, &lowWater}, func() error {
+		j := int(i - 1)
+		if j < 0 || j >= len(items) {
+			return fmt.Errorf("decide batch: row %d of %d", i, len(items))
+		}
+		m := items[j].m
+		k := [2]string{m.Source, m.CorrelationID}
+		ks := seen[k]
+		if ks == nil {
+			if last == nil {
+				return errSlowPath // created meanwhile by another transaction: decide locks it
+			}
+			if m.KeySeq == *last && lastID != "" && m.ID != "" && m.ID != lastID {
+				s.rewound(m, lastID)
+			}
+			ks = &keyState{last: *last}
+			seen[k] = ks
+		}
+		switch {
+		case m.KeySeq <= ks.last || stored:
+			decs[j] = decDuplicate
+			return nil
+		case never && !ks.moved && lowWater != nil && !m.Timestamp.IsZero() && m.Timestamp.Before(*lowWater):
+			return errSlowPath // a hold
+		case behind:
+			return errSlowPath // a gap behind a stored message
+		case s.cfg.Mode == Partial || m.PrevKeySeq <= ks.last:
+			decs[j] = decNext
+			ks.last, ks.moved = m.KeySeq, true
+			return nil
+		}
+		return errSlowPath // a gap
+	})
+	if errors.Is(err, errSlowPath) {
+		return nil, err
+	}
+	if err != nil {
+		if dataException(err) {
+			return nil, errSlowPath
+		}
+		return nil, fmt.Errorf("decide batch of %d: %w", len(items), err)
+	}
+	for j, d := range decs {
+		if d == 0 {
+			return nil, fmt.Errorf("decide batch: no decision for message %d of %d", j+1, len(items))
+		}
+	}
+	return decs, nil
+}
+
+// advanceBatch records, fenced, the last handled message of each key of
+// items as the key's, in one statement, and sets more on each key's last
+// handled result when stored messages of the key are left after it.
+func (s *Store) advanceBatch(ctx context.Context, tx pgx.Tx, f Fence, items []batchItem, res []batchResult) error {
+	lastOf := make(map[[2]string]int, len(items)) // key -> index of its last handled message
+	var order []int
+	for i, r := range res {
+		if r.out != Handled {
+			continue
+		}
+		k := [2]string{items[i].m.Source, items[i].m.CorrelationID}
+		if j, ok := lastOf[k]; ok {
+			order[j] = i
+			lastOf[k] = j
+			continue
+		}
+		lastOf[k] = len(order)
+		order = append(order, i)
+	}
+	if len(order) == 0 {
+		return nil
+	}
+	keys, seqs, ids, sources := make([]string, len(order)), make([]int64, len(order)), make([]string, len(order)), make([]string, len(order))
+	times := make([]*time.Time, len(order))
+	for j, i := range order {
+		m := items[i].m
+		keys[j], seqs[j], ids[j], sources[j], times[j] = m.CorrelationID, m.KeySeq, m.ID, m.Source, nullTime(m.Timestamp)
+	}
+	var (
+		held    bool
+		updated int
+		more    []bool
+	)
+	if err := tx.QueryRow(ctx, sqlAdvanceBatch, s.cfg.Name, keys, seqs, ids, times, f.Shard, f.Owner, f.Epoch, sources).
+		Scan(&held, &updated, &more); err != nil {
+		return fmt.Errorf("advance batch of %d keys: %w", len(order), err)
+	}
+	if !held {
+		return fmt.Errorf("advance batch of %d keys under shard %d epoch %d: %w", len(order), f.Shard, f.Epoch, ErrFenced)
+	}
+	if updated != len(order) {
+		return fmt.Errorf("advance batch: %d of %d key rows found", updated, len(order))
+	}
+	if len(more) != len(order) {
+		return fmt.Errorf("advance batch: %d answers for %d keys", len(more), len(order))
+	}
+	for j, i := range order {
+		res[i].more = more[j]
+	}
+	return nil
+}
+
+// defaultSources sets the empty sources of items' messages to
+// wire.DefaultSource (a Message built by a program written before
+// sources).
+func defaultSources(items []batchItem) {
+	for _, it := range items {
+		if it.m.Source == "" {
+			it.m.Source = wire.DefaultSource
+		}
+	}
+}
