@@ -56,8 +56,7 @@ ON CONFLICT DO NOTHING RETURNING last_seq`
 	sqlLockKey = `SELECT last_seq FROM ordo_inbox_keys WHERE consumer = $1 AND source = $3 AND correlation_id = $2 FOR UPDATE`
 
 	// sqlAdvance records a handled message, fenced, and deletes the key's
-	// stored messages it passes. handled_at moves at most once a minute
-	// (migration 4: HOT updates). It returns the rows updated (0: fenced)
+	// stored messages it passes. It returns the rows updated (0: fenced)
 	// and whether a stored message of the key is left after it (only then
 	// is there anything to follow). $2 key, $3 key_seq, $4 message id,
 	// $5 occurred_at, $6 shard, $7 owner, $8 epoch, $9 source.
@@ -68,8 +67,7 @@ WITH fence AS (
     FOR KEY SHARE
 ), upd AS (
     UPDATE ordo_inbox_keys
-    SET last_seq = $3, last_message_id = $4, last_occurred_at = $5,
-        handled_at = CASE WHEN handled_at < now() - interval '1 minute' THEN now() ELSE handled_at END
+    SET last_seq = $3, last_message_id = $4, last_occurred_at = $5, handled_at = now()
     WHERE consumer = $1 AND source = $9 AND correlation_id = $2 AND ($8 = 0 OR EXISTS (SELECT 1 FROM fence))
     RETURNING 1
 ), del AS (

@@ -16,12 +16,11 @@ const retentionChunk = 1000
 // low-water mark past the newest timestamp deleted: an unknown key's
 // message older than the mark is a redelivery of a deleted key. The mark
 // is one second above that timestamp because AMQP timestamps have whole
-// seconds. A key's handled_at moves at most once a minute (sqlAdvance),
-// so a key is idle only a minute after handled_at says.
+// seconds.
 const sqlRetain = `
 WITH victims AS (
     SELECT source, correlation_id FROM ordo_inbox_keys k
-    WHERE consumer = $1 AND handled_at < now() - make_interval(secs => $2 + 60)
+    WHERE consumer = $1 AND handled_at < now() - make_interval(secs => $2)
       AND last_occurred_at IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM ordo_inbox_messages m
                       WHERE m.consumer = k.consumer AND m.source = k.source AND m.correlation_id = k.correlation_id)

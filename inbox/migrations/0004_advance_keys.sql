@@ -7,12 +7,6 @@
 -- 0: no lease), the key rows updated, and per key, in order, whether a
 -- stored message of the key is left after the key_seq handled. An
 -- instance of the previous release does not call it.
---
--- handled_at (indexed, for retention) moves at most once a minute, so
--- that most advances of a busy key change no indexed column and are HOT
--- updates: no new index entries, a smaller WAL record. Retention waits a
--- minute longer for it (sqlRetain). The key rows keep a third of each page
--- free for those updates.
 CREATE FUNCTION ordo_inbox_advance_keys(
     p_consumer text, p_shard int, p_owner text, p_epoch bigint,
     p_sources text[], p_keys text[], p_seqs bigint[], p_ids text[], p_occurred timestamptz[],
@@ -35,8 +29,7 @@ BEGIN
     END IF;
     FOR i IN 1 .. coalesce(array_length(p_keys, 1), 0) LOOP
         UPDATE ordo_inbox_keys
-        SET last_seq = p_seqs[i], last_message_id = p_ids[i], last_occurred_at = p_occurred[i],
-            handled_at = CASE WHEN handled_at < now() - interval '1 minute' THEN now() ELSE handled_at END
+        SET last_seq = p_seqs[i], last_message_id = p_ids[i], last_occurred_at = p_occurred[i], handled_at = now()
         WHERE consumer = p_consumer AND source = p_sources[i] AND correlation_id = p_keys[i];
         GET DIAGNOSTICS n = ROW_COUNT;
         advanced := advanced + n;
@@ -46,5 +39,3 @@ BEGIN
     END LOOP;
 END
 $$;
-
-ALTER TABLE ordo_inbox_keys SET (fillfactor = 70);
