@@ -26,24 +26,35 @@ func (c *tripCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.Tr
 
 func (c *tripCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
+// tripPool is newDB's database through a pool of at most conns
+// connections (0: pgx's default) whose round trips trips counts.
+func tripPool(tb testing.TB, conns int32) (*pgxpool.Pool, *tripCounter) {
+	tb.Helper()
+	url, _ := newDB(tb)
+	pc, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	trips := &tripCounter{}
+	pc.ConnConfig.Tracer = trips
+	if conns > 0 {
+		pc.MaxConns = conns
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool, trips
+}
+
 // TestHandleRoundTrips: handling the next message of a key, new or not,
 // takes five round trips, the handler's one included: BEGIN, the
 // decision (which creates a new key's row), the handler's insert, the
 // advance (which says whether stored messages are left to follow), COMMIT.
 // A gap stored and then filled is followed at once.
 func TestHandleRoundTrips(t *testing.T) {
-	url, _ := newDB(t)
-	pc, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	trips := &tripCounter{}
-	pc.ConnConfig.Tracer = trips
-	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool, trips := tripPool(t, 0)
 	s := newStore(t, inbox.LocalConfig("t"), pool, nil)
 	h := recordHandler("")
 	ctx := testkit.Context(t, 30*time.Second)
@@ -77,19 +88,7 @@ func TestHandleRoundTrips(t *testing.T) {
 // it takes the per-message path and still ends right: the gap stored
 // and the rest handled.
 func TestBatchRoundTrips(t *testing.T) {
-	url, _ := newDB(t)
-	pc, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	trips := &tripCounter{}
-	pc.ConnConfig.Tracer = trips
-	pc.MaxConns = 1 // one connection: its statements prepared once
-	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool, trips := tripPool(t, 1) // one connection: its statements prepared once
 	cfg := inbox.LocalConfig("t")
 	cfg.BatchTime = time.Minute
 	s := newStore(t, cfg, pool, nil)
