@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/ordo-relay/ordo/wire"
 )
 
 // maxBatchSize bounds Config.BatchSize: a message of a batch takes a
@@ -62,7 +60,9 @@ type batchResult struct {
 // Like Handle, the messages of one key must come in delivery order, from
 // one goroutine at a time; a batch may hold several of them, in order.
 func (s *Store) handleBatch(ctx context.Context, f Fence, items []batchItem, h Handler) ([]batchResult, error) {
-	defaultSources(items)
+	if !prepareBatch(items) {
+		return s.batchSlow(ctx, f, items, h)
+	}
 	res, failed, err := s.batchFast(ctx, f, items, h)
 	switch {
 	case err == nil:
@@ -135,9 +135,6 @@ func (s *Store) batchSlow(ctx context.Context, f Fence, items []batchItem, h Han
 // whole transaction for the first) and makes m invalid; any other error
 // is the batch's.
 func (s *Store) batchOne(ctx, hctx context.Context, tx pgx.Tx, f Fence, m *Message, h Handler, first bool) (batchResult, error) {
-	if m.Source == "" {
-		m.Source = wire.DefaultSource
-	}
 	if err := checkText(m); err != nil {
 		s.stats.invalid.Add(1)
 		return batchResult{err: fmt.Errorf("message %q: %w", m.ID, err)}, nil

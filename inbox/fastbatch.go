@@ -58,7 +58,8 @@ func replayed(ctx context.Context, m *Message) error {
 // for the batch (BEGIN, the decision, the advance, COMMIT) besides the
 // handlers' own, where the per-message path takes three per message.
 //
-// It returns errSlowPath, with nothing committed, when the batch needs
+// Every message's text must have passed checkText. It returns
+// errSlowPath, with nothing committed, when the batch needs
 // the per-message path; failed is then set when a handler failed (its
 // transaction was rolled back whole, for want of a savepoint), so that
 // the per-message path records that failure instead of running the
@@ -68,7 +69,7 @@ func (s *Store) batchFast(ctx context.Context, f Fence, items []batchItem, h Han
 	keys, seqs, sources, bases := make([]string, n), make([]int64, n), make([]string, n), make([]int64, n)
 	for i, it := range items {
 		m := it.m
-		if m.Redelivered || checkText(m) != nil {
+		if m.Redelivered {
 			return nil, nil, errSlowPath
 		}
 		keys[i], seqs[i], sources[i], bases[i] = m.CorrelationID, m.KeySeq, m.Source, s.newKeyBase(m)
@@ -205,7 +206,6 @@ func (s *Store) advanceBatch(ctx context.Context, tx pgx.Tx, f Fence, items []ba
 		k := [2]string{items[i].m.Source, items[i].m.CorrelationID}
 		if j, ok := lastOf[k]; ok {
 			order[j] = i
-			lastOf[k] = j
 			continue
 		}
 		lastOf[k] = len(order)
@@ -244,13 +244,19 @@ func (s *Store) advanceBatch(ctx context.Context, tx pgx.Tx, f Fence, items []ba
 	return nil
 }
 
-// defaultSources sets the empty sources of items' messages to
+// prepareBatch sets the empty sources of items' messages to
 // wire.DefaultSource (a Message built by a program written before
-// sources).
-func defaultSources(items []batchItem) {
+// sources) and reports whether every message's text passed checkText
+// (else the per-message path refuses the ones that did not, alone).
+func prepareBatch(items []batchItem) (valid bool) {
+	valid = true
 	for _, it := range items {
 		if it.m.Source == "" {
 			it.m.Source = wire.DefaultSource
 		}
+		if valid && checkText(it.m) != nil {
+			valid = false
+		}
 	}
+	return valid
 }
