@@ -198,7 +198,6 @@ func TestScenarioTakesOnlyItsFlags(t *testing.T) {
 			"-sources-pg-version", "16", "-sources-partitions", "8", "-sources-budget", "shared", "-sources-trickle", "0"},
 			"-produce-reps", "produce"},
 		{"charts", []string{"-charts", "/tmp/charts"}, "-rows", "drain"},
-		{"nemesis", []string{"-rate", "10", "-seed", "7", "-profile", "long", "-kinds", "all", "-lean"}, "-workers", "latency"},
 		{"compare", join(backlog, polling, []string{"-analyze", "-lean", "-wal-inspect", "-broker-window", "8", "-rate", "100", "-workers", "2",
 			"-duration", "5s", "-warmup", "1s", "-orders", "10", "-race-instances", "1", "-race-nodes", "1", "-reps", "1",
 			"-failover-target", "2s", "-join-target", "2s"}), "-nodes", "drain"},

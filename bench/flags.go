@@ -162,8 +162,8 @@ func (e *notItsFlagError) Error() string {
 //
 //	[common flags] [scenario [its flags]]... | all | compare
 //
-// Without a scenario, compare runs; all runs every scenario but compare
-// and nemesis, each with its defaults. Every flag not given is read from
+// Without a scenario, compare runs; all runs every scenario but compare,
+// each with its defaults. Every flag not given is read from
 // ORDO_BENCH_<FLAG> (through lookup) when set there. Help (-h) is written
 // to out and returned as flag.ErrHelp.
 func parseArgs(args []string, lookup func(string) (string, bool), out io.Writer) ([]invocation, error) {

@@ -24,7 +24,9 @@
 //	join             a 3rd node joins 2 under load: seconds until it publishes on all its partitions
 //	produce          the producers' side: Ordo's outbox INSERT against a classic outbox table, tps, commit latency, PG CPU, WAL
 //	sources          one outbox database against two, each on a CPU-capped PostgreSQL cluster of its own: drain and insert ratios
-//	nemesis          3 nodes and the order API under a seeded schedule of faults, checked from the deliveries (never in all or compare: it restarts the servers)
+//
+// The nemesis, which restarts the shared servers, is a command of its own:
+// go run ./bench/cmd/nemesis (docs/reliability.md).
 //
 // Every flag also reads ORDO_BENCH_<FLAG> (e.g. ORDO_BENCH_ROWS) when not
 // given (a scenario's flag only in the scenarios that have it). Each
@@ -51,7 +53,6 @@ import (
 	"syscall"
 
 	"github.com/ordo-relay/ordo/bench/internal/result"
-	"github.com/ordo-relay/ordo/bench/nemesis"
 	"github.com/ordo-relay/ordo/internal/childproc"
 )
 
@@ -116,61 +117,14 @@ var scenarios = []scenario{
 	newScenario("charts", "draw the PNG charts (scale-out, shapes, latency) from the newest results under -out into -charts", defaultChartsOptions, runCharts),
 }
 
-// nemesisScenario is run only by name: it restarts the shared servers, so
-// neither all nor compare runs it. It is the nemesis command
-// (bench/cmd/nemesis) under the bench's flags.
-var nemesisScenario = newScenario("nemesis",
-	"3 nodes and the order API under a seeded schedule of faults, checked from the deliveries (go run ./bench/cmd/nemesis)",
-	defaultNemesisOptions,
-	func(ctx context.Context, o nemesisOptions, _ func(*result.Result)) error {
-		return nemesis.Run(ctx, o.config())
-	})
-
-// nemesisOptions are the nemesis scenario's.
-type nemesisOptions struct {
-	common
-	Rate    int            // orders a second (0: the nemesis's default)
-	Seed    int64          // the schedule's seed (0: drawn and printed)
-	Profile string         // short (about 2 minutes) or long (10 minutes or more)
-	Kinds   []nemesis.Kind // the kinds of fault to run (the others' steps are left out of the plan)
-	Lean    bool           // drop the producers' key_seq trigger once the nodes run: the owners number the rows
-}
-
-func defaultNemesisOptions() nemesisOptions { return nemesisOptions{Profile: nemesis.ProfileShort} }
-
-func (o *nemesisOptions) addFlags(fs *flag.FlagSet) {
-	rateVar(fs, &o.Rate)
-	fs.Int64Var(&o.Seed, "seed", o.Seed, "seed of the fault schedule (0: draw one and print it)")
-	fs.StringVar(&o.Profile, "profile", o.Profile, "short (about 2 minutes) or long (10 minutes or more)")
-	fs.BoolVar(&o.Lean, "lean", o.Lean, "drop the producers' key_seq trigger once the nodes run, so the partition owners number the rows")
-	listVar(fs, "kinds", "all", "comma-separated kinds of fault to run, or all", func(s string) (err error) {
-		o.Kinds, err = nemesis.ParseKinds(s)
-		return err
-	})
-}
-
-func (o nemesisOptions) validate() error {
-	if o.Profile != nemesis.ProfileShort && o.Profile != nemesis.ProfileLong {
-		return fmt.Errorf("profile %q: want %s or %s", o.Profile, nemesis.ProfileShort, nemesis.ProfileLong)
-	}
-	return checkRate(o.Rate)
-}
-
-// config returns the nemesis's settings.
-func (o nemesisOptions) config() nemesis.Config {
-	return nemesis.Config{PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Out: o.Out, Partitions: o.Partitions,
-		ConfirmWindow: o.ConfirmWindow, NodeBin: o.NodeBin, Timeout: o.Timeout, Rate: o.Rate,
-		Seed: o.Seed, Scenario: nemesis.ScenarioRelay, Profile: o.Profile, Kinds: o.Kinds, Lean: o.Lean}
-}
-
 // compareScenario is the default: see runCompare. Its flags are those of
 // the scenarios it runs (compareOptions).
 var compareScenario = newScenario("compare", "broker, classic, drain, latency, race, failover and join in one go, with a table of ratios",
 	defaultCompareOptions, runCompare)
 
-// allScenarios is compare, nemesis and then every scenario of all.
+// allScenarios is compare and then every scenario of all.
 func allScenarios() []*scenario {
-	out := []*scenario{&compareScenario, &nemesisScenario}
+	out := []*scenario{&compareScenario}
 	for i := range scenarios {
 		out = append(out, &scenarios[i])
 	}
