@@ -65,8 +65,8 @@ func (b *Budget) Stats() BudgetStats {
 // Budget's mu.
 type share struct {
 	b          *Budget
-	wakeSlots  chan struct{} // the relay's wakeDispatch: a slot freed up
-	wakeBytes  chan struct{} // the relay's wakeRead: bytes freed up
+	wakeSlots  chan struct{} // the relay's wake.dispatch: a slot freed up
+	wakeBytes  chan struct{} // the relay's wake.read: bytes freed up
 	flights    int
 	bytes      int64
 	wantsSlot  bool // rows wait to be published (refused a slot, or its own window full), until it runs dry

@@ -6,5 +6,5 @@ package relay
 func (r *Relay) ReadWaits() int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.readWaits
+	return r.wake.readWaits
 }

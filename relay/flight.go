@@ -204,13 +204,13 @@ func (r *Relay) settle(f *flight, res Result) {
 		done()
 	}
 	if res.Outcome != Unsent {
-		signal(r.wakeMark)
+		signal(r.wake.mark)
 	}
-	signal(r.wakeDispatch) // the key's next row may go
+	signal(r.wake.dispatch) // the key's next row may go
 	// And a round of the read loop: it arms partitions only after a round
 	// with nothing read and nothing published since the last, and a
 	// confirm is work going on (TestCoreBusyRelayIsNotNotified).
-	signal(r.wakeRead)
+	signal(r.wake.read)
 }
 
 // unsentMaxDelay caps the wait of a row Unsent again and again.

@@ -61,5 +61,5 @@ func (r *Relay) apply(ev Event) {
 	if done != nil {
 		done()
 	}
-	signal(r.wakeRead)
+	signal(r.wake.read)
 }

@@ -82,7 +82,7 @@ func (r *Relay) publishedSince(seen *int64) bool {
 // poll, a pass coming due.
 func (r *Relay) waitRead(ctx context.Context, poll <-chan time.Time, timer *time.Timer) bool {
 	r.mu.Lock()
-	r.readWaits++
+	r.wake.waitingForRead()
 	now := time.Now()
 	var next time.Time
 	soonest := func(at time.Time) {
@@ -93,7 +93,7 @@ func (r *Relay) waitRead(ctx context.Context, poll <-chan time.Time, timer *time
 	// While memory is full nothing may be read: a pass or poll coming
 	// due must not wake the loop (it would find the read refused, find the
 	// pass still due, and spin until memory frees), a mark or bytes given
-	// back by another relay of the Budget do (wakeRead). Under a Budget a
+	// back by another relay of the Budget do (wake.read). Under a Budget a
 	// relay's dirty partitions stayed due for as long as it was full: the
 	// two-source drain spent 2-2.7x the node CPU per message of
 	// independent windows (TestBudgetReadAheadFullReadsEachRowAboutOnce).
@@ -113,7 +113,7 @@ func (r *Relay) waitRead(ctx context.Context, poll <-chan time.Time, timer *time
 	select {
 	case <-ctx.Done():
 		return false
-	case <-r.wakeRead:
+	case <-r.wake.read:
 	case <-timer.C:
 	case <-poll:
 		r.mu.Lock()
@@ -132,7 +132,7 @@ func (r *Relay) waitRead(ctx context.Context, poll <-chan time.Time, timer *time
 }
 
 // dispatchLoop publishes what the per-key rule and the window let go
-// while ctx lasts. It is woken by wakeDispatch (a confirm, a read's rows,
+// while ctx lasts. It is woken by wake.dispatch (a confirm, a read's rows,
 // a requeue, a lease back: pushReadyLocked and settle) and by the retry
 // timer of a key backing off.
 func (r *Relay) dispatchLoop(ctx context.Context) {
@@ -187,7 +187,7 @@ func (r *Relay) waitDispatch(ctx context.Context, retry *time.Timer) bool {
 	select {
 	case <-ctx.Done():
 		return false
-	case <-r.wakeDispatch:
+	case <-r.wake.dispatch:
 	case <-retry.C:
 	}
 	return true
@@ -207,13 +207,11 @@ func (r *Relay) retryLeaseWait() {
 // checkStall tells the progress tracker whether rows wait that could go.
 // It looks at every key, so at most every stallCheckEvery.
 func (r *Relay) checkStall() {
-	r.mu.Lock()
 	now := time.Now()
-	if now.Sub(r.lastStallCheck) < stallCheckEvery {
-		r.mu.Unlock()
+	if !r.progress.checkDue(now) {
 		return
 	}
-	r.lastStallCheck = now
+	r.mu.Lock()
 	n := r.eligibleLocked(now)
 	r.mu.Unlock()
 	r.progress.idle(n)

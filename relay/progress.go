@@ -26,10 +26,23 @@ type progress struct {
 	stalledSince time.Time // zero while the relay makes progress or has nothing to do
 	leaseLogged  time.Time // last warning about lease skips
 	leaseSkips   int64     // lease skips not yet logged
+	lastCheck    time.Time // when the relay last looked for a stall (checkDue)
 }
 
 func newProgress(logger *slog.Logger) *progress {
 	return &progress{logger: logger, stall: outage.New(logger, "outbox publishing")}
+}
+
+// checkDue reports whether the relay may look for a stall at now (a look
+// walks every key): at most every stallCheckEvery.
+func (p *progress) checkDue(now time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if now.Sub(p.lastCheck) < stallCheckEvery {
+		return false
+	}
+	p.lastCheck = now
+	return true
 }
 
 // read records one read and its error, if any.

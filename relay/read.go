@@ -80,7 +80,7 @@ func (r *Relay) ingestRead(plan readPlan, rows []Row, took time.Duration) (skipp
 	r.stats.Reads++
 	r.stats.ReadRows += int64(len(rows))
 	r.stats.ReadSeconds += took.Seconds()
-	r.lastReadTook = took
+	r.wake.readTook(took)
 	byPart := map[int][]Row{}
 	for _, row := range rows {
 		byPart[row.Partition] = append(byPart[row.Partition], row)

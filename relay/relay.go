@@ -37,33 +37,18 @@ type Relay struct {
 	// breaks: Run takes it from its context (internal/relayhook).
 	perKeyLimit int
 
-	wakeRead     chan struct{} // coalesced: something may be readable
-	wakeDispatch chan struct{} // coalesced: something may be publishable
-	wakeMark     chan struct{} // coalesced: settlements are queued
-
-	mu             sync.Mutex
-	parts          map[int]*partState // held partitions, as last synced with the leases
-	flights        flightBook         // published and not yet marked or recorded failed (flight.go)
-	gen            readGen            // what reads may overwrite (readgen.go)
-	queues         keyQueues          // the lines keys wait in: ready, backing off, lease wait (queues.go)
-	mem            memory             // bytes of queued rows and flights, for ReadAheadBytes and the Budget (memory.go)
-	readWaits      int64              // waitRead calls: a read loop that spins shows here (tests)
-	share          *share             // its part of Config.Budget; nil without one
-	settled        []settlement       // confirmed or failed, not yet written (writeback.go)
-	lastPublish    time.Time
-	lastStallCheck time.Time
-	lastNew        time.Time // when a read last found new rows or a commit was notified (at first: Run's start)
-	rate           float64   // new rows a second, decaying (wake.go)
-	rateAt         time.Time // when rate was last updated
-	busy           bool      // polling, not armed (wake.go)
-	lastReadTook   time.Duration
-	lastPoll       time.Time // when the unarmed partitions were last polled (wake.go)
-	armDue         bool      // a poll ran: try to arm the unarmed partitions
-	armGen         uint64    // Listen's (re)connects: an Arm begun before one is void
-	strays         []int     // partitions dropped while armed, to disarm
-	aloneTurn      bool      // the next read is of a partition read alone (slowread.go)
-	stats          Stats
-	progress       *progress
+	mu        sync.Mutex
+	wake      wakes              // wake-ups: the loops' signals, arming and polling (wake.go)
+	parts     map[int]*partState // held partitions, as last synced with the leases
+	flights   flightBook         // published and not yet marked or recorded failed (flight.go)
+	gen       readGen            // what reads may overwrite (readgen.go)
+	queues    keyQueues          // the lines keys wait in: ready, backing off, lease wait (queues.go)
+	mem       memory             // bytes of queued rows and flights, for ReadAheadBytes and the Budget (memory.go)
+	share     *share             // its part of Config.Budget; nil without one
+	settled   []settlement       // confirmed or failed, not yet written (writeback.go)
+	aloneTurn bool               // the next read is of a partition read alone (slowread.go)
+	stats     Stats
+	progress  *progress
 }
 
 // Stats are running totals since the relay started.
@@ -123,16 +108,14 @@ func New(cfg Config, store Store, pub Publisher, own Ownership) (*Relay, error) 
 	}
 	r := &Relay{
 		cfg: cfg, store: store, pub: pub, own: own, perKeyLimit: 1, tracer: tracer,
-		wakeRead:     make(chan struct{}, 1),
-		wakeDispatch: make(chan struct{}, 1),
-		wakeMark:     make(chan struct{}, 1),
-		parts:        map[int]*partState{},
-		gen:          newReadGen(),
-		queues:       newKeyQueues(),
-		progress:     newProgress(cfg.Logger),
+		wake:     newWakes(),
+		parts:    map[int]*partState{},
+		gen:      newReadGen(),
+		queues:   newKeyQueues(),
+		progress: newProgress(cfg.Logger),
 	}
 	if cfg.Budget != nil {
-		r.share = cfg.Budget.join(r.wakeDispatch, r.wakeRead)
+		r.share = cfg.Budget.join(r.wake.dispatch, r.wake.read)
 	}
 	r.mem = newMemory(cfg.ReadAheadBytes, r.share)
 	r.flights = newFlightBook(r.share)
@@ -178,9 +161,7 @@ func signal(c chan struct{}) {
 func (r *Relay) Run(ctx context.Context) error {
 	r.perKeyLimit = relayhook.PerKeyLimit(ctx) // 1 but in tests; set before any goroutine reads it
 	r.mu.Lock()
-	// The polls of partitions that could not be armed back off from
-	// here (wake.go), not from PollInterval at once.
-	r.lastNew = time.Now()
+	r.wake.start(time.Now())
 	r.mu.Unlock()
 	var marks errgroup.Group
 	markCtx, stopMark := context.WithCancel(context.Background())

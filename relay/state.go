@@ -38,7 +38,13 @@ import (
 //   - With a Config.Budget, Relay.share is the relay's part of it:
 //     flightBook takes and gives back its slots (flight.go), the read
 //     asks it for bytes (read.go). Its counts are under the Budget's lock.
-//     The wake-up state (rate, busy, polls, arming) is wake.go's.
+//   - Relay.wake, a wakes (wake.go), holds the three signals the read,
+//     dispatch and mark loops wait on, which any file may send, and the
+//     wake-up state (the commit rate, busy, polls, arming); only wake.go
+//     writes that state, and other files tell it what happened through
+//     its methods (readTook, stray).
+//   - Relay.progress (progress.go) says whether the relay is stalled, and
+//     when it last looked.
 
 // partState is what the relay holds in memory of one partition, for one
 // lease epoch: its keys' rows and where its reading stands.
@@ -96,7 +102,7 @@ func (ps *partState) key(name string) *keyState {
 
 func (r *Relay) dropPartLocked(ps *partState) {
 	if ps.rd.isArmed() {
-		r.strays = append(r.strays, ps.id) // disarmed by the next syncArms
+		r.wake.stray(ps.id) // disarmed by the next syncArms
 	}
 	for _, e := range ps.queued {
 		r.mem.add(-e.size)
@@ -118,6 +124,6 @@ func (r *Relay) currentLocked(k *keyState) bool {
 // otherwise line up every parked key for nothing.
 func (r *Relay) pushReadyLocked(k *keyState) {
 	if len(k.rows) > 0 && !k.rows[0].row.Parked && r.queues.push(k) {
-		signal(r.wakeDispatch)
+		signal(r.wake.dispatch)
 	}
 }

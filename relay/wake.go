@@ -45,17 +45,58 @@ const (
 	pollMax    = 5 * time.Millisecond
 )
 
+// wakes is the relay's wake-ups, wake.go's state: the three coalesced
+// signals its loops wait on, which any file may send (signal) and only
+// their loop receives, and what decides whether a held partition is armed
+// (a producer's commit notifies) or polled. Its other fields are written
+// here only, under Relay.mu; other files tell it what happened through
+// its methods.
+type wakes struct {
+	read     chan struct{} // something may be readable (the read loop)
+	dispatch chan struct{} // something may be publishable (the dispatch loop)
+	mark     chan struct{} // settlements are queued (the mark loop)
+
+	lastNew      time.Time // when a read last found new rows or a commit was notified (at first: Run's start)
+	rate         float64   // new rows a second, decaying
+	rateAt       time.Time // when rate was last updated
+	busy         bool      // polling, not armed
+	lastReadTook time.Duration
+	lastPoll     time.Time // when the unarmed partitions were last polled
+	armDue       bool      // a poll ran: try to arm the unarmed partitions
+	armGen       uint64    // Listen's (re)connects: an Arm begun before one is void
+	strays       []int     // partitions dropped while armed, to disarm
+	readWaits    int64     // waitRead calls: a read loop that spins shows here (tests)
+}
+
+func newWakes() wakes {
+	return wakes{read: make(chan struct{}, 1), dispatch: make(chan struct{}, 1), mark: make(chan struct{}, 1)}
+}
+
+// start is Run's: the polls of partitions that could not be armed back
+// off from now, not from PollInterval at once.
+func (w *wakes) start(now time.Time) { w.lastNew = now }
+
+// readTook records how long the last read took: polls never come closer.
+func (w *wakes) readTook(d time.Duration) { w.lastReadTook = d }
+
+// stray records partition p, dropped while armed: the next syncArms
+// disarms it.
+func (w *wakes) stray(p int) { w.strays = append(w.strays, p) }
+
+// waitingForRead counts one wait of the read loop.
+func (w *wakes) waitingForRead() { w.readWaits++ }
+
 // rateLocked returns the estimated rate of new rows (and notified
 // commits) a second, after counting n more at now: an exponentially
 // decaying count over rateWindow.
 func (r *Relay) rateLocked(now time.Time, n int) float64 {
-	decay := math.Exp(-float64(now.Sub(r.rateAt)) / float64(rateWindow))
-	r.rate = r.rate*decay + float64(n)/rateWindow.Seconds()
-	r.rateAt = now
+	decay := math.Exp(-float64(now.Sub(r.wake.rateAt)) / float64(rateWindow))
+	r.wake.rate = r.wake.rate*decay + float64(n)/rateWindow.Seconds()
+	r.wake.rateAt = now
 	if n > 0 {
-		r.lastNew = now
+		r.wake.lastNew = now
 	}
-	return r.rate
+	return r.wake.rate
 }
 
 // notified is the Store's Listen callback: partition p has a new commit,
@@ -77,21 +118,21 @@ func (r *Relay) notified(p int) {
 	if hit && p >= 0 {
 		// The notification disarmed p: arm it again once idle, after
 		// the read it asks for, without waiting for a poll.
-		r.armDue = true
+		r.wake.armDue = true
 	}
 	if p < 0 {
-		r.armGen++
-		r.strays = nil // their locks went with the connection
+		r.wake.armGen++
+		r.wake.strays = nil // their locks went with the connection
 		// Listen has just connected: arm once idle. An arm tried
 		// before it connected failed, and nothing else may ask again
 		// before the poll (up to PollInterval).
-		r.armDue = true
+		r.wake.armDue = true
 	}
 	r.mu.Unlock()
 	// Another node's partition is another node's business: with N nodes,
 	// waking on every notification would make N reads of every commit.
 	if hit || p < 0 {
-		signal(r.wakeRead)
+		signal(r.wake.read)
 	}
 }
 
@@ -111,25 +152,25 @@ func (r *Relay) unarmedLocked() bool {
 // PollInterval); never less than the last read took.
 func (r *Relay) pollGapLocked() time.Duration {
 	var gap time.Duration
-	if r.busy {
-		gap = min(max(time.Duration(float64(time.Second)/max(r.rate, 1)), pollMin), pollMax)
+	if r.wake.busy {
+		gap = min(max(time.Duration(float64(time.Second)/max(r.wake.rate, 1)), pollMin), pollMax)
 	} else {
-		gap = min(max(r.lastPoll.Sub(r.lastNew)/2, pollMin), r.cfg.PollInterval)
+		gap = min(max(r.wake.lastPoll.Sub(r.wake.lastNew)/2, pollMin), r.cfg.PollInterval)
 	}
-	return max(gap, r.lastReadTook)
+	return max(gap, r.wake.lastReadTook)
 }
 
 // pollDueLocked starts a poll when one is due: a tail read of every
 // unarmed partition, after which syncArms tries to arm them.
 func (r *Relay) pollDueLocked(now time.Time) {
-	if now.Before(r.lastPoll.Add(r.pollGapLocked())) || !r.unarmedLocked() {
+	if now.Before(r.wake.lastPoll.Add(r.pollGapLocked())) || !r.unarmedLocked() {
 		return
 	}
 	for _, ps := range r.parts {
 		ps.rd.pollTail()
 	}
-	r.armDue = true
-	r.lastPoll = now
+	r.wake.armDue = true
+	r.wake.lastPoll = now
 }
 
 // nextPollLocked returns when the next poll is due (zero: every partition
@@ -138,7 +179,7 @@ func (r *Relay) nextPollLocked() time.Time {
 	if !r.unarmedLocked() {
 		return time.Time{}
 	}
-	return r.lastPoll.Add(r.pollGapLocked())
+	return r.wake.lastPoll.Add(r.pollGapLocked())
 }
 
 // syncArms disarms the held partitions while the relay is busy (checked
@@ -148,10 +189,10 @@ func (r *Relay) nextPollLocked() time.Time {
 func (r *Relay) syncArms(ctx context.Context, idle bool) bool {
 	r.mu.Lock()
 	rate := r.rateLocked(time.Now(), 0)
-	r.busy = rate >= busyRate || (r.busy && rate >= idleRate)
-	busy := r.busy
-	disarm := r.strays
-	r.strays = nil
+	r.wake.busy = rate >= busyRate || (r.wake.busy && rate >= idleRate)
+	busy := r.wake.busy
+	disarm := r.wake.strays
+	r.wake.strays = nil
 	var arm []int
 	wakes := map[int]uint64{}
 	for p, ps := range r.parts {
@@ -159,15 +200,15 @@ func (r *Relay) syncArms(ctx context.Context, idle bool) bool {
 		case busy && ps.rd.isArmed():
 			ps.rd.disarm()
 			disarm = append(disarm, p)
-		case idle && !busy && !ps.rd.isArmed() && r.armDue:
+		case idle && !busy && !ps.rd.isArmed() && r.wake.armDue:
 			arm = append(arm, p)
 			wakes[p] = ps.rd.wakes
 		}
 	}
 	if idle && !busy {
-		r.armDue = false
+		r.wake.armDue = false
 	}
-	gen := r.armGen
+	gen := r.wake.armGen
 	r.mu.Unlock()
 	if len(disarm) > 0 {
 		// A failure means Listen's connection is gone, and the locks
@@ -192,14 +233,14 @@ func (r *Relay) syncArms(ctx context.Context, idle bool) bool {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if gen != r.armGen {
+	if gen != r.wake.armGen {
 		return false // Listen reconnected meanwhile: nothing is armed
 	}
 	n := 0
 	for _, p := range armed {
 		ps := r.parts[p]
 		if ps == nil {
-			r.strays = append(r.strays, p) // revoked meanwhile
+			r.wake.strays = append(r.wake.strays, p) // revoked meanwhile
 			continue
 		}
 		if ps.rd.wakes != wakes[p] {

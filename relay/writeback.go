@@ -24,7 +24,7 @@ func (r *Relay) markLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			stopping = true
-		case <-r.wakeMark:
+		case <-r.wake.mark:
 			r.gather(ctx)
 		}
 		wctx := ctx
@@ -41,7 +41,7 @@ func (r *Relay) markLoop(ctx context.Context) {
 			}
 			down.Fail(err)
 			backoff.Sleep(ctx, bo.Next())
-			signal(r.wakeMark)
+			signal(r.wake.mark)
 			continue
 		}
 		down.OK()
@@ -151,8 +151,8 @@ func (r *Relay) markConfirmed(ctx context.Context, confirmed []settlement) error
 	for _, done := range handedOff {
 		done()
 	}
-	signal(r.wakeDispatch) // the window has room
-	signal(r.wakeRead)     // and so has memory
+	signal(r.wake.dispatch) // the window has room
+	signal(r.wake.read)     // and so has memory
 	if refused > 0 {
 		r.cfg.Logger.Warn("marks refused: lease no longer held at the published epoch, or row already processed",
 			"refused", refused)
@@ -205,8 +205,8 @@ func (r *Relay) recordFailures(ctx context.Context, failed []settlement) error {
 	for _, done := range handedOff {
 		done()
 	}
-	signal(r.wakeDispatch)
-	signal(r.wakeRead)
+	signal(r.wake.dispatch)
+	signal(r.wake.read)
 	for _, s := range failed {
 		r.cfg.Logger.Debug("publish failed; key backs off", "id", s.f.msg.ID, "key", s.f.msg.CorrelationID,
 			"outcome", s.res.Outcome, "err", s.res.Err)
