@@ -57,6 +57,12 @@ type flightBook struct {
 	revoked map[int][]func() // Revoked.Done calls waiting for their partition's flights to end
 }
 
+// full reports whether no flight may start now: window of them are
+// live, or the Budget refuses the relay a slot.
+func (b *flightBook) full(window int) bool {
+	return b.live() >= window || b.share != nil && b.share.windowFull()
+}
+
 func newFlightBook(s *share) flightBook {
 	return flightBook{share: s, byID: map[uuid.UUID]*flight{}, perPart: map[int]int{}, revoked: map[int][]func(){}}
 }

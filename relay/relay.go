@@ -44,7 +44,6 @@ type Relay struct {
 	gen       readGen            // what reads may overwrite (readgen.go)
 	queues    keyQueues          // the lines keys wait in: ready, backing off, lease wait (queues.go)
 	mem       memory             // bytes of queued rows and flights, for ReadAheadBytes and the Budget (memory.go)
-	share     *share             // its part of Config.Budget; nil without one
 	settled   []settlement       // confirmed or failed, not yet written (writeback.go)
 	aloneTurn bool               // the next read is of a partition read alone (slowread.go)
 	stats     Stats
@@ -114,18 +113,19 @@ func New(cfg Config, store Store, pub Publisher, own Ownership) (*Relay, error) 
 		queues:   newKeyQueues(),
 		progress: newProgress(cfg.Logger),
 	}
+	var part *share // the relay's part of the Budget, held by flights and mem
 	if cfg.Budget != nil {
-		r.share = cfg.Budget.join(r.wake.dispatch, r.wake.read)
+		part = cfg.Budget.join(r.wake.dispatch, r.wake.read)
 	}
-	r.mem = newMemory(cfg.ReadAheadBytes, r.share)
-	r.flights = newFlightBook(r.share)
+	r.mem = newMemory(cfg.ReadAheadBytes, part)
+	r.flights = newFlightBook(part)
 	return r, nil
 }
 
 // windowFullLocked reports whether no flight may start now: the relay's
 // own Window is full, or its Budget refuses it a slot.
 func (r *Relay) windowFullLocked() bool {
-	return r.flights.live() >= r.cfg.Window || r.share != nil && r.share.windowFull()
+	return r.flights.full(r.cfg.Window)
 }
 
 // Stats returns a snapshot of the running totals.
@@ -138,8 +138,8 @@ func (r *Relay) Stats() Stats {
 		s.ReadAhead += len(ps.queued)
 	}
 	s.ReadAheadBytes = r.mem.held()
-	if r.share != nil {
-		s.BudgetSlots, s.BudgetBytes = r.share.counts()
+	if sh := r.flights.share; sh != nil {
+		s.BudgetSlots, s.BudgetBytes = sh.counts()
 	}
 	r.progress.fill(&s)
 	return s
@@ -194,8 +194,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		return nil
 	})
 	err := work.Wait()
-	if r.share != nil {
-		r.share.leave()
+	if sh := r.flights.share; sh != nil {
+		sh.leave() // set once by New: read without mu
 	}
 	r.settleBeforeStop()
 	stopMark()

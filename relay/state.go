@@ -35,7 +35,8 @@ import (
 //     flights, in the relay's count and its Budget's at once, and holds
 //     the half-free mark; only its methods change them. A parked head is
 //     charged nothing.
-//   - With a Config.Budget, Relay.share is the relay's part of it:
+//   - With a Config.Budget, the relay's part of it (a share, which
+//     flightBook and memory hold, set once by New):
 //     flightBook takes and gives back its slots (flight.go), the read
 //     asks it for bytes (read.go). Its counts are under the Budget's lock.
 //   - Relay.wake, a wakes (wake.go), holds the three signals the read,
