@@ -101,42 +101,17 @@ type failoverRep struct {
 
 func failoverOnce(ctx context.Context, o failoverOptions) (*result.Result, error) {
 	rate, keys := orDefault(o.Rate, 500), orDefault(o.Keys, 1000)
-	r, err := newRig(ctx, o.common, "failover", int32(o.Workers+2))
-	if err != nil {
-		return nil, err
-	}
-	defer r.Close()
 	res := result.New("failover")
-	res.Param("nodes", clusterSize)
-	res.Param("reps", o.Reps)
-	res.Param("rate", rate)
-	res.Param("keys", keys)
-	res.Param("partitions", o.Partitions)
-	res.Param("rejoin_interval", harness.RejoinInterval)
-
-	c, err := startRigConsumer(ctx, r, false)
-	if err != nil {
-		return nil, err
-	}
-	cl, err := harness.NewCluster(r, o.AMQPURL, clusterSize, true)
-	if err != nil {
-		return nil, err
-	}
 	all := make([]int, clusterSize)
 	for i := range all {
 		all[i] = i
-		if _, err := cl.Start(ctx, i); err != nil {
-			return nil, err
-		}
 	}
-	if _, _, err := cl.WaitConverged(ctx, all, harness.ConvergeTimeout); err != nil {
-		return nil, err
-	}
-	stopLoad, p, err := startLoad(ctx, r, o.traffic, o.Partitions, rate, keys)
+	u, err := startUnderLoad(ctx, o.clusterOptions, "failover", res, rate, keys, all)
+	defer u.Close()
 	if err != nil {
 		return nil, err
 	}
-	defer stopLoad()
+	cl, c, p := u.cl, u.c, u.p
 
 	var reps []failoverRep
 	for rep := range o.Reps {
@@ -150,22 +125,8 @@ func failoverOnce(ctx context.Context, o failoverOptions) (*result.Result, error
 		reps = append(reps, fr)
 	}
 
-	if err := stopLoad(); err != nil {
-		return nil, err
-	}
-	ids, _ := p.snapshot()
-	if err := c.waitAll(ctx, ids, o.Timeout, cl.Failed); err != nil {
-		return nil, err
-	}
-	if _, err := r.WaitPending(ctx, cl.Failed, nil); err != nil {
-		return nil, err
-	}
-	sys := &ordoSystem{c: cl}
-	_, rss, err := sys.usage()
+	ids, rss, err := u.end(ctx, o.Timeout)
 	if err != nil {
-		return nil, err
-	}
-	if err := sys.stop(); err != nil {
 		return nil, err
 	}
 
@@ -185,13 +146,7 @@ func failoverOnce(ctx context.Context, o failoverOptions) (*result.Result, error
 	res.Seconds("publish_again_seconds_max", worst)
 	res.Seconds("claimed_seconds_max", worstClaim)
 	res.Seconds("target_seconds", o.Target)
-	ps := p.stats()
-	res.Figure("msgs", float64(ps.committed), "")
-	res.Figure("achieved_rate", float64(ps.committed)/ps.elapsed.Seconds(), "msg/s")
-	res.Figure("producer_missed", float64(ps.missed), "")
-	res.Figure("node_rss_peak", rss, "MiB")
-	res.Check = c.report(ids)
-	res.Finished = time.Now()
+	u.figures(res, ids, rss)
 	if worst > o.Target {
 		res.Note("failover took %v, above the %v target", worst.Round(time.Millisecond), o.Target)
 	}

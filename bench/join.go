@@ -41,41 +41,14 @@ type joinRep struct {
 
 func joinOnce(ctx context.Context, o joinOptions) (*result.Result, error) {
 	rate, keys := orDefault(o.Rate, 500), orDefault(o.Keys, 1000)
-	r, err := newRig(ctx, o.common, "join", int32(o.Workers+2))
-	if err != nil {
-		return nil, err
-	}
-	defer r.Close()
 	res := result.New("join")
-	res.Param("nodes", clusterSize)
-	res.Param("reps", o.Reps)
-	res.Param("rate", rate)
-	res.Param("keys", keys)
-	res.Param("partitions", o.Partitions)
-	res.Param("rejoin_interval", harness.RejoinInterval)
-
-	c, err := startRigConsumer(ctx, r, false)
-	if err != nil {
-		return nil, err
-	}
-	cl, err := harness.NewCluster(r, o.AMQPURL, clusterSize, true)
-	if err != nil {
-		return nil, err
-	}
 	two, all := []int{0, 1}, []int{0, 1, 2}
-	for _, i := range two {
-		if _, err := cl.Start(ctx, i); err != nil {
-			return nil, err
-		}
-	}
-	if _, _, err := cl.WaitConverged(ctx, two, harness.ConvergeTimeout); err != nil {
-		return nil, err
-	}
-	stopLoad, p, err := startLoad(ctx, r, o.traffic, o.Partitions, rate, keys)
+	u, err := startUnderLoad(ctx, o.clusterOptions, "join", res, rate, keys, two)
+	defer u.Close()
 	if err != nil {
 		return nil, err
 	}
-	defer stopLoad()
+	cl, c, p := u.cl, u.c, u.p
 
 	var reps []joinRep
 	for rep := range o.Reps {
@@ -93,22 +66,8 @@ func joinOnce(ctx context.Context, o joinOptions) (*result.Result, error) {
 		}
 	}
 
-	if err := stopLoad(); err != nil {
-		return nil, err
-	}
-	ids, _ := p.snapshot()
-	if err := c.waitAll(ctx, ids, o.Timeout, cl.Failed); err != nil {
-		return nil, err
-	}
-	if _, err := r.WaitPending(ctx, cl.Failed, nil); err != nil {
-		return nil, err
-	}
-	sys := &ordoSystem{c: cl}
-	_, rss, err := sys.usage()
+	ids, rss, err := u.end(ctx, o.Timeout)
 	if err != nil {
-		return nil, err
-	}
-	if err := sys.stop(); err != nil {
 		return nil, err
 	}
 
@@ -130,13 +89,7 @@ func joinOnce(ctx context.Context, o joinOptions) (*result.Result, error) {
 	res.Seconds("join_seconds_max", worst)
 	res.Seconds("join_from_started_line_seconds_max", worstFromLine)
 	res.Seconds("target_seconds", o.Target)
-	ps := p.stats()
-	res.Figure("msgs", float64(ps.committed), "")
-	res.Figure("achieved_rate", float64(ps.committed)/ps.elapsed.Seconds(), "msg/s")
-	res.Figure("producer_missed", float64(ps.missed), "")
-	res.Figure("node_rss_peak", rss, "MiB")
-	res.Check = c.report(ids)
-	res.Finished = time.Now()
+	u.figures(res, ids, rss)
 	if worst > o.Target {
 		res.Note("joining took %v, above the %v target", worst.Round(time.Millisecond), o.Target)
 	}
