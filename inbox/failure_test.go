@@ -262,8 +262,13 @@ func TestBelowLowWaterHeldNotDropped(t *testing.T) {
 	dead := &fakeDead{}
 	s := newStore(t, inbox.LocalConfig("t"), pool, dead)
 	ok := recordHandler("")
+	// One clock for every message: a redelivery carries its message's
+	// timestamp, so old/2 must have the same one both times (read from the
+	// clock twice, a second boundary between them made the second one the
+	// low-water mark itself, not below it).
+	now := time.Now().Truncate(time.Second)
 	at := func(m *inbox.Message, age time.Duration) *inbox.Message {
-		m.Timestamp = time.Now().Add(-age).Truncate(time.Second)
+		m.Timestamp = now.Add(-age)
 		return m
 	}
 	handle(t, s, inbox.Fence{}, at(msg("old", 1, 0), 2*time.Hour), ok)
