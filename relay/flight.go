@@ -193,7 +193,7 @@ func (r *Relay) settle(f *flight, res Result) {
 	case Confirmed:
 		r.flights.move(f, flightConfirmed)
 		k.confirmed = max(k.confirmed, f.msg.KeySeq)
-		r.settled = append(r.settled, settlement{f, res})
+		r.settled.add(settlement{f, res})
 	case Unsent:
 		r.stats.Unsent++
 		done = r.endFlightLocked(f)
@@ -202,7 +202,7 @@ func (r *Relay) settle(f *flight, res Result) {
 	default:
 		r.flights.move(f, flightFailed)
 		f.e.unsent = 0
-		r.settled = append(r.settled, settlement{f, res})
+		r.settled.add(settlement{f, res})
 	}
 	r.pushReadyLocked(k)
 	r.mu.Unlock()

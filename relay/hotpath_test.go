@@ -82,5 +82,5 @@ func forgetAll(r *Relay) {
 	clear(r.flights.perPart)
 	r.flights.n = flightCounts{}
 	clear(r.parts)
-	r.settled, r.mem = nil, newMemory(r.cfg.ReadAheadBytes, r.flights.share)
+	r.settled, r.mem = writeBack{}, newMemory(r.cfg.ReadAheadBytes, r.flights.share)
 }

@@ -44,7 +44,7 @@ type Relay struct {
 	gen       readGen            // what reads may overwrite (readgen.go)
 	queues    keyQueues          // the lines keys wait in: ready, backing off, lease wait (queues.go)
 	mem       memory             // bytes of queued rows and flights, for ReadAheadBytes and the Budget (memory.go)
-	settled   []settlement       // confirmed or failed, not yet written (writeback.go)
+	settled   writeBack          // confirmed or failed, not yet written (writeback.go)
 	aloneTurn bool               // the next read is of a partition read alone (slowread.go)
 	stats     Stats
 	progress  *progress

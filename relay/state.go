@@ -26,8 +26,9 @@ import (
 //   - Relay.gen, a readGen (readgen.go), says whether a row a read
 //     returned is newer than what memory holds: whether marks or failure
 //     records were written since the read began.
-//   - Relay.settled holds the settlements waiting to be written
-//     (writeback.go).
+//   - Relay.settled, a writeBack (writeback.go), holds the settlements
+//     waiting to be written; settle adds to it, the mark loop takes
+//     from it, and only its methods change it.
 //   - Relay.queues (queues.go) holds the keys waiting to be looked at by
 //     dispatch (ready), for a time (backing off) or for a lease (lease
 //     wait); only its methods change the three lines and keyState.inReady.

@@ -60,13 +60,28 @@ const (
 	markLinger = 2 * time.Millisecond
 )
 
+// writeBack is the settlements not yet written (confirmed: to mark;
+// failed: to record), writeback.go's: settle adds them, flush takes them
+// all, and a write that failed puts its own back. Guarded by Relay.mu.
+type writeBack struct{ queued []settlement }
+
+func (w *writeBack) add(s ...settlement) { w.queued = append(w.queued, s...) }
+
+func (w *writeBack) take() []settlement {
+	q := w.queued
+	w.queued = nil
+	return q
+}
+
+func (w *writeBack) len() int { return len(w.queued) }
+
 // gather waits up to markLinger while fewer than markBatch settlements are
 // queued.
 func (r *Relay) gather(ctx context.Context) {
 	deadline := time.Now().Add(markLinger)
 	for time.Now().Before(deadline) {
 		r.mu.Lock()
-		n := len(r.settled)
+		n := r.settled.len()
 		r.mu.Unlock()
 		if n >= markBatch || ctx.Err() != nil {
 			return
@@ -79,8 +94,7 @@ func (r *Relay) gather(ctx context.Context) {
 // records for the rest. What it could not write stays queued.
 func (r *Relay) flush(ctx context.Context) error {
 	r.mu.Lock()
-	q := r.settled
-	r.settled = nil
+	q := r.settled.take()
 	r.mu.Unlock()
 	var confirmed, failed []settlement
 	for _, s := range q {
@@ -105,7 +119,7 @@ func (r *Relay) requeueSettlements(lists ...[]settlement) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, l := range lists {
-		r.settled = append(r.settled, l...)
+		r.settled.add(l...)
 	}
 }
 
