@@ -65,7 +65,7 @@ func (r *Relay) earliestRetryLocked(now time.Time) (first time.Time, due bool) {
 // eligibleLocked counts queued heads that nothing but a lease or a stall
 // keeps from going: the measure of a silent stall.
 func (r *Relay) eligibleLocked(now time.Time) int {
-	if r.windowFullLocked() {
+	if r.flights.full(r.cfg.Window) {
 		return 0 // the window is full (the node's, with a Budget): confirms will free it
 	}
 	n := 0

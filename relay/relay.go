@@ -122,12 +122,6 @@ func New(cfg Config, store Store, pub Publisher, own Ownership) (*Relay, error) 
 	return r, nil
 }
 
-// windowFullLocked reports whether no flight may start now: the relay's
-// own Window is full, or its Budget refuses it a slot.
-func (r *Relay) windowFullLocked() bool {
-	return r.flights.full(r.cfg.Window)
-}
-
 // Stats returns a snapshot of the running totals.
 func (r *Relay) Stats() Stats {
 	r.mu.Lock()
