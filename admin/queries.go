@@ -35,6 +35,8 @@ DELETE FROM outbox AS d
 WHERE d.dead_at IS NOT NULL
   AND NOT EXISTS (SELECT 1 FROM outbox AS p
                   WHERE p.correlation_id = d.correlation_id AND p.key_seq > d.key_seq AND p.processed_at IS NULL)
+  AND NOT EXISTS (SELECT 1 FROM outbox_numbers AS j
+                  WHERE j.correlation_id = d.correlation_id AND j.key_seq > d.key_seq)
   AND (EXISTS (SELECT 1 FROM outbox AS n
                WHERE n.correlation_id = d.correlation_id AND n.key_seq > d.key_seq
                  AND n.processed_at IS NOT NULL AND n.dead_at IS NULL)
@@ -52,6 +54,8 @@ WHERE d.dead_at IS NOT NULL
 	// so nothing above it was deleted by them); else, with pending rows,
 	// the one below its lowest pending row (rows above a pending one are
 	// never processed, so never deleted); else last (nothing can be told).
+	// A pending row's key_seq may be in the owner's journal
+	// (outbox_numbers) rather than in the row: both count.
 	// The keys worth checking: those with pending rows (keys $1 if not
 	// null), and those whose counter is ahead of their highest row (the
 	// next row would step over the missing ones).
@@ -62,13 +66,16 @@ WITH candidates AS (
     UNION
     SELECT k.correlation_id FROM outbox_keys AS k
     WHERE ($1::text IS NULL OR k.correlation_id = $1)
-      AND k.last_key_seq > coalesce((SELECT max(o.key_seq) FROM outbox AS o WHERE o.correlation_id = k.correlation_id), k.last_key_seq)
+      AND k.last_key_seq > coalesce(greatest(
+              (SELECT max(o.key_seq) FROM outbox AS o WHERE o.correlation_id = k.correlation_id),
+              (SELECT max(n.key_seq) FROM outbox_numbers AS n WHERE n.correlation_id = k.correlation_id)), k.last_key_seq)
 )
 SELECT k.correlation_id, k.last_key_seq,
        coalesce((SELECT max(o.key_seq) FROM outbox AS o
                  WHERE o.correlation_id = k.correlation_id AND o.processed_at IS NOT NULL AND o.dead_at IS NULL),
-                (SELECT min(o.key_seq) - 1 FROM outbox AS o
-                 WHERE o.correlation_id = k.correlation_id AND o.key_seq IS NOT NULL AND o.processed_at IS NULL),
+                least((SELECT min(o.key_seq) FROM outbox AS o
+                       WHERE o.correlation_id = k.correlation_id AND o.key_seq IS NOT NULL AND o.processed_at IS NULL),
+                      (SELECT min(n.key_seq) FROM outbox_numbers AS n WHERE n.correlation_id = k.correlation_id)) - 1,
                 k.last_key_seq) AS lo
 FROM outbox_keys AS k JOIN candidates USING (correlation_id)`
 
@@ -80,11 +87,13 @@ FROM outbox_keys AS k JOIN candidates USING (correlation_id)`
 WITH bounds AS (` + sqlGapBounds + `)
 SELECT b.correlation_id, s.key_seq,
        coalesce(k.partition, (SELECT o.partition FROM outbox AS o WHERE o.correlation_id = b.correlation_id LIMIT 1)),
-       (SELECT min(o.key_seq) FROM outbox AS o WHERE o.correlation_id = b.correlation_id AND o.key_seq > s.key_seq)
+       least((SELECT min(o.key_seq) FROM outbox AS o WHERE o.correlation_id = b.correlation_id AND o.key_seq > s.key_seq),
+             (SELECT min(n.key_seq) FROM outbox_numbers AS n WHERE n.correlation_id = b.correlation_id AND n.key_seq > s.key_seq))
 FROM bounds AS b
 JOIN outbox_keys AS k USING (correlation_id)
 CROSS JOIN LATERAL generate_series(b.lo + 1, b.last_key_seq) AS s(key_seq)
 WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.correlation_id = b.correlation_id AND o.key_seq = s.key_seq)
+  AND NOT EXISTS (SELECT 1 FROM outbox_numbers AS n WHERE n.correlation_id = b.correlation_id AND n.key_seq = s.key_seq)
 ORDER BY b.correlation_id, s.key_seq
 LIMIT $2`
 

@@ -59,6 +59,18 @@ func readAll(t *testing.T, s *pgstore.Store, cursors ...relay.Cursor) []relay.Ro
 	return rows
 }
 
+// numberOf returns row id's key_seq, in the row or in the owner's
+// journal (nil: numbered nowhere).
+func numberOf(t *testing.T, h *pgHarness, id uuid.UUID) *int64 {
+	t.Helper()
+	var ks *int64
+	if err := h.pool.QueryRow(testkit.Context(t, 10*time.Second), `SELECT coalesce(o.key_seq, n.key_seq)
+		FROM outbox AS o LEFT JOIN outbox_numbers AS n ON n.id = o.id WHERE o.id = $1`, id).Scan(&ks); err != nil {
+		t.Fatalf("key_seq of %s: %v", id, err)
+	}
+	return ks
+}
+
 func byID(rows []relay.Row) map[uuid.UUID]relay.Row {
 	out := map[uuid.UUID]relay.Row{}
 	for _, r := range rows {
@@ -167,12 +179,15 @@ func TestNumberingStopsAtTheRead(t *testing.T) {
 	if err != nil || len(first) != 10 {
 		t.Fatalf("read %d rows (%v); want 10", len(first), err)
 	}
-	var numbered int
-	if err := h.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE key_seq IS NOT NULL`).Scan(&numbered); err != nil {
+	// The numbers are in the journal, not in the rows (written back by
+	// the mark).
+	var numbered, inRows int
+	if err := h.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox_numbers), (SELECT count(*) FROM outbox WHERE key_seq IS NOT NULL)`).
+		Scan(&numbered, &inRows); err != nil {
 		t.Fatal(err)
 	}
-	if numbered != 10 {
-		t.Fatalf("a read of 10 rows numbered %d of the 300", numbered)
+	if numbered != 10 || inRows != 0 {
+		t.Fatalf("a read of 10 rows numbered %d of the 300 in the journal, %d in the rows; want 10 and 0", numbered, inRows)
 	}
 	next, err := h.store.ReadPending(ctx, []relay.Cursor{{Partition: 1, After: first[9].Seq}}, 10)
 	if err != nil || len(next) != 10 {
@@ -213,16 +228,81 @@ func TestNumbersSurviveATakeover(t *testing.T) {
 	if rows := readAll(t, h.store, from(1)); len(rows) != 3 {
 		t.Fatalf("n1, no longer the owner, read %+v; want the 3 numbered rows only", rows)
 	}
-	var ks *int64
-	if err := h.pool.QueryRow(testkit.Context(t, 10*time.Second), `SELECT key_seq FROM outbox WHERE id = $1`, late[0]).Scan(&ks); err != nil {
-		t.Fatal(err)
-	}
-	if ks != nil {
+	if ks := numberOf(t, h, late[0]); ks != nil {
 		t.Fatalf("n1 numbered a row of a partition it no longer holds: key_seq %d", *ks)
 	}
 	got := byID(readAll(t, n2, from(1)))
 	if got[late[0]].KeySeq != 3 || got[ids[2]].KeySeq != 2 {
 		t.Fatalf("n2 numbered a's late row %+v (a's second: %+v); want key_seq 3 above 2", got[late[0]], got[ids[2]])
+	}
+}
+
+// TestOldNodeTakesOverJournaledRows: a relay older than the journal
+// numbers rows with outbox_number_rows and reads key_seq from the row.
+// Taking over a partition whose rows n1 numbered in the journal, it gets
+// those numbers written into the rows (not new ones), the journal
+// entries go, and the partition's rows n1 had not read are numbered after
+// them.
+func TestOldNodeTakesOverJournaledRows(t *testing.T) {
+	testkit.RequirePostgres(t)
+	h := newHarness(t, false)
+	ctx := testkit.Context(t, 30*time.Second)
+	ids := h.Insert(t, 1, "a", "b", "a")
+	read := byID(readAll(t, h.store, from(1)))
+	late := h.Insert(t, 1, "a", "b")
+	h.Grant(t, "old", 1)
+	var numbered int64
+	if err := h.pool.QueryRow(ctx, `SELECT outbox_number_rows('old', '{1}', NULL)`).Scan(&numbered); err != nil || numbered != 2 {
+		t.Fatalf("outbox_number_rows numbered %d rows (%v); want the 2 rows n1 had not read", numbered, err)
+	}
+	inRow := func(id uuid.UUID) int64 {
+		t.Helper()
+		var ks *int64
+		if err := h.pool.QueryRow(ctx, `SELECT key_seq FROM outbox WHERE id = $1`, id).Scan(&ks); err != nil || ks == nil {
+			t.Fatalf("row %s: key_seq %v (%v); want it in the row", id, ks, err)
+		}
+		return *ks
+	}
+	for _, id := range ids {
+		if got := inRow(id); got != read[id].KeySeq {
+			t.Fatalf("row %s: key_seq %d in the row, n1 read it as %d", id, got, read[id].KeySeq)
+		}
+	}
+	if a, b := inRow(late[0]), inRow(late[1]); a != 3 || b != 2 {
+		t.Fatalf("the rows n1 had not read: a %d, b %d; want 3 and 2", a, b)
+	}
+	var left int
+	if err := h.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_numbers`).Scan(&left); err != nil || left != 0 {
+		t.Fatalf("%d journal entries left (%v); want none", left, err)
+	}
+}
+
+// TestMarkWritesTheNumberBack: the mark writes each row's journaled
+// key_seq into the row and deletes the entry; a later row of the key is
+// numbered above it and reads it as its prev, published.
+func TestMarkWritesTheNumberBack(t *testing.T) {
+	testkit.RequirePostgres(t)
+	h := newHarness(t, false)
+	ctx := testkit.Context(t, 30*time.Second)
+	epoch := h.Grant(t, "n1", 2)
+	ids := h.Insert(t, 2, "k", "k")
+	rows := readAll(t, h.store, from(2))
+	if len(rows) != 2 || rows[1].KeySeq != 2 || !rows[1].PrevPending {
+		t.Fatalf("read %+v; want k's two rows, the second waiting for the first", rows)
+	}
+	marked, err := h.store.MarkPublished(ctx, []relay.Settled{{ID: ids[0], Partition: 2, Epoch: epoch}})
+	if err != nil || len(marked) != 1 {
+		t.Fatalf("MarkPublished = %v, %v", marked, err)
+	}
+	var ks *int64
+	var entries int
+	if err := h.pool.QueryRow(ctx, `SELECT key_seq, (SELECT count(*) FROM outbox_numbers WHERE id = $1) FROM outbox WHERE id = $1`, ids[0]).
+		Scan(&ks, &entries); err != nil || ks == nil || *ks != 1 || entries != 0 {
+		t.Fatalf("the marked row: key_seq %v, %d journal entries (%v); want 1 in the row and none", ks, entries, err)
+	}
+	rows = readAll(t, h.store, relay.Cursor{Partition: 2, After: rows[0].Seq})
+	if len(rows) != 1 || rows[0].ID != ids[1] || rows[0].KeySeq != 2 || rows[0].PrevPending {
+		t.Fatalf("read after the mark %+v; want k's second row, key_seq 2, its prev published", rows)
 	}
 }
 
@@ -289,10 +369,7 @@ func TestBadRowsAreParkedAtNumbering(t *testing.T) {
 		t.Fatalf("read %+v; want the good row alone, key_seq 1 (the bad ones parked: reads leave them out)", rows)
 	}
 	for id, want := range bad {
-		var numbered bool
-		if err := h.pool.QueryRow(ctx, `SELECT key_seq IS NOT NULL FROM outbox WHERE id = $1`, id).Scan(&numbered); err != nil {
-			t.Fatal(err)
-		}
+		numbered := numberOf(t, h, uuid.MustParse(id)) != nil
 		if st := h.State(t, uuid.MustParse(id)); !st.Parked || numbered || !strings.Contains(st.LastError, want) {
 			t.Errorf("bad row (%s): parked %v, numbered %v, reason %q", want, st.Parked, numbered, st.LastError)
 		}

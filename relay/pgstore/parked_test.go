@@ -91,9 +91,14 @@ func parkedKeysLeaveTheRead(t *testing.T, trigger bool) {
 			t.Fatalf("%s: %v", sql, err)
 		}
 	}
-	// Parked as a relay parks them (RecordFailures at the attempt cap).
-	exec(`UPDATE outbox SET parked_at = clock_timestamp(), attempts = 5, last_error = 'injected'
-		WHERE correlation_id LIKE 'parked-%' AND key_seq = 1`)
+	// Parked as a relay parks them (RecordFailures at the attempt cap,
+	// which writes the owner's number into the row).
+	exec(`WITH p AS (
+		    SELECT o.id, coalesce(o.key_seq, n.key_seq) AS key_seq FROM outbox AS o
+		    LEFT JOIN outbox_numbers AS n ON n.id = o.id WHERE o.correlation_id LIKE 'parked-%'),
+		j AS (DELETE FROM outbox_numbers AS n USING p WHERE n.id = p.id AND p.key_seq = 1)
+		UPDATE outbox AS o SET parked_at = clock_timestamp(), attempts = 5, last_error = 'injected', key_seq = p.key_seq
+		FROM p WHERE o.id = p.id AND p.key_seq = 1`)
 
 	first := readPass(t, h.store, 64)
 	behind := 0

@@ -308,7 +308,7 @@ func TestLeanNumberingSkipsParkedKeys(t *testing.T) {
 	buffers := func(what string) float64 {
 		least := -1.0
 		for range 4 {
-			e := explain(t, pool, "force_custom_plan", sqlNumberRows, args)
+			e := explain(t, pool, "force_custom_plan", sqlJournalRows, args)
 			if b := e.Plan.Hit + e.Plan.Read; least < 0 || b < least {
 				least = b
 			}

@@ -22,8 +22,13 @@ import "github.com/ordo-relay/ordo/relay/internal/pgwrite"
 // operator acts, and Store.ReadPending holds it. A payload of megabytes,
 // detoasted and sent by every read of its partition while its key stays
 // parked, once made every read of the node outlast the read timeout.
-// A row without key_seq comes with key_seq 0 and its unnumbered column
-// true: Store.ReadPending numbers it and reads again.
+// A row's key_seq is the row's own (numbered by the producers' trigger,
+// or written back by an owner write) or its number in the journal
+// (outbox_numbers, package outbox's): one primary-key probe, for rows
+// without key_seq only. The row below is probed in the unique
+// (correlation_id, key_seq) index and, if it is not there, in the
+// journal's. A row numbered nowhere comes with key_seq 0 and its
+// unnumbered column true: Store.ReadPending numbers it and reads again.
 var sqlReadPending = readPendingSQL("CASE WHEN prev.head IS NULL THEN o.payload END", "CASE WHEN prev.head IS NULL THEN o.headers END")
 
 // sqlPeekPending: see Store.PeekPending. sqlReadPending without any
@@ -35,11 +40,11 @@ var sqlPeekPending = readPendingSQL("NULL::jsonb", "NULL::jsonb")
 // expressions given (over o, the row, and prev, the row below).
 func readPendingSQL(payload, headers string) string {
 	return `
-SELECT o.id, o.partition, o.seq, o.correlation_id, coalesce(o.key_seq, 0), o.exchange, o.routing_key, o.type,
+SELECT o.id, o.partition, o.seq, o.correlation_id, coalesce(ks.key_seq, 0), o.exchange, o.routing_key, o.type,
        ` + payload + `, ` + headers + `, o.occurred_at, o.attempts,
        greatest(extract(epoch FROM o.next_attempt_at - clock_timestamp()), 0)::float8,
        coalesce(prev.pending, false), coalesce(prev.dead, false),
-       o.key_seq IS NULL, coalesce(prev.head, 0)
+       ks.key_seq IS NULL, coalesce(prev.head, 0)
 FROM unnest($1::int[], $2::bigint[]) AS c(partition, after)
 CROSS JOIN LATERAL (
     SELECT * FROM outbox AS x
@@ -49,10 +54,20 @@ CROSS JOIN LATERAL (
     LIMIT $3
 ) AS o
 LEFT JOIN LATERAL (
-    SELECT d.processed_at IS NULL AS pending, d.dead_at IS NOT NULL AS dead,
-           CASE WHEN d.processed_at IS NULL THEN coalesce(d.held_behind, CASE WHEN d.parked_at IS NOT NULL THEN d.key_seq END) END AS head
-    FROM outbox AS d
-    WHERE d.correlation_id = o.correlation_id AND d.key_seq = o.key_seq - 1
+    SELECT n.key_seq FROM outbox_numbers AS n WHERE n.id = o.id AND o.key_seq IS NULL
+) AS j ON true
+CROSS JOIN LATERAL (SELECT coalesce(o.key_seq, j.key_seq) AS key_seq) AS ks
+LEFT JOIN LATERAL (
+    (SELECT d.processed_at IS NULL AS pending, d.dead_at IS NOT NULL AS dead,
+            CASE WHEN d.processed_at IS NULL THEN coalesce(d.held_behind, CASE WHEN d.parked_at IS NOT NULL THEN d.key_seq END) END AS head
+     FROM outbox AS d
+     WHERE d.correlation_id = o.correlation_id AND d.key_seq = ks.key_seq - 1
+     LIMIT 1)
+    UNION ALL
+    (SELECT d.processed_at IS NULL, false, NULL::bigint
+     FROM outbox_numbers AS pn JOIN outbox AS d ON d.id = pn.id
+     WHERE pn.correlation_id = o.correlation_id AND pn.key_seq = ks.key_seq - 1
+     LIMIT 1)
     LIMIT 1
 ) AS prev ON true`
 }
@@ -92,17 +107,29 @@ heads AS (
     WHERE k.partition = ANY (ARRAY(SELECT partition FROM held))
       AND h.partition = k.partition AND h.parked_at IS NOT NULL AND h.processed_at IS NULL),
 behind AS (
-    SELECT f.id, heads.key_seq AS head FROM heads
+    SELECT f.id, f.key_seq, heads.key_seq AS head FROM heads
     CROSS JOIN LATERAL (
-        SELECT x.id, x.processed_at, x.parked_at, x.held_behind FROM outbox AS x
+        SELECT x.id, x.key_seq, x.processed_at, x.parked_at, x.held_behind FROM outbox AS x
         WHERE x.correlation_id = heads.correlation_id AND x.key_seq > heads.key_seq
         ORDER BY x.key_seq
         OFFSET 0) AS f
-    WHERE f.processed_at IS NULL AND f.parked_at IS NULL AND f.held_behind IS NULL)
-UPDATE outbox AS o SET held_behind = behind.head
-FROM behind
-WHERE o.id = behind.id
-RETURNING o.id`
+    WHERE f.processed_at IS NULL AND f.parked_at IS NULL AND f.held_behind IS NULL
+    UNION ALL
+    SELECT f.id, f.key_seq, heads.key_seq FROM heads
+    JOIN outbox_numbers AS n ON n.correlation_id = heads.correlation_id AND n.key_seq > heads.key_seq
+    CROSS JOIN LATERAL (
+        SELECT x.id, n.key_seq, x.processed_at, x.parked_at, x.held_behind FROM outbox AS x
+        WHERE x.id = n.id
+        OFFSET 0) AS f
+    WHERE f.processed_at IS NULL AND f.parked_at IS NULL AND f.held_behind IS NULL),
+hold AS (
+    UPDATE outbox AS o SET held_behind = behind.head, key_seq = behind.key_seq
+    FROM behind
+    WHERE o.id = behind.id
+    RETURNING o.id),
+unjournaled AS (
+    DELETE FROM outbox_numbers AS n USING hold WHERE n.id = hold.id)
+SELECT id FROM hold`
 
 // sqlHoldPlan confines the planner, for the hold's own transaction, to
 // the plan sqlHoldBehindParked is written for: for each key an index
@@ -113,11 +140,11 @@ RETURNING o.id`
 const sqlHoldPlan = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true),
        set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true), set_config('jit', 'off', true)`
 
-// sqlNumberRows numbers the unnumbered pending rows of each partition
-// $2[i] up to seq $3[i] while node $1 holds that partition:
-// outbox_number_rows, package outbox's (docs/outbox-table.md, "Who
-// numbers a key's rows").
-const sqlNumberRows = `SELECT outbox_number_rows($1, $2::int[], $3::bigint[])`
+// sqlJournalRows numbers the unnumbered pending rows of each partition
+// $2[i] up to seq $3[i] while node $1 holds that partition, in the
+// journal: outbox_journal_rows, package outbox's (docs/outbox-table.md,
+// "Who numbers a key's rows").
+const sqlJournalRows = `SELECT outbox_journal_rows($1, $2::int[], $3::bigint[])`
 
 // sqlRegister records that node numbers rows (ordo_numbering_nodes), so
 // that the producers' key_seq trigger may be dropped once every node
@@ -166,10 +193,13 @@ refused AS (
 var sqlMarkPublished = `
 WITH ` + sqlHeld + `,
 marked AS (
-    UPDATE outbox AS o SET processed_at = clock_timestamp()
+    UPDATE outbox AS o SET processed_at = clock_timestamp(), key_seq = coalesce(o.key_seq, n.key_seq)
     FROM m JOIN held AS h ON h.partition = m.partition AND h.epoch = m.epoch
+           LEFT JOIN outbox_numbers AS n ON n.id = m.id
     WHERE o.id = m.id AND o.partition + 0 = m.partition AND o.processed_at IS NULL
-    RETURNING o.id),` + sqlRefused("mark") + `
+    RETURNING o.id),
+unjournaled AS (
+    DELETE FROM outbox_numbers AS n USING marked WHERE n.id = marked.id),` + sqlRefused("mark") + `
 SELECT id FROM marked`
 
 // sqlRecordFailures counts one failed attempt per row, epoch-checked,
@@ -186,21 +216,37 @@ failed AS (
     SET attempts = o.attempts + 1,
         last_error = left(e.err, 1000),
         next_attempt_at = clock_timestamp() + make_interval(secs => e.delay),
-        parked_at = CASE WHEN o.attempts + 1 >= $7 THEN clock_timestamp() END
+        parked_at = CASE WHEN o.attempts + 1 >= $7 THEN clock_timestamp() END,
+        key_seq = coalesce(o.key_seq, n.key_seq)
     FROM m JOIN held AS h ON h.partition = m.partition AND h.epoch = m.epoch
            JOIN e ON e.id = m.id
+           LEFT JOIN outbox_numbers AS n ON n.id = m.id
     WHERE o.id = m.id AND o.partition + 0 = m.partition AND o.processed_at IS NULL
     RETURNING o.id, o.parked_at IS NOT NULL AS parked, o.correlation_id, o.key_seq),
 behind AS (
-    SELECT x.id, p.key_seq AS head FROM failed AS p
+    SELECT x.id, x.key_seq, p.key_seq AS head FROM failed AS p
     CROSS JOIN LATERAL (
-        SELECT f.id, f.processed_at, f.parked_at, f.held_behind FROM outbox AS f
+        SELECT f.id, f.key_seq, f.processed_at, f.parked_at, f.held_behind FROM outbox AS f
         WHERE f.correlation_id = p.correlation_id AND f.key_seq > p.key_seq
         ORDER BY f.key_seq
         OFFSET 0) AS x
+    WHERE p.parked AND x.processed_at IS NULL AND x.parked_at IS NULL AND x.held_behind IS NULL
+    UNION ALL
+    SELECT x.id, x.key_seq, p.key_seq FROM failed AS p
+    JOIN outbox_numbers AS n ON n.correlation_id = p.correlation_id AND n.key_seq > p.key_seq
+    CROSS JOIN LATERAL (
+        SELECT f.id, n.key_seq, f.processed_at, f.parked_at, f.held_behind FROM outbox AS f
+        WHERE f.id = n.id
+        OFFSET 0) AS x
     WHERE p.parked AND x.processed_at IS NULL AND x.parked_at IS NULL AND x.held_behind IS NULL),
 held_behind AS (
-    UPDATE outbox AS o SET held_behind = behind.head FROM behind WHERE o.id = behind.id),` + sqlRefused("failure record") + `
+    UPDATE outbox AS o SET held_behind = behind.head, key_seq = behind.key_seq
+    FROM behind
+    WHERE o.id = behind.id
+    RETURNING o.id),
+unjournaled AS (
+    DELETE FROM outbox_numbers AS n
+    WHERE n.id IN (SELECT id FROM failed UNION ALL SELECT id FROM held_behind)),` + sqlRefused("failure record") + `
 SELECT id FROM failed WHERE parked`
 
 // sqlRetention deletes up to $3 processed, not dead, rows of partition $2

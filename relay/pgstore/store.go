@@ -71,9 +71,9 @@ func (s *Store) PeekPending(ctx context.Context, c relay.Cursor, limit int) ([]r
 }
 
 // readPending runs query, sqlReadPending or sqlPeekPending. If rows come
-// without key_seq, it numbers their partitions' rows up to them
-// (sqlNumberRows, fenced by the leases, committed before anything is
-// returned) and reads again; a row still unnumbered then (its partition
+// without key_seq, it numbers their partitions' rows up to them in the
+// journal (sqlJournalRows, fenced by the leases, committed before
+// anything is returned) and reads again; a row still unnumbered then (its partition
 // is no longer held here) is left out. Rows behind a parked row of their
 // key it holds out of later reads (sqlHoldBehindParked), and returns them,
 // and the rows of the page that hold held too, marked BehindParked.
@@ -121,7 +121,7 @@ func (s *Store) numbered(ctx context.Context, conn *pgx.Conn, query string, part
 	for p, seq := range upTo {
 		numParts, numUpTo = append(numParts, p), append(numUpTo, seq)
 	}
-	if _, err := conn.Exec(ctx, sqlNumberRows, planFresh, s.node, numParts, numUpTo); err != nil {
+	if _, err := conn.Exec(ctx, sqlJournalRows, planFresh, s.node, numParts, numUpTo); err != nil {
 		return nil, nil, fmt.Errorf("read pending rows: number the rows of %d partition(s): %w", len(numParts), err)
 	}
 	out, unnumbered, behind, err = readRows(ctx, conn, query, parts, after, limit)
