@@ -76,43 +76,45 @@ BEGIN
         FROM b JOIN outbox AS x ON x.partition = b.part AND x.processed_at IS NULL AND x.seq <= b.top
         WHERE x.key_seq IS NULL AND x.parked_at IS NULL AND x.held_behind IS NULL
           AND NOT EXISTS (SELECT 1 FROM outbox_numbers AS n WHERE n.id = x.id)
-    ), k AS (
-        -- Each key once, in the partition its rows are numbered in.
-        SELECT DISTINCT ON (c.key) c.key, coalesce(ck.partition, c.part) AS part
+    ), w AS (
+        -- Each row with its key's home: the counter's partition, or for a
+        -- new key the lowest partition its acceptable rows are in.
+        SELECT c.id, c.key, c.part, c.seq, c.refused,
+               coalesce(ck.partition, min(c.part) FILTER (WHERE c.refused IS NULL) OVER (PARTITION BY c.key)) AS home
         FROM c LEFT JOIN outbox_keys AS ck ON ck.correlation_id = c.key
-        WHERE c.refused IS NULL
-        ORDER BY c.key, c.part <> ck.partition IS TRUE, c.part
-    ), kn AS (
-        SELECT k.key, k.part, count(*) AS n
-        FROM k JOIN c ON c.key = k.key AND c.part = k.part AND c.refused IS NULL
-        GROUP BY k.key, k.part
+    ), r AS (
+        -- The rows to number: each key's place among them (rn) and count.
+        SELECT w.id, w.key, w.part, row_number() OVER (PARTITION BY w.key ORDER BY w.seq) AS rn,
+               count(*) OVER (PARTITION BY w.key) AS n
+        FROM w WHERE w.refused IS NULL AND w.part = w.home
     ), up AS (
         INSERT INTO outbox_keys AS ck (correlation_id, last_key_seq, partition)
-        SELECT kn.key, kn.n, kn.part FROM kn ORDER BY kn.key
+        SELECT r.key, r.n, r.part FROM r WHERE r.rn = 1 ORDER BY r.key
         ON CONFLICT (correlation_id) DO UPDATE
             SET last_key_seq = ck.last_key_seq + EXCLUDED.last_key_seq,
                 partition = coalesce(ck.partition, EXCLUDED.partition)
             WHERE ck.partition IS NULL OR ck.partition = EXCLUDED.partition
         RETURNING ck.correlation_id AS key, ck.last_key_seq AS top
+    ), m AS (
+        -- Each moved counter's new value, by key: a lookup, not a join
+        -- (the planner cannot know these sets' sizes, and a nested loop
+        -- over two of them costs rows times keys).
+        SELECT coalesce(jsonb_object_agg(up.key, up.top), '{}') AS tops FROM up
     ), numbered AS (
         INSERT INTO outbox_numbers (id, partition, correlation_id, key_seq)
-        SELECT c.id, c.part, c.key, up.top - kn.n + row_number() OVER (PARTITION BY c.key ORDER BY c.seq)
-        FROM c JOIN kn ON kn.key = c.key AND kn.part = c.part JOIN up ON up.key = c.key
-        WHERE c.refused IS NULL
+        SELECT r.id, r.part, r.key, (m.tops ->> r.key)::bigint - r.n + r.rn
+        FROM r CROSS JOIN m
+        WHERE m.tops ? r.key
         RETURNING 1
     ), parked AS (
         UPDATE outbox AS o SET parked_at = clock_timestamp(), last_error = CASE
-                WHEN c.refused IS NOT NULL THEN 'outbox: row refused: ' || c.refused || ' (docs/outbox-table.md)'
+                WHEN w.refused IS NOT NULL THEN 'outbox: row refused: ' || w.refused || ' (docs/outbox-table.md)'
                 ELSE format('outbox: row refused: correlation_id %s belongs to partition %s (its earlier rows), '
                     'but this row says partition %s; partition must be xxhash64(correlation_id) mod P (docs/outbox-table.md)',
-                    quote_literal(c.key),
-                    coalesce((SELECT ck.partition FROM outbox_keys AS ck WHERE ck.correlation_id = c.key),
-                             (SELECT k.part FROM k WHERE k.key = c.key)),
-                    c.part) END
-        FROM c
-        WHERE o.id = c.id AND o.processed_at IS NULL AND o.parked_at IS NULL
-          AND (c.refused IS NOT NULL
-               OR NOT EXISTS (SELECT 1 FROM kn JOIN up ON up.key = kn.key WHERE kn.key = c.key AND kn.part = c.part))
+                    quote_literal(w.key), w.home, w.part) END
+        FROM w CROSS JOIN m
+        WHERE o.id = w.id AND o.processed_at IS NULL AND o.parked_at IS NULL
+          AND (w.refused IS NOT NULL OR w.part <> w.home OR NOT m.tops ? w.key)
         RETURNING 1
     )
     SELECT (SELECT count(*) FROM numbered) + (SELECT count(*) FROM parked) INTO total;

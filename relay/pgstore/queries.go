@@ -55,6 +55,7 @@ CROSS JOIN LATERAL (
 ) AS o
 LEFT JOIN LATERAL (
     SELECT n.key_seq FROM outbox_numbers AS n WHERE n.id = o.id AND o.key_seq IS NULL
+    LIMIT 1
 ) AS j ON true
 CROSS JOIN LATERAL (SELECT coalesce(o.key_seq, j.key_seq) AS key_seq) AS ks
 LEFT JOIN LATERAL (
