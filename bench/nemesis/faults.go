@@ -131,13 +131,15 @@ type planted struct {
 
 // numbered fills in the row's key_seq where it had none at insert (the
 // key_seq trigger dropped, -lean): a parked row was numbered before its
-// first publish.
+// first publish, in the owner's journal or, once written back, in the
+// row.
 func (p *planted) numbered(ctx context.Context) error {
 	if p.keySeq > 0 {
 		return nil
 	}
 	var keySeq *int64
-	if err := p.db.pool.QueryRow(ctx, `SELECT key_seq FROM outbox WHERE id = $1`, p.id).Scan(&keySeq); err != nil {
+	if err := p.db.pool.QueryRow(ctx, `SELECT coalesce(o.key_seq, n.key_seq) FROM outbox AS o
+		LEFT JOIN outbox_numbers AS n ON n.id = o.id WHERE o.id = $1`, p.id).Scan(&keySeq); err != nil {
 		return fmt.Errorf("key_seq of planted %s row %s: %w", p.why, p.id, err)
 	}
 	if keySeq == nil {
