@@ -27,9 +27,12 @@ const (
 )
 
 // sqlBacklog is one row per partition: its lease and its backlog. Every
-// part is a bounded probe of one partial index (outbox_pending_by_partition,
-// outbox_parked), so its cost is O(partitions), whatever the backlog, as
-// long as the planner walks those indexes in order (sqlBacklogPlan).
+// part is a bounded probe of one partial index (outbox_ready_by_partition,
+// the rows that can go, and outbox_parked), so its cost is
+// O(partitions), whatever the backlog, as long as the planner walks those
+// indexes in order (sqlBacklogPlan). Rows held behind a parked row are in
+// neither: they wait for an operator with the parked row, and are not
+// counted.
 var sqlBacklog = strings.NewReplacer("$sample", strconv.Itoa(BacklogSampleRows), "$parkedcap", strconv.Itoa(BacklogParkedCap)).Replace(`
 SELECT l.partition, coalesce(l.owner, ''), l.epoch, nullif(l.expires_at, '-infinity'),
        l.owner IS NOT NULL AND l.expires_at > clock_timestamp(),
@@ -40,17 +43,17 @@ FROM ordo_leases AS l
 CROSS JOIN LATERAL (
     SELECT count(*) AS n, min(seq) AS first_seq, max(seq) AS last_sampled FROM (
         SELECT seq FROM outbox
-        WHERE partition = l.partition AND processed_at IS NULL
+        WHERE partition = l.partition AND processed_at IS NULL AND parked_at IS NULL AND held_behind IS NULL
         ORDER BY seq LIMIT $sample) AS s
 ) AS h
 LEFT JOIN LATERAL (
     SELECT seq FROM outbox
-    WHERE partition = l.partition AND processed_at IS NULL
+    WHERE partition = l.partition AND processed_at IS NULL AND parked_at IS NULL AND held_behind IS NULL
     ORDER BY seq DESC LIMIT 1
 ) AS t ON true
 LEFT JOIN LATERAL (
     SELECT occurred_at FROM outbox
-    WHERE partition = l.partition AND processed_at IS NULL AND parked_at IS NULL
+    WHERE partition = l.partition AND processed_at IS NULL AND parked_at IS NULL AND held_behind IS NULL
     ORDER BY seq LIMIT 1
 ) AS o ON true
 CROSS JOIN LATERAL (
@@ -305,6 +308,7 @@ func scanBacklog(r pgx.CollectableRow) (PartitionStatus, error) {
 	} else {
 		x.Pending = n
 	}
+	x.Pending += x.Parked
 	if age != nil {
 		x.OldestPendingSeconds = max(*age, 0)
 	}

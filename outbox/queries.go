@@ -9,6 +9,15 @@ SELECT id, p, k, e, r, t, pl::jsonb, h::jsonb
 FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[])
     AS m(id, p, k, e, r, t, pl, h)`
 
+// sqlPendingIndexUsers lists the nodes holding an unexpired lease that
+// have not recorded release 2 or later: relays that may still read or
+// count the backlog through outbox_pending_by_partition.
+const sqlPendingIndexUsers = `
+SELECT DISTINCT l.owner FROM ordo_leases AS l
+WHERE l.owner IS NOT NULL AND l.expires_at > clock_timestamp()
+  AND NOT EXISTS (SELECT 1 FROM ordo_numbering_nodes AS n WHERE n.node = l.owner AND n.release >= 2)
+ORDER BY l.owner`
+
 // sqlOldNodes lists the nodes holding an unexpired lease that have not
 // recorded that they number rows.
 const sqlOldNodes = `

@@ -29,6 +29,12 @@ var ErrOldNodesRunning = errors.New("nodes that do not number rows hold leases")
 // gone already succeeds. It runs under the migration lock, and DROP
 // TRIGGER waits for the inserts under way to commit, at most as long as
 // a migration waits for a lock (15 s): DropKeySeqTriggerWithin.
+//
+// In the same transaction it drops outbox_pending_by_partition, an index
+// over every pending row that producers pay for and relays of release 2
+// (migration 18) no longer read, if no node holding an unexpired lease
+// is of an older release (PendingIndexUsers); otherwise it keeps the
+// index, and a later call, once those nodes are upgraded, drops it.
 func DropKeySeqTrigger(ctx context.Context, db TxBeginner) error {
 	return DropKeySeqTriggerWithin(ctx, db, pgmigrate.LockTimeout)
 }
@@ -59,8 +65,42 @@ func DropKeySeqTriggerWithin(ctx context.Context, db TxBeginner, lockTimeout tim
 		if _, err := tx.Exec(ctx, `DROP TRIGGER IF EXISTS outbox_assign_key_seq ON outbox`); err != nil {
 			return fmt.Errorf("drop the key_seq trigger: %w", err)
 		}
+		users, err := PendingIndexUsers(ctx, tx)
+		if err != nil || len(users) > 0 {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `DROP INDEX IF EXISTS outbox_pending_by_partition`); err != nil {
+			return fmt.Errorf("drop outbox_pending_by_partition: %w", err)
+		}
 		return nil
 	})
+}
+
+// PendingIndexUsers returns, in name order, the nodes that hold an
+// unexpired lease and have not recorded release 2 or later in
+// ordo_numbering_nodes: relays that may still read through
+// outbox_pending_by_partition, which DropKeySeqTrigger keeps while there
+// are any.
+func PendingIndexUsers(ctx context.Context, db RowsQuerier) ([]string, error) {
+	rows, err := db.Query(ctx, sqlPendingIndexUsers)
+	if err != nil {
+		return nil, fmt.Errorf("list the nodes of releases before 2: %w", err)
+	}
+	users, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("list the nodes of releases before 2: %w", err)
+	}
+	return users, nil
+}
+
+// PendingIndexInstalled reports whether outbox_pending_by_partition, the
+// index DropKeySeqTrigger drops once no relay reads it, is installed.
+func PendingIndexInstalled(ctx context.Context, db Querier) (bool, error) {
+	var on bool
+	if err := db.QueryRow(ctx, `SELECT to_regclass('outbox_pending_by_partition') IS NOT NULL`).Scan(&on); err != nil {
+		return false, fmt.Errorf("look for outbox_pending_by_partition: %w", err)
+	}
+	return on, nil
 }
 
 // RowsQuerier runs a query; pgx.Tx, *pgx.Conn and *pgxpool.Pool satisfy

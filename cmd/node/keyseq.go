@@ -68,9 +68,28 @@ func dropKeySeqTriggerCmd(ctx context.Context, c cli, name string, args []string
 	if err != nil {
 		return fmt.Errorf("%w (is this an Ordo outbox database, migrated by a node?)", err)
 	}
-	if !on {
+	index, err := outbox.PendingIndexInstalled(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if !on && !index {
 		fmt.Fprintln(c.stdout, "the key_seq trigger is not installed: partition owners number the rows; nothing to do")
 		return nil
+	}
+	users, err := outbox.PendingIndexUsers(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if !on {
+		if len(users) > 0 {
+			fmt.Fprintf(c.stdout, "the key_seq trigger is not installed; outbox_pending_by_partition stays while these nodes of an older release hold leases:\n  %s\n",
+				strings.Join(users, "\n  "))
+			return nil
+		}
+		if *check {
+			fmt.Fprintln(c.stdout, "the key_seq trigger is not installed; outbox_pending_by_partition is read by no node holding a lease: it can be dropped")
+			return nil
+		}
 	}
 	if *check {
 		old, err := outbox.OldNodes(ctx, conn)
@@ -96,6 +115,15 @@ func dropKeySeqTriggerCmd(ctx context.Context, c cli, name string, args []string
 	case err != nil:
 		return err
 	}
-	fmt.Fprintln(c.stdout, "dropped the key_seq trigger: producers' inserts run no trigger, and partition owners number the rows")
+	switch {
+	case !on:
+		fmt.Fprintln(c.stdout, "dropped outbox_pending_by_partition: producers' inserts write one index entry less")
+	case len(users) > 0:
+		fmt.Fprintf(c.stdout, "dropped the key_seq trigger: producers' inserts run no trigger, and partition owners number the rows; "+
+			"outbox_pending_by_partition stays while these nodes of an older release hold leases (run this again once they are upgraded):\n  %s\n",
+			strings.Join(users, "\n  "))
+	default:
+		fmt.Fprintln(c.stdout, "dropped the key_seq trigger and outbox_pending_by_partition: producers' inserts run no trigger, and partition owners number the rows")
+	}
 	return nil
 }

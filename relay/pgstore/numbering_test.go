@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -397,14 +398,30 @@ func TestDropKeySeqTriggerWaitsForOldNodes(t *testing.T) {
 	if _, err := h.pool.Exec(ctx, `UPDATE ordo_leases SET expires_at = clock_timestamp() WHERE owner = 'old'`); err != nil {
 		t.Fatal(err)
 	}
+	// r1 numbers rows but is of release 1: it may still read through
+	// outbox_pending_by_partition, which stays while it holds a lease.
+	if _, err := h.pool.Exec(ctx, `INSERT INTO ordo_numbering_nodes (node, release) VALUES ('r1', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	h.Grant(t, "r1", 3)
 	if err := outbox.DropKeySeqTrigger(ctx, h.pool); err != nil {
 		t.Fatalf("drop once old's lease expired: %v", err)
 	}
 	if on, err := outbox.KeySeqTriggerInstalled(ctx, h.pool); err != nil || on {
 		t.Fatalf("trigger installed after the drop: %v, %v", on, err)
 	}
+	users, err := outbox.PendingIndexUsers(ctx, h.pool)
+	if on, ierr := outbox.PendingIndexInstalled(ctx, h.pool); err != nil || ierr != nil || !on || !slices.Equal(users, []string{"r1"}) {
+		t.Fatalf("with r1 (release 1) holding a lease: pending index installed %v (%v), users %q (%v); want it kept for r1", on, ierr, users, err)
+	}
+	if _, err := h.pool.Exec(ctx, `UPDATE ordo_leases SET expires_at = clock_timestamp() WHERE owner = 'r1'`); err != nil {
+		t.Fatal(err)
+	}
 	if err := outbox.DropKeySeqTrigger(ctx, h.pool); err != nil {
 		t.Fatalf("a second drop: %v", err)
+	}
+	if on, err := outbox.PendingIndexInstalled(ctx, h.pool); err != nil || on {
+		t.Fatalf("pending index installed after r1's lease expired: %v, %v; want it dropped", on, err)
 	}
 	// A producer's INSERT now gets no key_seq; the owner numbers it.
 	var ks *int64

@@ -149,8 +149,11 @@ const sqlJournalRows = `SELECT outbox_journal_rows($1, $2::int[], $3::bigint[])`
 
 // sqlRegister records that node numbers rows (ordo_numbering_nodes), so
 // that the producers' key_seq trigger may be dropped once every node
-// holding a lease is listed.
-const sqlRegister = `INSERT INTO ordo_numbering_nodes (node) VALUES ($1) ON CONFLICT (node) DO NOTHING`
+// holding a lease is listed, and that it is of release 2 (it reads no
+// index over every pending row), so that outbox_pending_by_partition may
+// be dropped once every such node is.
+const sqlRegister = `INSERT INTO ordo_numbering_nodes AS n (node, release) VALUES ($1, 2)
+ON CONFLICT (node) DO UPDATE SET release = 2 WHERE n.release < 2`
 
 // sqlPrevKeySeq walks down from key_seq $2 - 1 over the key's dead rows
 // and returns the first key_seq that is not dead (0 if none): the

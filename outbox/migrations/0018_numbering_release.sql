@@ -1,0 +1,15 @@
+-- A producer's INSERT without the key_seq trigger writes three index
+-- entries: the primary key and two on (partition, seq), every pending
+-- row (outbox_pending_by_partition) and the ready rows
+-- (outbox_ready_by_partition). Relays of this release read, number and
+-- count the backlog through the ready rows and outbox_parked alone, so
+-- once every relay runs it, outbox_pending_by_partition is dead weight:
+-- about 85 B of WAL and an index insert per row. Older relays still read
+-- or count through it (the read before migration 15, the backlog query
+-- before this migration), so it is dropped only by
+-- outbox.DropKeySeqTrigger (`node drop-key-seq-trigger`), and only when
+-- every node that holds a lease has recorded this release here.
+--
+-- release is what a relay records with its node in ordo_numbering_nodes:
+-- 1 for the relays of migrations 13 to 17, 2 from this one on.
+ALTER TABLE ordo_numbering_nodes ADD COLUMN release int NOT NULL DEFAULT 1;
