@@ -122,6 +122,9 @@ type shapesOptions struct {
 	// Vacuum loads the parked keys first and VACUUMs the outbox before
 	// loading the rows the drain times (loadVacuumed).
 	Vacuum bool
+	// Lean drops the producers' key_seq trigger in Ordo's runs before the
+	// rows are loaded: the partition owners number them.
+	Lean bool
 }
 
 func defaultShapesOptions() shapesOptions {
@@ -143,6 +146,7 @@ func (o *shapesOptions) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.ParkedFollowers, "parked-followers", o.ParkedFollowers, "rows waiting behind each parked key of the "+shapeParked+" shape")
 	fs.BoolVar(&o.ParkedLoaded, "parked-loaded", o.ParkedLoaded, "load the "+shapeParked+" shape's poison rows parked already, instead of the node parking them during the drain")
 	fs.BoolVar(&o.ParkedHeld, "parked-held", o.ParkedHeld, "with -parked-loaded, load their followers held behind them too (held_behind, outbox migration 15), as a node's first read leaves them: the drain then times the other keys beside parked keys a node has seen before")
+	fs.BoolVar(&o.Lean, "lean", o.Lean, "drop the producers' key_seq trigger in Ordo's runs before loading (outbox.DropKeySeqTrigger): the relays number the rows")
 	fs.BoolVar(&o.Vacuum, "vacuum", o.Vacuum, "load the parked shape's parked keys (with -parked-loaded) first, VACUUM the outbox as autovacuum would before long (the shapes run with autovacuum off), then load the rows the drain times: the dead versions and index entries of -parked-held's holds are gone")
 }
 
@@ -234,7 +238,7 @@ func runShape(ctx context.Context, o shapesOptions, def shapeDef, emit func(*res
 	}
 	drain := func(spec systemSpec, groups []rowGroup, analyze bool, label string) (*result.Result, drainCosts, error) {
 		plan := drainPlan{scenario: "shape", label: def.name + "-" + label, groups: groups, analyze: analyze,
-			payload: o.Payload, autovacuumOff: true, vacuum: o.Vacuum, limit: o.ShapeLimit}
+			payload: o.Payload, autovacuumOff: true, vacuum: o.Vacuum, limit: o.ShapeLimit, lean: o.Lean && !spec.classic}
 		res, costs, err := drainBacklog(ctx, o.common, spec, plan)
 		if err != nil {
 			return nil, costs, fmt.Errorf("%s: %w", label, err)
