@@ -165,7 +165,11 @@ func TestLanesRetryKeepsOrder(t *testing.T) {
 	cfg.Lanes = 4
 	var mu sync.Mutex
 	tried := map[string]bool{}
-	inner := sleepRecord(2 * time.Millisecond)
+	// Handlers long enough to be most of the lanes' time even on a loaded
+	// machine: with 2 ms ones the gate (gate.go) once saw the inbox's own
+	// statements dominate, halved the lanes to 1, and the test saw no
+	// concurrency to check.
+	inner := sleepRecord(20 * time.Millisecond)
 	flaky := func(ctx context.Context, tx pgx.Tx, m *inbox.Message) error {
 		id := fmt.Sprintf("%s/%d", m.CorrelationID, m.KeySeq)
 		mu.Lock()

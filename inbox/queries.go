@@ -86,11 +86,22 @@ SELECT (SELECT count(*) FROM upd),
 	// predecessor is handled), $17 shard, $18 owner, $19 epoch (the lease),
 	// $20 a new key's last_seq, $21 NULL or the reason the message is
 	// stored dead (held for an operator), $22 source.
+	//
+	// A gap whose predecessor is handled already is due now, not never:
+	// the key's row is read FOR SHARE, so an operator's Skip or Resolve
+	// (which lock it FOR UPDATE, move last_seq and make the next stored
+	// message due) either commits first, and this statement reads the
+	// moved last_seq, or waits for this store and then sees the message.
+	// Without it a message stored while a Skip ran was left due never.
 	sqlStore = `
 WITH fence AS (
     SELECT 1 FROM ordo_inbox_leases
     WHERE consumer = $1 AND shard = $17 AND owner = $18 AND epoch = $19 AND $19 > 0
     FOR KEY SHARE
+), cur AS (
+    SELECT last_seq FROM ordo_inbox_keys
+    WHERE consumer = $1 AND source = $22 AND correlation_id = $2 AND $16::float8 IS NULL
+    FOR SHARE
 ), key AS (
     INSERT INTO ordo_inbox_keys (consumer, source, correlation_id, last_seq)
     SELECT $1, $22, $2, $20 WHERE $19 = 0 OR EXISTS (SELECT 1 FROM fence)
@@ -99,7 +110,9 @@ WITH fence AS (
     INSERT INTO ordo_inbox_messages (consumer, source, correlation_id, key_seq, prev_seq, partition, shard,
         message_id, type, exchange, routing_key, occurred_at, headers, body, attempts, last_error, next_attempt_at, dead_at)
     SELECT $1, $22, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, coalesce($21::text, $15::text),
-        CASE WHEN $16::float8 IS NULL THEN 'infinity'::timestamptz ELSE now() + make_interval(secs => $16::float8) END,
+        CASE WHEN $16::float8 IS NOT NULL THEN now() + make_interval(secs => $16::float8)
+             WHEN (SELECT last_seq FROM cur) >= $4 THEN now()
+             ELSE 'infinity'::timestamptz END,
         CASE WHEN $21::text IS NULL THEN NULL ELSE now() END
     WHERE $19 = 0 OR EXISTS (SELECT 1 FROM fence)
     ON CONFLICT DO NOTHING
