@@ -181,7 +181,7 @@ func TestScenarioTakesOnlyItsFlags(t *testing.T) {
 		{"failover", join(keyed, []string{"-reps", "1", "-failover-target", "2s"}), "-join-target", "join"},
 		{"join", join(keyed, []string{"-reps", "1", "-join-target", "2s"}), "-failover-target", "failover"},
 		{"shapes", join(traffic, polling, []string{"-warmup", "1s", "-shapes", "10x2000", "-shape-limit", "1m", "-shape-steady", "0s",
-			"-parked-keys", "50", "-parked-followers", "1", "-parked-loaded", "-parked-held", "-vacuum"}),
+			"-parked-keys", "50", "-parked-followers", "1", "-parked-loaded", "-parked-held", "-vacuum", "-lean"}),
 			"-duration", "latency"},
 		{"scaleout", []string{"-payload", "10", "-scale-nodes", "1,2", "-scale-cap", "0.5", "-scale-period", "20ms",
 			"-scale-shapes", "hot", "-scale-rows", "100", "-scale-keys", "10", "-scale-hot-rows", "100"}, "-shapes", "shapes"},
