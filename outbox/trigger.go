@@ -82,15 +82,21 @@ func DropKeySeqTriggerWithin(ctx context.Context, db TxBeginner, lockTimeout tim
 // outbox_pending_by_partition, which DropKeySeqTrigger keeps while there
 // are any.
 func PendingIndexUsers(ctx context.Context, db RowsQuerier) ([]string, error) {
-	rows, err := db.Query(ctx, sqlPendingIndexUsers)
+	return leaseHolders(ctx, db, sqlPendingIndexUsers, "the nodes of releases before 2")
+}
+
+// leaseHolders runs sql, a list of node names, and returns them; what
+// names them in its error.
+func leaseHolders(ctx context.Context, db RowsQuerier, sql, what string) ([]string, error) {
+	rows, err := db.Query(ctx, sql)
 	if err != nil {
-		return nil, fmt.Errorf("list the nodes of releases before 2: %w", err)
+		return nil, fmt.Errorf("list %s: %w", what, err)
 	}
-	users, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	nodes, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return nil, fmt.Errorf("list the nodes of releases before 2: %w", err)
+		return nil, fmt.Errorf("list %s: %w", what, err)
 	}
-	return users, nil
+	return nodes, nil
 }
 
 // PendingIndexInstalled reports whether outbox_pending_by_partition, the
@@ -114,15 +120,7 @@ type RowsQuerier interface {
 // nodes that keep the key_seq trigger needed. An operator can run its
 // query by hand (docs/outbox-table.md, "Dropping the trigger").
 func OldNodes(ctx context.Context, db RowsQuerier) ([]string, error) {
-	rows, err := db.Query(ctx, sqlOldNodes)
-	if err != nil {
-		return nil, fmt.Errorf("list the nodes that do not number rows: %w", err)
-	}
-	old, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("list the nodes that do not number rows: %w", err)
-	}
-	return old, nil
+	return leaseHolders(ctx, db, sqlOldNodes, "the nodes that do not number rows")
 }
 
 // KeySeqTriggerInstalled reports whether the producers' key_seq trigger is

@@ -91,7 +91,7 @@ LEFT JOIN LATERAL (
 // without statistics it walked outbox_ready_by_partition whole for each
 // key (100 s for 2,000 keys), and with statistics taken before any row
 // was parked, outbox_parked (360 s for 20,000 keys).
-const sqlHoldBehindParked = `
+var sqlHoldBehindParked = `
 WITH held AS (
     SELECT l.partition FROM ordo_leases AS l
     WHERE l.owner = $1 AND l.partition = ANY($2::int[])
@@ -115,14 +115,7 @@ behind AS (
         ORDER BY x.key_seq
         OFFSET 0) AS f
     WHERE f.processed_at IS NULL AND f.parked_at IS NULL AND f.held_behind IS NULL
-    UNION ALL
-    SELECT f.id, f.key_seq, heads.key_seq FROM heads
-    JOIN outbox_numbers AS n ON n.correlation_id = heads.correlation_id AND n.key_seq > heads.key_seq
-    CROSS JOIN LATERAL (
-        SELECT x.id, n.key_seq, x.processed_at, x.parked_at, x.held_behind FROM outbox AS x
-        WHERE x.id = n.id
-        OFFSET 0) AS f
-    WHERE f.processed_at IS NULL AND f.parked_at IS NULL AND f.held_behind IS NULL),
+    UNION ALL` + journaledAbove("heads", "") + `),
 hold AS (
     UPDATE outbox AS o SET held_behind = behind.head, key_seq = behind.key_seq
     FROM behind
@@ -131,6 +124,24 @@ hold AS (
 unjournaled AS (
     DELETE FROM outbox_numbers AS n USING hold WHERE n.id = hold.id)
 SELECT id FROM hold`
+
+// journaledAbove is the branch of a hold's behind set (sqlHoldBehindParked,
+// sqlRecordFailures) for the rows numbered in the owner's journal: for
+// each row h of from (a parked head: correlation_id, key_seq) that cond
+// (a prefix of the WHERE over h) admits, the pending rows of its key
+// above it, neither parked nor held, as (id, key_seq, the head's
+// key_seq). The outbox row is read by id behind OFFSET 0, so that no
+// partial index whose predicate the state filters match drives the scan.
+func journaledAbove(from, cond string) string {
+	return `
+    SELECT f.id, f.key_seq, h.key_seq FROM ` + from + ` AS h
+    JOIN outbox_numbers AS n ON n.correlation_id = h.correlation_id AND n.key_seq > h.key_seq
+    CROSS JOIN LATERAL (
+        SELECT x.id, n.key_seq, x.processed_at, x.parked_at, x.held_behind FROM outbox AS x
+        WHERE x.id = n.id
+        OFFSET 0) AS f
+    WHERE ` + cond + `f.processed_at IS NULL AND f.parked_at IS NULL AND f.held_behind IS NULL`
+}
 
 // sqlHoldPlan confines the planner, for the hold's own transaction, to
 // the plan sqlHoldBehindParked is written for: for each key an index
@@ -235,14 +246,7 @@ behind AS (
         ORDER BY f.key_seq
         OFFSET 0) AS x
     WHERE p.parked AND x.processed_at IS NULL AND x.parked_at IS NULL AND x.held_behind IS NULL
-    UNION ALL
-    SELECT x.id, x.key_seq, p.key_seq FROM failed AS p
-    JOIN outbox_numbers AS n ON n.correlation_id = p.correlation_id AND n.key_seq > p.key_seq
-    CROSS JOIN LATERAL (
-        SELECT f.id, n.key_seq, f.processed_at, f.parked_at, f.held_behind FROM outbox AS f
-        WHERE f.id = n.id
-        OFFSET 0) AS x
-    WHERE p.parked AND x.processed_at IS NULL AND x.parked_at IS NULL AND x.held_behind IS NULL),
+    UNION ALL` + journaledAbove("failed", "h.parked AND ") + `),
 held_behind AS (
     UPDATE outbox AS o SET held_behind = behind.head, key_seq = behind.key_seq
     FROM behind
