@@ -278,6 +278,49 @@ func TestOldNodeTakesOverJournaledRows(t *testing.T) {
 	}
 }
 
+// TestTwoNumberingsOfOnePartitionTakeTurns: two reads of one node number
+// a partition at once (the read and a peek, say). The second waits for the
+// first and then finds the rows numbered: it numbers nothing, fails with
+// nothing, and the key's counter moved once. Without the per-partition
+// lock both counted the same rows, and the second failed on the journal's
+// primary key.
+func TestTwoNumberingsOfOnePartitionTakeTurns(t *testing.T) {
+	testkit.RequirePostgres(t)
+	h := newHarness(t, false)
+	ctx := testkit.Context(t, 30*time.Second)
+	h.Insert(t, 4, "a", "a", "b")
+	first, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Rollback(ctx)
+	var n int64
+	if err := first.QueryRow(ctx, `SELECT outbox_journal_rows('n1', '{4}', NULL)`).Scan(&n); err != nil || n != 3 {
+		t.Fatalf("first numbering: %d rows (%v), want 3", n, err)
+	}
+	second := make(chan error, 1)
+	var got int64
+	go func() {
+		second <- h.pool.QueryRow(ctx, `SELECT outbox_journal_rows('n1', '{4}', NULL)`).Scan(&got)
+	}()
+	testkit.WaitFor(t, 10*time.Second, "the second numbering waiting for the first", func() bool {
+		var waiting bool
+		err := h.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%outbox_journal_rows%')`).Scan(&waiting)
+		return err == nil && waiting
+	})
+	if err := first.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-second; err != nil || got != 0 {
+		t.Fatalf("second numbering: %d rows (%v), want 0 and no error", got, err)
+	}
+	var last int64
+	if err := h.pool.QueryRow(ctx, `SELECT last_key_seq FROM outbox_keys WHERE correlation_id = 'a'`).Scan(&last); err != nil || last != 2 {
+		t.Fatalf("a's counter at %d (%v), want 2", last, err)
+	}
+}
+
 // TestMarkWritesTheNumberBack: the mark writes each row's journaled
 // key_seq into the row and deletes the entry; a later row of the key is
 // numbered above it and reads it as its prev, published.
