@@ -46,6 +46,7 @@ type Consumer struct {
 
 	mu      sync.Mutex
 	workers map[int]*worker // owned by Run's loop; read under mu by Owned
+	retired sync.WaitGroup  // the goroutines of retire, waited for by stopAll
 }
 
 // worker is the goroutine of one owned shard.
@@ -53,6 +54,12 @@ type worker struct {
 	lease  shardLease
 	cancel context.CancelFunc
 	done   chan struct{}
+	// retiring: told to stop (retire); the lease loop neither hands it off
+	// again nor claims its shard until it has stopped and is gone.
+	retiring bool
+	// lost: its lease is no longer renewed (found lost, or past its local
+	// deadline).
+	lost bool
 }
 
 // New returns a Consumer of cfg's group that handles each message with h
@@ -214,19 +221,18 @@ func (c *Consumer) tick(ctx context.Context) error {
 	}
 	if len(lost) > 0 {
 		c.cfg.Logger.Warn("inbox: shard leases lost; stopping their workers", "shards", lost)
-		c.stopWorkers(lost)
+		c.retire(lost, true, nil)
 	}
 	c.updateDeadlines(held)
 	want, err := c.want(qctx)
 	if err != nil {
 		return err
 	}
-	if err := c.handOff(qctx, want); err != nil {
-		return err
-	}
+	c.handOff(want)
 	var missing []int
+	present := c.present()
 	for _, s := range want {
-		if _, ok := held[s]; !ok || slices.Contains(lost, s) {
+		if !present[s] {
 			missing = append(missing, s)
 		}
 	}
@@ -267,24 +273,65 @@ func (c *Consumer) want(ctx context.Context) ([]int, error) {
 	return c.heartbeat(ctx)
 }
 
-// handOff stops the workers of shards no longer wanted, waits for each to
-// finish its message in hand, and releases their leases.
-func (c *Consumer) handOff(ctx context.Context, want []int) error {
-	var rel []shardLease
-	for s, l := range c.heldLeases() {
-		if !slices.Contains(want, s) {
-			rel = append(rel, l)
+// handOff retires the workers of shards no longer wanted: each finishes
+// the transaction in hand under its lease, which the loop goes on renewing
+// meanwhile, and its lease is released once it has stopped. The loop does
+// not wait for them: a handler slow to return at a handoff must not hold
+// up the renewals of every other shard (they would expire, and another
+// instance take them).
+func (c *Consumer) handOff(want []int) {
+	c.mu.Lock()
+	var rel []int
+	for s, w := range c.workers {
+		if !w.retiring && !slices.Contains(want, s) {
+			rel = append(rel, s)
 		}
 	}
-	if len(rel) == 0 {
-		return nil
+	c.mu.Unlock()
+	slices.Sort(rel)
+	c.retire(rel, false, func(l shardLease) {
+		ctx, cancel := context.WithTimeout(context.Background(), c.timing.HandoffTimeout)
+		defer cancel()
+		if err := c.release(ctx, []shardLease{l}); err != nil {
+			c.cfg.Logger.Warn("inbox: release a lease handed off: it will expire instead", "shard", l.Shard, "err", err)
+			return
+		}
+		c.cfg.Logger.Info("inbox: shard handed off", "instance", c.cfg.Instance, "shard", l.Shard)
+	})
+}
+
+// retire tells the workers of shards to stop and returns at once. A
+// goroutine per worker waits for it to finish its transaction in hand,
+// forgets it, then calls then (if not nil) with its lease. lost stops the
+// renewals of their leases at once; otherwise they are renewed until the
+// worker is gone, so that what it commits meanwhile is not refused.
+func (c *Consumer) retire(shards []int, lost bool, then func(shardLease)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, s := range shards {
+		w, ok := c.workers[s]
+		if !ok {
+			continue
+		}
+		w.lost = w.lost || lost
+		if w.retiring {
+			continue
+		}
+		w.retiring = true
+		w.cancel()
+		c.retired.Go(func() {
+			<-w.done
+			c.mu.Lock()
+			if c.workers[s] == w {
+				delete(c.workers, s)
+				c.owned.Store(int32(len(c.workers)))
+			}
+			c.mu.Unlock()
+			if then != nil {
+				then(w.lease)
+			}
+		})
 	}
-	c.stopWorkers(shardsOf(rel))
-	// A fresh bound: the workers' last messages may have used up ctx's.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.timing.HandoffTimeout)
-	defer cancel()
-	c.cfg.Logger.Info("inbox: shards handed off", "instance", c.cfg.Instance, "shards", shardsOf(rel))
-	return c.release(rctx, rel)
 }
 
 // stopWorkers stops the workers of shards together and waits for them all.
@@ -296,12 +343,27 @@ func (c *Consumer) stopWorkers(shards []int) {
 	wg.Wait()
 }
 
+// heldLeases returns the leases to renew: every worker's but those lost.
 func (c *Consumer) heldLeases() map[int]shardLease {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	m := make(map[int]shardLease, len(c.workers))
 	for s, w := range c.workers {
-		m[s] = w.lease
+		if !w.lost {
+			m[s] = w.lease
+		}
+	}
+	return m
+}
+
+// present returns the shards that have a worker, retiring or not: none of
+// them is claimed again until its worker is gone.
+func (c *Consumer) present() map[int]bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := make(map[int]bool, len(c.workers))
+	for s := range c.workers {
+		m[s] = true
 	}
 	return m
 }
@@ -325,15 +387,17 @@ func (c *Consumer) leaseValid(shard int, epoch int64) bool {
 	return ok && w.lease.Epoch == epoch && time.Now().Before(w.lease.Deadline)
 }
 
-// stopExpired stops the workers whose local deadline has passed (the
+// stopExpired retires the workers whose local deadline has passed (the
 // database is unreachable: their leases may be claimed by now).
 func (c *Consumer) stopExpired(now time.Time) {
+	var expired []int
 	for s, l := range c.heldLeases() {
 		if !now.Before(l.Deadline) {
 			c.cfg.Logger.Warn("inbox: shard lease expired locally; stopping its worker", "shard", s)
-			c.stopWorker(s)
+			expired = append(expired, s)
 		}
 	}
+	c.retire(expired, true, nil)
 }
 
 func (c *Consumer) startWorker(ctx context.Context, l shardLease) {
@@ -369,11 +433,12 @@ func (c *Consumer) stopWorker(shard int) {
 // with a short bound of their own.
 func (c *Consumer) stopAll() {
 	held := c.heldLeases()
-	shards := make([]int, 0, len(held))
-	for s := range held {
+	var shards []int
+	for s := range c.present() {
 		shards = append(shards, s)
 	}
 	c.stopWorkers(shards)
+	c.retired.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	ls := make([]shardLease, 0, len(held))
