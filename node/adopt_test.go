@@ -300,3 +300,38 @@ func TestAdoptedTableCreatedLater(t *testing.T) {
 		t.Fatalf("deliveries: %s", rep.Detail())
 	}
 }
+
+// TestAdoptedTableBacklogInStatus: /status counts an adopted table's
+// rows, not Ordo's own outbox: rows its exchange cannot route are parked
+// (one attempt each here) and counted as pending and parked in their
+// partitions.
+func TestAdoptedTableBacklogInStatus(t *testing.T) {
+	t.Parallel()
+	testkit.RequireRabbitMQ(t)
+	const partitions, rows = 4, 6
+	dbURL, pool := testkit.NewTestDB(t, 8)
+	ctx := testkit.Context(t, 2*time.Minute)
+	if _, err := pool.Exec(ctx, tablesource.ArticleDDL); err != nil {
+		t.Fatal(err)
+	}
+	cfg := node.DefaultConfig()
+	cfg.PostgresURL, cfg.AMQP.URL, cfg.NodeName = dbURL, testkit.AMQPURL(), "adopt-status"
+	cfg.HTTPAddr, cfg.Partitions, cfg.DBMaxConns = "127.0.0.1:0", partitions, 4
+	cfg.Relay.PollInterval, cfg.Relay.MaxAttempts = 50*time.Millisecond, 1
+	cfg.BacklogInterval = 100 * time.Millisecond
+	cfg.TableLayout, cfg.TableExchange = "article", testkit.NewExchange(t) // nothing bound: every publish returns
+	addr, _ := runNode(t, cfg, node.Options{Logger: testkit.Logger(t, slog.LevelError)})
+	for i := range rows {
+		if err := testkit.InsertArticleRow(ctx, pool, uuid.Must(uuid.NewV7()), fmt.Sprintf("key-%d", i), time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testkit.WaitFor(t, time.Minute, "every row parked and counted in /status", func() bool {
+		var pending, parked int64
+		for _, p := range nodeStatus(t, addr).Leases {
+			pending += p.Pending
+			parked += p.Parked
+		}
+		return pending == rows && parked == rows
+	})
+}

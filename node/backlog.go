@@ -26,14 +26,42 @@ const (
 	BacklogParkedCap = 10000
 )
 
-// sqlBacklog is one row per partition: its lease and its backlog. Every
-// part is a bounded probe of one partial index (outbox_ready_by_partition,
-// the rows that can go, and outbox_parked), so its cost is
-// O(partitions), whatever the backlog, as long as the planner walks those
-// indexes in order (sqlBacklogPlan). Rows held behind a parked row are in
-// neither: they wait for an operator with the parked row, and are not
-// counted.
-var sqlBacklog = strings.NewReplacer("$sample", strconv.Itoa(BacklogSampleRows), "$parkedcap", strconv.Itoa(BacklogParkedCap)).Replace(`
+// backlogQuery is what a Backlog runs: the backlog of every partition
+// (one row each, scanned by scanBacklog) and the count of rows ever
+// written.
+type backlogQuery struct {
+	rows, produced string
+}
+
+// outboxBacklog counts Ordo's own outbox. Every part is a bounded probe
+// of one partial index (outbox_ready_by_partition, the rows that can go,
+// and outbox_parked), so its cost is O(partitions), whatever the backlog,
+// as long as the planner walks those indexes in order (sqlBacklogPlan).
+// Rows held behind a parked row are in neither: they wait for an operator
+// with the parked row, and are not counted.
+var outboxBacklog = backlogQuery{
+	rows: backlogSQL("outbox", "processed_at IS NULL AND parked_at IS NULL AND held_behind IS NULL",
+		"parked_at IS NOT NULL AND processed_at IS NULL"),
+	// The seq identity: one probe of a sequence.
+	produced: `SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('outbox', 'seq')::regclass), 0)`,
+}
+
+// tableBacklog counts an adopted table's rows that Ordo's intake took in
+// (ordo_table_rows, docs/adopt.md): its ordo_table_rows_ready and
+// ordo_table_rows_parked indexes, probed as outboxBacklog probes the
+// outbox's. Rows of the user's table not yet taken in are not counted.
+var tableBacklog = backlogQuery{
+	rows:     backlogSQL("ordo_table_rows", "parked_at IS NULL AND dead_at IS NULL", "parked_at IS NOT NULL AND dead_at IS NULL"),
+	produced: `SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('ordo_table_rows', 'seq')::regclass), 0)`,
+}
+
+// backlogSQL is one row per partition: its lease and the backlog of
+// table, whose rows that can go match ready (the predicate of an index on
+// (partition, seq)) and whose parked rows match parked (that of an index
+// on partition).
+func backlogSQL(table, ready, parked string) string {
+	return strings.NewReplacer("$table", table, "$ready", ready, "$parkedcap", strconv.Itoa(BacklogParkedCap),
+		"$parked", parked, "$sample", strconv.Itoa(BacklogSampleRows)).Replace(`
 SELECT l.partition, coalesce(l.owner, ''), l.epoch, nullif(l.expires_at, '-infinity'),
        l.owner IS NOT NULL AND l.expires_at > clock_timestamp(),
        h.n, h.first_seq, h.last_sampled, t.seq,
@@ -42,30 +70,31 @@ SELECT l.partition, coalesce(l.owner, ''), l.epoch, nullif(l.expires_at, '-infin
 FROM ordo_leases AS l
 CROSS JOIN LATERAL (
     SELECT count(*) AS n, min(seq) AS first_seq, max(seq) AS last_sampled FROM (
-        SELECT seq FROM outbox
-        WHERE partition = l.partition AND processed_at IS NULL AND parked_at IS NULL AND held_behind IS NULL
+        SELECT seq FROM $table
+        WHERE partition = l.partition AND $ready
         ORDER BY seq LIMIT $sample) AS s
 ) AS h
 LEFT JOIN LATERAL (
-    SELECT seq FROM outbox
-    WHERE partition = l.partition AND processed_at IS NULL AND parked_at IS NULL AND held_behind IS NULL
+    SELECT seq FROM $table
+    WHERE partition = l.partition AND $ready
     ORDER BY seq DESC LIMIT 1
 ) AS t ON true
 LEFT JOIN LATERAL (
-    SELECT occurred_at FROM outbox
-    WHERE partition = l.partition AND processed_at IS NULL AND parked_at IS NULL AND held_behind IS NULL
+    SELECT occurred_at FROM $table
+    WHERE partition = l.partition AND $ready
     ORDER BY seq LIMIT 1
 ) AS o ON true
 CROSS JOIN LATERAL (
     SELECT count(*) AS n FROM (
-        SELECT 1 FROM outbox
-        WHERE partition = l.partition AND parked_at IS NOT NULL AND processed_at IS NULL
+        SELECT 1 FROM $table
+        WHERE partition = l.partition AND $parked
         LIMIT $parkedcap) AS s
 ) AS k
 ORDER BY l.partition`)
+}
 
 // sqlBacklogPlan confines the planner, for the backlog query's own
-// transaction, to the plan sqlBacklog is written for: ordered scans of
+// transaction, to the plan backlogSQL is written for: ordered scans of
 // the indexes, each stopping at its LIMIT. On a table without statistics
 // (a fresh backlog, before autovacuum's ANALYZE) PostgreSQL estimated 14
 // pending rows per partition and chose a bitmap heap scan and a sort of
@@ -84,10 +113,6 @@ const sqlBacklogPlan = `SELECT set_config('enable_bitmapscan', 'off', true), set
 // the views (3 intervals + 2 s) so one slow refresh alone does not make
 // the snapshot stale.
 func backlogTimeout(every time.Duration) time.Duration { return max(every, 2*time.Second) }
-
-// sqlProduced is the outbox's seq identity: how many rows were ever
-// inserted (one probe of a sequence).
-const sqlProduced = `SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('outbox', 'seq')::regclass), 0)`
 
 // historyWindow is how far back Backlog.History reaches.
 const historyWindow = 10 * time.Minute
@@ -146,6 +171,7 @@ func (s BacklogSnapshot) Fresh(now time.Time, maxAge time.Duration) bool {
 // use; Run refreshes it.
 type Backlog struct {
 	pool   *pgxpool.Pool
+	q      backlogQuery
 	every  time.Duration
 	logger *slog.Logger
 	down   *outage.Log
@@ -159,9 +185,13 @@ type Backlog struct {
 	took      time.Duration
 }
 
-// NewBacklog returns a Backlog refreshed every `every` from pool.
+// NewBacklog returns a Backlog of pool's outbox refreshed every `every`.
 func NewBacklog(pool *pgxpool.Pool, every time.Duration, logger *slog.Logger) *Backlog {
-	return &Backlog{pool: pool, every: every, logger: logger, down: outage.New(logger, "backlog query")}
+	return newBacklog(pool, outboxBacklog, every, logger)
+}
+
+func newBacklog(pool *pgxpool.Pool, q backlogQuery, every time.Duration, logger *slog.Logger) *Backlog {
+	return &Backlog{pool: pool, q: q, every: every, logger: logger, down: outage.New(logger, "backlog query")}
 }
 
 // Run refreshes the snapshot every interval until ctx ends, then returns
@@ -189,10 +219,10 @@ func (b *Backlog) refresh(ctx context.Context) {
 	qctx, cancel := context.WithTimeout(ctx, backlogTimeout(b.every))
 	defer cancel()
 	start := time.Now()
-	parts, err := queryBacklog(qctx, b.pool)
+	parts, err := queryBacklog(qctx, b.pool, b.q.rows)
 	var produced int64
 	if err == nil {
-		err = b.pool.QueryRow(qctx, sqlProduced, pgx.QueryExecModeSimpleProtocol).Scan(&produced)
+		err = b.pool.QueryRow(qctx, b.q.produced, pgx.QueryExecModeSimpleProtocol).Scan(&produced)
 	}
 	took := time.Since(start)
 	if ctx.Err() != nil {
@@ -268,16 +298,17 @@ func (b *Backlog) Stats() BacklogStats {
 	return BacklogStats{Refreshes: b.refreshes, Failures: b.failures, LastDuration: b.took, Started: b.started}
 }
 
-// queryBacklog runs sqlBacklog in a read-only transaction of its own,
-// planned under sqlBacklogPlan. The simple protocol keeps PostgreSQL from
-// caching a generic plan: each run is planned for the table as it is.
-func queryBacklog(ctx context.Context, pool *pgxpool.Pool) ([]PartitionStatus, error) {
+// queryBacklog runs sql, a backlogQuery's rows, in a read-only
+// transaction of its own, planned under sqlBacklogPlan. The simple
+// protocol keeps PostgreSQL from caching a generic plan: each run is
+// planned for the table as it is.
+func queryBacklog(ctx context.Context, pool *pgxpool.Pool, sql string) ([]PartitionStatus, error) {
 	var out []PartitionStatus
 	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, sqlBacklogPlan, pgx.QueryExecModeSimpleProtocol); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, sqlBacklog, pgx.QueryExecModeSimpleProtocol)
+		rows, err := tx.Query(ctx, sql, pgx.QueryExecModeSimpleProtocol)
 		if err != nil {
 			return err
 		}

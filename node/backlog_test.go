@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/lease"
@@ -47,12 +48,19 @@ func explain(t *testing.T, analyzed bool) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return planOf(t, pool, outboxBacklog.rows)
+}
+
+// planOf returns the plan of sql, planned as queryBacklog plans it.
+func planOf(t *testing.T, pool *pgxpool.Pool, sql string) string {
+	t.Helper()
+	ctx := testkit.Context(t, 60*time.Second)
 	var b strings.Builder
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, sqlBacklogPlan); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, "EXPLAIN "+sqlBacklog)
+		rows, err := tx.Query(ctx, "EXPLAIN "+sql)
 		if err != nil {
 			return err
 		}

@@ -190,7 +190,11 @@ func build(cfg Config, opts Options, hooks nodehook.Hooks, logger *slog.Logger, 
 		if s.relay, err = relay.New(rc, store, spub, hooks.Ownership(s.leaser)); err != nil {
 			return nil, b.abandon(err) // Config.Validate checked it: not expected
 		}
-		s.backlog = NewBacklog(s.pool, cfg.BacklogInterval, s.logger)
+		q := outboxBacklog
+		if s.table != nil {
+			q = tableBacklog
+		}
+		s.backlog = newBacklog(s.pool, q, cfg.BacklogInterval, s.logger)
 	}
 	v := &view{cfg: cfg, srcs: srcs, broker: b.broker, members: b.members, health: b.health, logger: logger, budget: budget}
 	b.srv = newHTTPServer(newHTTP(v, pm), cfg.PProf, logger)
