@@ -326,9 +326,10 @@ func (c *Consumer) retire(shards []int, lost bool, then func(shardLease)) {
 				delete(c.workers, s)
 				c.owned.Store(int32(len(c.workers)))
 			}
+			l := w.lease
 			c.mu.Unlock()
 			if then != nil {
-				then(w.lease)
+				then(l)
 			}
 		})
 	}
