@@ -175,13 +175,26 @@ func TestTableLayoutValidated(t *testing.T) {
 func TestRenamedTableRelayed(t *testing.T) {
 	t.Parallel()
 	testkit.RequireRabbitMQ(t)
+	// public.outbox: the name of Ordo's own table, which a node relaying
+	// an adopted table does not create.
+	for _, table := range []string{"app.outbox_messages", "public.outbox"} {
+		t.Run(table, func(t *testing.T) {
+			t.Parallel()
+			relayRenamed(t, table)
+		})
+	}
+}
+
+// relayRenamed relays table (schema.name), in snake case, end to end.
+func relayRenamed(t *testing.T, table string) {
+	schema, name, _ := strings.Cut(table, ".")
 	dbURL, pool := testkit.NewTestDB(t, 8)
 	ctx := testkit.Context(t, 2*time.Minute)
-	if _, err := pool.Exec(ctx, `CREATE SCHEMA app;
-		CREATE TABLE app.outbox_messages (
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+schema+`;
+		CREATE TABLE `+table+` (
 		    message_id uuid PRIMARY KEY, kind text NOT NULL, topic text NOT NULL, body jsonb NOT NULL,
 		    "AggregateId" text, created_at timestamptz NOT NULL, sent_at timestamptz);
-		CREATE INDEX ON app.outbox_messages (created_at) WHERE sent_at IS NULL`); err != nil {
+		CREATE INDEX ON `+table+` (created_at) WHERE sent_at IS NULL`); err != nil {
 		t.Fatal(err)
 	}
 	ex := testkit.NewExchange(t)
@@ -190,7 +203,7 @@ func TestRenamedTableRelayed(t *testing.T) {
 	cfg.PostgresURL, cfg.AMQP.URL, cfg.NodeName = dbURL, testkit.AMQPURL(), "renamed"
 	cfg.HTTPAddr, cfg.Partitions, cfg.DBMaxConns = "127.0.0.1:0", 4, 4
 	cfg.Relay.PollInterval = 50 * time.Millisecond
-	cfg.TableLayout = "table=outbox_messages;schema=app;id=message_id;type=kind;routing_key=topic;payload=body;" +
+	cfg.TableLayout = "table=" + name + ";schema=" + schema + ";id=message_id;type=kind;routing_key=topic;payload=body;" +
 		"correlation_id=AggregateId;occurred_at=created_at;processed_at=sent_at"
 	cfg.TableExchange = ex
 	_, stop := runNode(t, cfg, node.Options{Logger: testkit.Logger(t, slog.LevelWarn)})
@@ -199,7 +212,7 @@ func TestRenamedTableRelayed(t *testing.T) {
 	for i := range 60 {
 		key := fmt.Sprintf("agg-%d", i%6)
 		id := uuid.Must(uuid.NewV7())
-		if _, err := pool.Exec(ctx, `INSERT INTO app.outbox_messages (message_id, kind, topic, body, "AggregateId", created_at)
+		if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (message_id, kind, topic, body, "AggregateId", created_at)
 			VALUES ($1, 'OrderPlaced', 'order.placed', '{"n": 1}', $2, clock_timestamp())`, id, key); err != nil {
 			t.Fatal(err)
 		}
@@ -223,7 +236,7 @@ func TestRenamedTableRelayed(t *testing.T) {
 	}
 	testkit.WaitFor(t, 30*time.Second, "every row's sent_at set", func() bool {
 		var pending int
-		err := pool.QueryRow(ctx, `SELECT count(*) FROM app.outbox_messages WHERE sent_at IS NULL`).Scan(&pending)
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE sent_at IS NULL`).Scan(&pending)
 		return err == nil && pending == 0
 	})
 }

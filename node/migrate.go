@@ -245,14 +245,18 @@ func (s *source) migrateOnce(ctx context.Context) error {
 		_ = conn.Close(cctx)
 		cancel()
 	}()
-	if err := outbox.Migrate(ctx, conn, s.partitions); err != nil {
-		return err
+	// A source relaying an adopted table gets none of Ordo's own outbox
+	// tables: the user's table may well be named outbox.
+	if s.table == nil {
+		if err := outbox.Migrate(ctx, conn, s.partitions); err != nil {
+			return err
+		}
 	}
 	if err := lease.Migrate(ctx, conn, s.partitions); err != nil {
 		return err
 	}
 	if s.table != nil {
-		if err := migrateTable(ctx, conn, s.table.layout); err != nil {
+		if err := migrateTable(ctx, conn, s.table.layout, s.partitions); err != nil {
 			return err
 		}
 	}

@@ -75,12 +75,18 @@ func (v *view) sourcePrefix(s *source) string {
 // so that scripts of the one-source form keep working. The token is
 // checked first, for every path: a caller without it learns nothing of
 // the sources. With it, a source the node does not relay is 404, one not
-// migrated yet 503.
+// migrated yet 503, and one relaying an adopted table 501: the actions
+// act on Ordo's own outbox, which such a database does not have.
 func (v *view) adminHandler() http.Handler {
 	handlers := map[string]http.Handler{}
 	for _, s := range v.srcs {
 		h := admin.Handler(admin.NewStore(s.pool), v.cfg.AdminToken, s.logger)
 		handlers[s.name] = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if s.table != nil {
+				admin.WriteError(w, http.StatusNotImplemented, "source "+s.name+" relays an adopted table: "+
+					"the admin actions do not cover its rows yet; docs/operations.md gives their SQL (ordo_table_rows)")
+				return
+			}
 			if !s.isMigrated() {
 				admin.WriteError(w, http.StatusServiceUnavailable,
 					"source "+s.name+" is not migrated yet: its database has not answered since the node started")

@@ -72,10 +72,11 @@ func newTableStore(cfg Config, s *source, node string, logger *slog.Logger) (rel
 	return store, nil
 }
 
-// migrateTable creates Ordo's tables for an adopted table and checks the
-// user's table against the layout.
-func migrateTable(ctx context.Context, db *pgx.Conn, l tablesource.Layout) error {
-	if err := tablesource.Migrate(ctx, db); err != nil {
+// migrateTable creates Ordo's tables for an adopted table, installs or
+// checks its partition count, and checks the user's table against the
+// layout.
+func migrateTable(ctx context.Context, db *pgx.Conn, l tablesource.Layout, partitions int) error {
+	if err := tablesource.Migrate(ctx, db, partitions); err != nil {
 		return err
 	}
 	if err := tablesource.Check(ctx, db, l); err != nil {

@@ -22,7 +22,7 @@ func tableRows(t *testing.T) *pgxpool.Pool {
 	if err := lease.Migrate(ctx, pool, 4); err != nil {
 		t.Fatal(err)
 	}
-	if err := tablesource.Migrate(ctx, pool); err != nil {
+	if err := tablesource.Migrate(ctx, pool, 4); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `ALTER TABLE ordo_table_rows SET (autovacuum_enabled = false)`); err != nil {

@@ -2,6 +2,7 @@ package tablesource_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/lease"
+	"github.com/ordo-relay/ordo/outbox"
 	"github.com/ordo-relay/ordo/partition"
 	"github.com/ordo-relay/ordo/relay"
 	"github.com/ordo-relay/ordo/relay/tablesource"
@@ -29,11 +31,15 @@ func adoptedDB(t *testing.T) *pgxpool.Pool {
 	if err := lease.Migrate(ctx, pool, storeParts); err != nil {
 		t.Fatal(err)
 	}
-	if err := tablesource.Migrate(ctx, pool); err != nil {
+	if err := tablesource.Migrate(ctx, pool, storeParts); err != nil {
 		t.Fatal(err)
 	}
-	if err := tablesource.Migrate(ctx, pool); err != nil {
+	if err := tablesource.Migrate(ctx, pool, storeParts); err != nil {
 		t.Fatalf("migrate again: %v", err)
+	}
+	var pm *outbox.PartitionMismatchError
+	if err := tablesource.Migrate(ctx, pool, 2*storeParts); !errors.As(err, &pm) || pm.Installed != storeParts {
+		t.Fatalf("migrate with another partition count: %v, want the installed count's mismatch", err)
 	}
 	holdAll(t, pool, "n1", 1)
 	return pool
@@ -394,5 +400,23 @@ func TestNumberingKeepsWhatACancelledReadDid(t *testing.T) {
 	got := byID(readAll(t, s))
 	if got[a].KeySeq != 1 || got[b].KeySeq != 2 {
 		t.Fatalf("after the lock: key_seq %d and %d, want 1 and 2", got[a].KeySeq, got[b].KeySeq)
+	}
+}
+
+// TestMigrateKeepsAnInstalledCount: in a database where a node of an
+// earlier release installed Ordo's own outbox beside the adopted table,
+// the partition count installed there stays the adopted table's.
+func TestMigrateKeepsAnInstalledCount(t *testing.T) {
+	pool := articleDB(t)
+	ctx := testkit.Context(t, 30*time.Second)
+	if err := outbox.Migrate(ctx, pool, storeParts); err != nil {
+		t.Fatal(err)
+	}
+	var pm *outbox.PartitionMismatchError
+	if err := tablesource.Migrate(ctx, pool, 2*storeParts); !errors.As(err, &pm) || pm.Installed != storeParts {
+		t.Fatalf("migrate with another count than the outbox's: %v, want the installed count's mismatch", err)
+	}
+	if err := tablesource.Migrate(ctx, pool, storeParts); err != nil {
+		t.Fatal(err)
 	}
 }
