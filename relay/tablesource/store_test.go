@@ -420,3 +420,55 @@ func TestMigrateKeepsAnInstalledCount(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDeleteDeadRows: retention deletes a dead row once the number above
+// it is gone (published and forgotten), never one a prev may still walk
+// over: below a pending row, below another dead row (until that one
+// goes), or the key's top number; and nothing under a stale epoch.
+func TestDeleteDeadRows(t *testing.T) {
+	pool := adoptedDB(t)
+	ctx := testkit.Context(t, 30*time.Second)
+	// Key a: 1 dead, 2 published (gone), top 2: 1 goes. Key b: 1 dead,
+	// 2 pending: kept. Key c: 1 dead, top 1: kept. Key d: 1 and 2 dead,
+	// 3 published: 2 goes, then 1.
+	if _, err := pool.Exec(ctx, `
+INSERT INTO ordo_table_keys (key, partition, last_key_seq) VALUES ('a', 1, 2), ('b', 1, 2), ('c', 1, 1), ('d', 1, 3);
+INSERT INTO ordo_table_rows (id, partition, key, occurred_at, key_seq, dead_at)
+VALUES (gen_random_uuid(), 1, 'a', now(), 1, now() - interval '1 hour'),
+       (gen_random_uuid(), 1, 'b', now(), 1, now() - interval '1 hour'),
+       (gen_random_uuid(), 1, 'b', now(), 2, NULL),
+       (gen_random_uuid(), 1, 'c', now(), 1, now() - interval '1 hour'),
+       (gen_random_uuid(), 1, 'd', now(), 1, now() - interval '1 hour'),
+       (gen_random_uuid(), 1, 'd', now(), 2, now() - interval '1 hour')`); err != nil {
+		t.Fatal(err)
+	}
+	s, err := tablesource.NewStore(pool, "n1", tablesource.Article(), "bookstore.ordering", testkit.Logger(t, slog.LevelWarn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := func() string {
+		var got string
+		if err := pool.QueryRow(ctx, `SELECT string_agg(key || key_seq, ' ' ORDER BY key, key_seq) FROM ordo_table_rows`).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if n, err := s.DeleteProcessed(ctx, 1, 2, time.Minute, 100); err != nil || n != 0 {
+		t.Fatalf("under a stale epoch: deleted %d (%v), want none", n, err)
+	}
+	if n, err := s.DeleteProcessed(ctx, 1, 1, 2*time.Hour, 100); err != nil || n != 0 {
+		t.Fatalf("rows dead for less than the age: deleted %d (%v), want none", n, err)
+	}
+	if n, err := s.DeleteProcessed(ctx, 1, 1, time.Minute, 100); err != nil || n != 2 {
+		t.Fatalf("first run: deleted %d (%v), want 2; left %s", n, err, left())
+	}
+	if got := left(); got != "b1 b2 c1 d1" {
+		t.Fatalf("after the first run: %s, want b1 b2 c1 d1", got)
+	}
+	if n, err := s.DeleteProcessed(ctx, 1, 1, time.Minute, 100); err != nil || n != 1 {
+		t.Fatalf("second run: deleted %d (%v), want 1", n, err)
+	}
+	if got := left(); got != "b1 b2 c1" {
+		t.Fatalf("after the second run: %s, want b1 b2 c1", got)
+	}
+}

@@ -177,3 +177,26 @@ SELECT greatest(min(k), 0) FROM run`
 // sqlIntakeHolder says whether node $1 holds partition 0, whose holder
 // runs the intake.
 const sqlIntakeHolder = `SELECT EXISTS (SELECT 1 FROM ordo_leases WHERE partition = 0 AND owner = $1 AND expires_at > clock_timestamp())`
+
+// sqlDeleteDead deletes up to $3 rows of partition $2 dead for more than
+// $4 seconds that no walk over dead rows can reach any more, while node
+// $1 holds the partition at epoch $5. A dead row's number is walked over
+// by the prev of the key's next row (sqlPrevKeySeq) only while that row
+// is still here: once the number above it is gone (its row published,
+// marked and forgotten, or itself a dead row deleted so), every row of
+// the key still to go is above a published one and its walk stops there.
+// The key's top number is kept, for the row the key will get next. A
+// chain of dead rows goes from its top, one row per run.
+const sqlDeleteDead = `
+WITH held AS (
+    SELECT 1 FROM ordo_leases WHERE partition = $2 AND owner = $1 AND epoch = $5 FOR SHARE
+), doomed AS (
+    SELECT d.id FROM ordo_table_rows AS d
+    JOIN ordo_table_keys AS c ON c.key = d.key
+    WHERE d.partition = $2 AND d.dead_at IS NOT NULL AND d.dead_at < clock_timestamp() - make_interval(secs => $4)
+      AND EXISTS (SELECT 1 FROM held)
+      AND c.last_key_seq > d.key_seq
+      AND NOT EXISTS (SELECT 1 FROM ordo_table_rows AS x WHERE x.key = d.key AND x.key_seq = d.key_seq + 1)
+    LIMIT $3
+)
+DELETE FROM ordo_table_rows AS o USING doomed WHERE o.id = doomed.id`
