@@ -49,9 +49,11 @@ var outboxBacklog = backlogQuery{
 // tableBacklog counts an adopted table's rows that Ordo's intake took in
 // (ordo_table_rows, docs/adopt.md): its ordo_table_rows_ready and
 // ordo_table_rows_parked indexes, probed as outboxBacklog probes the
-// outbox's. Rows of the user's table not yet taken in are not counted.
+// outbox's. Rows of the user's table not yet taken in are not counted,
+// nor, as in the outbox, rows held behind a parked row.
 var tableBacklog = backlogQuery{
-	rows:     backlogSQL("ordo_table_rows", "parked_at IS NULL AND dead_at IS NULL", "parked_at IS NOT NULL AND dead_at IS NULL"),
+	rows: backlogSQL("ordo_table_rows", "parked_at IS NULL AND dead_at IS NULL AND held_behind IS NULL",
+		"parked_at IS NOT NULL AND dead_at IS NULL"),
 	produced: `SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('ordo_table_rows', 'seq')::regclass), 0)`,
 }
 

@@ -73,7 +73,8 @@ func (s *Store) PeekPending(ctx context.Context, c relay.Cursor, limit int) ([]r
 type scanned struct {
 	row        relay.Row
 	unnumbered bool
-	live       bool // the user's row is there and pending
+	live       bool  // the user's row is there and pending
+	head       int64 // the key_seq of the parked row it waits behind; 0: none
 }
 
 func (s *Store) readPending(ctx context.Context, query string, cursors []relay.Cursor, limit int) ([]relay.Row, error) {
@@ -138,6 +139,59 @@ func (s *Store) readPending(ctx context.Context, query string, cursors []relay.C
 			return nil, err
 		}
 	}
+	return s.holdBehindParked(ctx, conn.Conn(), out, got)
+}
+
+// holdBehindParked holds the rows of got that wait behind a parked row
+// and every pending row of their keys above it (sqlHoldBehindParked),
+// and marks BehindParked, without payload, those rows and the rows of
+// out it held. A parked key's rows are thus read about once and then
+// left out of every read until its parked row is retried, skipped or
+// deleted.
+func (s *Store) holdBehindParked(ctx context.Context, conn *pgx.Conn, out []relay.Row, got []scanned) ([]relay.Row, error) {
+	type head struct {
+		key  string
+		part int
+	}
+	heads := map[head]int64{}
+	for _, r := range got {
+		if r.head > 0 && !r.unnumbered && r.live {
+			heads[head{r.row.CorrelationID, r.row.Partition}] = r.head
+		}
+	}
+	if len(heads) == 0 {
+		return out, nil
+	}
+	parts := make([]int32, 0, len(heads))
+	keys := make([]string, 0, len(heads))
+	seqs := make([]int64, 0, len(heads))
+	for h, ks := range heads {
+		parts, keys, seqs = append(parts, int32(h.part)), append(keys, h.key), append(seqs, ks)
+	}
+	var held []uuid.UUID
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sqlHoldPlan, planFresh); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, sqlHoldBehindParked, planFresh, s.node, parts, keys, seqs)
+		if err != nil {
+			return err
+		}
+		held, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read pending rows: hold the rows behind %d parked row(s): %w", len(heads), err)
+	}
+	isHeld := make(map[uuid.UUID]bool, len(held))
+	for _, id := range held {
+		isHeld[id] = true
+	}
+	for i := range out {
+		if isHeld[out[i].ID] {
+			out[i].BehindParked, out[i].Payload = true, nil
+		}
+	}
 	return out, nil
 }
 
@@ -161,17 +215,16 @@ func (s *Store) read(ctx context.Context, conn *pgx.Conn, query string, parts []
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (scanned, error) {
 		var x scanned
 		var wait float64
-		var behindParked bool
 		var typ, rk, payload *string
 		err := r.Scan(&x.row.ID, &x.row.Partition, &x.row.Seq, &x.row.CorrelationID, &x.row.KeySeq, &x.row.OccurredAt,
-			&x.row.Attempts, &wait, &x.unnumbered, &x.row.PrevPending, &x.row.PrevDead, &behindParked,
+			&x.row.Attempts, &wait, &x.unnumbered, &x.row.PrevPending, &x.row.PrevDead, &x.head,
 			&typ, &rk, &payload, &x.live)
 		if wait > 0 {
 			x.row.NextAttemptAt = time.Now().Add(time.Duration(wait * float64(time.Second)))
 		}
 		x.row.PrevKeySeq = max(x.row.KeySeq-1, 0)
 		x.row.Exchange = s.exchange
-		x.row.BehindParked = behindParked
+		x.row.BehindParked = x.head > 0
 		if typ != nil {
 			x.row.Type = *typ
 		}

@@ -472,3 +472,75 @@ VALUES (gen_random_uuid(), 1, 'a', now(), 1, now() - interval '1 hour'),
 		t.Fatalf("after the second run: %s, want b1 b2 c1", got)
 	}
 }
+
+// TestStoreHoldsAParkedKeysRows: the read that meets rows behind a parked
+// row holds them and every pending row of their key above it, so that
+// later reads leave the key out; an operator's retry of the parked row,
+// in SQL (docs/operations.md), releases them, and a skip does too.
+func TestStoreHoldsAParkedKeysRows(t *testing.T) {
+	t.Parallel()
+	pool := adoptedDB(t)
+	s, in := newStore(t, pool, "n1")
+	t0 := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
+	ids := make([]uuid.UUID, 4)
+	for i := range ids {
+		ids[i] = uuid.Must(uuid.NewV7())
+		insert(t, pool, msg{id: ids[i], corr: ptr("p"), at: t0.Add(time.Duration(i) * time.Second)})
+	}
+	other := uuid.Must(uuid.NewV7())
+	insert(t, pool, msg{id: other, corr: ptr("q"), at: t0})
+	take(t, in, true)
+	first := byID(readAll(t, s))
+	parked, err := s.RecordFailures(testkit.Context(t, 30*time.Second), settled(first[ids[0]]), 1)
+	if err != nil || len(parked) != 1 {
+		t.Fatalf("park the key's first row: %v %v", parked, err)
+	}
+	heldNow := func() int {
+		var n int
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM ordo_table_rows WHERE key = 'p' AND held_behind = 1`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	got := byID(readAll(t, s))
+	for _, id := range ids[1:] {
+		if r, ok := got[id]; ok && (!r.BehindParked || r.Payload != nil) {
+			t.Fatalf("row %s behind the parked row read as %+v", id, r)
+		}
+	}
+	if n := heldNow(); n != 3 {
+		t.Fatalf("%d of the key's 3 later rows held after the read, want 3", n)
+	}
+	again := byID(readAll(t, s))
+	if len(again) != 1 || again[other].ID != other {
+		t.Fatalf("a read after the hold returned %d rows, want only the other key's", len(again))
+	}
+	// The retry, as docs/operations.md gives it: every held row is back.
+	if _, err := pool.Exec(context.Background(), `UPDATE ordo_table_rows SET parked_at = NULL, attempts = 0,
+		next_attempt_at = NULL WHERE id = $1 AND parked_at IS NOT NULL`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if n := heldNow(); n != 0 {
+		t.Fatalf("%d rows still held after the retry", n)
+	}
+	back := byID(readAll(t, s))
+	for i, id := range ids {
+		if r, ok := back[id]; !ok || r.KeySeq != int64(i+1) || r.BehindParked || r.PrevPending != (i > 0) {
+			t.Fatalf("after the retry row %d: %+v (read %v)", i+1, r, ok)
+		}
+	}
+	// Parked again, held again by a read, then skipped: released too.
+	if _, err := s.RecordFailures(testkit.Context(t, 30*time.Second), settled(back[ids[0]]), 1); err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, s)
+	if n := heldNow(); n != 3 {
+		t.Fatalf("%d rows held after the second park, want 3", n)
+	}
+	if _, err := pool.Exec(context.Background(), `UPDATE ordo_table_rows SET dead_at = now() WHERE id = $1 AND key_seq IS NOT NULL`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if r := byID(readAll(t, s))[ids[1]]; r.BehindParked || !r.PrevDead || r.Payload == nil {
+		t.Fatalf("the row after the skipped one: %+v", r)
+	}
+}

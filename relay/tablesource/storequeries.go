@@ -28,34 +28,40 @@ func newStoreSQL(l Layout) storeSQL {
 }
 
 // readSQL reads, for each partition $1[i], up to $3 rows of
-// ordo_table_rows above seq $2[i] that may go (neither parked nor dead),
-// in seq order: one range scan of ordo_table_rows_ready per partition.
-// For each row, one probe of the key's row below it (key, key_seq - 1)
-// and one primary-key probe of the user's row for what the message
-// carries, with payload the expression given over m, the user's row. A
-// row whose user row is gone or already processed says so (the last
-// column false): Store.ReadPending marks it dead.
+// ordo_table_rows above seq $2[i] that may go (neither parked, dead nor
+// held), in seq order: one range scan of ordo_table_rows_ready per
+// partition. For each row, one probe of the key's row below it (key,
+// key_seq - 1) and one primary-key probe of the user's row for what the
+// message carries, with payload the expression given over m, the user's
+// row (none for a row behind a parked one). A row whose user row is gone
+// or already processed says so (the last column false): Store.ReadPending
+// marks it dead. head is the key_seq of the parked row a row waits
+// behind (its prev parked, or held behind it), 0 if none:
+// Store.ReadPending holds such rows.
 func readSQL(l Layout, payload string) string {
 	col := func(name string) string { return "m." + quote(name) }
 	return fmt.Sprintf(`
 SELECT o.id, o.partition, o.seq, o.key, coalesce(o.key_seq, 0), o.occurred_at, o.attempts,
        greatest(extract(epoch FROM o.next_attempt_at - clock_timestamp()), 0)::float8,
        o.key_seq IS NULL, prev.key_seq IS NOT NULL AND prev.dead_at IS NULL, coalesce(prev.dead_at IS NOT NULL, false),
-       coalesce(prev.parked_at IS NOT NULL AND prev.dead_at IS NULL, false),
-       u.typ, u.rk, CASE WHEN prev.parked_at IS NULL OR prev.dead_at IS NOT NULL THEN u.payload END,
+       coalesce(ph.head, 0),
+       u.typ, u.rk, CASE WHEN ph.head IS NULL THEN u.payload END,
        u.id IS NOT NULL AND u.processed_at IS NULL
 FROM unnest($1::int[], $2::bigint[]) AS c(partition, after)
 CROSS JOIN LATERAL (
     SELECT * FROM ordo_table_rows AS x
-    WHERE x.partition = c.partition AND x.parked_at IS NULL AND x.dead_at IS NULL AND x.seq > c.after
+    WHERE x.partition = c.partition AND x.parked_at IS NULL AND x.dead_at IS NULL AND x.held_behind IS NULL AND x.seq > c.after
     ORDER BY x.seq
     LIMIT $3
 ) AS o
 LEFT JOIN LATERAL (
-    SELECT d.key_seq, d.dead_at, d.parked_at FROM ordo_table_rows AS d
+    SELECT d.key_seq, d.dead_at, d.parked_at, d.held_behind FROM ordo_table_rows AS d
     WHERE d.key = o.key AND d.key_seq = o.key_seq - 1
     LIMIT 1
 ) AS prev ON true
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN prev.dead_at IS NULL THEN coalesce(prev.held_behind, CASE WHEN prev.parked_at IS NOT NULL THEN prev.key_seq END) END AS head
+) AS ph
 LEFT JOIN LATERAL (
     SELECT %s AS id, %s::text AS typ, %s::text AS rk, %s AS payload, %s AS processed_at
     FROM %s AS m WHERE %s = o.id
@@ -200,3 +206,49 @@ WITH held AS (
     LIMIT $3
 )
 DELETE FROM ordo_table_rows AS o USING doomed WHERE o.id = doomed.id`
+
+// sqlHoldBehindParked holds, while node $1 holds their partitions, the
+// pending rows of each key $3[i] (partition $2[i]) above its parked row
+// at key_seq $4[i], if that row is still parked: they leave the read
+// (ordo_table_rows_ready) until the row is retried, skipped or deleted
+// (ordo_table_release_held). The leases are locked FOR SHARE in
+// partition order, as every relay write locks them; the parked row FOR
+// SHARE SKIP LOCKED, so that an operator's retry under way is not waited
+// for (its trigger releases what was held before it). Each key costs a
+// probe of its parked row and a range scan of its rows above it, both
+// on the unique (key, key_seq) index: the filters on the rows' state
+// stay outside the scan (OFFSET 0), or a partial index whose predicate
+// they match looks cheapest to the planner.
+const sqlHoldBehindParked = `
+WITH held AS (
+    SELECT l.partition FROM ordo_leases AS l
+    WHERE l.owner = $1 AND l.partition = ANY($2::int[])
+    ORDER BY l.partition
+    FOR SHARE),
+heads AS (
+    SELECT h.key, h.key_seq
+    FROM unnest($2::int[], $3::text[], $4::bigint[]) AS k(partition, key, head)
+    CROSS JOIN LATERAL (
+        SELECT x.key, x.key_seq, x.partition, x.parked_at, x.dead_at FROM ordo_table_rows AS x
+        WHERE x.key = k.key AND x.key_seq = k.head
+        LIMIT 1
+        FOR SHARE SKIP LOCKED) AS h
+    WHERE k.partition = ANY (ARRAY(SELECT partition FROM held))
+      AND h.partition = k.partition AND h.parked_at IS NOT NULL AND h.dead_at IS NULL),
+behind AS (
+    SELECT f.id, heads.key_seq AS head FROM heads
+    CROSS JOIN LATERAL (
+        SELECT x.id, x.parked_at, x.dead_at, x.held_behind FROM ordo_table_rows AS x
+        WHERE x.key = heads.key AND x.key_seq > heads.key_seq
+        ORDER BY x.key_seq
+        OFFSET 0) AS f
+    WHERE f.parked_at IS NULL AND f.dead_at IS NULL AND f.held_behind IS NULL)
+UPDATE ordo_table_rows AS o SET held_behind = behind.head
+FROM behind
+WHERE o.id = behind.id
+RETURNING o.id`
+
+// sqlHoldPlan confines the planner, for the hold's own transaction, to
+// the index probes and range scans sqlHoldBehindParked is written for.
+const sqlHoldPlan = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true),
+       set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`
