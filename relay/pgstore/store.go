@@ -144,40 +144,15 @@ func (s *Store) numbered(ctx context.Context, conn *pgx.Conn, query string, part
 // are thus read about once and then left out of every read, until an
 // operator acts on its parked row.
 func (s *Store) holdBehindParked(ctx context.Context, conn *pgx.Conn, out []relay.Row, behind map[uuid.UUID]int64) ([]relay.Row, error) {
-	type head struct {
-		key  string
-		part int
-	}
-	heads := map[head]int64{}
+	heads := map[pgwrite.Head]int64{}
 	for _, row := range out {
 		if ks, ok := behind[row.ID]; ok {
-			heads[head{row.CorrelationID, row.Partition}] = ks
+			heads[pgwrite.Head{Key: row.CorrelationID, Partition: row.Partition}] = ks
 		}
 	}
-	parts := make([]int32, 0, len(heads))
-	keys := make([]string, 0, len(heads))
-	seqs := make([]int64, 0, len(heads))
-	for h, ks := range heads {
-		parts, keys, seqs = append(parts, int32(h.part)), append(keys, h.key), append(seqs, ks)
-	}
-	var held []uuid.UUID
-	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, sqlHoldPlan, planFresh); err != nil {
-			return err
-		}
-		rows, err := tx.Query(ctx, sqlHoldBehindParked, planFresh, s.node, parts, keys, seqs)
-		if err != nil {
-			return err
-		}
-		held, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-		return err
-	})
+	isHeld, err := pgwrite.Hold(ctx, conn, sqlHoldPlan, sqlHoldBehindParked, s.node, heads)
 	if err != nil {
-		return nil, fmt.Errorf("read pending rows: hold the rows behind %d parked row(s): %w", len(heads), err)
-	}
-	isHeld := make(map[uuid.UUID]bool, len(held))
-	for _, id := range held {
-		isHeld[id] = true
+		return nil, fmt.Errorf("read pending rows: %w", err)
 	}
 	for i := range out {
 		if _, ok := behind[out[i].ID]; ok || isHeld[out[i].ID] {

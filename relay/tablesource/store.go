@@ -149,43 +149,18 @@ func (s *Store) readPending(ctx context.Context, query string, cursors []relay.C
 // left out of every read until its parked row is retried, skipped or
 // deleted.
 func (s *Store) holdBehindParked(ctx context.Context, conn *pgx.Conn, out []relay.Row, got []scanned) ([]relay.Row, error) {
-	type head struct {
-		key  string
-		part int
-	}
-	heads := map[head]int64{}
+	heads := map[pgwrite.Head]int64{}
 	for _, r := range got {
 		if r.head > 0 && !r.unnumbered && r.live {
-			heads[head{r.row.CorrelationID, r.row.Partition}] = r.head
+			heads[pgwrite.Head{Key: r.row.CorrelationID, Partition: r.row.Partition}] = r.head
 		}
 	}
 	if len(heads) == 0 {
 		return out, nil
 	}
-	parts := make([]int32, 0, len(heads))
-	keys := make([]string, 0, len(heads))
-	seqs := make([]int64, 0, len(heads))
-	for h, ks := range heads {
-		parts, keys, seqs = append(parts, int32(h.part)), append(keys, h.key), append(seqs, ks)
-	}
-	var held []uuid.UUID
-	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, sqlHoldPlan, planFresh); err != nil {
-			return err
-		}
-		rows, err := tx.Query(ctx, sqlHoldBehindParked, planFresh, s.node, parts, keys, seqs)
-		if err != nil {
-			return err
-		}
-		held, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-		return err
-	})
+	isHeld, err := pgwrite.Hold(ctx, conn, sqlHoldPlan, sqlHoldBehindParked, s.node, heads)
 	if err != nil {
-		return nil, fmt.Errorf("read pending rows: hold the rows behind %d parked row(s): %w", len(heads), err)
-	}
-	isHeld := make(map[uuid.UUID]bool, len(held))
-	for _, id := range held {
-		isHeld[id] = true
+		return nil, fmt.Errorf("read pending rows: %w", err)
 	}
 	for i := range out {
 		if isHeld[out[i].ID] {

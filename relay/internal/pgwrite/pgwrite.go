@@ -81,3 +81,39 @@ func collectIDs(rows pgx.Rows, err error) ([]uuid.UUID, error) {
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 }
+
+// Head is a parked row a read met rows behind: its key and partition.
+type Head struct {
+	Key       string
+	Partition int
+}
+
+// Hold runs sql, a hold of the rows behind parked rows by node ($1 node,
+// $2 partitions, $3 keys, $4 the parked rows' key_seqs, one of each per
+// head), in a transaction of its own on conn planned under plan, and
+// returns the ids it returns: those it held.
+func Hold(ctx context.Context, conn *pgx.Conn, plan, sql, node string, heads map[Head]int64) (map[uuid.UUID]bool, error) {
+	parts := make([]int32, 0, len(heads))
+	keys := make([]string, 0, len(heads))
+	seqs := make([]int64, 0, len(heads))
+	for h, ks := range heads {
+		parts, keys, seqs = append(parts, int32(h.Partition)), append(keys, h.Key), append(seqs, ks)
+	}
+	var held []uuid.UUID
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, plan, PlanFresh); err != nil {
+			return err
+		}
+		var err error
+		held, err = collectIDs(tx.Query(ctx, sql, PlanFresh, node, parts, keys, seqs))
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("hold the rows behind %d parked row(s): %w", len(heads), err)
+	}
+	isHeld := make(map[uuid.UUID]bool, len(held))
+	for _, id := range held {
+		isHeld[id] = true
+	}
+	return isHeld, nil
+}
