@@ -11,6 +11,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/ordo-relay/ordo/internal/outage"
 	"github.com/ordo-relay/ordo/lease"
 )
@@ -40,13 +42,14 @@ type Consumer struct {
 	tracer   trace.Tracer // nil: tracing off
 
 	// gate caps the lanes of all shards at work at once below the pool's
-	// size, so the lease loop always finds a connection, and below that
-	// while handlers are fast (nil: no cap).
+	// size, leaving the lease loop's connection and one for the retry
+	// polls, and below that while handlers are fast (nil: no cap).
 	gate *gate
 
 	mu      sync.Mutex
 	workers map[int]*worker // owned by Run's loop; read under mu by Owned
 	retired sync.WaitGroup  // the goroutines of retire, waited for by stopAll
+	lease   leaseConn       // the lease loop's own connection
 }
 
 // worker is the goroutine of one owned shard.
@@ -182,6 +185,8 @@ func (c *Consumer) connect(ctx context.Context) error {
 func (c *Consumer) supervise(ctx context.Context) error {
 	down := outage.New(c.cfg.Logger, "inbox lease database")
 	defer c.stopAll()
+	c.lease.pool, _ = c.db.(*pgxpool.Pool)
+	defer c.lease.close()
 	// The first tick only announces this instance; claims start at the
 	// second, when the instances started together see one another, so
 	// that the first to start does not take every shard only to hand most
@@ -195,6 +200,7 @@ func (c *Consumer) supervise(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
+		c.lease.refresh(ctx)
 		var err error
 		if joined {
 			err = c.tick(ctx)

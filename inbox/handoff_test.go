@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ordo-relay/ordo/inbox"
 	"github.com/ordo-relay/ordo/internal/testkit"
@@ -100,4 +101,51 @@ func TestHandoffWaitingOnAHandlerKeepsTheOtherShards(t *testing.T) {
 	waitHandled(t, pool, want)
 	checkOnceInOrder(t, handledSeqs(t, pool), want)
 	testkit.WaitFor(t, 30*time.Second, "b owns its shards", func() bool { return len(a.c.Owned()) == len(both.Owned("a")) })
+}
+
+// TestLeasesRenewedWithThePoolTaken: the lease loop has a connection of
+// its own, so that an instance whose every other pool connection is in
+// use (lanes at work, slow handlers) still renews its leases: they stay
+// its own, and are renewed, while the test holds the rest of the pool
+// for three TTLs.
+func TestLeasesRenewedWithThePoolTaken(t *testing.T) {
+	_, pool := newDB(t)
+	cfg := consumerConfig(t, 2)
+	ttl := cfg.LeaseTTL
+	a := startConsumer(t, cfg, "a", pool, recordHandler("a"))
+	testkit.WaitFor(t, 30*time.Second, "a owns both shards", func() bool { return len(a.c.Owned()) == 2 })
+	ctx := testkit.Context(t, time.Minute)
+	var since time.Time
+	if err := pool.QueryRow(ctx, `SELECT now()`).Scan(&since); err != nil {
+		t.Fatal(err)
+	}
+	var taken []*pgxpool.Conn
+	defer func() {
+		for _, c := range taken {
+			c.Release()
+		}
+	}()
+	for {
+		actx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		c, err := pool.Acquire(actx)
+		cancel()
+		if err != nil {
+			break
+		}
+		taken = append(taken, c)
+	}
+	if len(taken) == 0 {
+		t.Fatal("took none of the pool's connections")
+	}
+	t.Logf("holding %d of the pool's %d connections", len(taken), pool.Stat().MaxConns())
+	// The renewals go on: through the lease loop's connection, which the
+	// pool has not lent again.
+	var expires time.Time
+	testkit.WaitFor(t, 5*ttl, "a's leases renewed 3 TTLs on", func() bool {
+		return taken[0].QueryRow(ctx, `SELECT min(expires_at) FROM ordo_inbox_leases WHERE consumer = $1 AND owner = 'a'`,
+			cfg.Name).Scan(&expires) == nil && expires.After(since.Add(3*ttl))
+	})
+	if got := a.c.Owned(); len(got) != 2 {
+		t.Fatalf("a owns %v with the pool taken, want both shards", got)
+	}
 }

@@ -212,7 +212,8 @@ type poolSizer interface{ Stat() *pgxpool.Stat }
 
 // laneGate returns the gate of an instance's lanes at work, of all its
 // shards together: at most the pool's size less laneReserve connections
-// for the lease loop and the retry polls, and fewer while handlers are
+// (the one the lease loop holds, leaseConn, and one for the retry polls
+// and gauges), and fewer while handlers are
 // fast (gate). A busy lane holds a connection for its
 // handler's transaction; uncapped, lanes queued for connections would
 // make a renewal wait behind them and lose leases under load (measured:
