@@ -185,7 +185,9 @@ func (c *Consumer) connect(ctx context.Context) error {
 func (c *Consumer) supervise(ctx context.Context) error {
 	down := outage.New(c.cfg.Logger, "inbox lease database")
 	defer c.stopAll()
-	c.lease.pool, _ = c.db.(*pgxpool.Pool)
+	if p, ok := c.db.(*pgxpool.Pool); ok && p.Stat().MaxConns() > laneReserve {
+		c.lease.pool = p
+	}
 	defer c.lease.close()
 	// The first tick only announces this instance; claims start at the
 	// second, when the instances started together see one another, so

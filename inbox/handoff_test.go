@@ -149,3 +149,26 @@ func TestLeasesRenewedWithThePoolTaken(t *testing.T) {
 		t.Fatalf("a owns %v with the pool taken, want both shards", got)
 	}
 }
+
+// TestSmallPoolsHandle: with a pool of 1 to 3 connections an instance
+// owns its shards and handles every message in order: the lease loop
+// holds a connection of its own only where one is left for the lanes.
+func TestSmallPoolsHandle(t *testing.T) {
+	for _, conns := range []int32{1, 2, 3} {
+		t.Run(fmt.Sprint(conns), func(t *testing.T) {
+			url, _ := newDB(t)
+			pool := testkit.NewPool(t, url, conns)
+			cfg := consumerConfig(t, 2)
+			startConsumer(t, cfg, "a", pool, recordHandler("a"))
+			pub := newPublisher(t, cfg.Exchange)
+			want := map[string]int64{}
+			for i := range 20 {
+				key := fmt.Sprintf("k%d", i%4)
+				want[key]++
+				pub.publish(key, want[key])
+			}
+			waitHandled(t, pool, want)
+			checkOnceInOrder(t, handledSeqs(t, pool), want)
+		})
+	}
+}

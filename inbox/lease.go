@@ -186,7 +186,8 @@ func (c *Consumer) deadline(sent time.Time) time.Time {
 // with idle connections in the pool when the renewal gave up). Only the
 // lease loop's goroutine uses it; a release (retire's goroutines) and
 // the stop go through the pool. Without a *pgxpool.Pool (a DB of the
-// caller's), the loop uses the DB.
+// caller's), or with a pool of laneReserve connections or fewer (where
+// holding one would leave the lanes none), the loop uses the DB.
 type leaseConn struct {
 	pool *pgxpool.Pool // nil: no connection of its own
 	conn *pgxpool.Conn
