@@ -42,8 +42,7 @@ type backlogQuery struct {
 var outboxBacklog = backlogQuery{
 	rows: backlogSQL("outbox", "processed_at IS NULL AND parked_at IS NULL AND held_behind IS NULL",
 		"parked_at IS NOT NULL AND processed_at IS NULL"),
-	// The seq identity: one probe of a sequence.
-	produced: `SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('outbox', 'seq')::regclass), 0)`,
+	produced: producedSQL("outbox"),
 }
 
 // tableBacklog counts an adopted table's rows that Ordo's intake took in
@@ -54,7 +53,13 @@ var outboxBacklog = backlogQuery{
 var tableBacklog = backlogQuery{
 	rows: backlogSQL("ordo_table_rows", "parked_at IS NULL AND dead_at IS NULL AND held_behind IS NULL",
 		"parked_at IS NOT NULL AND dead_at IS NULL"),
-	produced: `SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('ordo_table_rows', 'seq')::regclass), 0)`,
+	produced: producedSQL("ordo_table_rows"),
+}
+
+// producedSQL reads how many rows table ever had: its seq identity's last
+// value, one probe of a sequence.
+func producedSQL(table string) string {
+	return `SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('` + table + `', 'seq')::regclass), 0)`
 }
 
 // backlogSQL is one row per partition: its lease and the backlog of
