@@ -95,7 +95,7 @@ func (r *Relay) nextFlight() (f *flight, leaseLost bool) {
 		delete(k.part.queued, e.row.ID)
 		k.published = max(k.published, e.row.KeySeq)
 		r.stats.Published++
-		if r.perKeyLimit > 1 && !k.inReady && len(k.rows) > 0 {
+		if r.flights.perKey > 1 && !k.inReady && len(k.rows) > 0 {
 			// Its next row goes right behind this one (tests only: the
 			// rule is 1).
 			r.queues.pushFront(k)

@@ -55,6 +55,12 @@ type flightBook struct {
 	n       flightCounts     // the node's flights by state
 	perPart map[int]int      // live flights per partition, whichever partState published them (handoff.go)
 	revoked map[int][]func() // Revoked.Done calls waiting for their partition's flights to end
+	// perKey is the most flights of one key unsettled at once: 1, which
+	// keeps per-key order (a nacked message could be overtaken by its
+	// successor otherwise). Only a test raises it, to show what breaks:
+	// Run takes it from its context (internal/relayhook).
+	perKey int
+	tracer trace.Tracer // starts each flight's PRODUCER span; nil: tracing off
 }
 
 // full reports whether no flight may start now: window of them are
@@ -63,8 +69,9 @@ func (b *flightBook) full(window int) bool {
 	return b.live() >= window || b.share != nil && b.share.windowFull()
 }
 
-func newFlightBook(s *share) flightBook {
-	return flightBook{share: s, byID: map[uuid.UUID]*flight{}, perPart: map[int]int{}, revoked: map[int][]func(){}}
+func newFlightBook(s *share, tracer trace.Tracer) flightBook {
+	return flightBook{share: s, byID: map[uuid.UUID]*flight{}, perPart: map[int]int{}, revoked: map[int][]func(){},
+		perKey: 1, tracer: tracer}
 }
 
 // live is the number of flights not ended: what the window bounds.

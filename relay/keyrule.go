@@ -9,14 +9,14 @@ import "time"
 
 // headLocked returns k's next row if the per-key rule lets it go now:
 // not parked or backing off, nothing of the key unsettled (fewer than
-// perKeyLimit, which only a test raises) and no failure of it waiting to
+// flightBook.perKey, which only a test raises) and no failure of it waiting to
 // be recorded, and the row below it confirmed by this relay in this epoch
-// or already processed when the row was read (at perKeyLimit > 1, merely
+// or already processed when the row was read (at a perKey above 1, merely
 // published: what tests use to show the rule matters). A head that backs
 // off is remembered, and the retry timer wakes the relay for it.
 func (r *Relay) headLocked(k *keyState, now time.Time) (*entry, bool) {
 	unsettled := k.flights[flightSent]
-	if len(k.rows) == 0 || k.flights[flightFailed] > 0 || unsettled >= r.perKeyLimit {
+	if len(k.rows) == 0 || k.flights[flightFailed] > 0 || unsettled >= r.flights.perKey {
 		return nil, false
 	}
 	e := k.rows[0]
@@ -30,7 +30,7 @@ func (r *Relay) headLocked(k *keyState, now time.Time) (*entry, bool) {
 	prev := e.row.KeySeq - 1
 	switch {
 	case unsettled == 0 && (!e.row.PrevPending || prev <= k.confirmed):
-	case r.perKeyLimit > 1 && (!e.row.PrevPending || prev <= k.published):
+	case r.flights.perKey > 1 && (!e.row.PrevPending || prev <= k.published):
 	default:
 		return nil, false
 	}

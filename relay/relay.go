@@ -30,13 +30,6 @@ type Relay struct {
 	pub   Publisher
 	own   Ownership
 
-	tracer trace.Tracer // nil: tracing off
-	// perKeyLimit is the most messages of one key unsettled at once: 1,
-	// which keeps per-key order (a nacked message could be overtaken by
-	// its successor otherwise). Only a test raises it, to show what
-	// breaks: Run takes it from its context (internal/relayhook).
-	perKeyLimit int
-
 	mu        sync.Mutex
 	wake      wakes              // wake-ups: the loops' signals, arming and polling (wake.go)
 	parts     map[int]*partState // held partitions, as last synced with the leases
@@ -106,7 +99,7 @@ func New(cfg Config, store Store, pub Publisher, own Ownership) (*Relay, error) 
 		tracer = cfg.TracerProvider.Tracer(tracerName)
 	}
 	r := &Relay{
-		cfg: cfg, store: store, pub: pub, own: own, perKeyLimit: 1, tracer: tracer,
+		cfg: cfg, store: store, pub: pub, own: own,
 		wake:     newWakes(),
 		parts:    map[int]*partState{},
 		gen:      newReadGen(),
@@ -118,7 +111,7 @@ func New(cfg Config, store Store, pub Publisher, own Ownership) (*Relay, error) 
 		part = cfg.Budget.join(r.wake.dispatch, r.wake.read)
 	}
 	r.mem = newMemory(cfg.ReadAheadBytes, part)
-	r.flights = newFlightBook(part)
+	r.flights = newFlightBook(part, tracer)
 	return r, nil
 }
 
@@ -153,7 +146,7 @@ func signal(c chan struct{}) {
 // Run has returned. It returns early, with its error, if the Store's
 // Listen fails for good (after settling the same way).
 func (r *Relay) Run(ctx context.Context) error {
-	r.perKeyLimit = relayhook.PerKeyLimit(ctx) // 1 but in tests; set before any goroutine reads it
+	r.flights.perKey = relayhook.PerKeyLimit(ctx) // 1 but in tests; set before any goroutine reads it
 	r.mu.Lock()
 	r.wake.start(time.Now())
 	r.mu.Unlock()

@@ -22,7 +22,9 @@ import (
 //     until it is marked, its failure recorded, or it turns out unsent.
 //     Relay.flights owns them all and moves each through its states in one
 //     function; every count of flights (per key, per partition, the
-//     node's unconfirmed and in flight) follows from those moves.
+//     node's unconfirmed and in flight) follows from those moves. It
+//     also holds how many flights of one key may be unsettled at once
+//     (perKey: 1 but in tests) and the tracer that starts their spans.
 //   - Relay.gen, a readGen (readgen.go), says whether a row a read
 //     returned is newer than what memory holds: whether marks or failure
 //     records were written since the read began.

@@ -38,7 +38,7 @@ const (
 // starts again from the stored context: its span is a sibling of the
 // first, in the same trace. Without a tracer it returns ctx unchanged.
 func (r *Relay) startSpan(ctx context.Context, f *flight) context.Context {
-	if r.tracer == nil {
+	if r.flights.tracer == nil {
 		return ctx
 	}
 	m := &f.msg
@@ -46,7 +46,7 @@ func (r *Relay) startSpan(ctx context.Context, f *flight) context.Context {
 	if dest == "" {
 		dest = "amq.default"
 	}
-	ctx, span := r.tracer.Start(tracing.Extract(ctx, m.Headers), "publish "+dest, trace.WithSpanKind(trace.SpanKindProducer))
+	ctx, span := r.flights.tracer.Start(tracing.Extract(ctx, m.Headers), "publish "+dest, trace.WithSpanKind(trace.SpanKindProducer))
 	if span.IsRecording() { // an unsampled span costs no attributes
 		span.SetAttributes(
 			semconv.MessagingSystemRabbitMQ,
