@@ -124,12 +124,12 @@ func newConsumeRig(ctx context.Context, o consumeOptions, label string) (*consum
 		return nil, err
 	}
 	cr := &consumeRig{Rig: r, o: o, exchange: r.Name + ".orders"}
-	err = testkit.Channel(ctx, o.AMQPURL, func(ch *amqp.Channel) error {
+	err = testkit.UseChannel(ctx, o.AMQPURL, func(ch *amqp.Channel) error {
 		return ch.ExchangeDeclare(cr.exchange, "topic", true, false, false, false, nil)
 	})
 	if err == nil {
 		r.OnClose("delete exchange "+cr.exchange, func(ctx context.Context) error {
-			return testkit.Channel(ctx, o.AMQPURL, func(ch *amqp.Channel) error { return ch.ExchangeDelete(cr.exchange, false, false) })
+			return testkit.UseChannel(ctx, o.AMQPURL, func(ch *amqp.Channel) error { return ch.ExchangeDelete(cr.exchange, false, false) })
 		})
 		_, err = r.Pool.Exec(ctx, `CREATE TABLE bench_handled (
 			n bigserial PRIMARY KEY, key text NOT NULL, seq bigint NOT NULL, message_id text NOT NULL,

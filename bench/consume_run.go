@@ -155,11 +155,11 @@ func addConsumeParams(res *result.Result, o consumeOptions, co consumeFlags) {
 
 // declareTopology declares topo and removes it at close.
 func (r *consumeRig) declareTopology(ctx context.Context, topo inbox.Topology) error {
-	if err := testkit.Channel(ctx, r.Config.AMQPURL, topo.Declare); err != nil {
+	if err := testkit.UseChannel(ctx, r.Config.AMQPURL, topo.Declare); err != nil {
 		return fmt.Errorf("declare inbox topology: %w", err)
 	}
 	r.OnClose("delete inbox topology", func(ctx context.Context) error {
-		return testkit.Channel(ctx, r.Config.AMQPURL, func(ch *amqp.Channel) error {
+		return testkit.UseChannel(ctx, r.Config.AMQPURL, func(ch *amqp.Channel) error {
 			var errs []error
 			for i := range topo.Shards {
 				_, err := ch.QueueDelete(topo.ShardQueue(i), false, false, false)
@@ -276,7 +276,7 @@ func competingOnce(ctx context.Context, o consumeOptions, co consumeFlags, n int
 	res.Param("consumers", "competing")
 	addConsumeParams(res, o, co)
 	queue := r.Name + ".competing"
-	err = testkit.Channel(ctx, o.AMQPURL, func(ch *amqp.Channel) error {
+	err = testkit.UseChannel(ctx, o.AMQPURL, func(ch *amqp.Channel) error {
 		if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
 			return err
 		}
@@ -286,7 +286,7 @@ func competingOnce(ctx context.Context, o consumeOptions, co consumeFlags, n int
 		return nil, fmt.Errorf("declare competing queue: %w", err)
 	}
 	r.OnClose("delete "+queue, func(ctx context.Context) error {
-		return testkit.Channel(ctx, o.AMQPURL, func(ch *amqp.Channel) error { _, err := ch.QueueDelete(queue, false, false, false); return err })
+		return testkit.UseChannel(ctx, o.AMQPURL, func(ch *amqp.Channel) error { _, err := ch.QueueDelete(queue, false, false, false); return err })
 	})
 	node, err := r.StartNextNode(ctx, o.AMQPURL)
 	if err != nil {

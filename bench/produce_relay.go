@@ -117,7 +117,7 @@ func startProduceClassic(o produceOptions, dbURL, name string) (stop func(), fai
 // declareProduceBroker declares the run's exchange and queue, both named
 // name, and returns their removal.
 func declareProduceBroker(ctx context.Context, o produceOptions, name string) (remove func(), err error) {
-	err = testkit.Channel(ctx, o.AMQPURL, func(ch *amqp.Channel) error {
+	err = testkit.UseChannel(ctx, o.AMQPURL, func(ch *amqp.Channel) error {
 		if err := ch.ExchangeDeclare(name, "topic", false, false, false, false, nil); err != nil {
 			return err
 		}
@@ -133,7 +133,7 @@ func declareProduceBroker(ctx context.Context, o produceOptions, name string) (r
 	return func() {
 		dctx, cancel := context.WithTimeout(context.Background(), harness.SetupTimeout)
 		defer cancel()
-		err := testkit.Channel(dctx, o.AMQPURL, func(ch *amqp.Channel) error {
+		err := testkit.UseChannel(dctx, o.AMQPURL, func(ch *amqp.Channel) error {
 			_, qerr := ch.QueueDelete(name, false, false, false)
 			return errors.Join(qerr, ch.ExchangeDelete(name, false, false))
 		})

@@ -20,7 +20,7 @@ import (
 // handlers write to: handled(key, seq) gets one row per handler commit.
 func newDB(tb testing.TB) (string, *pgxpool.Pool) {
 	tb.Helper()
-	url, pool := testkit.NewTestDB(tb, 6)
+	url, pool := testkit.NewDatabasePool(tb, 6)
 	ctx := testkit.Context(tb, 30*time.Second)
 	if err := inbox.Migrate(ctx, pool); err != nil {
 		tb.Fatal(err)

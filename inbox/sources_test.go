@@ -173,7 +173,7 @@ func TestOperatorActionsNameTheSource(t *testing.T) {
 // message without x-ordo-source continues the key at its next key_seq;
 // then that the previous release's inserts still work and mean default.
 func TestUpgradeToSources(t *testing.T) {
-	_, pool := testkit.NewTestDB(t, 4)
+	_, pool := testkit.NewDatabasePool(t, 4)
 	ctx := testkit.Context(t, 30*time.Second)
 	installBeforeSources(t, ctx, pool)
 	for _, sql := range []string{

@@ -17,7 +17,7 @@ import (
 // shipping admin test's "poison-2 dead at key_seq 2: not within 30s").
 func TestGapStoredDuringSkipIsDue(t *testing.T) {
 	testkit.RequirePostgres(t)
-	_, pool := testkit.NewTestDB(t, 4)
+	_, pool := testkit.NewDatabasePool(t, 4)
 	ctx := testkit.Context(t, 30*time.Second)
 	if err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)

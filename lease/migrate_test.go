@@ -232,7 +232,7 @@ func sameSchema(tb testing.TB, got, want []string) {
 // freshCatalog is the catalog of a database installed by this release.
 func freshCatalog(tb testing.TB) []string {
 	tb.Helper()
-	_, pool := testkit.NewTestDB(tb, 2)
+	_, pool := testkit.NewDatabasePool(tb, 2)
 	ctx := testkit.Context(tb, 30*time.Second)
 	if err := migrateAll(ctx, pool); err != nil {
 		tb.Fatal(err)
@@ -254,7 +254,7 @@ func TestUpgradeFromEarlierReleases(t *testing.T) {
 	for _, upTo := range []int{1, 2, 6, 9} {
 		t.Run(fmt.Sprintf("outbox-v%d", upTo), func(t *testing.T) {
 			t.Parallel()
-			_, pool := testkit.NewTestDB(t, 2)
+			_, pool := testkit.NewDatabasePool(t, 2)
 			ctx := testkit.Context(t, 30*time.Second)
 			if err := oldMigrate(ctx, pool, oldOutboxMigrations(t, upTo)); err != nil {
 				t.Fatalf("install as the old release: %v", err)
@@ -334,7 +334,7 @@ func checkRecords(tb testing.TB, before, after map[string]schemaRecord, oldUpTo 
 func TestUpgradeFrom813ffadKeepsData(t *testing.T) {
 	t.Parallel()
 	want := freshCatalog(t)
-	_, pool := testkit.NewTestDB(t, 4)
+	_, pool := testkit.NewDatabasePool(t, 4)
 	ctx := testkit.Context(t, 60*time.Second)
 	if err := oldMigrate(ctx, pool, oldOutboxMigrations(t, 6)); err != nil {
 		t.Fatalf("install as 813ffad: %v", err)
@@ -448,7 +448,7 @@ func dump(tb testing.TB, ctx context.Context, pool *pgxpool.Pool, table string) 
 func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 	t.Parallel()
 	want := freshCatalog(t)
-	_, pool := testkit.NewTestDB(t, 6)
+	_, pool := testkit.NewDatabasePool(t, 6)
 	ctx := testkit.Context(t, 30*time.Second)
 	var wg sync.WaitGroup
 	errs := make([]error, 6)

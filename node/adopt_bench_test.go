@@ -116,7 +116,7 @@ func articleDrain(b *testing.B, key string, n int) {
 // an exchange, and a queue bound to it whose deliveries order counts.
 // key is the rows' "CorrelationId", an SQL expression of i.
 func articleTable(b *testing.B, key string) (string, *pgxpool.Pool, string, *keyOrder) {
-	dbURL, pool := testkit.NewTestDB(b, 8)
+	dbURL, pool := testkit.NewDatabasePool(b, 8)
 	ctx := testkit.Context(b, 3*time.Minute)
 	if _, err := pool.Exec(ctx, tablesource.ArticleDDL); err != nil {
 		b.Fatal(err)

@@ -29,7 +29,7 @@ func TestAdoptedTableRelayed(t *testing.T) {
 	t.Parallel()
 	testkit.RequireRabbitMQ(t)
 	const partitions = 4
-	dbURL, pool := testkit.NewTestDB(t, 8)
+	dbURL, pool := testkit.NewDatabasePool(t, 8)
 	ctx := testkit.Context(t, 2*time.Minute)
 	if _, err := pool.Exec(ctx, tablesource.ArticleDDL); err != nil {
 		t.Fatal(err)
@@ -188,7 +188,7 @@ func TestRenamedTableRelayed(t *testing.T) {
 // relayRenamed relays table (schema.name), in snake case, end to end.
 func relayRenamed(t *testing.T, table string) {
 	schema, name, _ := strings.Cut(table, ".")
-	dbURL, pool := testkit.NewTestDB(t, 8)
+	dbURL, pool := testkit.NewDatabasePool(t, 8)
 	ctx := testkit.Context(t, 2*time.Minute)
 	if _, err := pool.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+schema+`;
 		CREATE TABLE `+table+` (
@@ -249,7 +249,7 @@ func TestAdoptedTableBesideAnOutbox(t *testing.T) {
 	testkit.RequireRabbitMQ(t)
 	const partitions = 4
 	ob := testkit.NewOutbox(t, partitions, 4)
-	shopURL, shop := testkit.NewTestDB(t, 4)
+	shopURL, shop := testkit.NewDatabasePool(t, 4)
 	ctx := testkit.Context(t, 2*time.Minute)
 	if _, err := shop.Exec(ctx, tablesource.ArticleDDL); err != nil {
 		t.Fatal(err)
@@ -280,7 +280,7 @@ func TestAdoptedTableCreatedLater(t *testing.T) {
 	t.Parallel()
 	testkit.RequireRabbitMQ(t)
 	const partitions = 4
-	dbURL, pool := testkit.NewTestDB(t, 4)
+	dbURL, pool := testkit.NewDatabasePool(t, 4)
 	ctx := testkit.Context(t, time.Minute)
 	ex := testkit.NewExchange(t)
 	checker := testkit.NewChecker(t, testkit.AMQPURL(), ex)
@@ -322,7 +322,7 @@ func TestAdoptedTableBacklogInStatus(t *testing.T) {
 	t.Parallel()
 	testkit.RequireRabbitMQ(t)
 	const partitions, rows = 4, 6
-	dbURL, pool := testkit.NewTestDB(t, 8)
+	dbURL, pool := testkit.NewDatabasePool(t, 8)
 	ctx := testkit.Context(t, 2*time.Minute)
 	if _, err := pool.Exec(ctx, tablesource.ArticleDDL); err != nil {
 		t.Fatal(err)

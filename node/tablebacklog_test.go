@@ -17,7 +17,7 @@ import (
 // table and the leases of 4 partitions, ordo_table_rows never analyzed.
 func tableRows(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	_, pool := testkit.NewTestDB(t, 2)
+	_, pool := testkit.NewDatabasePool(t, 2)
 	ctx := testkit.Context(t, 60*time.Second)
 	if err := lease.Migrate(ctx, pool, 4); err != nil {
 		t.Fatal(err)

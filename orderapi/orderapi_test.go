@@ -427,7 +427,7 @@ func TestUnknownOrder(t *testing.T) {
 
 func TestMigrateIsIdempotent(t *testing.T) {
 	t.Parallel()
-	_, pool := testkit.NewTestDB(t, 4)
+	_, pool := testkit.NewDatabasePool(t, 4)
 	ctx := testkit.Context(t, 30*time.Second)
 	var wg sync.WaitGroup
 	errs := make([]error, 3)

@@ -33,7 +33,7 @@ func BenchmarkEnqueueTrigger(b *testing.B) {
 }
 
 func benchEnqueue(b *testing.B, migration string, batch int) {
-	_, pool := testkit.NewTestDB(b, 2)
+	_, pool := testkit.NewDatabasePool(b, 2)
 	ctx := testkit.Context(b, 10*time.Minute)
 	if err := outbox.Migrate(ctx, pool, 64); err != nil {
 		b.Fatal(err)

@@ -47,7 +47,7 @@ func orElse(s, empty string) string {
 }
 
 func keyIndexUpgrade(t *testing.T, before string) {
-	_, pool := testkit.NewTestDB(t, 2)
+	_, pool := testkit.NewDatabasePool(t, 2)
 	ctx := testkit.Context(t, 60*time.Second)
 	older := fstest.MapFS{}
 	err := fs.WalkDir(outbox.Migrations, "migrations", func(path string, d fs.DirEntry, err error) error {

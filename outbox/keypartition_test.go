@@ -92,7 +92,7 @@ func TestPlainInsertPartitionMismatch(t *testing.T) {
 // when the database had migration 0008 before 0007.
 func TestKeyPartitionBackfill(t *testing.T) {
 	t.Parallel()
-	_, pool := testkit.NewTestDB(t, 2)
+	_, pool := testkit.NewDatabasePool(t, 2)
 	ctx := testkit.Context(t, 30*time.Second)
 	// Install migrations 1 to 8 but 0007, as main did before 0007 was
 	// merged (0008 came first), and write some rows. (Later migrations

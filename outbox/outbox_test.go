@@ -21,7 +21,7 @@ import (
 
 func setup(t *testing.T, conns int32) (*pgxpool.Pool, *outbox.Producer) {
 	t.Helper()
-	_, pool := testkit.NewTestDB(t, conns)
+	_, pool := testkit.NewDatabasePool(t, conns)
 	ctx := testkit.Context(t, 30*time.Second)
 	if err := outbox.Migrate(ctx, pool, 64); err != nil {
 		t.Fatal(err)
@@ -39,7 +39,7 @@ func msg(key string) outbox.Message {
 
 func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 	t.Parallel()
-	_, pool := testkit.NewTestDB(t, 8)
+	_, pool := testkit.NewDatabasePool(t, 8)
 	ctx := testkit.Context(t, 30*time.Second)
 	var wg sync.WaitGroup
 	errs := make(chan error, 6)

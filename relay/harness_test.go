@@ -43,7 +43,7 @@ type harness struct {
 func newHarness(t *testing.T) *harness {
 	t.Helper()
 	testkit.RequireRabbitMQ(t)
-	dbURL, pool := testkit.NewTestDB(t, 6)
+	dbURL, pool := testkit.NewDatabasePool(t, 6)
 	ctx := testkit.Context(t, 30*time.Second)
 	if err := outbox.Migrate(ctx, pool, testPartitions); err != nil {
 		t.Fatal(err)

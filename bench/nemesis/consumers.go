@@ -135,14 +135,14 @@ func (c *consumerRun) logf(format string, args ...any) {
 func (c *consumerRun) setup(ctx context.Context) error {
 	r, o := c.r, c.o
 	c.exchange = r.Name + "_events"
-	err := testkit.Channel(ctx, o.AMQPURL, func(ch *amqp.Channel) error {
+	err := testkit.UseChannel(ctx, o.AMQPURL, func(ch *amqp.Channel) error {
 		return ch.ExchangeDeclare(c.exchange, "topic", true, false, false, false, nil)
 	})
 	if err != nil {
 		return fmt.Errorf("declare exchange %s: %w", c.exchange, err)
 	}
 	r.OnClose("delete exchange "+c.exchange, func(ctx context.Context) error {
-		return testkit.Channel(ctx, o.AMQPURL, func(ch *amqp.Channel) error { return ch.ExchangeDelete(c.exchange, false, false) })
+		return testkit.UseChannel(ctx, o.AMQPURL, func(ch *amqp.Channel) error { return ch.ExchangeDelete(c.exchange, false, false) })
 	})
 	group := "nemesis-" + r.Name[len(r.Name)-8:]
 	if err := c.shippingDatabase(ctx, group); err != nil {
@@ -192,7 +192,7 @@ func (c *consumerRun) shippingDatabase(ctx context.Context, group string) error 
 	icfg.Exchange, icfg.Bindings, icfg.Shards, icfg.Partitions = c.exchange, []string{shippingBindings}, shippingShards, o.Partitions
 	topo := inbox.TopologyOf(icfg)
 	r.OnClose("delete the shipping topology", func(ctx context.Context) error {
-		return testkit.Channel(ctx, o.AMQPURL, func(ch *amqp.Channel) error {
+		return testkit.UseChannel(ctx, o.AMQPURL, func(ch *amqp.Channel) error {
 			var errs []error
 			for i := range topo.Shards {
 				_, err := ch.QueueDelete(topo.ShardQueue(i), false, false, false)

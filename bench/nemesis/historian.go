@@ -71,7 +71,7 @@ func deliveryFromAMQP(m amqp.Delivery) delivery {
 // declare creates the durable queue and binds it, once, before anything is
 // published: from then on it keeps whatever is routed to it.
 func (h *historian) declare(ctx context.Context) error {
-	return testkit.Channel(ctx, h.url, func(ch *amqp.Channel) error {
+	return testkit.UseChannel(ctx, h.url, func(ch *amqp.Channel) error {
 		if _, err := ch.QueueDeclare(h.queue, true, false, false, false, nil); err != nil {
 			return fmt.Errorf("declare queue %s: %w", h.queue, err)
 		}
@@ -84,7 +84,7 @@ func (h *historian) declare(ctx context.Context) error {
 
 // remove deletes the queue.
 func (h *historian) remove(ctx context.Context) error {
-	err := testkit.Channel(ctx, h.url, func(ch *amqp.Channel) error {
+	err := testkit.UseChannel(ctx, h.url, func(ch *amqp.Channel) error {
 		_, err := ch.QueueDelete(h.queue, false, false, false)
 		return err
 	})

@@ -17,7 +17,7 @@ import (
 // later, or says the row was never numbered.
 func TestPlantedRowWithoutKeySeq(t *testing.T) {
 	testkit.RequirePostgres(t)
-	_, pool := testkit.NewTestDB(t, 2)
+	_, pool := testkit.NewDatabasePool(t, 2)
 	ctx := testkit.Context(t, 30*time.Second)
 	if err := outbox.Migrate(ctx, pool, 8); err != nil {
 		t.Fatal(err)

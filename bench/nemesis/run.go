@@ -154,14 +154,14 @@ func (n *nemesis) setup(ctx context.Context) error {
 	exchange := r.Name + "_events"
 	n.voidExchange, n.missingExchange = r.Name+"_void", r.Name+"_missing"
 	for _, ex := range []string{exchange, n.voidExchange} {
-		err := testkit.Channel(ctx, n.o.AMQPURL, func(ch *amqp.Channel) error {
+		err := testkit.UseChannel(ctx, n.o.AMQPURL, func(ch *amqp.Channel) error {
 			return ch.ExchangeDeclare(ex, "topic", true, false, false, false, nil)
 		})
 		if err != nil {
 			return fmt.Errorf("declare exchange %s: %w", ex, err)
 		}
 		r.OnClose("delete exchange "+ex, func(ctx context.Context) error {
-			return testkit.Channel(ctx, n.o.AMQPURL, func(ch *amqp.Channel) error { return ch.ExchangeDelete(ex, false, false) })
+			return testkit.UseChannel(ctx, n.o.AMQPURL, func(ch *amqp.Channel) error { return ch.ExchangeDelete(ex, false, false) })
 		})
 	}
 	n.hist = newHistorian(n.o.AMQPURL, exchange, r.Name+"_checker")

@@ -23,7 +23,7 @@ import (
 // and a second run finds nothing to do.
 func TestDropKeySeqTriggerCommand(t *testing.T) {
 	testkit.RequirePostgres(t)
-	url, pool := testkit.NewTestDB(t, 4)
+	url, pool := testkit.NewDatabasePool(t, 4)
 	ctx := testkit.Context(t, 60*time.Second)
 	if err := outbox.Migrate(ctx, pool, 8); err != nil {
 		t.Fatal(err)

@@ -19,7 +19,7 @@ import (
 // exits, having created, published and marked nothing.
 func TestTableDryRun(t *testing.T) {
 	t.Parallel()
-	dbURL, pool := testkit.NewTestDB(t, 2)
+	dbURL, pool := testkit.NewDatabasePool(t, 2)
 	ctx := testkit.Context(t, 30*time.Second)
 	if _, err := pool.Exec(ctx, tablesource.ArticleDDL); err != nil {
 		t.Fatal(err)

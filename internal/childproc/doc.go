@@ -3,6 +3,6 @@
 // its output kept line by line (and dying with its parent), and PickPort
 // and PickAddr find free local ports for it. Tests use it through
 // internal/testkit's testing.TB wrappers (BuildBinary, StartProcess,
-// FreePort, FreeAddr); cmd/demo and the bench use it directly. It links
+// FreeAddr); cmd/demo and the bench use it directly. It links
 // neither testing nor a test kit, so a command may use it.
 package childproc

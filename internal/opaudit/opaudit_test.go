@@ -30,7 +30,7 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	url, direct := testkit.NewTestDB(t, 2)
+	url, direct := testkit.NewDatabasePool(t, 2)
 	ctx := testkit.Context(t, 60*time.Second)
 	if _, err := direct.Exec(ctx, `
 CREATE TABLE thing (id int PRIMARY KEY, state text NOT NULL);

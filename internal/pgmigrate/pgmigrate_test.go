@@ -30,7 +30,7 @@ func apply(t *testing.T, ctx context.Context, pool *pgxpool.Pool, fsys fstest.Ma
 // than the binary is refused.
 func TestApplyFillsInLowerVersions(t *testing.T) {
 	t.Parallel()
-	_, pool := testkit.NewTestDB(t, 2)
+	_, pool := testkit.NewDatabasePool(t, 2)
 	ctx := testkit.Context(t, 30*time.Second)
 	fsys := fstest.MapFS{
 		"m/0001_a.sql": {Data: []byte(`CREATE TABLE t (v text)`)},
@@ -61,7 +61,7 @@ func TestApplyFillsInLowerVersions(t *testing.T) {
 // the former record stays, and Apply then runs only what was not adopted.
 func TestAdoptMatchesVersionAndName(t *testing.T) {
 	t.Parallel()
-	_, pool := testkit.NewTestDB(t, 2)
+	_, pool := testkit.NewDatabasePool(t, 2)
 	ctx := testkit.Context(t, 30*time.Second)
 	old := fstest.MapFS{
 		"m/0001_t.sql": {Data: []byte(`CREATE TABLE t (v text)`)},

@@ -28,16 +28,16 @@ func NewExchange(tb testing.TB) string {
 // tb if any step fails; the connection is closed before it returns.
 func WithChannel(tb testing.TB, f func(*amqp.Channel) error) {
 	tb.Helper()
-	if err := Channel(context.Background(), AMQPURL(), f); err != nil {
+	if err := UseChannel(context.Background(), AMQPURL(), f); err != nil {
 		tb.Fatal(err)
 	}
 }
 
-// Channel runs f on a fresh connection to amqpURL and a channel on it, and
+// UseChannel runs f on a fresh connection to amqpURL and a channel on it, and
 // closes the connection before it returns. ctx bounds the dial only (at
 // most 10 s): amqp091-go calls take no context. It is WithChannel for
 // programs that are not tests (the bench).
-func Channel(ctx context.Context, amqpURL string, f func(*amqp.Channel) error) error {
+func UseChannel(ctx context.Context, amqpURL string, f func(*amqp.Channel) error) error {
 	d := 10 * time.Second
 	if dl, ok := ctx.Deadline(); ok {
 		d = min(d, time.Until(dl))

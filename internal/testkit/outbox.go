@@ -29,7 +29,7 @@ type Outbox struct {
 // it skips tb (fails it in CI) when PostgreSQL cannot be reached.
 func NewOutbox(tb testing.TB, partitions int, maxConns int32) *Outbox {
 	tb.Helper()
-	dbURL, pool := NewTestDB(tb, maxConns)
+	dbURL, pool := NewDatabasePool(tb, maxConns)
 	if err := outbox.Migrate(Context(tb, 30*time.Second), pool, partitions); err != nil {
 		tb.Fatalf("outbox.Migrate: %v", err)
 	}

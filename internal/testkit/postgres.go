@@ -82,8 +82,8 @@ func NewPool(tb testing.TB, dbURL string, maxConns int32) *pgxpool.Pool {
 	return pool
 }
 
-// NewTestDB is NewDatabase plus NewPool with maxConns connections.
-func NewTestDB(tb testing.TB, maxConns int32) (string, *pgxpool.Pool) {
+// NewDatabasePool is NewDatabase plus NewPool with maxConns connections.
+func NewDatabasePool(tb testing.TB, maxConns int32) (string, *pgxpool.Pool) {
 	tb.Helper()
 	u := NewDatabase(tb)
 	return u, NewPool(tb, u, maxConns)

@@ -44,7 +44,7 @@ func TestPlansFollowTheWork(t *testing.T) {
 // so that buffer counts follow the statements alone.
 func planDB(t *testing.T) (*pgxpool.Pool, context.Context) {
 	t.Helper()
-	_, pool := testkit.NewTestDB(t, 2)
+	_, pool := testkit.NewDatabasePool(t, 2)
 	ctx := testkit.Context(t, 5*time.Minute)
 	if err := outbox.Migrate(ctx, pool, 64); err != nil {
 		t.Fatal(err)
@@ -345,7 +345,7 @@ func TestLeanNumberingSkipsParkedKeys(t *testing.T) {
 // this connection as notices.
 func TestJournalNeverJoinsItsSetsRowByRow(t *testing.T) {
 	testkit.RequirePostgres(t)
-	url, pool := testkit.NewTestDB(t, 2)
+	url, pool := testkit.NewDatabasePool(t, 2)
 	ctx := testkit.Context(t, 5*time.Minute)
 	if err := outbox.Migrate(ctx, pool, 64); err != nil {
 		t.Fatal(err)

@@ -18,7 +18,7 @@ import (
 // BenchmarkReadPending is the relay's read against the real PostgreSQL:
 // one page of every partition from a 100,000-row backlog over 10,000 keys.
 func BenchmarkReadPending(b *testing.B) {
-	_, pool := testkit.NewTestDB(b, 4)
+	_, pool := testkit.NewDatabasePool(b, 4)
 	ctx := testkit.Context(b, 5*time.Minute)
 	if err := outbox.Migrate(ctx, pool, 64); err != nil {
 		b.Fatal(err)

@@ -39,7 +39,7 @@ func newNumberingHarness(t *testing.T) relaytest.StoreHarness {
 }
 
 func newHarness(t *testing.T, trigger bool) *pgHarness {
-	_, pool := testkit.NewTestDB(t, 4)
+	_, pool := testkit.NewDatabasePool(t, 4)
 	if err := outbox.Migrate(testkit.Context(t, 30*time.Second), pool, 8); err != nil {
 		t.Fatal(err)
 	}

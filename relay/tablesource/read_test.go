@@ -23,7 +23,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7)`
 
 func articleDB(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	_, pool := testkit.NewTestDB(t, 4)
+	_, pool := testkit.NewDatabasePool(t, 4)
 	if _, err := pool.Exec(context.Background(), tablesource.ArticleDDL); err != nil {
 		t.Fatalf("create the article's table: %v", err)
 	}

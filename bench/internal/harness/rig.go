@@ -160,7 +160,7 @@ func (r *Rig) StartNextNode(ctx context.Context, amqpURL string, env ...string) 
 // bound to it even if the bench dies before its cleanup.
 func (r *Rig) DeclareExchange(ctx context.Context) error {
 	name := r.Name
-	err := testkit.Channel(ctx, r.Config.AMQPURL, func(ch *amqp.Channel) error {
+	err := testkit.UseChannel(ctx, r.Config.AMQPURL, func(ch *amqp.Channel) error {
 		return ch.ExchangeDeclare(name, "topic", false, true, false, false, nil)
 	})
 	if err != nil {
@@ -168,7 +168,7 @@ func (r *Rig) DeclareExchange(ctx context.Context) error {
 	}
 	r.Exchange = name
 	r.OnClose("delete exchange "+name, func(ctx context.Context) error {
-		err := testkit.Channel(ctx, r.Config.AMQPURL, func(ch *amqp.Channel) error {
+		err := testkit.UseChannel(ctx, r.Config.AMQPURL, func(ch *amqp.Channel) error {
 			return ch.ExchangeDelete(name, false, false)
 		})
 		var aerr *amqp.Error
