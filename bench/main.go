@@ -48,8 +48,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"strconv"
-	"strings"
 	"syscall"
 
 	"github.com/ordo-relay/ordo/bench/internal/result"
@@ -129,19 +127,6 @@ func allScenarios() []*scenario {
 		out = append(out, &scenarios[i])
 	}
 	return out
-}
-
-// parseCounts parses "1,2,3" into positive counts of at most 8.
-func parseCounts(flagName, s string) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 || n > 8 {
-			return nil, fmt.Errorf("-%s %q: want comma-separated counts from 1 to 8", flagName, s)
-		}
-		out = append(out, n)
-	}
-	return out, nil
 }
 
 func findScenario(name string) *scenario {

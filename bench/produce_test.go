@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"io"
 	"math"
 	"strings"
 	"testing"
@@ -11,29 +10,6 @@ import (
 	"github.com/ordo-relay/ordo/bench/internal/result"
 	"github.com/ordo-relay/ordo/internal/testkit"
 )
-
-func TestProduceFlags(t *testing.T) {
-	none := func(string) (string, bool) { return "", false }
-	o := parseOne[produceOptions](t, none, "produce", "-produce-producers", "2,4", "-produce-rows", "1,5", "-produce-variants", "ordo-sql,bare")
-	p := o.Produce
-	if len(p.Producers) != 2 || p.Producers[1] != 4 || p.Rows[1] != 5 {
-		t.Fatalf("producers %v, rows %v", p.Producers, p.Rows)
-	}
-	if strings.Join(p.Variants, ",") != "classic,ordo-sql,bare" {
-		t.Fatalf("variants %v: want classic first, then the ones asked for", p.Variants)
-	}
-	if o := parseOne[produceOptions](t, none, "produce"); len(o.Produce.Variants) != len(produceVariants) || o.Produce.Reps != 3 {
-		t.Fatalf("defaults: variants %v, reps %d", o.Produce.Variants, o.Produce.Reps)
-	}
-	for _, bad := range [][]string{
-		{"-produce-producers", "0"}, {"-produce-producers", "65"}, {"-produce-rows", "x"},
-		{"-produce-variants", "nosuch"}, {"-produce-reps", "0"}, {"-produce-duration", "0s"},
-	} {
-		if _, err := parseArgs(append([]string{"produce"}, bad...), none, io.Discard); err == nil {
-			t.Errorf("%v accepted", bad)
-		}
-	}
-}
 
 // TestProduceSummary checks the medians and the ratios to classic on
 // made-up runs.

@@ -64,22 +64,6 @@ func slicesIndex(defs []shapeDef, name string) int {
 	return -1
 }
 
-func TestParseShapes(t *testing.T) {
-	if got, err := parseShapes("all"); err != nil || len(got) != len(shapeDefs(false)) {
-		t.Fatalf("all = %v, %v", got, err)
-	}
-	if got, err := parseShapes("10x2000, stopwait"); err != nil || strings.Join(got, ",") != "10x2000,stopwait" {
-		t.Fatalf("list = %v, %v", got, err)
-	}
-	if _, err := parseShapes("10x2000,nosuch"); err == nil || !strings.Contains(err.Error(), "nosuch") {
-		t.Fatalf("unknown shape: %v", err)
-	}
-	none := func(string) (string, bool) { return "", false }
-	if o := parseOne[shapesOptions](t, none, "shapes", "-shapes", "1x20000"); len(o.Shapes) != 1 || o.Shapes[0] != "1x20000" {
-		t.Fatalf("-shapes 1x20000: %v", o.Shapes)
-	}
-}
-
 func TestSplitRelayCPU(t *testing.T) {
 	tests := []struct {
 		name              string

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,37 +15,6 @@ import (
 	"github.com/ordo-relay/ordo/bench/internal/result"
 	"github.com/ordo-relay/ordo/internal/testkit"
 )
-
-func TestSourcesFlags(t *testing.T) {
-	none := func(string) (string, bool) { return "", false }
-	p := parseOne[sourcesOptions](t, none, "sources").Sources
-	if !slices.Equal(p.Counts, []int{1, 2}) || p.Cap != 0.25 || p.Reps != 2 || p.Producers != 4 || p.Nodes != 1 || p.PGVersion != "15" ||
-		p.Partitions != nil || !slices.Equal(p.Budget, []string{budgetShared}) || p.Trickle != 0 {
-		t.Fatalf("defaults %+v", p)
-	}
-	env := map[string]string{"ORDO_BENCH_SOURCES_REPS": "3"}
-	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
-	p = parseOne[sourcesOptions](t, lookup, "sources", "-sources-counts", "2,1", "-sources-cap", "0.25", "-sources-node-cap", "0.5",
-		"-sources-producers", "8", "-sources-period", "50ms", "-sources-partitions", "8,32", "-sources-budget", "unshared,shared",
-		"-sources-duration", "0s").Sources
-	if !slices.Equal(p.Counts, []int{2, 1}) || p.Cap != 0.25 || p.NodeCap != 0.5 || p.Producers != 8 ||
-		p.Period != 50*time.Millisecond || p.Reps != 3 || !slices.Equal(p.Partitions, []int{8, 32}) ||
-		!slices.Equal(p.Budget, []string{budgetUnshared, budgetShared}) || p.Duration != 0 {
-		t.Fatalf("parsed %+v", p)
-	}
-	for _, bad := range [][]string{
-		{"-sources-counts", "3"}, {"-sources-counts", "0"}, {"-sources-cap", "0"}, {"-sources-cap", "3"},
-		{"-sources-node-cap", "-1"}, {"-sources-period", "0s"}, {"-sources-rows", "1"}, {"-sources-keys", "30000"},
-		{"-sources-producers", "1"}, {"-sources-duration", "-1s"}, {"-sources-reps", "0"}, {"-sources-nodes", "9"},
-		{"-sources-pg-version", "15; rm"}, {"-sources-partitions", "8"}, {"-sources-partitions", "8,16,32"},
-		{"-sources-partitions", "8,0"}, {"-sources-partitions", "8,4097"}, {"-sources-partitions", "8,x"},
-		{"-sources-budget", "none"}, {"-sources-budget", ""}, {"-sources-trickle", "-1"}, {"-sources-trickle", "50"},
-	} {
-		if _, err := parseArgs(append([]string{"sources"}, bad...), none, io.Discard); err == nil {
-			t.Errorf("%v accepted", bad)
-		}
-	}
-}
 
 // TestSourcesRunsAndNodeEnv: each repetition runs one source once and
 // two once per budget mode; the nodes get each source's partition count

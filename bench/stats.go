@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -136,4 +137,22 @@ func addCPU(r *result.Result, start, end cpuSample, prefix string) {
 		r.Figure(prefix+"machine_busy", 100*busy.Seconds()/(wall.Seconds()*float64(runtime.NumCPU())), "%")
 	}
 	r.Seconds(prefix+"cpu_window_seconds", end.at.Sub(start.at))
+}
+
+// thousands formats n with commas: 12,345.
+func thousands(n int64) string {
+	s := fmt.Sprint(n)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
 }
