@@ -10,6 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ordo-relay/ordo/bench/internal/consume"
+	"github.com/ordo-relay/ordo/bench/internal/drain"
+	"github.com/ordo-relay/ordo/bench/internal/measure"
+	"github.com/ordo-relay/ordo/bench/internal/shapes"
+	"github.com/ordo-relay/ordo/bench/internal/steady"
+
 	"github.com/google/uuid"
 
 	"github.com/ordo-relay/ordo/bench/internal/result"
@@ -99,14 +105,14 @@ func TestParseArgs(t *testing.T) {
 	if len(invs) != 2 || invs[0].s.name != "latency" || invs[1].s.name != "drain" {
 		t.Fatalf("%d scenarios, want latency then drain", len(invs))
 	}
-	lat, drain := invs[0].o.(*latencyOptions), invs[1].o.(*drainOptions)
-	if lat.Rate != 300 || orDefault(lat.Keys, 10000) != 10000 {
+	lat, drain := invs[0].o.(*steady.LatencyOptions), invs[1].o.(*drain.Options)
+	if lat.Rate != 300 || measure.OrDefault(lat.Keys, 10000) != 10000 {
 		t.Fatalf("latency: rate %d, want 300 (its flag beats the environment)", lat.Rate)
 	}
 	if drain.Rows != 500 || len(drain.Nodes) != 2 {
 		t.Fatalf("drain: rows %d nodes %v; want 500 (environment), 1,2", drain.Rows, drain.Nodes)
 	}
-	for _, o := range []*common{&lat.common, &drain.common} {
+	for _, o := range []*measure.Common{&lat.Common, &drain.Common} {
 		if o.Partitions != 16 || o.Timeout != time.Minute {
 			t.Fatalf("common flags: partitions %d timeout %v, want 16 (flag) and 1m (environment)", o.Partitions, o.Timeout)
 		}
@@ -265,22 +271,22 @@ func TestMeasureOutage(t *testing.T) {
 		"afterward": {13.5, 13.2 + 0.4},
 	}
 	var ids []string
-	commits := map[string]commitTimes{}
+	commits := map[string]measure.CommitTimes{}
 	recv := map[string]time.Time{}
 	for id, v := range msgs {
 		ids = append(ids, id)
-		commits[id] = commitTimes{committed: at(v[0])}
+		commits[id] = measure.CommitTimes{Committed: at(v[0])}
 		recv[id] = at(v[1])
 	}
-	m := measureOutage(ids, commits, recv, cut, restore, 3*time.Second)
-	if m.duringOutage != 2 || m.backlog != 3 || m.deliveredDuringOutage != 1 {
-		t.Errorf("during=%d backlog=%d deliveredDuring=%d; want 2 3 1", m.duringOutage, m.backlog, m.deliveredDuringOutage)
+	m := steady.MeasureOutage(ids, commits, recv, cut, restore, 3*time.Second)
+	if m.DuringOutage != 2 || m.Backlog != 3 || m.DeliveredDuringOutage != 1 {
+		t.Errorf("during=%d backlog=%d deliveredDuring=%d; want 2 3 1", m.DuringOutage, m.Backlog, m.DeliveredDuringOutage)
 	}
-	if !m.firstOutageMsg.Equal(at(14.5)) || !m.drainedAt.Equal(at(15)) || !m.firstAfterRestore.Equal(at(13.4)) {
-		t.Errorf("firstOutage=%v drained=%v firstAfter=%v", m.firstOutageMsg.Sub(t0), m.drainedAt.Sub(t0), m.firstAfterRestore.Sub(t0))
+	if !m.FirstOutageMsg.Equal(at(14.5)) || !m.DrainedAt.Equal(at(15)) || !m.FirstAfterRestore.Equal(at(13.4)) {
+		t.Errorf("firstOutage=%v drained=%v firstAfter=%v", m.FirstOutageMsg.Sub(t0), m.DrainedAt.Sub(t0), m.FirstAfterRestore.Sub(t0))
 	}
-	if len(m.steady) != 1 || m.steady[0] != 4*time.Millisecond {
-		t.Errorf("steady = %v, want [4ms]", m.steady)
+	if len(m.Steady) != 1 || m.Steady[0] != 4*time.Millisecond {
+		t.Errorf("steady = %v, want [4ms]", m.Steady)
 	}
 }
 
@@ -300,7 +306,7 @@ func TestParseCounts(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseCounts("nodes", tc.in)
+			got, err := measure.ParseCounts("nodes", tc.in)
 			if (err == nil) != tc.ok || tc.ok && !slices.Equal(got, tc.want) {
 				t.Fatalf("parseCounts(%q) = %v, %v; want %v (ok %v)", tc.in, got, err, tc.want, tc.ok)
 			}
@@ -323,10 +329,10 @@ func TestDefaultScenarioAndQuick(t *testing.T) {
 	if !slices.Equal(o.drain.Nodes, []int{1, 2, 3}) || !slices.Equal(o.classic.Instances, []int{1, 2}) {
 		t.Fatalf("compare: drain nodes %v, classic instances %v; want 1,2,3 and 1,2", o.drain.Nodes, o.classic.Instances)
 	}
-	if c := parseOne[consumeOptions](t, none, "-quick", "consume").Consume; c.Orders != 300 || c.Latency != 3*time.Second {
+	if c := parseOne[consume.Options](t, none, "-quick", "consume").Consume; c.Orders != 300 || c.Latency != 3*time.Second {
 		t.Fatalf("-quick consume: orders %d latency %v, want 300 and 3s", c.Orders, c.Latency)
 	}
-	if o := parseOne[shapesOptions](t, none, "-quick", "shapes"); o.Warmup != 2*time.Second || !o.Quick {
+	if o := parseOne[shapes.Options](t, none, "-quick", "shapes"); o.Warmup != 2*time.Second || !o.Quick {
 		t.Fatalf("-quick shapes: warmup %v quick %v, want 2s (not a -quick flag) and true", o.Warmup, o.Quick)
 	}
 }
@@ -361,34 +367,34 @@ func TestBaselineReordersDoNotFail(t *testing.T) {
 func TestMeasureRace(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
-	commits := map[string]commitTimes{
-		"p1": {key: "o1", typ: "OrderPlaced", committed: at(0)},
-		"c1": {key: "o1", typ: "OrderCancelled", committed: at(2)},
-		"p2": {key: "o2", typ: "OrderPlaced", committed: at(1)},
-		"c2": {key: "o2", typ: "OrderCancelled", committed: at(4)},
-		"p3": {key: "o3", typ: "OrderPlaced", committed: at(5)}, // its Cancel never committed
+	commits := map[string]measure.CommitTimes{
+		"p1": {Key: "o1", Typ: "OrderPlaced", Committed: at(0)},
+		"c1": {Key: "o1", Typ: "OrderCancelled", Committed: at(2)},
+		"p2": {Key: "o2", Typ: "OrderPlaced", Committed: at(1)},
+		"c2": {Key: "o2", Typ: "OrderCancelled", Committed: at(4)},
+		"p3": {Key: "o3", Typ: "OrderPlaced", Committed: at(5)}, // its Cancel never committed
 	}
 	recv := map[string]time.Time{
 		"p1": at(10), "c1": at(11), // in order
 		"p2": at(30), "c2": at(20), // reversed
 		"p3": at(12),
 	}
-	m := measureRace([]string{"p1", "p2", "c1", "c2", "p3"}, commits, recv)
-	if m.orders != 2 || m.reversed != 1 || len(m.gaps) != 2 {
-		t.Fatalf("orders=%d reversed=%d gaps=%v; want 2 1 [2ms 3ms]", m.orders, m.reversed, m.gaps)
+	m := steady.MeasureRace([]string{"p1", "p2", "c1", "c2", "p3"}, commits, recv)
+	if m.Orders != 2 || m.Reversed != 1 || len(m.Gaps) != 2 {
+		t.Fatalf("orders=%d reversed=%d gaps=%v; want 2 1 [2ms 3ms]", m.Orders, m.Reversed, m.Gaps)
 	}
 }
 
 func TestPublishLag(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
-	first := map[int]epochFirst{
-		1: {at: at(130), id: "backlog"}, // committed before the claim: lag from the claim
-		2: {at: at(250), id: "later"},   // committed after the claim: lag from the commit
+	first := map[int]measure.EpochFirst{
+		1: {At: at(130), ID: "backlog"}, // committed before the claim: lag from the claim
+		2: {At: at(250), ID: "later"},   // committed after the claim: lag from the commit
 	}
 	claims := map[int]time.Time{1: at(100), 2: at(100)}
-	commits := map[string]commitTimes{"backlog": {committed: at(50)}, "later": {committed: at(240)}}
-	if got := publishLag(first, claims, commits); got != 30*time.Millisecond {
+	commits := map[string]measure.CommitTimes{"backlog": {Committed: at(50)}, "later": {Committed: at(240)}}
+	if got := steady.PublishLag(first, claims, commits); got != 30*time.Millisecond {
 		t.Fatalf("publishLag = %v, want 30ms", got)
 	}
 }
@@ -435,15 +441,15 @@ func TestComparisonRatios(t *testing.T) {
 
 func TestThousands(t *testing.T) {
 	for in, want := range map[int64]string{0: "0", 999: "999", 1000: "1,000", 1234567: "1,234,567", -4200: "-4,200"} {
-		if got := thousands(in); got != want {
+		if got := measure.Thousands(in); got != want {
 			t.Errorf("thousands(%d) = %q, want %q", in, got, want)
 		}
 	}
 }
 
 // newTestConsumer returns a consumer with no connection, for record.
-func newTestConsumer() *consumer {
-	return &consumer{rec: testkit.NewRecorder(), recv: map[string]time.Time{}, epochs: map[int]map[int64]epochFirst{}}
+func newTestConsumer() *measure.Consumer {
+	return &measure.Consumer{Rec: testkit.NewRecorder(), Recv: map[string]time.Time{}, Epochs: map[int]map[int64]measure.EpochFirst{}}
 }
 
 func TestConsumerFirstAbove(t *testing.T) {
@@ -454,15 +460,15 @@ func TestConsumerFirstAbove(t *testing.T) {
 		{MessageID: "b", CorrelationID: "k", KeySeq: 2, Partition: 7, Epoch: 4, Received: t0.Add(time.Second)},
 		{MessageID: "c", CorrelationID: "k", KeySeq: 3, Partition: 7, Epoch: 5, Received: t0.Add(2 * time.Second)},
 	} {
-		c.record(d)
+		c.Record(d)
 	}
-	if f, ok := c.firstAbove(7, 3); !ok || f.id != "b" {
+	if f, ok := c.FirstAbove(7, 3); !ok || f.ID != "b" {
 		t.Fatalf("firstAbove(7, 3) = %+v, %v; want b", f, ok)
 	}
-	if _, ok := c.firstAbove(7, 5); ok {
+	if _, ok := c.FirstAbove(7, 5); ok {
 		t.Fatal("firstAbove(7, 5) found a delivery")
 	}
-	if _, ok := c.firstAbove(8, 0); ok {
+	if _, ok := c.FirstAbove(8, 0); ok {
 		t.Fatal("firstAbove of an unseen partition found a delivery")
 	}
 }
@@ -479,7 +485,7 @@ func BenchmarkConsumerRecord(b *testing.B) {
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
-		c.record(testkit.Delivery{
+		c.Record(testkit.Delivery{
 			MessageID: ids[i%len(ids)], CorrelationID: "key-" + strconv.Itoa(i%10000),
 			KeySeq: int64(i/10000) + 1, PrevKeySeq: int64(i / 10000), HasPrevKeySeq: true,
 			Partition: i % 64, Epoch: 1, Received: now,
@@ -496,6 +502,6 @@ func BenchmarkDistribution(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		_ = distributionOf(ds)
+		_ = measure.DistributionOf(ds)
 	}
 }

@@ -12,6 +12,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/ordo-relay/ordo/bench/internal/drain"
+	"github.com/ordo-relay/ordo/bench/internal/measure"
+	"github.com/ordo-relay/ordo/bench/internal/steady"
+
 	"github.com/ordo-relay/ordo/bench/internal/result"
 )
 
@@ -36,7 +40,7 @@ func runCompare(ctx context.Context, o compareOptions, emit func(*result.Result)
 			break
 		}
 		fmt.Printf("\n=== compare: %s (%v into the run)\n", s.name, time.Since(start).Round(time.Second))
-		*s.o.base() = o.common
+		*s.o.Base() = o.Common
 		if err := s.run(ctx, collect); err != nil {
 			fmt.Fprintf(os.Stderr, "bench: compare: %s: %v\n", s.name, err)
 			errs = append(errs, fmt.Errorf("%s: %w", s.name, err))
@@ -69,21 +73,21 @@ func runCompare(ctx context.Context, o compareOptions, emit func(*result.Result)
 // compare runs drain on 1, 2 and 3 nodes and classic on 1 and 2
 // instances.
 type compareOptions struct {
-	common
-	broker         brokerOptions
-	classic        classicOptions
-	drain          drainOptions
-	latency        latencyOptions
-	classicLatency classicLatencyOptions
-	race           raceOptions
-	failover       failoverOptions
-	join           joinOptions
+	measure.Common
+	broker         drain.BrokerOptions
+	classic        drain.ClassicOptions
+	drain          drain.Options
+	latency        steady.LatencyOptions
+	classicLatency steady.ClassicLatencyOptions
+	race           steady.RaceOptions
+	failover       steady.FailoverOptions
+	join           steady.JoinOptions
 }
 
 func defaultCompareOptions() compareOptions {
-	o := compareOptions{broker: defaultBrokerOptions(), classic: defaultClassicOptions(), drain: defaultDrainOptions(),
-		latency: defaultLatencyOptions(), classicLatency: defaultClassicLatencyOptions(), race: defaultRaceOptions(),
-		failover: defaultFailoverOptions(), join: defaultJoinOptions()}
+	o := compareOptions{broker: drain.DefaultBrokerOptions(), classic: drain.DefaultClassicOptions(), drain: drain.DefaultOptions(),
+		latency: steady.DefaultLatencyOptions(), classicLatency: steady.DefaultClassicLatencyOptions(), race: steady.DefaultRaceOptions(),
+		failover: steady.DefaultFailoverOptions(), join: steady.DefaultJoinOptions()}
 	o.drain.Nodes = []int{1, 2, 3}
 	o.classic.Instances = []int{1, 2}
 	o.classicLatency.Instances = []int{1}
@@ -102,25 +106,25 @@ type compareStep struct {
 func (o *compareOptions) steps() []compareStep {
 	type emitter = func(*result.Result)
 	return []compareStep{
-		{"broker", &o.broker, func(ctx context.Context, e emitter) error { return runBroker(ctx, o.broker, e) }},
-		{"classic", &o.classic, func(ctx context.Context, e emitter) error { return runClassic(ctx, o.classic, e) }},
-		{"drain", &o.drain, func(ctx context.Context, e emitter) error { return runDrain(ctx, o.drain, e) }},
-		{"latency", &o.latency, func(ctx context.Context, e emitter) error { return runLatency(ctx, o.latency, e) }},
+		{"broker", &o.broker, func(ctx context.Context, e emitter) error { return drain.RunBroker(ctx, o.broker, e) }},
+		{"classic", &o.classic, func(ctx context.Context, e emitter) error { return drain.RunClassic(ctx, o.classic, e) }},
+		{"drain", &o.drain, func(ctx context.Context, e emitter) error { return drain.Run(ctx, o.drain, e) }},
+		{"latency", &o.latency, func(ctx context.Context, e emitter) error { return steady.RunLatency(ctx, o.latency, e) }},
 		{"classic-latency", &o.classicLatency, func(ctx context.Context, e emitter) error {
-			return runClassicLatency(ctx, o.classicLatency, e)
+			return steady.RunClassicLatency(ctx, o.classicLatency, e)
 		}},
-		{"race", &o.race, func(ctx context.Context, e emitter) error { return runRace(ctx, o.race, e) }},
-		{"failover", &o.failover, func(ctx context.Context, e emitter) error { return runFailover(ctx, o.failover, e) }},
-		{"join", &o.join, func(ctx context.Context, e emitter) error { return runJoin(ctx, o.join, e) }},
+		{"race", &o.race, func(ctx context.Context, e emitter) error { return steady.RunRace(ctx, o.race, e) }},
+		{"failover", &o.failover, func(ctx context.Context, e emitter) error { return steady.RunFailover(ctx, o.failover, e) }},
+		{"join", &o.join, func(ctx context.Context, e emitter) error { return steady.RunJoin(ctx, o.join, e) }},
 	}
 }
 
-// addFlags registers, for every flag of a step but -nodes and
+// AddFlags registers, for every flag of a step but -nodes and
 // -instances, one flag that sets it in every step that has it.
-func (o *compareOptions) addFlags(fs *flag.FlagSet) {
+func (o *compareOptions) AddFlags(fs *flag.FlagSet) {
 	for _, s := range o.steps() {
 		own := flag.NewFlagSet(s.name, flag.ContinueOnError)
-		s.o.addFlags(own)
+		s.o.AddFlags(own)
 		own.VisitAll(func(f *flag.Flag) {
 			if f.Name == "nodes" || f.Name == "instances" {
 				return
@@ -134,10 +138,10 @@ func (o *compareOptions) addFlags(fs *flag.FlagSet) {
 	}
 }
 
-func (o compareOptions) validate() error {
+func (o compareOptions) Validate() error {
 	var errs []error
 	for _, s := range o.steps() {
-		if err := s.o.validate(); err != nil {
+		if err := s.o.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", s.name, err))
 		}
 	}
@@ -295,7 +299,7 @@ func fmtRate(v float64) string {
 	if math.IsNaN(v) {
 		return "—"
 	}
-	return fmt.Sprintf("%s msg/s", thousands(int64(math.Round(v))))
+	return fmt.Sprintf("%s msg/s", measure.Thousands(int64(math.Round(v))))
 }
 
 func fmtRatio(v float64) string {
@@ -323,5 +327,5 @@ func fmtCount(v float64) string {
 	if math.IsNaN(v) {
 		return "—"
 	}
-	return thousands(int64(v))
+	return measure.Thousands(int64(v))
 }

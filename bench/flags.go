@@ -7,6 +7,8 @@ import (
 	"io"
 	"strings"
 
+	"github.com/ordo-relay/ordo/bench/internal/measure"
+
 	"github.com/ordo-relay/ordo/internal/envflag"
 )
 
@@ -70,14 +72,14 @@ func (e *notItsFlagError) Error() string {
 // ORDO_BENCH_<FLAG> (through lookup) when set there. Help (-h) is written
 // to out and returned as flag.ErrHelp.
 func parseArgs(args []string, lookup func(string) (string, bool), out io.Writer) ([]invocation, error) {
-	c := defaultCommon()
+	c := measure.DefaultCommon()
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	addCommonFlags(fs, &c)
+	measure.AddCommonFlags(fs, &c)
 	fs.Usage = envflag.Usage(fs, envPrefix, commonUsage())
 	if err := parseFlags(fs, args, lookup, out); err != nil {
 		return nil, hintScenarioFlag(err)
 	}
-	if err := c.check(); err != nil {
+	if err := c.Check(); err != nil {
 		return nil, err
 	}
 	args = fs.Args()
@@ -128,9 +130,9 @@ func parseFlags(fs *flag.FlagSet, args []string, lookup func(string) (string, bo
 // scenarioOptions parses s's flags from args, which start right after its
 // name, into s's defaults over the common flags c, and returns the options
 // and the arguments after s's flags.
-func scenarioOptions(s *scenario, c common, args []string, lookup func(string) (string, bool), out io.Writer) (settings, []string, error) {
+func scenarioOptions(s *scenario, c measure.Common, args []string, lookup func(string) (string, bool), out io.Writer) (settings, []string, error) {
 	o := s.options()
-	*o.base() = c
+	*o.Base() = c
 	fs := scenarioFlagSet(s, o)
 	if err := parseFlags(fs, args, lookup, out); err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", s.name, notItsFlag(s, err))
@@ -146,7 +148,7 @@ func scenarioOptions(s *scenario, c common, args []string, lookup func(string) (
 			}
 		}
 	}
-	if err := o.validate(); err != nil {
+	if err := o.Validate(); err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", s.name, err)
 	}
 	return o, fs.Args(), nil
@@ -155,7 +157,7 @@ func scenarioOptions(s *scenario, c common, args []string, lookup func(string) (
 // scenarioFlagSet returns a flag set with s's own flags, bound to o.
 func scenarioFlagSet(s *scenario, o settings) *flag.FlagSet {
 	fs := flag.NewFlagSet("bench "+s.name, flag.ContinueOnError)
-	o.addFlags(fs)
+	o.AddFlags(fs)
 	fs.Usage = envflag.Usage(fs, envPrefix, fmt.Sprintf("usage: go run ./bench [common flags] %s [flags] [next scenario [its flags]]...\n\n%s: %s\n\n"+
 		"The common flags (go run ./bench -h) come before the first scenario's name.", s.name, s.name, s.summary))
 	return fs
@@ -180,9 +182,9 @@ func notItsFlag(s *scenario, err error) error {
 	if !ok {
 		return err
 	}
-	var c common
+	var c measure.Common
 	commonFS := flag.NewFlagSet("", flag.ContinueOnError)
-	addCommonFlags(commonFS, &c)
+	measure.AddCommonFlags(commonFS, &c)
 	return &notItsFlagError{Flag: name, Scenario: s.name, Common: commonFS.Lookup(name) != nil, Owners: flagOwners(name)}
 }
 

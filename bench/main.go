@@ -50,6 +50,15 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/ordo-relay/ordo/bench/internal/charts"
+	"github.com/ordo-relay/ordo/bench/internal/consume"
+	"github.com/ordo-relay/ordo/bench/internal/drain"
+	"github.com/ordo-relay/ordo/bench/internal/measure"
+	"github.com/ordo-relay/ordo/bench/internal/produce"
+	"github.com/ordo-relay/ordo/bench/internal/shapes"
+	"github.com/ordo-relay/ordo/bench/internal/sources"
+	"github.com/ordo-relay/ordo/bench/internal/steady"
+
 	"github.com/ordo-relay/ordo/bench/internal/result"
 	"github.com/ordo-relay/ordo/internal/childproc"
 )
@@ -72,13 +81,13 @@ type scenario struct {
 // settings is a scenario's options: a pointer to its own options type,
 // which embeds the common flags and has the scenario's own.
 type settings interface {
-	// base returns the common flags (promoted from the embedded common).
-	base() *common
-	// addFlags registers the scenario's own flags on fs, bound to the
+	// Base returns the common flags (promoted from the embedded measure.Common).
+	Base() *measure.Common
+	// AddFlags registers the scenario's own flags on fs, bound to the
 	// options' fields, with their values as defaults.
-	addFlags(fs *flag.FlagSet)
-	// validate reports every one of the scenario's own flags out of range.
-	validate() error
+	AddFlags(fs *flag.FlagSet)
+	// Validate reports every one of the scenario's own flags out of range.
+	Validate() error
 }
 
 // newScenario makes a scenario whose options are of type O, starting from
@@ -98,21 +107,21 @@ func newScenario[O any, P interface {
 // scenarios is every scenario, in the order "all" runs them. compare is
 // kept out of "all": it runs most of the others itself.
 var scenarios = []scenario{
-	newScenario("drain", "a backlog of pending rows drained by -nodes Ordo nodes: msgs/s, node RSS", defaultDrainOptions, runDrain),
-	newScenario("outage", "broker link cut under a steady producer: seconds to resume and to drain the backlog", defaultOutageOptions, runOutage),
-	newScenario("latency", "commit-to-delivery latency at a fixed commit rate: p50, p99, max", defaultLatencyOptions, runLatency),
-	newScenario("broker", "a bare publisher with pipelined confirms and no database: the broker's ceiling in msgs/s", defaultBrokerOptions, runBroker),
-	newScenario("classic", "the article's relay (50 oldest rows a second, one confirm at a time) as -instances instances: msgs/s", defaultClassicOptions, runClassic),
-	newScenario("classic-latency", "the classic relay's commit-to-delivery latency at the latency scenario's rate", defaultClassicLatencyOptions, runClassicLatency),
-	newScenario("race", "OrderPlaced then OrderCancelled per order: reversed arrivals, classic (2 instances) vs Ordo (3 nodes)", defaultRaceOptions, runRace),
-	newScenario("failover", "kill -9 of one of 3 nodes under load: seconds until its partitions publish again", defaultFailoverOptions, runFailover),
-	newScenario("join", "a 3rd node joins 2 under load: seconds until it publishes on each of its partitions", defaultJoinOptions, runJoin),
-	newScenario("shapes", "classic vs Ordo in every backlog shape, with and without ANALYZE: msgs/s, ratios, whole cost per message", defaultShapesOptions, runShapes),
-	newScenario("scaleout", "1..4 Ordo nodes, each capped to -scale-cap of a core in a CPU cgroup: msgs/s, efficiency, server busy", defaultScaleoutOptions, runScaleout),
-	newScenario("consume", "inbox consumers, 1..3 instances: ordered handling msgs/s and commit-to-handled latency, vs competing consumers", defaultConsumeOptions, runConsume),
-	newScenario("produce", "producers' cost: Ordo's outbox INSERT (plain SQL, Enqueue) vs a classic outbox table and a trigger-less one: tps, commit p50/p99, PG CPU and WAL per message", defaultProduceOptions, runProduce),
-	newScenario("sources", "one outbox database against two, each on a PostgreSQL cluster of the bench's own capped to -sources-cap of a core: drain msg/s and insert tps, ratios two ÷ one (root)", defaultSourcesOptions, runSources),
-	newScenario("charts", "draw the PNG charts (scale-out, shapes, latency) from the newest results under -out into -charts", defaultChartsOptions, runCharts),
+	newScenario("drain", "a backlog of pending rows drained by -nodes Ordo nodes: msgs/s, node RSS", drain.DefaultOptions, drain.Run),
+	newScenario("outage", "broker link cut under a steady producer: seconds to resume and to drain the backlog", steady.DefaultOutageOptions, steady.RunOutage),
+	newScenario("latency", "commit-to-delivery latency at a fixed commit rate: p50, p99, max", steady.DefaultLatencyOptions, steady.RunLatency),
+	newScenario("broker", "a bare publisher with pipelined confirms and no database: the broker's ceiling in msgs/s", drain.DefaultBrokerOptions, drain.RunBroker),
+	newScenario("classic", "the article's relay (50 oldest rows a second, one confirm at a time) as -instances instances: msgs/s", drain.DefaultClassicOptions, drain.RunClassic),
+	newScenario("classic-latency", "the classic relay's commit-to-delivery latency at the latency scenario's rate", steady.DefaultClassicLatencyOptions, steady.RunClassicLatency),
+	newScenario("race", "OrderPlaced then OrderCancelled per order: reversed arrivals, classic (2 instances) vs Ordo (3 nodes)", steady.DefaultRaceOptions, steady.RunRace),
+	newScenario("failover", "kill -9 of one of 3 nodes under load: seconds until its partitions publish again", steady.DefaultFailoverOptions, steady.RunFailover),
+	newScenario("join", "a 3rd node joins 2 under load: seconds until it publishes on each of its partitions", steady.DefaultJoinOptions, steady.RunJoin),
+	newScenario("shapes", "classic vs Ordo in every backlog shape, with and without ANALYZE: msgs/s, ratios, whole cost per message", shapes.DefaultOptions, shapes.Run),
+	newScenario("scaleout", "1..4 Ordo nodes, each capped to -scale-cap of a core in a CPU cgroup: msgs/s, efficiency, server busy", shapes.DefaultScaleoutOptions, shapes.RunScaleout),
+	newScenario("consume", "inbox consumers, 1..3 instances: ordered handling msgs/s and commit-to-handled latency, vs competing consumers", consume.DefaultOptions, consume.Run),
+	newScenario("produce", "producers' cost: Ordo's outbox INSERT (plain SQL, Enqueue) vs a classic outbox table and a trigger-less one: tps, commit p50/p99, PG CPU and WAL per message", produce.DefaultOptions, produce.Run),
+	newScenario("sources", "one outbox database against two, each on a PostgreSQL cluster of the bench's own capped to -sources-cap of a core: drain msg/s and insert tps, ratios two ÷ one (root)", sources.DefaultOptions, sources.Run),
+	newScenario("charts", "draw the PNG charts (scale-out, shapes, latency) from the newest results under -out into -charts", charts.DefaultOptions, charts.Run),
 }
 
 // compareScenario is the default: see runCompare. Its flags are those of
@@ -162,7 +171,7 @@ func run(ctx context.Context, invs []invocation) int {
 			fmt.Fprintln(os.Stderr, "bench: interrupted")
 			return 1
 		}
-		out := inv.o.base().Out
+		out := inv.o.Base().Out
 		emit := func(res *result.Result) {
 			if !report(res, out) {
 				code = 1
