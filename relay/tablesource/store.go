@@ -236,11 +236,11 @@ func (s *Store) PrevKeySeq(ctx context.Context, key string, keySeq int64) (int64
 // DeleteProcessed implements relay.Retention. A row is deleted from
 // ordo_table_rows when it is marked, and the user's rows are the user's
 // (the article's cleanup job deletes them). What is left are the dead
-// rows (processed or deleted outside Ordo): those dead for longer than
-// olderThan whose number no prev can walk over any more go
-// (sqlDeleteDead).
+// rows (processed or deleted outside Ordo, or skipped): those dead for
+// longer than olderThan whose number no prev can walk over any more, and
+// whose user row is not pending, go (deleteDeadSQL).
 func (s *Store) DeleteProcessed(ctx context.Context, partition int, epoch int64, olderThan time.Duration, limit int) (int64, error) {
-	tag, err := s.pool.Exec(ctx, sqlDeleteDead, pgwrite.PlanFresh, s.node, partition, limit, olderThan.Seconds(), epoch)
+	tag, err := s.pool.Exec(ctx, s.sql.deleteDead, pgwrite.PlanFresh, s.node, partition, limit, olderThan.Seconds(), epoch)
 	if err != nil {
 		return 0, fmt.Errorf("delete dead rows of partition %d: %w", partition, err)
 	}

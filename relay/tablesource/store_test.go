@@ -544,3 +544,49 @@ func TestStoreHoldsAParkedKeysRows(t *testing.T) {
 		t.Fatalf("the row after the skipped one: %+v", r)
 	}
 }
+
+// TestDeadRowOfAPendingUserRowKept: a row skipped in ordo_table_rows alone,
+// its user row left pending, stays there past the retention age, even with
+// the number above it gone: deleted, it would let the intake take the
+// user's row in again and publish it.
+func TestDeadRowOfAPendingUserRowKept(t *testing.T) {
+	t.Parallel()
+	pool := adoptedDB(t)
+	ctx := testkit.Context(t, 30*time.Second)
+	s, in := newStore(t, pool, "n1")
+	t0 := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
+	skipped, next := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
+	insert(t, pool, msg{id: skipped, corr: ptr("k"), at: t0}, msg{id: next, corr: ptr("k"), at: t0.Add(time.Second)})
+	take(t, in, true)
+	rows := byID(readAll(t, s))
+	if rows[skipped].KeySeq != 1 {
+		t.Fatalf("first row read as %+v, want key_seq 1", rows[skipped])
+	}
+	if _, err := pool.Exec(ctx, `UPDATE ordo_table_rows SET dead_at = now() - interval '1 hour' WHERE id = $1`, skipped); err != nil {
+		t.Fatal(err)
+	}
+	nextRow := byID(readAll(t, s))[next]
+	if nextRow.KeySeq != 2 {
+		t.Fatalf("second row read as %+v, want key_seq 2", nextRow)
+	}
+	if marked, err := s.MarkPublished(ctx, settled(nextRow)); err != nil || len(marked) != 1 {
+		t.Fatalf("mark the second row: %v %v", marked, err)
+	}
+	if n, err := s.DeleteProcessed(ctx, nextRow.Partition, 1, time.Minute, 100); err != nil || n != 0 {
+		t.Fatalf("retention deleted %d rows (%v), want none: the skipped row's user row is pending", n, err)
+	}
+	if n := take(t, in, true); n != 0 {
+		t.Fatalf("the intake took %d rows in again", n)
+	}
+	if got := readAll(t, s); len(got) != 0 {
+		t.Fatalf("read %+v after the skip and the mark, want nothing", got)
+	}
+
+	// Once the user's row is processed too, the dead row goes.
+	if _, err := pool.Exec(ctx, `UPDATE "OutboxMessages" SET "ProcessedAt" = now() WHERE "Id" = $1`, skipped); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.DeleteProcessed(ctx, nextRow.Partition, 1, time.Minute, 100); err != nil || n != 1 {
+		t.Fatalf("retention deleted %d rows (%v), want the skipped row", n, err)
+	}
+}

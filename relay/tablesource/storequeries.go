@@ -14,16 +14,17 @@ import (
 
 // storeSQL holds the Store's statements for one layout.
 type storeSQL struct {
-	read, peek, intake, mark string
+	read, peek, intake, mark, deleteDead string
 }
 
 func newStoreSQL(l Layout) storeSQL {
 	col := func(name string) string { return "m." + quote(name) }
 	return storeSQL{
-		read:   readSQL(l, fmt.Sprintf("%s::text", col(l.Payload))),
-		peek:   readSQL(l, "NULL::text"),
-		intake: intakeSQL(l),
-		mark:   markSQL(l),
+		read:       readSQL(l, fmt.Sprintf("%s::text", col(l.Payload))),
+		peek:       readSQL(l, "NULL::text"),
+		intake:     intakeSQL(l),
+		mark:       markSQL(l),
+		deleteDead: deleteDeadSQL(l),
 	}
 }
 
@@ -184,7 +185,7 @@ SELECT greatest(min(k), 0) FROM run`
 // runs the intake.
 const sqlIntakeHolder = `SELECT EXISTS (SELECT 1 FROM ordo_leases WHERE partition = 0 AND owner = $1 AND expires_at > clock_timestamp())`
 
-// sqlDeleteDead deletes up to $3 rows of partition $2 dead for more than
+// deleteDeadSQL deletes up to $3 rows of partition $2 dead for more than
 // $4 seconds that no walk over dead rows can reach any more, while node
 // $1 holds the partition at epoch $5. A dead row's number is walked over
 // by the prev of the key's next row (sqlPrevKeySeq) only while that row
@@ -192,8 +193,12 @@ const sqlIntakeHolder = `SELECT EXISTS (SELECT 1 FROM ordo_leases WHERE partitio
 // marked and forgotten, or itself a dead row deleted so), every row of
 // the key still to go is above a published one and its walk stops there.
 // The key's top number is kept, for the row the key will get next. A
-// chain of dead rows goes from its top, one row per run.
-const sqlDeleteDead = `
+// chain of dead rows goes from its top, one row per run. A dead row
+// whose user row is still pending (skipped in ordo_table_rows alone) is
+// kept: deleted, it would let the intake take the user's row in again
+// and publish it.
+func deleteDeadSQL(l Layout) string {
+	return fmt.Sprintf(`
 WITH held AS (
     SELECT 1 FROM ordo_leases WHERE partition = $2 AND owner = $1 AND epoch = $5 FOR SHARE
 ), doomed AS (
@@ -203,9 +208,11 @@ WITH held AS (
       AND EXISTS (SELECT 1 FROM held)
       AND c.last_key_seq > d.key_seq
       AND NOT EXISTS (SELECT 1 FROM ordo_table_rows AS x WHERE x.key = d.key AND x.key_seq = d.key_seq + 1)
+      AND NOT EXISTS (SELECT 1 FROM %s AS m WHERE m.%s = d.id AND m.%s IS NULL)
     LIMIT $3
 )
-DELETE FROM ordo_table_rows AS o USING doomed WHERE o.id = doomed.id`
+DELETE FROM ordo_table_rows AS o USING doomed WHERE o.id = doomed.id`, l.QuotedTable(), quote(l.ID), quote(l.ProcessedAt))
+}
 
 // sqlHoldBehindParked holds, while node $1 holds their partitions, the
 // pending rows of each key $3[i] (partition $2[i]) above its parked row
