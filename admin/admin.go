@@ -4,7 +4,9 @@
 // action, its target and the result. The HTTP handler serves the same
 // actions behind a bearer token. It owns no table: the outbox rows, the
 // key counters and ordo_operator_audit are package outbox's, and it wakes
-// relays on outbox.NotifyChannel.
+// relays on outbox.NotifyChannel. NewTableStore acts the same way on the
+// rows a node took in from an adopted table (relay/tablesource's
+// ordo_table_rows, and the user's table for a skip).
 package admin
 
 import (
@@ -30,6 +32,10 @@ var ErrNotFound = errors.New("no such message")
 // parked: only parked messages can be retried or skipped (a pending one may
 // be in flight right now).
 var ErrNotParked = errors.New("message is not parked")
+
+// ErrNotSupported is returned by the actions that only Ordo's own outbox
+// has (purge, the gap list and fill) on a Store over an adopted table.
+var ErrNotSupported = errors.New("not supported for an adopted table")
 
 // ErrOutcomeUnknown is returned when the connection failed while an
 // action was committing: the COMMIT was sent and no answer came, so the
@@ -64,18 +70,19 @@ type Parked struct {
 // concurrent use.
 type Store struct {
 	pool *pgxpool.Pool
+	sql  statements
 
 	// beforeCommit, when set (tests only), runs after an action and its
 	// audit row are written and before the transaction commits.
 	beforeCommit func()
 }
 
-// NewStore returns a Store on pool.
-func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+// NewStore returns a Store on the outbox database pool.
+func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool, sql: outboxStatements} }
 
 // ListParked returns up to limit parked messages, oldest first.
 func (s *Store) ListParked(ctx context.Context, limit int) ([]Parked, error) {
-	rows, err := s.pool.Query(ctx, sqlListParked, limit)
+	rows, err := s.pool.Query(ctx, s.sql.listParked, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list parked messages: %w", err)
 	}
@@ -86,6 +93,9 @@ func (s *Store) ListParked(ctx context.Context, limit int) ([]Parked, error) {
 			&p.Attempts, &lastErr, &p.ParkedAt, &p.Waiting)
 		if lastErr != nil {
 			p.LastError = *lastErr
+		}
+		if p.Exchange == "" {
+			p.Exchange = s.sql.exchange
 		}
 		return p, err
 	})
@@ -99,7 +109,7 @@ func (s *Store) ListParked(ctx context.Context, limit int) ([]Parked, error) {
 // attempt count.
 func (s *Store) Retry(ctx context.Context, who Actor, id uuid.UUID) error {
 	return s.act(ctx, who, "retry", "message "+id.String(), func(tx pgx.Tx) (string, error) {
-		return "retried", s.onParked(ctx, tx, sqlRetry, id)
+		return "retried", s.onParked(ctx, tx, s.sql.retry, id)
 	})
 }
 
@@ -108,7 +118,7 @@ func (s *Store) Retry(ctx context.Context, who Actor, id uuid.UUID) error {
 func (s *Store) RetryKey(ctx context.Context, who Actor, key string) (int, error) {
 	var n int
 	err := s.act(ctx, who, "retry-key", "key "+key, func(tx pgx.Tx) (string, error) {
-		rows, err := tx.Query(ctx, sqlRetryKey, key)
+		rows, err := tx.Query(ctx, s.sql.retryKey, key)
 		if err != nil {
 			return "", err
 		}
@@ -120,16 +130,18 @@ func (s *Store) RetryKey(ctx context.Context, who Actor, key string) (int, error
 			return "", fmt.Errorf("%w: no parked message for key %q", ErrNotFound, key)
 		}
 		n = len(parts)
-		return fmt.Sprintf("retried %d", n), notify(ctx, tx, parts...)
+		return fmt.Sprintf("retried %d", n), s.notify(ctx, tx, parts...)
 	})
 	return n, err
 }
 
 // Skip marks a parked message dead: it is never published, and its key
-// goes on; the next message's x-ordo-prev-key-seq shows the skip.
+// goes on; the next message's x-ordo-prev-key-seq shows the skip. On an
+// adopted table it also sets the user's row's processed-at, as a
+// published row's is.
 func (s *Store) Skip(ctx context.Context, who Actor, id uuid.UUID) error {
 	return s.act(ctx, who, "skip", "message "+id.String(), func(tx pgx.Tx) (string, error) {
-		return "skipped", s.onParked(ctx, tx, sqlSkip, id)
+		return "skipped", s.onParked(ctx, tx, s.sql.skip, id)
 	})
 }
 
@@ -137,6 +149,9 @@ func (s *Store) Skip(ctx context.Context, who Actor, id uuid.UUID) error {
 // later row already published (so every future message's
 // x-ordo-prev-key-seq is still computed right), and returns how many.
 func (s *Store) Purge(ctx context.Context, who Actor) (int64, error) {
+	if s.sql.table {
+		return 0, fmt.Errorf("purge: %w: retention deletes its dead rows", ErrNotSupported)
+	}
 	var n int64
 	err := s.act(ctx, who, "purge", "dead rows", func(tx pgx.Tx) (string, error) {
 		tag, err := tx.Exec(ctx, sqlPurge)
@@ -153,7 +168,7 @@ func (s *Store) onParked(ctx context.Context, tx pgx.Tx, sql string, id uuid.UUI
 	err := tx.QueryRow(ctx, sql, id).Scan(&part)
 	if errors.Is(err, pgx.ErrNoRows) {
 		var exists bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox WHERE id = $1)`, id).Scan(&exists); err != nil {
+		if err := tx.QueryRow(ctx, s.sql.exists, id).Scan(&exists); err != nil {
 			return err
 		}
 		if exists {
@@ -164,12 +179,16 @@ func (s *Store) onParked(ctx context.Context, tx pgx.Tx, sql string, id uuid.UUI
 	if err != nil {
 		return err
 	}
-	return notify(ctx, tx, part)
+	return s.notify(ctx, tx, part)
 }
 
 // notify wakes the relays of partitions when tx commits, on the channel
-// the outbox trigger uses: each reads the partition again at once.
-func notify(ctx context.Context, tx pgx.Tx, partitions ...int32) error {
+// the outbox trigger uses: each reads the partition again at once. The
+// relays of an adopted table listen to nothing (they poll): no wake-up.
+func (s *Store) notify(ctx context.Context, tx pgx.Tx, partitions ...int32) error {
+	if s.sql.table {
+		return nil
+	}
 	_, err := tx.Exec(ctx, `SELECT pg_notify($1, p::text) FROM unnest($2::int[]) AS p`, outbox.NotifyChannel, partitions)
 	return err
 }

@@ -44,7 +44,7 @@ func (s *Store) RetryMatching(ctx context.Context, who Actor, f Filter) (int, er
 	var n int
 	target := fmt.Sprintf("error contains %q, key prefix %q", f.ErrorContains, f.KeyPrefix)
 	err := s.act(ctx, who, "retry-bulk", target, func(tx pgx.Tx) (string, error) {
-		rows, err := tx.Query(ctx, sqlRetryMatching, nullIfEmpty(f.ErrorContains), nullIfEmpty(f.KeyPrefix))
+		rows, err := tx.Query(ctx, s.sql.retryMatching, nullIfEmpty(f.ErrorContains), nullIfEmpty(f.KeyPrefix))
 		if err != nil {
 			return "", err
 		}
@@ -53,7 +53,7 @@ func (s *Store) RetryMatching(ctx context.Context, who Actor, f Filter) (int, er
 			return "", err
 		}
 		n = len(parts)
-		return fmt.Sprintf("retried %d", n), notify(ctx, tx, distinct(parts)...)
+		return fmt.Sprintf("retried %d", n), s.notify(ctx, tx, distinct(parts)...)
 	})
 	return n, err
 }

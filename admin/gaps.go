@@ -40,6 +40,9 @@ type Gap struct {
 
 // ListGaps returns up to limit gaps, by key and key_seq.
 func (s *Store) ListGaps(ctx context.Context, limit int) ([]Gap, error) {
+	if s.sql.table {
+		return nil, fmt.Errorf("gaps: %w: the owner numbers its rows", ErrNotSupported)
+	}
 	return listGaps(ctx, s.pool, nil, limit)
 }
 
@@ -52,6 +55,9 @@ const maxGapsPerKey = 100000
 // while it checks that keySeq is a gap (else ErrNoGap; ErrNotFound for an
 // unknown key) and inserts. It returns the placeholder's id.
 func (s *Store) FillGap(ctx context.Context, who Actor, key string, keySeq int64) (uuid.UUID, error) {
+	if s.sql.table {
+		return uuid.Nil, fmt.Errorf("fill a gap: %w: the owner numbers its rows", ErrNotSupported)
+	}
 	id, err := uuid.NewV7()
 	if err != nil {
 		return id, fmt.Errorf("placeholder id: %w", err)

@@ -195,6 +195,8 @@ func (h *handler) fail(w http.ResponseWriter, err error) {
 		writeErr(w, http.StatusConflict, err.Error()+": only parked messages can be retried or skipped")
 	case errors.Is(err, ErrNoGap):
 		writeErr(w, http.StatusConflict, err.Error())
+	case errors.Is(err, ErrNotSupported):
+		writeErr(w, http.StatusNotImplemented, err.Error())
 	case errors.Is(err, ErrOutcomeUnknown):
 		h.logger.Error("admin action", "err", err)
 		writeErr(w, http.StatusServiceUnavailable, ErrOutcomeUnknown.Error()+

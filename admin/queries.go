@@ -1,5 +1,26 @@
 package admin
 
+// statements are the SQL a Store runs: the outbox's (outboxStatements) or
+// an adopted table's (tableStatements).
+type statements struct {
+	listParked    string // $1 limit
+	retry, skip   string // $1 id; RETURNING partition
+	retryKey      string // $1 key; RETURNING partition
+	retryMatching string // sqlRetryMatching's parameters
+	exists        string // $1 id: whether the row exists at all
+	// exchange is what the rows are published to when they do not say
+	// (an adopted table's rows go to the node's -table-exchange).
+	exchange string
+	// table: the rows are an adopted table's. Purge and the gap actions
+	// are the outbox's alone, and relays poll such a table: no wake-up.
+	table bool
+}
+
+var outboxStatements = statements{
+	listParked: sqlListParked, retry: sqlRetry, retryKey: sqlRetryKey, skip: sqlSkip,
+	retryMatching: sqlRetryMatching, exists: `SELECT EXISTS (SELECT 1 FROM outbox WHERE id = $1)`,
+}
+
 const (
 	sqlListParked = `
 SELECT o.id, o.partition, o.correlation_id, coalesce(o.key_seq, 0), o.exchange, o.routing_key, o.type,

@@ -2,8 +2,11 @@ package node_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -12,6 +15,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/ordo-relay/ordo/admin"
 	"github.com/ordo-relay/ordo/internal/confcheck"
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/node"
@@ -347,4 +351,115 @@ func TestAdoptedTableBacklogInStatus(t *testing.T) {
 		}
 		return pending == rows && parked == rows
 	})
+}
+
+// TestAdminOnAnAdoptedTable: /admin serves a node's adopted table as it
+// serves the outbox, over the rows taken in. Rows its exchange returns
+// are parked, and listed with what they carry and what waits behind them;
+// once the exchange routes, a retry publishes the parked row and its key's
+// held row in order; a skip publishes nothing, sets the user's
+// "ProcessedAt" and lets nothing of its key be taken in again; both are
+// audited; purge answers 501.
+func TestAdminOnAnAdoptedTable(t *testing.T) {
+	t.Parallel()
+	testkit.RequireRabbitMQ(t)
+	dbURL, pool := testkit.NewDatabasePool(t, 8)
+	ctx := testkit.Context(t, 2*time.Minute)
+	if _, err := pool.Exec(ctx, tablesource.ArticleDDL); err != nil {
+		t.Fatal(err)
+	}
+	exchange := testkit.NewExchange(t) // nothing bound yet: every publish returns
+	cfg := node.DefaultConfig()
+	cfg.PostgresURL, cfg.AMQP.URL, cfg.NodeName = dbURL, testkit.AMQPURL(), "adopt-admin"
+	cfg.HTTPAddr, cfg.Partitions, cfg.DBMaxConns = "127.0.0.1:0", 4, 4
+	cfg.Relay.PollInterval, cfg.Relay.MaxAttempts = 50*time.Millisecond, 1
+	cfg.TableLayout, cfg.TableExchange, cfg.AdminToken = "article", exchange, adminToken
+	addr, _ := runNode(t, cfg, node.Options{Logger: testkit.Logger(t, slog.LevelError)})
+
+	t0 := time.Now().Add(-time.Minute)
+	a1, a2, b1 := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
+	for _, r := range []struct {
+		id  uuid.UUID
+		key string
+		at  time.Time
+	}{{a1, "a", t0}, {a2, "a", t0.Add(time.Second)}, {b1, "b", t0}} {
+		if err := testkit.InsertArticleRow(ctx, pool, r.id, r.key, r.at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var parked []admin.Parked
+	testkit.WaitFor(t, time.Minute, "a1 and b1 parked, a2 held behind a1", func() bool {
+		parked = nil
+		adminCall(t, addr, http.MethodGet, "/admin/parked", http.StatusOK, &parked)
+		return len(parked) == 2 && slices.ContainsFunc(parked, func(p admin.Parked) bool { return p.ID == a1 && p.Waiting == 1 })
+	})
+	for _, p := range parked {
+		if p.Exchange != exchange || p.Type != "OrderPlaced" || p.RoutingKey != "order.placed" || p.KeySeq != 1 || p.LastError == "" {
+			t.Errorf("parked %+v: want exchange %s, type OrderPlaced, routing key order.placed, key_seq 1 and its error", p, exchange)
+		}
+	}
+
+	checker := testkit.NewChecker(t, testkit.AMQPURL(), exchange, "#")
+	adminCall(t, addr, http.MethodPost, "/admin/messages/"+a1.String()+"/retry", http.StatusOK, nil)
+	adminCall(t, addr, http.MethodPost, "/admin/messages/"+b1.String()+"/skip", http.StatusOK, nil)
+	checker.WaitDistinct(t, 2, time.Minute)
+	processed := func(id uuid.UUID) bool {
+		var at *time.Time
+		if err := pool.QueryRow(ctx, `SELECT "ProcessedAt" FROM "OutboxMessages" WHERE "Id" = $1`, id).Scan(&at); err != nil {
+			t.Fatal(err)
+		}
+		return at != nil
+	}
+	testkit.WaitFor(t, time.Minute, "every row's ProcessedAt set", func() bool {
+		return processed(a1) && processed(a2) && processed(b1)
+	})
+	var got []string
+	for _, d := range checker.Deliveries() {
+		got = append(got, d.MessageID)
+	}
+	if want := []string{a1.String(), a2.String()}; !slices.Equal(got, want) {
+		t.Errorf("delivered %v, want a1 then a2 %v and nothing of the skipped b1 (%s)", got, want, b1)
+	}
+	var dead bool
+	if err := pool.QueryRow(ctx, `SELECT dead_at IS NOT NULL FROM ordo_table_rows WHERE id = $1`, b1).Scan(&dead); err != nil || !dead {
+		t.Errorf("the skipped row in ordo_table_rows: dead %v (%v)", dead, err)
+	}
+	var audits string
+	if err := pool.QueryRow(ctx, `SELECT string_agg(action || ' ' || result, ', ' ORDER BY id) FROM ordo_operator_audit`).Scan(&audits); err != nil {
+		t.Fatal(err)
+	}
+	if audits != "retry retried, skip skipped" {
+		t.Errorf("audit: %q, want the retry and the skip", audits)
+	}
+	adminCall(t, addr, http.MethodPost, "/admin/purge", http.StatusNotImplemented, nil)
+	adminCall(t, addr, http.MethodPost, "/admin/messages/"+b1.String()+"/retry", http.StatusConflict, nil)
+}
+
+// adminCall sends method path to the node's /admin with the admin token,
+// fails t unless the answer's status is code, and decodes its JSON into
+// out unless out is nil.
+func adminCall(t *testing.T, httpAddr, method, path string, code int, out any) {
+	t.Helper()
+	req, err := http.NewRequest(method, "http://"+httpAddr+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != code {
+		t.Fatalf("%s %s: %d %s, want %d", method, path, resp.StatusCode, strings.TrimSpace(string(body)), code)
+	}
+	if out != nil {
+		if err := json.Unmarshal(body, out); err != nil {
+			t.Fatalf("%s %s: %v in %s", method, path, err, body)
+		}
+	}
 }

@@ -70,21 +70,31 @@ func (v *view) sourcePrefix(s *source) string {
 	return "source " + s.name + ": "
 }
 
+// adminStore returns the admin actions' store for s: over its adopted
+// table's rows, or its outbox.
+func adminStore(s *source, tableExchange string) (*admin.Store, error) {
+	if s.table != nil {
+		return admin.NewTableStore(s.pool, s.table.layout, tableExchange)
+	}
+	return admin.NewStore(s.pool), nil
+}
+
 // adminHandler serves /admin/ for every source: the query parameter
 // source names it (the CLI's -source); without one, wire.DefaultSource,
 // so that scripts of the one-source form keep working. The token is
 // checked first, for every path: a caller without it learns nothing of
-// the sources. With it, a source the node does not relay is 404, one not
-// migrated yet 503, and one relaying an adopted table 501: the actions
-// act on Ordo's own outbox, which such a database does not have.
+// the sources. With it, a source the node does not relay is 404 and one
+// not migrated yet 503. A source relaying an adopted table is served by
+// admin.NewTableStore, over the rows taken in; its purge and gap actions
+// answer 501.
 func (v *view) adminHandler() http.Handler {
 	handlers := map[string]http.Handler{}
 	for _, s := range v.srcs {
-		h := admin.Handler(admin.NewStore(s.pool), v.cfg.AdminToken, s.logger)
+		store, err := adminStore(s, v.cfg.TableExchange)
+		h := admin.Handler(store, v.cfg.AdminToken, s.logger)
 		handlers[s.name] = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if s.table != nil {
-				admin.WriteError(w, http.StatusNotImplemented, "source "+s.name+" relays an adopted table: "+
-					"the admin actions do not cover its rows yet; docs/operations.md gives their SQL (ordo_table_rows)")
+			if err != nil {
+				admin.WriteError(w, http.StatusInternalServerError, "source "+s.name+": "+err.Error())
 				return
 			}
 			if !s.isMigrated() {

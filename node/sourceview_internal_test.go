@@ -5,19 +5,20 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/ordo-relay/ordo/relay/tablesource"
 )
 
 // TestAdminChecksTokenBeforeSource: a caller without the admin token
 // learns nothing of the node's sources, neither which exist (404) nor
-// which are not migrated yet (503) nor which relay an adopted table
-// (501, the actions not covering its rows); with the token the answers
-// stay.
+// which are not migrated yet (503), an adopted table's included; with the
+// token the answers stay.
 func TestAdminChecksTokenBeforeSource(t *testing.T) {
 	v := &view{
 		cfg: Config{AdminToken: "s3cret"},
 		srcs: []*source{
 			{name: "default", migrated: make(chan struct{})}, // not migrated yet
-			{name: "shop", migrated: make(chan struct{}), table: &tableSource{}},
+			{name: "shop", migrated: make(chan struct{}), table: &tableSource{layout: tablesource.Article()}},
 		},
 	}
 	h := v.adminHandler()
@@ -34,8 +35,8 @@ func TestAdminChecksTokenBeforeSource(t *testing.T) {
 		{"unknown action, no token", "/admin/whatever?source=billing", "", http.StatusUnauthorized, "billing"},
 		{"unknown source, token", "/admin/parked?source=billing", "s3cret", http.StatusNotFound, "no source billing"},
 		{"not migrated, token", "/admin/parked", "s3cret", http.StatusServiceUnavailable, "not migrated yet"},
-		{"adopted table, no token", "/admin/parked?source=shop", "", http.StatusUnauthorized, "adopted"},
-		{"adopted table, token", "/admin/parked?source=shop", "s3cret", http.StatusNotImplemented, "relays an adopted table"},
+		{"adopted table, no token", "/admin/parked?source=shop", "", http.StatusUnauthorized, "shop"},
+		{"adopted table, token", "/admin/parked?source=shop", "s3cret", http.StatusServiceUnavailable, "source shop is not migrated yet"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
