@@ -173,10 +173,10 @@ func pending(s node.Status) (pending int64, owned int) {
 	return pending, owned
 }
 
-// fetchStatus reads the node's /status, waiting up to wait for the outbox
-// to have nothing pending: the node marks rows shortly after the broker
-// confirms them, so right after the last delivery a row or two may still
-// count.
+// fetchStatus reads the node's /status, waiting up to wait for its view
+// of the leases (refreshed every second) and for the outbox to have
+// nothing pending: the node marks rows shortly after the broker confirms
+// them, so right after the last delivery a row or two may still count.
 func fetchStatus(ctx context.Context, client *http.Client, url string, wait time.Duration) (node.Status, error) {
 	deadline := time.Now().Add(wait)
 	for {
@@ -191,7 +191,7 @@ func fetchStatus(ctx context.Context, client *http.Client, url string, wait time
 		if err := json.Unmarshal([]byte(body), &s); err != nil {
 			return s, fmt.Errorf("GET %s: %w", url, err)
 		}
-		if p, _ := pending(s); p == 0 || time.Now().After(deadline) {
+		if p, _ := pending(s); p == 0 && len(s.Leases) > 0 || time.Now().After(deadline) {
 			return s, nil
 		}
 		select {

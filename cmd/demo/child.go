@@ -75,8 +75,14 @@ func startChild(con *console, name, bin string, env []string) (*child, error) {
 	return &child{name: name, proc: p}, nil
 }
 
-// done is closed once the child has exited and its output was read.
-func (c *child) done() <-chan struct{} { return c.proc.Done() }
+// done is closed once the child has exited and its output was read; nil
+// (never ready) for no child.
+func (c *child) done() <-chan struct{} {
+	if c == nil {
+		return nil
+	}
+	return c.proc.Done()
+}
 
 // exitError describes how the child ended: nil for exit status 0. Call it
 // after done is closed.
@@ -93,8 +99,12 @@ func (c *child) exitError() error {
 
 // Stop sends SIGTERM, waits up to grace for the child to exit, then kills
 // it. It returns nil when the child exited with status 0 after SIGTERM.
-// Stop is idempotent; later calls return the first result.
+// Stop is idempotent; later calls return the first result. Stopping no
+// child does nothing.
 func (c *child) Stop(grace time.Duration) error {
+	if c == nil {
+		return nil
+	}
 	c.stopOnce.Do(func() {
 		if c.proc.Exited() {
 			c.stopErr = fmt.Errorf("%s had already exited: %w", c.name, errors.Join(c.exitError(), errors.New("see its output above")))

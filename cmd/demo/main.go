@@ -11,6 +11,13 @@
 // node's status and stops both services, or with -keep leaves them running
 // until Ctrl-C.
 //
+// With -table-layout article the demo plays the article's own service
+// instead of the order API: it creates the article's EF Core table
+// ("OutboxMessages") in its database (ordo_demo_article by default),
+// writes each order's events there with plain INSERTs that know nothing
+// of Ordo, and runs the node with -table-layout article, which relays
+// that table as it is and sets each row's "ProcessedAt" (docs/adopt.md).
+//
 // It exits 0 when every expected event arrived, in order, within -wait;
 // otherwise 1, saying what is missing. Every flag has an environment
 // equivalent (ORDO_POSTGRES_URL, ORDO_AMQP_URL, ...); see -h.
@@ -61,6 +68,10 @@ type config struct {
 	Wait time.Duration
 	// Keep leaves both services running, printing events, until Ctrl-C.
 	Keep bool
+	// TableLayout is "article" to write the events into the article's
+	// own outbox table and have the node adopt it; "" for the order API
+	// and Ordo's outbox.
+	TableLayout string
 }
 
 // dbName is what the demo accepts as a database name: it is also put into
@@ -75,7 +86,7 @@ func parseConfig(args []string, lookup func(string) (string, bool), output io.Wr
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(output)
 	fs.StringVar(&c.PostgresURL, "postgres-url", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "admin URL of the PostgreSQL server (the demo database is created through it)")
-	fs.StringVar(&c.Database, "database", "ordo_demo", "the demo's database, created when missing")
+	fs.StringVar(&c.Database, "database", "", "the demo's database, created when missing (default ordo_demo, ordo_demo_article with -table-layout article)")
 	fs.StringVar(&c.AMQPURL, "amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL")
 	fs.StringVar(&c.Exchange, "exchange", "bookstore.ordering", "topic exchange of the order events (declared durable)")
 	fs.StringVar(&c.Queue, "queue", "bookstore.demo", "the demo's queue (auto-delete, exclusive), bound with order.*")
@@ -83,12 +94,19 @@ func parseConfig(args []string, lookup func(string) (string, bool), output io.Wr
 	fs.IntVar(&c.Partitions, "partitions", 64, "outbox partition count; must match the database's")
 	fs.DurationVar(&c.Wait, "wait", 30*time.Second, "how long to wait for the events, and for each service to become ready")
 	fs.BoolVar(&c.Keep, "keep", false, "keep both services running until Ctrl-C")
+	fs.StringVar(&c.TableLayout, "table-layout", "", "article: write the events into the article's own table (\"OutboxMessages\") and have the node relay it as it is, instead of the order API")
 	fs.Usage = envflag.Usage(fs, envPrefix, "usage: go run ./cmd/demo [flags]\n\nRuns the order API and one Ordo node on the local servers, places orders\nand prints the events as RabbitMQ delivers them.")
 	if err := envflag.Parse(fs, envPrefix, args, lookup); err != nil {
 		return config{}, err
 	}
 	if fs.NArg() > 0 {
 		return config{}, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if c.Database == "" {
+		c.Database = "ordo_demo"
+		if c.TableLayout != "" {
+			c.Database = "ordo_demo_article"
+		}
 	}
 	return c, c.validate()
 }
@@ -107,6 +125,10 @@ func (c config) validate() error {
 		return fmt.Errorf("-partitions %d: at least 1", c.Partitions)
 	case c.Wait <= 0:
 		return fmt.Errorf("-wait %v: must be positive", c.Wait)
+	case c.TableLayout != "" && c.TableLayout != "article":
+		return fmt.Errorf("-table-layout %q: the demo knows the article's table only (article)", c.TableLayout)
+	case c.TableLayout != "" && c.Keep:
+		return errors.New("-keep places orders through the order API: not with -table-layout")
 	}
 	return nil
 }

@@ -53,6 +53,18 @@ func TestParseConfig(t *testing.T) {
 			env:  map[string]string{"ORDO_ORDERS": "7"},
 			want: func(c *config) { c.Orders, c.Wait = 5, 5*time.Second },
 		},
+		{
+			name: "the article's table",
+			args: []string{"-table-layout", "article"},
+			want: func(c *config) { c.TableLayout, c.Database = "article", "ordo_demo_article" },
+		},
+		{
+			name: "the article's table in a database given",
+			env:  map[string]string{"ORDO_TABLE_LAYOUT": "article", "ORDO_DATABASE": "shop"},
+			want: func(c *config) { c.TableLayout, c.Database = "article", "shop" },
+		},
+		{name: "another layout", args: []string{"-table-layout", "app.outbox"}, wantErr: "the article's table only"},
+		{name: "keep with the article's table", args: []string{"-table-layout", "article", "-keep"}, wantErr: "-keep places orders through the order API"},
 		{name: "no orders", args: []string{"-orders", "0"}, wantErr: "-orders 0"},
 		{name: "database name not an identifier", args: []string{"-database", "ordo-demo"}, wantErr: "-database"},
 		{name: "bad environment value", env: map[string]string{"ORDO_ORDERS": "many"}, wantErr: "ORDO_ORDERS"},
@@ -195,6 +207,48 @@ func TestDemo(t *testing.T) {
 	}
 	if !strings.Contains(errw.String(), "[node] ") || !strings.Contains(errw.String(), "[orderapi] ") {
 		t.Errorf("the services' output is not prefixed on stderr")
+	}
+}
+
+// TestDemoArticleTable: with -table-layout article the demo writes its
+// events into the article's own table, the node relays it as it is, and
+// every event arrives in order with every row's "ProcessedAt" set.
+func TestDemoArticleTable(t *testing.T) {
+	testkit.RequirePostgres(t)
+	testkit.RequireRabbitMQ(t)
+	cfg := config{
+		PostgresURL: testkit.PostgresURL(),
+		Database:    testkit.UniqueName(t, "ordo_demo_article"),
+		AMQPURL:     testkit.AMQPURL(),
+		Exchange:    testkit.NewExchange(t),
+		Queue:       testkit.UniqueName(t, "q"),
+		Orders:      4,
+		Partitions:  8,
+		Wait:        30 * time.Second,
+		TableLayout: "article",
+	}
+	t.Cleanup(func() { dropDatabase(t, cfg.Database) })
+
+	var out, errw bytes.Buffer
+	ctx := testkit.Context(t, 2*time.Minute)
+	err := run(ctx, cfg, newConsole(&out, &errw))
+	t.Logf("--- stdout\n%s--- stderr\n%s", out.String(), errw.String())
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	got := out.String()
+	for _, want := range []string{
+		"created \"OutboxMessages\" exactly as the article's EF Core model does",
+		"all 6 events arrived",
+		"every row of this run has its \"ProcessedAt\" set",
+		"node stopped",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	if strings.Contains(errw.String(), "[orderapi] ") {
+		t.Errorf("the order API ran beside the article's table")
 	}
 }
 

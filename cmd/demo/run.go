@@ -39,10 +39,25 @@ func run(ctx context.Context, cfg config, con *console) (err error) {
 		con.Printf("using existing database %s\n", cfg.Database)
 	}
 
-	con.Step("Building cmd/node and cmd/orderapi")
+	article := cfg.TableLayout != ""
+	if article {
+		con.Step("The article's outbox table")
+		created, err := ensureArticleTable(ctx, dbURL)
+		if err != nil {
+			return err
+		}
+		if created {
+			con.Printf("created %s exactly as the article's EF Core model does; no trigger, no column of Ordo's\n", articleTable)
+		} else {
+			con.Printf("using the existing %s\n", articleTable)
+		}
+		con.Step("Building cmd/node")
+	} else {
+		con.Step("Building cmd/node and cmd/orderapi")
+	}
 	defer childproc.RemoveBinaries()
 	t0 := time.Now()
-	nodeBin, apiBin, err := buildBinaries(ctx)
+	nodeBin, apiBin, err := buildBinaries(ctx, !article)
 	if err != nil {
 		return err
 	}
@@ -56,7 +71,13 @@ func run(ctx context.Context, cfg config, con *console) (err error) {
 	defer b.Close()
 	con.Printf("consuming from %s\n", cfg.Queue)
 
-	con.Step("Starting the order API and one node")
+	nodeEnv := []string{"ORDO_NODE_NAME=demo-node"}
+	if article {
+		con.Step("Starting one node, relaying %s to %s", articleTable, cfg.Exchange)
+		nodeEnv = append(nodeEnv, "ORDO_TABLE_LAYOUT="+cfg.TableLayout, "ORDO_TABLE_EXCHANGE="+cfg.Exchange)
+	} else {
+		con.Step("Starting the order API and one node")
+	}
 	apiAddr, err := childproc.PickAddr()
 	if err != nil {
 		return err
@@ -67,15 +88,18 @@ func run(ctx context.Context, cfg config, con *console) (err error) {
 	}
 	parts := strconv.Itoa(cfg.Partitions)
 	launched := time.Now()
-	api, err := startChild(con, "orderapi", apiBin, childEnv(
-		"ORDO_POSTGRES_URL="+dbURL,
-		"ORDO_HTTP_ADDR="+apiAddr,
-		"ORDO_EXCHANGE="+cfg.Exchange,
-		"ORDO_PARTITIONS="+parts,
-		"ORDO_DB_MAX_CONNS=4",
-	))
-	if err != nil {
-		return err
+	var api *child // none with the article's table: the demo writes it
+	if !article {
+		api, err = startChild(con, "orderapi", apiBin, childEnv(
+			"ORDO_POSTGRES_URL="+dbURL,
+			"ORDO_HTTP_ADDR="+apiAddr,
+			"ORDO_EXCHANGE="+cfg.Exchange,
+			"ORDO_PARTITIONS="+parts,
+			"ORDO_DB_MAX_CONNS=4",
+		))
+		if err != nil {
+			return err
+		}
 	}
 	// Stop the services whatever happens; the order API first, so that
 	// the node has nothing new to publish while it stops.
@@ -89,23 +113,24 @@ func run(ctx context.Context, cfg config, con *console) (err error) {
 			err = stopErr
 		}
 	}()
-	node, err = startChild(con, "node", nodeBin, childEnv(
+	node, err = startChild(con, "node", nodeBin, childEnv(append(nodeEnv,
 		"ORDO_POSTGRES_URL="+dbURL,
 		"ORDO_AMQP_URL="+cfg.AMQPURL,
-		"ORDO_NODE_NAME=demo-node",
 		"ORDO_HTTP_ADDR="+nodeAddr,
 		"ORDO_PARTITIONS="+parts,
-	))
+	)...))
 	if err != nil {
 		return err
 	}
 	client := newHTTPClient()
 	defer client.CloseIdleConnections()
 	apiURL, nodeURL := "http://"+apiAddr, "http://"+nodeAddr
-	if err := waitReady(ctx, client, api, apiURL+"/healthz", cfg.Wait); err != nil {
-		return err
+	if !article {
+		if err := waitReady(ctx, client, api, apiURL+"/healthz", cfg.Wait); err != nil {
+			return err
+		}
+		con.Printf("order API ready at %s, %v after start\n", apiURL, since(launched))
 	}
-	con.Printf("order API ready at %s, %v after start\n", apiURL, since(launched))
 	if err := waitReady(ctx, client, node, nodeURL+"/readyz", cfg.Wait); err != nil {
 		return err
 	}
@@ -122,8 +147,14 @@ func run(ctx context.Context, cfg config, con *console) (err error) {
 		defer func() { _ = stopShipping(ships) }()
 	}
 
-	con.Step("Placing %d orders and cancelling every other one", cfg.Orders)
-	orders, err := placeOrders(ctx, con, client, apiURL, cfg.Orders)
+	var orders []placedOrder
+	if article {
+		con.Step("Writing %d orders' events into %s as the article's service does, cancelling every other order", cfg.Orders, articleTable)
+		orders, err = writeArticleOrders(ctx, con, dbURL, cfg.Orders)
+	} else {
+		con.Step("Placing %d orders and cancelling every other one", cfg.Orders)
+		orders, err = placeOrders(ctx, con, client, apiURL, cfg.Orders)
+	}
 	if err != nil {
 		return err
 	}
@@ -134,6 +165,12 @@ func run(ctx context.Context, cfg config, con *console) (err error) {
 		return err
 	}
 	con.Printf("all %d events arrived, each order's in order, %v after the start\n", exp.total, since(start))
+
+	if article {
+		if err := showProcessed(ctx, con, dbURL, orders, statusWait); err != nil {
+			return err
+		}
+	}
 
 	con.Step("Node status (GET %s/status)", nodeURL)
 	st, err := fetchStatus(ctx, client, nodeURL+"/status", statusWait)
@@ -157,10 +194,12 @@ func run(ctx context.Context, cfg config, con *console) (err error) {
 	}
 
 	con.Step("Stopping")
-	if err := api.Stop(stopGrace); err != nil {
-		return err
+	if api != nil {
+		if err := api.Stop(stopGrace); err != nil {
+			return err
+		}
+		con.Printf("orderapi stopped\n")
 	}
-	con.Printf("orderapi stopped\n")
 	if err := node.Stop(stopGrace); err != nil {
 		return err
 	}

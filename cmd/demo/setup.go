@@ -67,16 +67,18 @@ const (
 	pkgOrderAPI = "github.com/ordo-relay/ordo/cmd/orderapi"
 )
 
-// buildBinaries builds the node and the order API, side by side, with the
-// builder (childproc.Build: go build, into a directory childproc.RemoveBinaries
-// deletes) and returns their paths.
-func buildBinaries(ctx context.Context) (node, orderapi string, err error) {
+// buildBinaries builds the node and, with api, the order API, side by
+// side, with the builder (childproc.Build: go build, into a directory
+// childproc.RemoveBinaries deletes) and returns their paths.
+func buildBinaries(ctx context.Context, api bool) (node, orderapi string, err error) {
 	if _, err := exec.LookPath("go"); err != nil {
 		return "", "", fmt.Errorf("the go command is needed to build the services: %w", err)
 	}
 	var g errgroup.Group
 	g.Go(func() (err error) { node, _, err = childproc.Build(ctx, pkgNode); return err })
-	g.Go(func() (err error) { orderapi, _, err = childproc.Build(ctx, pkgOrderAPI); return err })
+	if api {
+		g.Go(func() (err error) { orderapi, _, err = childproc.Build(ctx, pkgOrderAPI); return err })
+	}
 	if err := g.Wait(); err != nil {
 		return "", "", fmt.Errorf("run the demo from the repository (go run ./cmd/demo): %w", err)
 	}
