@@ -68,7 +68,7 @@ func addProduceFlags(fs *flag.FlagSet, p *produceFlags) {
 		return err
 	})
 	fs.IntVar(&p.Reps, "produce-reps", p.Reps, "repetitions of every variant in every cell (alternating); medians are reported")
-	measure.ListVar(fs, "produce-variants", "all", "comma-separated variants (classic, ordo-sql, ordo-sql-nonotify, ordo-enqueue, bare, ordo-sql-relay, ordo-lean, ordo-lean-relay, classic-relay) or all; classic always runs", func(s string) (err error) {
+	measure.ListVar(fs, "produce-variants", "all", "comma-separated variants (classic, ordo-sql, ordo-sql-nonotify, ordo-enqueue, bare, ordo-sql-relay, ordo-lean, ordo-lean-relay, adopted-relay, classic-relay) or all; classic always runs", func(s string) (err error) {
 		p.Variants, err = parseProduceVariants(s)
 		return err
 	})

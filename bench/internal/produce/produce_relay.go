@@ -22,7 +22,8 @@ import (
 // relay's own backends are measured apart (pg_relay_us_per_msg).
 // ordo-sql-relay runs one Ordo node; classic-relay one classic relay
 // instance (classic.go) on classic_outbox, as one API instance of the
-// article would. Either publishes to an exchange of the run's own, bound
+// article would; adopted-relay one Ordo node relaying classic_outbox as it
+// is (classicLayout). Either publishes to an exchange of the run's own, bound
 // to a queue that keeps only its newest produceRelayQueueLen messages, so
 // nothing needs consuming.
 
@@ -65,7 +66,11 @@ func startProduceRelay(ctx context.Context, o Options, v *produceVariant, dbURL,
 	if v.relay == relayClassic {
 		r.stop, failed = startProduceClassic(o, dbURL, name)
 	} else {
-		node, err := harness.StartProcess(ctx, o.Harness(), name, dbURL, o.AMQPURL)
+		var env []string
+		if v.relay == relayAdopted {
+			env = []string{"ORDO_TABLE_LAYOUT=" + classicLayout, "ORDO_TABLE_EXCHANGE=" + name}
+		}
+		node, err := harness.StartProcess(ctx, o.Harness(), name, dbURL, o.AMQPURL, env...)
 		if err != nil {
 			removeBroker()
 			return nil, err
@@ -145,10 +150,15 @@ func declareProduceBroker(ctx context.Context, o Options, name string) (remove f
 	}, nil
 }
 
+// classicLayout is classic_outbox's layout spec for a node adopting it:
+// the article's table with snake-case names.
+const classicLayout = "article;table=classic_outbox;id=id;type=type;routing_key=routing_key;payload=payload;" +
+	"correlation_id=correlation_id;occurred_at=occurred_at;processed_at=processed_at"
+
 // pendingRows counts the pending rows of v's table.
 func pendingRows(ctx context.Context, q *pgxpool.Pool, v *produceVariant) (int, error) {
 	table := "outbox"
-	if v.relay == relayClassic {
+	if v.relay == relayClassic || v.relay == relayAdopted {
 		table = "classic_outbox"
 	}
 	var n int

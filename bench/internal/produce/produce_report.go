@@ -182,7 +182,7 @@ func produceCellResult(o Options, rows, producers int, runs []produceRun) *resul
 			res.Figure(p+"over_classic_tps", fratio(s.tps, base.tps), "×")
 			res.Figure(p+"over_classic_commit_p99", fratio(s.commitP99, base.commitP99), "×")
 		}
-		if cr, ok := sums[variantClassicRelay]; ok && (v == variantOrdoSQLRelay || v == variantOrdoLeanRelay) {
+		if cr, ok := sums[variantClassicRelay]; ok && (v == variantOrdoSQLRelay || v == variantOrdoLeanRelay || v == variantAdoptedRelay) {
 			// The like-for-like whole cost: both tables relayed meanwhile.
 			res.Figure(p+"over_classic_relay_tps", fratio(s.tps, cr.tps), "×")
 			res.Figure(p+"over_classic_relay_commit_p50", fratio(s.commitP50, cr.commitP50), "×")

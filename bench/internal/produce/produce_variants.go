@@ -21,7 +21,8 @@ import (
 // article, Ordo's table without its triggers (what the columns and
 // indexes cost by themselves), and the plain INSERT with a relay node
 // draining the outbox meanwhile, and the classic table with a classic
-// relay draining it meanwhile (produce_relay.go).
+// relay, or an Ordo node adopting it, draining it meanwhile
+// (produce_relay.go).
 const (
 	variantClassic        = "classic"
 	VariantOrdoSQL        = "ordo-sql"
@@ -32,6 +33,7 @@ const (
 	variantClassicRelay   = "classic-relay"
 	variantOrdoLean       = "ordo-lean"
 	variantOrdoLeanRelay  = "ordo-lean-relay"
+	variantAdoptedRelay   = "adopted-relay"
 )
 
 // What relays a variant's table during its runs (produce_relay.go).
@@ -39,6 +41,7 @@ const (
 	relayNone    = ""
 	relayOrdo    = "ordo"    // one Ordo node
 	relayClassic = "classic" // one classic relay instance (classic.go) on classic_outbox
+	relayAdopted = "adopted" // one Ordo node relaying classic_outbox as it is (-table-layout)
 )
 
 // Variants is every variant, in the order a cell runs them. classic
@@ -52,6 +55,7 @@ var Variants = []produceVariant{
 	{name: variantOrdoSQLRelay, summary: "ordo-sql while a relay node publishes the outbox to RabbitMQ and marks the rows (the whole cost: the producers' inserts, the relay's reads and marks)", setup: setupOrdo, write: writeOrdoSQL, relay: relayOrdo},
 	{name: variantOrdoLean, summary: "ordo-sql without the key_seq trigger (outbox.DropKeySeqTrigger): the partition owner numbers the rows", setup: setupOrdoLean, write: writeOrdoSQL},
 	{name: variantOrdoLeanRelay, summary: "ordo-lean while a relay node numbers, publishes and marks the rows (the whole cost without the trigger)", setup: setupOrdoLean, write: writeOrdoSQL, relay: relayOrdo},
+	{name: variantAdoptedRelay, summary: "classic while one Ordo node relays classic_outbox as it is (-table-layout, relay/tablesource: its intake, numbering and marks of the user's processed_at; no trigger, column or index added): the producers' cost of adopting their table instead of the article's relay", setup: setupClassic, write: writeClassic, relay: relayAdopted},
 	{name: variantClassicRelay, summary: "classic while one classic relay instance (the article's: oldest 50 pending rows FOR UPDATE SKIP LOCKED, publish each and wait for its confirm, mark, commit) drains classic_outbox to RabbitMQ: the like-for-like whole cost for ordo-sql-relay", setup: setupClassic, write: writeClassic, relay: relayClassic},
 }
 
@@ -67,7 +71,7 @@ type produceVariant struct {
 	// order), inside tx.
 	write func(ctx context.Context, tx pgx.Tx, w *Writer, keys []int) error
 	// relay is what relays the table during the run: relayNone,
-	// relayOrdo or relayClassic.
+	// relayOrdo, relayClassic or relayAdopted.
 	relay string
 }
 
