@@ -32,6 +32,9 @@ func (r *Reader) ExplainPending(ctx context.Context, db TxBeginner, after *Posit
 // SetAfterPage makes f run after each page a pass of in takes in.
 func (in *Intake) SetAfterPage(f func()) { in.afterPage = f }
 
+// SetNumberKeys bounds the keys one numbering statement of s numbers.
+func (s *Store) SetNumberKeys(n int) { s.numberKeys = n }
+
 // ReadSQL and MarkSQL are the Store's key-head read and mark, as they
 // run.
 func (s *Store) ReadSQL() string { return s.sql.read }

@@ -32,9 +32,17 @@ type Store struct {
 	layout   Layout
 	sql      storeSQL
 	logger   *slog.Logger
+	// numberKeys bounds the keys one numbering statement numbers
+	// (numberKeysPerCall; a test lowers it).
+	numberKeys int
 
 	late atomic.Int64 // rows numbered after a later row of their key
 }
+
+// numberKeysPerCall is how many keys of a partition one numbering
+// statement numbers at most: a partition with more takes several, each
+// committed on its own.
+const numberKeysPerCall = 256
 
 var _ relay.Store = (*Store)(nil)
 
@@ -48,7 +56,8 @@ func NewStore(pool *pgxpool.Pool, node string, l Layout, exchange string, logger
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Store{pool: pool, node: node, exchange: exchange, layout: l, sql: newStoreSQL(l), logger: logger}, nil
+	return &Store{pool: pool, node: node, exchange: exchange, layout: l, sql: newStoreSQL(l), logger: logger,
+		numberKeys: numberKeysPerCall}, nil
 }
 
 // LateRows returns how many rows this Store numbered after a row of their
@@ -101,18 +110,25 @@ func (s *Store) readPending(ctx context.Context, query string, cursors []relay.C
 		}
 	}
 	if len(numberParts) > 0 {
-		// One partition per statement, each committed on its own: a read
-		// that runs out of time (a large intake's first numbering on a
-		// loaded machine) keeps the partitions it numbered, and the next
-		// read goes on from there instead of starting over.
+		// One partition and at most numberKeys keys per statement, each
+		// committed on its own: a read that runs out of time (a large
+		// intake's first numbering on a loaded machine) keeps what it
+		// numbered, and the next read goes on from there instead of
+		// starting over.
 		slices.Sort(numberParts)
 		var late int64
 		for i, p := range numberParts {
-			var n, l int64
-			if err := conn.QueryRow(ctx, sqlNumber, planFresh, s.node, []int32{p}).Scan(&n, &l); err != nil {
-				return nil, fmt.Errorf("read pending rows: number the rows of partition %d (%d of %d): %w", p, i+1, len(numberParts), err)
+			for {
+				var n, l int64
+				var keys int
+				if err := conn.QueryRow(ctx, sqlNumber, planFresh, s.node, []int32{p}, s.numberKeys).Scan(&n, &l, &keys); err != nil {
+					return nil, fmt.Errorf("read pending rows: number the rows of partition %d (%d of %d): %w", p, i+1, len(numberParts), err)
+				}
+				late += l
+				if keys < s.numberKeys {
+					break
+				}
 			}
-			late += l
 		}
 		if late > 0 {
 			s.late.Add(late)

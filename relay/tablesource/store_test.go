@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -393,6 +394,57 @@ func TestNumberingKeepsWhatACancelledReadDid(t *testing.T) {
 	}
 	if ks := keySeqInDB(t, pool, a); ks == nil || *ks != 1 {
 		t.Fatalf("partition 0's row numbered %v after the read ran out of time in partition %d, want 1 (kept)", ks, storeParts-1)
+	}
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := byID(readAll(t, s))
+	if got[a].KeySeq != 1 || got[b].KeySeq != 2 {
+		t.Fatalf("after the lock: key_seq %d and %d, want 1 and 2", got[a].KeySeq, got[b].KeySeq)
+	}
+}
+
+// TestNumberingKeepsWhatACancelledStatementDid: within one partition, a
+// read whose numbering runs out of time keeps the keys numbered before,
+// as it keeps the partitions: one partition's numbering is cut into
+// statements of a bounded number of keys, each committed on its own.
+func TestNumberingKeepsWhatACancelledStatementDid(t *testing.T) {
+	t.Parallel()
+	pool := adoptedDB(t)
+	s, in := newStore(t, pool, "n1")
+	s.SetNumberKeys(1)
+	var keys []string
+	for i := 0; len(keys) < 2; i++ {
+		if k := fmt.Sprintf("order-%d", i); partition.Of(k, storeParts) == 0 {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	first, last := keys[0], keys[1] // numbered in key order
+	t0 := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
+	insert(t, pool, msg{id: uuid.Must(uuid.NewV7()), corr: ptr(last), at: t0})
+	take(t, in, true)
+	readAll(t, s) // last's counter now exists
+	a, b := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
+	insert(t, pool, msg{id: a, corr: ptr(first), at: t0.Add(time.Second)}, msg{id: b, corr: ptr(last), at: t0.Add(time.Second)})
+	take(t, in, true)
+
+	ctx := testkit.Context(t, 30*time.Second)
+	lock, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Rollback(context.Background()) //nolint:errcheck // rolled back below
+	if _, err := lock.Exec(ctx, `SELECT 1 FROM ordo_table_keys WHERE key = $1 FOR UPDATE`, last); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if _, err := s.ReadPending(short, []relay.Cursor{{Partition: 0}}, 100); err == nil {
+		t.Fatal("a read numbering a locked key's rows returned in time")
+	}
+	if ks := keySeqInDB(t, pool, a); ks == nil || *ks != 1 {
+		t.Fatalf("key %s's row numbered %v after the read ran out of time on key %s, want 1 (kept)", first, ks, last)
 	}
 	if err := lock.Rollback(ctx); err != nil {
 		t.Fatal(err)

@@ -164,9 +164,10 @@ failed AS (
     RETURNING o.id, o.parked_at IS NOT NULL AS parked)
 SELECT id FROM failed WHERE parked`
 
-// sqlNumber numbers the unnumbered rows of partitions $2 while node $1
-// holds them (ordo_table_number, this package's migration).
-const sqlNumber = `SELECT numbered, late FROM ordo_table_number($1, $2::int[])`
+// sqlNumber numbers the unnumbered rows of at most $3 keys of partitions
+// $2 while node $1 holds them, and says how many keys it numbered
+// (ordo_table_number, this package's migration 7).
+const sqlNumber = `SELECT numbered, late, keys FROM ordo_table_number($1, $2::int[], $3::int)`
 
 // sqlPrevKeySeq walks down from key_seq $2 - 1 over the key's dead rows
 // and returns the first key_seq that is not dead (0 if none). A number
