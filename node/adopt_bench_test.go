@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -112,14 +113,19 @@ func articleDrain(b *testing.B, key string, n int) {
 	}
 }
 
-// articleTable creates a database with the article's table and its rows,
-// an exchange, and a queue bound to it whose deliveries order counts.
-// key is the rows' "CorrelationId", an SQL expression of i.
+// articleTable creates a database with the article's table and its
+// adoptRows rows, an exchange, and a queue bound to it whose deliveries
+// order counts. key is the rows' "CorrelationId", an SQL expression of i;
+// "" writes no rows.
 func articleTable(b *testing.B, key string) (string, *pgxpool.Pool, string, *keyOrder) {
 	dbURL, pool := testkit.NewDatabasePool(b, 8)
 	ctx := testkit.Context(b, 3*time.Minute)
 	if _, err := pool.Exec(ctx, tablesource.ArticleDDL); err != nil {
 		b.Fatal(err)
+	}
+	if key == "" {
+		ex := testkit.NewExchange(b)
+		return dbURL, pool, ex, watchOrder(b, ex)
 	}
 	if _, err := pool.Exec(ctx, `INSERT INTO "OutboxMessages" ("Id", "Type", "RoutingKey", "Payload", "CorrelationId", "OccurredAt")
 		SELECT gen_random_uuid(), 'OrderPlaced', 'order.placed', jsonb_build_object('n', i, 'pad', repeat('x', 220)),
@@ -154,6 +160,7 @@ func reportDrain(b *testing.B, took time.Duration, order *keyOrder) {
 type keyOrder struct {
 	mu       sync.Mutex
 	last     map[string]int64
+	recv     map[string]time.Time // message id -> first delivery
 	got      int
 	reorders int
 }
@@ -179,7 +186,7 @@ func watchOrder(b *testing.B, ex string) *keyOrder {
 	if err != nil {
 		b.Fatal(err)
 	}
-	o := &keyOrder{last: map[string]int64{}}
+	o := &keyOrder{last: map[string]int64{}, recv: map[string]time.Time{}}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -187,6 +194,9 @@ func watchOrder(b *testing.B, ex string) *keyOrder {
 			var p struct{ N int64 }
 			_ = json.Unmarshal(d.Body, &p)
 			o.mu.Lock()
+			if _, ok := o.recv[d.MessageId]; !ok {
+				o.recv[d.MessageId] = time.Now()
+			}
 			o.got++
 			if p.N < o.last[d.CorrelationId] {
 				o.reorders++
@@ -304,4 +314,103 @@ func articleBatch(ctx context.Context, db *pgx.Conn, ch *amqp.Channel, returned 
 		return 0, err
 	}
 	return len(got), tx.Commit(ctx)
+}
+
+// The commit-to-delivery latency of a steady producer on the article's
+// table: adoptLatencyRate rows a second over 1,000 keys for
+// adoptLatencyFor, each INSERT its own transaction (as the article's
+// endpoint commits one), relayed by one node with -table-layout article
+// at its defaults, or by one instance of the article's relay. Each
+// reports p50, p99 and max from the INSERT's return to the delivery at a
+// queue bound to the exchange.
+const (
+	adoptLatencyRate = 200
+	adoptLatencyFor  = 10 * time.Second
+)
+
+// BenchmarkAdoptedTableLatency: one node relaying the article's table.
+func BenchmarkAdoptedTableLatency(b *testing.B) {
+	testkit.RequireRabbitMQ(b)
+	for range b.N {
+		b.StopTimer()
+		dbURL, pool, ex, order := articleTable(b, "")
+		cfg := node.DefaultConfig()
+		cfg.PostgresURL, cfg.AMQP.URL, cfg.NodeName = dbURL, testkit.AMQPURL(), "latency"
+		cfg.HTTPAddr, cfg.Partitions = "127.0.0.1:0", 64
+		cfg.TableLayout, cfg.TableExchange = "article", ex
+		_, stop := nodetest.Run(b, cfg, node.Options{Logger: testkit.Logger(b, slog.LevelWarn)}, nodehook.Hooks{})
+		b.StartTimer()
+		commits := produceSteadily(b, pool)
+		b.StopTimer()
+		reportLatency(b, commits, order)
+		stop()
+	}
+}
+
+// BenchmarkArticleRelayLatency: one instance of the article's relay on
+// the same table (articleRelay: a batch at once while they come back
+// full, else after a second).
+func BenchmarkArticleRelayLatency(b *testing.B) {
+	testkit.RequireRabbitMQ(b)
+	for range b.N {
+		b.StopTimer()
+		dbURL, pool, ex, order := articleTable(b, "")
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() { errc <- articleRelay(ctx, dbURL, ex) }()
+		b.StartTimer()
+		commits := produceSteadily(b, pool)
+		b.StopTimer()
+		reportLatency(b, commits, order)
+		cancel()
+		if err := <-errc; err != nil && !errors.Is(err, context.Canceled) {
+			b.Fatal(err)
+		}
+	}
+}
+
+// produceSteadily inserts adoptLatencyRate rows a second into the
+// article's table for adoptLatencyFor, one transaction each, and returns
+// when each INSERT returned, by message id.
+func produceSteadily(b *testing.B, pool *pgxpool.Pool) map[string]time.Time {
+	ctx := testkit.Context(b, time.Minute)
+	tick := time.NewTicker(time.Second / adoptLatencyRate)
+	defer tick.Stop()
+	commits := map[string]time.Time{}
+	end := time.Now().Add(adoptLatencyFor)
+	for i := 0; time.Now().Before(end); i++ {
+		<-tick.C
+		id := uuid.Must(uuid.NewV7())
+		if _, err := pool.Exec(ctx, `INSERT INTO "OutboxMessages" ("Id", "Type", "RoutingKey", "Payload", "CorrelationId", "OccurredAt")
+			VALUES ($1, 'OrderPlaced', 'order.placed', jsonb_build_object('n', $2::int, 'pad', repeat('x', 220)), $3, now())`,
+			id, i, fmt.Sprintf("order-%d", i%1000)); err != nil {
+			b.Fatal(err)
+		}
+		commits[id.String()] = time.Now()
+	}
+	return commits
+}
+
+// reportLatency waits for every row of commits to arrive and reports the
+// commit-to-delivery latency's p50, p99 and max, and the reorders.
+func reportLatency(b *testing.B, commits map[string]time.Time, order *keyOrder) {
+	_, reorders := order.wait(b, len(commits))
+	order.mu.Lock()
+	lat := make([]time.Duration, 0, len(commits))
+	for id, at := range commits {
+		if got, ok := order.recv[id]; ok {
+			lat = append(lat, got.Sub(at))
+		}
+	}
+	order.mu.Unlock()
+	if len(lat) != len(commits) {
+		b.Fatalf("%d of %d rows delivered", len(lat), len(commits))
+	}
+	slices.Sort(lat)
+	pct := func(q float64) float64 { return float64(lat[int(q*float64(len(lat)-1))]) / float64(time.Millisecond) }
+	b.ReportMetric(pct(0.5), "p50-ms")
+	b.ReportMetric(pct(0.99), "p99-ms")
+	b.ReportMetric(pct(1), "max-ms")
+	b.ReportMetric(float64(reorders), "reorders")
+	b.Logf("%d rows at %d/s: p50 %.1f ms, p99 %.1f ms, max %.1f ms", len(lat), adoptLatencyRate, pct(0.5), pct(0.99), pct(1))
 }
