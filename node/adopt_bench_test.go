@@ -64,7 +64,7 @@ func adoptedDrain(b *testing.B, key string) {
 		took := waitProcessed(b, pool, began)
 		b.StopTimer()
 		stop()
-		reportDrain(b, took, order)
+		reportDrain(b, began, took, order)
 	}
 }
 
@@ -109,7 +109,7 @@ func articleDrain(b *testing.B, key string, n int) {
 		for err := range errs {
 			b.Fatal(err)
 		}
-		reportDrain(b, took, order)
+		reportDrain(b, began, took, order)
 	}
 }
 
@@ -148,11 +148,25 @@ func waitProcessed(b *testing.B, pool *pgxpool.Pool, began time.Time) time.Durat
 	return time.Since(began)
 }
 
-func reportDrain(b *testing.B, took time.Duration, order *keyOrder) {
+func reportDrain(b *testing.B, began time.Time, took time.Duration, order *keyOrder) {
 	got, reorders := order.wait(b, adoptRows)
+	order.mu.Lock()
+	var first, last time.Time
+	for _, at := range order.recv {
+		if first.IsZero() || at.Before(first) {
+			first = at
+		}
+		if at.After(last) {
+			last = at
+		}
+	}
+	order.mu.Unlock()
 	b.ReportMetric(adoptRows/took.Seconds(), "msg/s")
+	b.ReportMetric(adoptRows/last.Sub(first).Seconds(), "msg/s-deliveries")
+	b.ReportMetric(first.Sub(began).Seconds(), "s-to-first")
 	b.ReportMetric(float64(reorders), "reorders")
-	b.Logf("%d rows in %v, %d delivered, %d out of their key's order", adoptRows, took, got, reorders)
+	b.Logf("%d rows in %v (first delivery after %v, deliveries over %v), %d delivered, %d out of their key's order",
+		adoptRows, took, first.Sub(began), last.Sub(first), got, reorders)
 }
 
 // keyOrder counts the deliveries of a queue and those that came after a
