@@ -19,6 +19,7 @@
 //	broker           a bare publisher with pipelined confirms: the broker's ceiling
 //	classic          the article's relay (50 rows a second, one confirm at a time) draining the same backlog
 //	classic-latency  the classic relay's commit-to-delivery latency
+//	orders           orders through the order API at a fixed rate: the API's answer time and 201 to delivery
 //	race             OrderPlaced then OrderCancelled: how many arrive reversed, classic vs Ordo
 //	failover         kill -9 of one of 3 nodes under load: seconds until its partitions publish again
 //	join             a 3rd node joins 2 under load: seconds until it publishes on all its partitions
@@ -113,6 +114,7 @@ var scenarios = []scenario{
 	newScenario("broker", "a bare publisher with pipelined confirms and no database: the broker's ceiling in msgs/s", drain.DefaultBrokerOptions, drain.RunBroker),
 	newScenario("classic", "the article's relay (50 oldest rows a second, one confirm at a time) as -instances instances: msgs/s", drain.DefaultClassicOptions, drain.RunClassic),
 	newScenario("classic-latency", "the classic relay's commit-to-delivery latency at the latency scenario's rate", steady.DefaultClassicLatencyOptions, steady.RunClassicLatency),
+	newScenario("orders", "orders placed through the order API with one node relaying: orders/s reached, the API's answer time, 201 to delivery, CPU per process", steady.DefaultOrdersOptions, steady.RunOrders),
 	newScenario("race", "OrderPlaced then OrderCancelled per order: reversed arrivals, classic (2 instances) vs Ordo (3 nodes)", steady.DefaultRaceOptions, steady.RunRace),
 	newScenario("failover", "kill -9 of one of 3 nodes under load: seconds until its partitions publish again", steady.DefaultFailoverOptions, steady.RunFailover),
 	newScenario("join", "a 3rd node joins 2 under load: seconds until it publishes on each of its partitions", steady.DefaultJoinOptions, steady.RunJoin),

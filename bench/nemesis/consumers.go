@@ -170,7 +170,7 @@ func (c *consumerRun) setup(ctx context.Context) error {
 	if err := c.sh.waitBalanced(ctx, c.ship); err != nil {
 		return err
 	}
-	api, err := startOrderAPI(ctx, r, "orderapi", r.DBURL, c.exchange)
+	api, err := r.StartOrderAPI(ctx, "orderapi", r.DBURL, c.exchange)
 	if err != nil {
 		return err
 	}

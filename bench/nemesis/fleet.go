@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/ordo-relay/ordo/bench/internal/harness"
-	"github.com/ordo-relay/ordo/internal/childproc"
 	"github.com/ordo-relay/ordo/internal/testkit"
 )
 
@@ -206,7 +205,7 @@ func (f *fleet) startAPIs(ctx context.Context) ([]loadTarget, error) {
 		if db.name != sourceNames[0] {
 			name += "-" + db.name
 		}
-		api, err := startOrderAPI(ctx, f.r, name, db.url, f.exchange)
+		api, err := f.r.StartOrderAPI(ctx, name, db.url, f.exchange)
 		if err != nil {
 			return nil, err
 		}
@@ -214,36 +213,6 @@ func (f *fleet) startAPIs(ctx context.Context) ([]loadTarget, error) {
 		out = append(out, loadTarget{source: db.name, addr: api.HTTPAddr})
 	}
 	return out, nil
-}
-
-// startOrderAPI builds and starts the order API, named name, on database
-// dbURL, its events addressed to exchange, stopped at r's Close, and
-// waits until it answers.
-func startOrderAPI(ctx context.Context, r *harness.Rig, name, dbURL, exchange string) (*harness.Node, error) {
-	bin, _, err := childproc.Build(ctx, "github.com/ordo-relay/ordo/cmd/orderapi")
-	if err != nil {
-		return nil, err
-	}
-	o := r.Config
-	o.NodeBin = bin // StartProcess runs any binary configured by ORDO_* variables
-	n, err := harness.StartProcess(ctx, o, name, dbURL, o.AMQPURL, "ORDO_EXCHANGE="+exchange, "ORDO_DB_MAX_CONNS=8")
-	if err != nil {
-		return nil, err
-	}
-	r.OnClose("stop "+name, func(context.Context) error { _, err := n.Stop(harness.NodeStopTimeout); return err })
-	client := &http.Client{Timeout: time.Second}
-	err = harness.WaitUntil(ctx, time.Minute, 50*time.Millisecond, "the order API to answer", func() (bool, error) {
-		if err := n.Failed(); err != nil {
-			return false, err
-		}
-		resp, err := client.Get("http://" + n.HTTPAddr + "/healthz")
-		if err != nil {
-			return false, nil
-		}
-		_ = resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
-	})
-	return n, err
 }
 
 // admin runs the operator CLI (node SUBCOMMAND -http ADDR ...) against the

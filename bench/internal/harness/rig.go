@@ -6,12 +6,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/ordo-relay/ordo/internal/childproc"
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/lease"
 	"github.com/ordo-relay/ordo/outbox"
@@ -287,4 +289,35 @@ func RandomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b) // crypto/rand.Read never fails on Linux
 	return hex.EncodeToString(b)
+}
+
+// StartOrderAPI builds and starts the order API (cmd/orderapi), named
+// name, on database dbURL, its events addressed to exchange, with a pool
+// of 8 connections unless env (extra ORDO_* variables) says otherwise,
+// stopped at Close, and waits until it answers.
+func (r *Rig) StartOrderAPI(ctx context.Context, name, dbURL, exchange string, env ...string) (*Node, error) {
+	bin, _, err := childproc.Build(ctx, "github.com/ordo-relay/ordo/cmd/orderapi")
+	if err != nil {
+		return nil, err
+	}
+	o := r.Config
+	o.NodeBin = bin // StartProcess runs any binary configured by ORDO_* variables
+	n, err := StartProcess(ctx, o, name, dbURL, o.AMQPURL, append([]string{"ORDO_EXCHANGE=" + exchange, "ORDO_DB_MAX_CONNS=8"}, env...)...)
+	if err != nil {
+		return nil, err
+	}
+	r.OnClose("stop "+name, func(context.Context) error { _, err := n.Stop(NodeStopTimeout); return err })
+	client := &http.Client{Timeout: time.Second}
+	err = WaitUntil(ctx, time.Minute, 50*time.Millisecond, "the order API to answer", func() (bool, error) {
+		if err := n.Failed(); err != nil {
+			return false, err
+		}
+		resp, err := client.Get("http://" + n.HTTPAddr + "/healthz")
+		if err != nil {
+			return false, nil
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	})
+	return n, err
 }

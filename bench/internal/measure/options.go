@@ -52,12 +52,12 @@ func DefaultTraffic() Traffic { return Traffic{Payload: 300, Workers: 16} }
 
 func (t *Traffic) AddFlags(fs *flag.FlagSet) {
 	PayloadVar(fs, &t.Payload)
-	rateVar(fs, &t.Rate)
+	RateVar(fs, &t.Rate)
 	WorkersVar(fs, &t.Workers)
 }
 
 func (t Traffic) Validate() error {
-	return errors.Join(CheckPayload(t.Payload), checkRate(t.Rate), CheckWorkers(t.Workers))
+	return errors.Join(CheckPayload(t.Payload), CheckRate(t.Rate), CheckWorkers(t.Workers))
 }
 
 // KeyedTraffic is a steady load over -keys keys: outage, latency,
@@ -100,7 +100,7 @@ func (c ClassicPolling) Validate() error {
 	return nil
 }
 
-// KeysVar, PayloadVar, rateVar and WorkersVar register the flags that
+// KeysVar, PayloadVar, RateVar and WorkersVar register the flags that
 // scenarios share outside the structs above.
 func KeysVar(fs *flag.FlagSet, p *int) {
 	fs.IntVar(p, "keys", *p, "distinct correlation ids (0: the scenario's default)")
@@ -110,7 +110,7 @@ func PayloadVar(fs *flag.FlagSet, p *int) {
 	fs.IntVar(p, "payload", *p, "approximate JSON payload size in bytes")
 }
 
-func rateVar(fs *flag.FlagSet, p *int) {
+func RateVar(fs *flag.FlagSet, p *int) {
 	fs.IntVar(p, "rate", *p, "commits per second, orders per second in race (0: the scenario's default)")
 }
 
@@ -132,7 +132,7 @@ func CheckPayload(n int) error {
 	return nil
 }
 
-func checkRate(n int) error {
+func CheckRate(n int) error {
 	if n < 0 {
 		return fmt.Errorf("rate %d must not be negative", n)
 	}
