@@ -22,17 +22,27 @@ import (
 	"github.com/ordo-relay/ordo/relay/internal/pgwrite"
 )
 
-// planFresh is the query mode of every relay statement: pgx describes the
-// statement once and caches only its description; each execution parses an
-// unnamed statement that PostgreSQL plans for the parameters and the table
-// as they are now. A named prepared statement (pgx's default) switches to a
-// cached generic plan after five executions, and that plan is never
-// revisited as the table grows: made while the outbox was empty after an
-// idle start, the key-head read's plan walked every pending row once per
-// candidate row, 2.3-3.7 s a read on a 40,000-row burst, and the relay
-// stalled. Planning afresh costs about a tenth of a millisecond per
-// statement, and each statement handles a batch.
+// planFresh is the query mode of the relay's statements but the read and
+// the mark: pgx describes the statement once and caches only its
+// description; each execution parses an unnamed statement that PostgreSQL
+// plans for the parameters and the table as they are now. A named
+// prepared statement (pgx's default) may switch to a cached generic plan
+// after five executions, and that plan is never revisited as the table
+// grows: made while the outbox was empty after an idle start, an earlier
+// key-head read's plan walked every pending row once per candidate row,
+// 2.3-3.7 s a read on a 40,000-row burst, and the relay stalled
+// (TestIdleThenBurst).
 const planFresh = pgx.QueryExecModeCacheDescribe
+
+// planCached is the read's and the mark's query mode: every plan of
+// theirs, generic or custom, with or without statistics, costs about the
+// same buffers per row at 10,000 and 100,000 pending rows
+// (TestPlansFollowTheWork), so they are prepared once per connection and
+// PostgreSQL may keep a generic plan. Parsing and planning were most of a
+// tail read's cost: 0.75-0.94 ms a read of 64 empty partitions planned
+// afresh, 0.59-0.62 ms prepared with a custom plan, 0.22-0.26 ms with the
+// generic one (one connection, 1,000 reads, idle machine).
+const planCached = pgwrite.PlanCached
 
 // Store is the PostgreSQL relay.Store of one node.
 type Store struct {
@@ -166,7 +176,7 @@ func (s *Store) holdBehindParked(ctx context.Context, conn *pgx.Conn, out []rela
 // without key_seq, and the rows behind a parked row with that row's
 // key_seq.
 func readRows(ctx context.Context, conn *pgx.Conn, query string, parts []int32, after []int64, limit int) (out, unnumbered []relay.Row, behind map[uuid.UUID]int64, err error) {
-	rows, err := conn.Query(ctx, query, planFresh, parts, after, limit)
+	rows, err := conn.Query(ctx, query, planCached, parts, after, limit)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("read pending rows: %w", err)
 	}
@@ -200,7 +210,7 @@ func readRows(ctx context.Context, conn *pgx.Conn, query string, parts []int32, 
 
 // MarkPublished implements relay.Outbox.
 func (s *Store) MarkPublished(ctx context.Context, rows []relay.Settled) ([]uuid.UUID, error) {
-	return pgwrite.Mark(ctx, s.pool, sqlMarkPublished, s.node, rows)
+	return pgwrite.Mark(ctx, s.pool, planCached, sqlMarkPublished, s.node, rows)
 }
 
 // RecordFailures implements relay.Outbox.

@@ -236,7 +236,7 @@ func (s *Store) read(ctx context.Context, conn *pgx.Conn, query string, parts []
 // MarkPublished implements relay.Outbox: it sets the user's processed-at
 // and forgets the rows, in one statement fenced by the leases.
 func (s *Store) MarkPublished(ctx context.Context, rows []relay.Settled) ([]uuid.UUID, error) {
-	return pgwrite.Mark(ctx, s.pool, s.sql.mark, s.node, rows)
+	return pgwrite.Mark(ctx, s.pool, planFresh, s.sql.mark, s.node, rows)
 }
 
 // RecordFailures implements relay.Outbox.

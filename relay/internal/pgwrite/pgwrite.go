@@ -19,6 +19,13 @@ import (
 // (relay/pgstore's planFresh says why).
 const PlanFresh = pgx.QueryExecModeCacheDescribe
 
+// PlanCached is the query mode of the statements whose every plan,
+// generic or custom, with or without statistics, follows the work
+// (relay/pgstore's read and mark, TestPlansFollowTheWork): prepared once
+// per connection, so that PostgreSQL parses them once and may keep a
+// generic plan after five executions instead of planning every one.
+const PlanCached = pgx.QueryExecModeCacheStatement
+
 // HeldCTE is the lease check shared by every relay write, two common
 // table expressions for a WITH: m, the rows ($2 ids, $3 partitions, $4
 // epochs), and held, the leases of node $1 at those epochs, locked FOR
@@ -43,10 +50,12 @@ type Querier interface {
 }
 
 // Mark runs sql, a mark of rows by node ($1 node, then HeldCTE's
-// parameters), and returns the ids it returns: those it marked.
-func Mark(ctx context.Context, q Querier, sql, node string, rows []relay.Settled) ([]uuid.UUID, error) {
+// parameters), in query mode mode (PlanFresh, or PlanCached where every
+// plan of sql follows the work), and returns the ids it returns: those it
+// marked.
+func Mark(ctx context.Context, q Querier, mode pgx.QueryExecMode, sql, node string, rows []relay.Settled) ([]uuid.UUID, error) {
 	ids, parts, epochs, _, _ := relay.SettledColumns(rows)
-	marked, err := collectIDs(q.Query(ctx, sql, PlanFresh, node, ids, parts, epochs))
+	marked, err := collectIDs(q.Query(ctx, sql, mode, node, ids, parts, epochs))
 	if err != nil {
 		return nil, fmt.Errorf("mark %d row(s) published: %w", len(rows), err)
 	}
