@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -38,6 +39,37 @@ func explainOn(t *testing.T, q querier, sql string, args ...any) (string, int) {
 	t.Helper()
 	rows, err := q.Query(testkit.Context(t, time.Minute), "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) "+sql,
 		append([]any{pgx.QueryExecModeCacheDescribe}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan := strings.Join(lines, "\n")
+	return plan, topBuffers(plan)
+}
+
+// explainGeneric runs EXPLAIN (ANALYZE, BUFFERS) EXECUTE of sql prepared
+// and planned as a generic plan (force_generic_plan: what PostgreSQL may
+// keep for a prepared statement), with args as SQL literals, in a
+// transaction it rolls back, and returns the plan and its shared buffers.
+func explainGeneric(t *testing.T, pool *pgxpool.Pool, sql, args string) (string, int) {
+	t.Helper()
+	ctx := testkit.Context(t, time.Minute)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // EXPLAIN ANALYZE of a write: undone
+	// PREPARE outlives the transaction: a name of its own each time.
+	name := "generic_" + strings.ReplaceAll(uuid.NewString(), "-", "")
+	for _, stmt := range []string{"SET LOCAL plan_cache_mode = force_generic_plan", "PREPARE " + name + " AS " + sql} {
+		if _, err := tx.Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) EXECUTE "+name+"("+args+")")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,6 +138,13 @@ func TestStorePlansWithoutStatistics(t *testing.T) {
 	if seqScan(plan) || buffers > 4*limit*8 {
 		t.Fatalf("the key-head read costs the backlog: %d buffers for %d rows\n%s", buffers, 4*limit, plan)
 	}
+	// The Store keeps the read's and the mark's plans (prepared
+	// statements): their generic plans must cost the same.
+	plan, buffers = explainGeneric(t, pool, s.ReadSQL(), "'{0,1,2,3}', '{0,0,0,0}', "+strconv.Itoa(limit))
+	t.Logf("key-head read of %d rows, generic plan: %d buffers\n%s", 4*limit, buffers, plan)
+	if seqScan(plan) || buffers > 4*limit*8 {
+		t.Fatalf("the key-head read's generic plan costs the backlog: %d buffers for %d rows\n%s", buffers, 4*limit, plan)
+	}
 	var settle []relay.Settled
 	for _, r := range rows[:limit] {
 		settle = append(settle, relay.Settled{ID: r.ID, Partition: r.Partition, Epoch: 1})
@@ -120,6 +159,18 @@ func TestStorePlansWithoutStatistics(t *testing.T) {
 	t.Logf("mark of %d rows: %d buffers\n%s", limit, buffers, plan)
 	if seqScan(plan) || buffers > limit*20 {
 		t.Fatalf("the mark costs the backlog: %d buffers for %d rows\n%s", buffers, limit, plan)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	idText, partText, epochText := make([]string, len(ids)), make([]string, len(parts)), make([]string, len(epochs))
+	for i := range ids {
+		idText[i], partText[i], epochText[i] = uuid.UUID(ids[i]).String(), strconv.Itoa(int(parts[i])), strconv.FormatInt(epochs[i], 10)
+	}
+	plan, buffers = explainGeneric(t, pool, s.MarkSQL(), "'n1', '{"+strings.Join(idText, ",")+"}', '{"+strings.Join(partText, ",")+"}', '{"+strings.Join(epochText, ",")+"}'")
+	t.Logf("mark of %d rows, generic plan: %d buffers\n%s", limit, buffers, plan)
+	if seqScan(plan) || buffers > limit*20 {
+		t.Fatalf("the mark's generic plan costs the backlog: %d buffers for %d rows\n%s", buffers, limit, plan)
 	}
 	if _, err := pool.Exec(ctx, `INSERT INTO "OutboxMessages" ("Id", "Type", "RoutingKey", "Payload", "CorrelationId", "OccurredAt")
 		SELECT gen_random_uuid(), 'OrderPlaced', 'order.placed', '{}', 'k' || (i % 1000), now() + i * interval '1 ms'

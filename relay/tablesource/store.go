@@ -16,9 +16,15 @@ import (
 	"github.com/ordo-relay/ordo/relay/internal/pgwrite"
 )
 
-// planFresh: every statement is planned for its parameters and the tables
-// as they are when it runs (see package pgstore's planFresh).
+// planFresh: every statement but the read and the mark is planned for its
+// parameters and the tables as they are when it runs (see package
+// pgstore's planFresh).
 const planFresh = pgwrite.PlanFresh
+
+// planCached: the read and the mark are prepared once per connection and
+// PostgreSQL may keep a generic plan, whose cost is the custom plan's
+// (TestStorePlansWithoutStatistics; package pgstore's planCached).
+const planCached = pgwrite.PlanCached
 
 // Store is the relay.Store of one node over an adopted table: key heads
 // from ordo_table_rows in each partition's intake order, what the message
@@ -199,7 +205,7 @@ func (s *Store) markGone(ctx context.Context, conn *pgx.Conn, gone []relay.Settl
 
 // read runs one read of ordo_table_rows and the user's rows.
 func (s *Store) read(ctx context.Context, conn *pgx.Conn, query string, parts []int32, after []int64, limit int) ([]scanned, error) {
-	rows, err := conn.Query(ctx, query, planFresh, parts, after, limit)
+	rows, err := conn.Query(ctx, query, planCached, parts, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("read pending rows: %w", err)
 	}
@@ -236,7 +242,7 @@ func (s *Store) read(ctx context.Context, conn *pgx.Conn, query string, parts []
 // MarkPublished implements relay.Outbox: it sets the user's processed-at
 // and forgets the rows, in one statement fenced by the leases.
 func (s *Store) MarkPublished(ctx context.Context, rows []relay.Settled) ([]uuid.UUID, error) {
-	return pgwrite.Mark(ctx, s.pool, planFresh, s.sql.mark, s.node, rows)
+	return pgwrite.Mark(ctx, s.pool, planCached, s.sql.mark, s.node, rows)
 }
 
 // RecordFailures implements relay.Outbox.
