@@ -234,6 +234,48 @@ func TestPlaceIsAtomicWhenCommitFails(t *testing.T) {
 	}
 }
 
+// TestPlaceIsAtomicWhenTheEventIsRefused: the order's statements reach
+// the database together, the event's INSERT last; when the database
+// refuses it, the order and its items are not written either, with an
+// Idempotency-Key (the caller's transaction) or without (the batch's
+// implicit transaction), and the key stays free.
+func TestPlaceIsAtomicWhenTheEventIsRefused(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	ctx := testkit.Context(t, 30*time.Second)
+	_, err := e.pool.Exec(ctx, `
+		CREATE FUNCTION refuse_event() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			RAISE EXCEPTION 'event refused by the test';
+		END
+		$$;
+		CREATE TRIGGER refuse_event BEFORE INSERT ON outbox
+			FOR EACH ROW EXECUTE FUNCTION refuse_event();`)
+	if err != nil {
+		t.Fatalf("install refusing trigger: %v", err)
+	}
+	body := orderBody("EUR", itemJSON(bookA, "2", `"12.50"`))
+	for _, h := range []http.Header{nil, {"Idempotency-Key": {"refused-once"}}} {
+		r := e.do(t, http.MethodPost, "/orders", "application/json", body, h)
+		if r.status != http.StatusInternalServerError {
+			t.Fatalf("POST (headers %v) with the event refused = %d %s, want 500", h, r.status, r.body)
+		}
+		if o, i, m := e.counts(t); o != 0 || i != 0 || m != 0 {
+			t.Fatalf("after a refused event (headers %v): %d orders, %d items, %d outbox rows; want none", h, o, i, m)
+		}
+	}
+	if _, err := e.pool.Exec(ctx, `DROP TRIGGER refuse_event ON outbox`); err != nil {
+		t.Fatal(err)
+	}
+	r := e.do(t, http.MethodPost, "/orders", "application/json", body, http.Header{"Idempotency-Key": {"refused-once"}})
+	if r.status != http.StatusCreated {
+		t.Fatalf("POST with the key of a refused request = %d %s, want 201", r.status, r.body)
+	}
+	if o, i, m := e.counts(t); o != 1 || i != 1 || m != 1 {
+		t.Errorf("after the retry: %d orders, %d items, %d outbox rows; want 1 each", o, i, m)
+	}
+}
+
 func TestCancelIsAtomicWhenCommitFails(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, nil)

@@ -4,9 +4,8 @@ package orderapi
 // cast to numeric by the database, so no float ever touches them.
 const (
 	sqlInsertOrder = `
-INSERT INTO orders (id, customer_id, currency, total)
-VALUES ($1, $2, $3, $4::numeric)
-RETURNING placed_at`
+INSERT INTO orders (id, customer_id, currency, total, placed_at)
+VALUES ($1, $2, $3, $4::numeric, $5)`
 
 	// sqlInsertItems inserts one row per array element.
 	sqlInsertItems = `

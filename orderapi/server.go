@@ -155,14 +155,16 @@ func (s *Server) placeOrder(w http.ResponseWriter, r *http.Request) {
 		s.internalError(w, r, fmt.Errorf("new order id: %w", err))
 		return
 	}
-	err = pgx.BeginFunc(r.Context(), s.pool, func(tx pgx.Tx) error {
-		if key != "" {
+	if key == "" {
+		err = s.insertOrder(r.Context(), s.pool, id, o)
+	} else {
+		err = pgx.BeginFunc(r.Context(), s.pool, func(tx pgx.Tx) error {
 			if err := s.claimKey(r.Context(), tx, key, o.fingerprint(), id); err != nil {
 				return err
 			}
-		}
-		return s.insertOrder(r.Context(), tx, id, o)
-	})
+			return s.insertOrder(r.Context(), tx, id, o)
+		})
+	}
 	var taken *keyTaken
 	switch {
 	case errors.As(err, &taken):
@@ -193,42 +195,53 @@ func (s *Server) readPlaceRequest(w http.ResponseWriter, r *http.Request) (*orde
 	return o, key, rerr
 }
 
+// batchSender sends a batch: the pool, or a transaction.
+type batchSender interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
 // insertOrder writes order o as id, its items and its OrderPlaced event
-// in tx.
-func (s *Server) insertOrder(ctx context.Context, tx pgx.Tx, id uuid.UUID, o *order) error {
+// in one round trip: sent on the pool, the batch's statements are one
+// implicit transaction (PostgreSQL commits a pipeline's statements at its
+// Sync, or rolls them all back when one fails); sent on a transaction,
+// they are part of it. The order's placed_at is the API's clock, so that
+// the event carries it without a round trip to read it back.
+func (s *Server) insertOrder(ctx context.Context, db batchSender, id uuid.UUID, o *order) error {
 	n := len(o.items)
 	lines, books, quantities, prices := make([]int32, n), make([]uuid.UUID, n), make([]int32, n), make([]string, n)
+	placedAt := time.Now().UTC().Truncate(time.Microsecond) // what timestamptz keeps
 	event := orderPlacedEvent{
 		OrderID:    id.String(),
 		CustomerID: o.customerID.String(),
 		Currency:   o.currency,
 		Total:      o.total,
+		PlacedAt:   formatTime(placedAt),
 		Items:      make([]itemOutput, n),
 	}
 	for i, it := range o.items {
 		lines[i], books[i], quantities[i], prices[i] = int32(i+1), it.bookID, int32(it.quantity), it.unitPrice
 		event.Items[i] = itemOutput{BookID: it.bookID.String(), Quantity: it.quantity, UnitPrice: it.unitPrice}
 	}
-	var placedAt time.Time
-	if err := tx.QueryRow(ctx, sqlInsertOrder, id, o.customerID, o.currency, o.total).Scan(&placedAt); err != nil {
-		return fmt.Errorf("insert order: %w", err)
-	}
-	if _, err := tx.Exec(ctx, sqlInsertItems, id, lines, books, quantities, prices); err != nil {
-		return fmt.Errorf("insert %d order items: %w", n, err)
-	}
-	event.PlacedAt = formatTime(placedAt)
 	payload, err := json.Marshal(event)
 	if err != nil {
 		return fmt.Errorf("encode OrderPlaced: %w", err)
 	}
-	_, err = s.producer.Enqueue(ctx, tx, outbox.Message{
+	b := &pgx.Batch{}
+	b.Queue(sqlInsertOrder, id, o.customerID, o.currency, o.total, placedAt)
+	b.Queue(sqlInsertItems, id, lines, books, quantities, prices)
+	if _, err := s.producer.Queue(ctx, b, outbox.Message{
 		CorrelationID: id.String(),
 		Exchange:      s.cfg.Exchange,
 		RoutingKey:    RoutingKeyOrderPlaced,
 		Type:          TypeOrderPlaced,
 		Payload:       payload,
-	})
-	return err
+	}); err != nil {
+		return err
+	}
+	if err := db.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("insert the order, its %d items and OrderPlaced: %w", n, err)
+	}
+	return nil
 }
 
 type cancelledResponse struct {

@@ -76,14 +76,13 @@ func TestPlainInsertPartitionMismatch(t *testing.T) {
 	if _, err := pool.Exec(ctx, plainInsert, uuid.Must(uuid.NewV7()), wrongFirst, "first-wrong"); err != nil {
 		t.Fatal(err)
 	}
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := prod.Enqueue(ctx, tx, msg("first-wrong"))
-		return err
-	})
-	if !errors.Is(err, outbox.ErrKeyPartition) {
-		t.Fatalf("Enqueue into a key first written to another partition: %v, want ErrKeyPartition", err)
+	for _, way := range enqueueWays {
+		_, err = way.enqueue(ctx, pool, prod, msg("first-wrong"))
+		if !errors.Is(err, outbox.ErrKeyPartition) {
+			t.Fatalf("%s into a key first written to another partition: %v, want ErrKeyPartition", way.name, err)
+		}
+		requireKeyPartitionError(t, err, "first-wrong", wrongFirst, partition.Of("first-wrong", 64))
 	}
-	requireKeyPartitionError(t, err, "first-wrong", wrongFirst, partition.Of("first-wrong", 64))
 }
 
 // TestKeyPartitionBackfill: migrating an outbox that already holds rows

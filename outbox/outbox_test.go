@@ -1,8 +1,10 @@
 package outbox_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -89,18 +91,54 @@ func TestPartitionCountMismatch(t *testing.T) {
 	}
 }
 
+// enqueueWays are the two ways of writing messages: Enqueue through a
+// transaction, and Queue on a batch sent on the pool (one implicit
+// transaction).
+var enqueueWays = []struct {
+	name    string
+	enqueue func(ctx context.Context, pool *pgxpool.Pool, p *outbox.Producer, msgs ...outbox.Message) ([]uuid.UUID, error)
+}{
+	{"Enqueue", func(ctx context.Context, pool *pgxpool.Pool, p *outbox.Producer, msgs ...outbox.Message) ([]uuid.UUID, error) {
+		var ids []uuid.UUID
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			var err error
+			ids, err = p.Enqueue(ctx, tx, msgs...)
+			return err
+		})
+		return ids, err
+	}},
+	{"Queue", func(ctx context.Context, pool *pgxpool.Pool, p *outbox.Producer, msgs ...outbox.Message) ([]uuid.UUID, error) {
+		b := &pgx.Batch{}
+		ids, err := p.Queue(ctx, b, msgs...)
+		if err != nil {
+			if b.Len() != 0 {
+				return nil, fmt.Errorf("Queue failed (%w) and queued %d statements", err, b.Len())
+			}
+			return nil, err
+		}
+		if err := pool.SendBatch(ctx, b).Close(); err != nil {
+			return nil, outbox.EnqueueError(len(msgs), err)
+		}
+		return ids, nil
+	}},
+}
+
 func TestEnqueueAssignsIDPartitionKeySeq(t *testing.T) {
 	t.Parallel()
+	for _, way := range enqueueWays {
+		t.Run(way.name, func(t *testing.T) {
+			t.Parallel()
+			testAssignsIDPartitionKeySeq(t, way.enqueue)
+		})
+	}
+}
+
+func testAssignsIDPartitionKeySeq(t *testing.T, enqueue func(context.Context, *pgxpool.Pool, *outbox.Producer, ...outbox.Message) ([]uuid.UUID, error)) {
 	pool, p := setup(t, 2)
 	ctx := testkit.Context(t, 30*time.Second)
 	m1 := msg("order-42")
 	m1.Headers = map[string]any{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "n": 3, "ok": true}
-	var ids []uuid.UUID
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		var err error
-		ids, err = p.Enqueue(ctx, tx, m1, msg("order-42"), msg("other"))
-		return err
-	})
+	ids, err := enqueue(ctx, pool, p, m1, msg("order-42"), msg("other"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,21 +211,20 @@ func TestEnqueueRejectsInvalid(t *testing.T) {
 		{"header value over 64 KiB", func(m *outbox.Message) { m.Headers = map[string]any{"a": strings.Repeat("x", 65<<10)} }, "Headers[a]"},
 	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			bad := msg("k")
-			c.edit(&bad)
-			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				_, err := p.Enqueue(ctx, tx, msg("k"), bad)
-				return err
+		for _, way := range enqueueWays {
+			t.Run(c.name+"/"+way.name, func(t *testing.T) {
+				bad := msg("k")
+				c.edit(&bad)
+				_, err := way.enqueue(ctx, pool, p, msg("k"), bad)
+				var me *outbox.MessageError
+				if !errors.As(err, &me) || !errors.Is(err, outbox.ErrInvalidMessage) {
+					t.Fatalf("err = %v, want MessageError", err)
+				}
+				if me.Index != 1 || me.Field != c.field {
+					t.Fatalf("error names message %d field %q, want 1 %q: %v", me.Index, me.Field, c.field, err)
+				}
 			})
-			var me *outbox.MessageError
-			if !errors.As(err, &me) || !errors.Is(err, outbox.ErrInvalidMessage) {
-				t.Fatalf("err = %v, want MessageError", err)
-			}
-			if me.Index != 1 || me.Field != c.field {
-				t.Fatalf("error names message %d field %q, want 1 %q: %v", me.Index, me.Field, c.field, err)
-			}
-		})
+		}
 	}
 	var n int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n); err != nil || n != 0 {

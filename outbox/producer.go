@@ -7,6 +7,7 @@ import (
 	"sort"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/ordo-relay/ordo/partition"
@@ -63,6 +64,49 @@ func (p *Producer) Enqueue(ctx context.Context, tx Execer, msgs ...Message) ([]u
 	if len(msgs) == 0 {
 		return nil, nil
 	}
+	ids, args, err := p.rows(ctx, msgs)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := tx.Exec(ctx, sqlEnqueue, args...); err != nil {
+		return nil, EnqueueError(len(msgs), err)
+	}
+	return ids, nil
+}
+
+// Queue validates msgs and queues their INSERT, the one Enqueue runs, on
+// b: the rows are written when b is sent, in the transaction b runs in
+// (begun by b.BeginTx or the caller's), so business rows and messages can
+// reach the database in one round trip. It returns the ids as Enqueue
+// does; if any message is invalid nothing is queued and the error is a
+// *MessageError. The INSERT's own error comes from sending b: pass it
+// through EnqueueError to get Enqueue's errors (ErrKeyPartition).
+func (p *Producer) Queue(ctx context.Context, b *pgx.Batch, msgs ...Message) ([]uuid.UUID, error) {
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	ids, args, err := p.rows(ctx, msgs)
+	if err != nil {
+		return nil, err
+	}
+	b.Queue(sqlEnqueue, args...)
+	return ids, nil
+}
+
+// EnqueueError wraps err, the database's error for an INSERT of n
+// messages, as Enqueue returns it: with ErrKeyPartition when the database
+// refused a row whose key's earlier rows are in another partition.
+func EnqueueError(n int, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.ConstraintName == constraintKeyPartition {
+		return fmt.Errorf("outbox: enqueue %d message(s): %w: %w", n, ErrKeyPartition, err)
+	}
+	return fmt.Errorf("outbox: enqueue %d message(s): %w", n, err)
+}
+
+// rows validates msgs and returns their ids in the caller's order and
+// sqlEnqueue's arguments, the rows sorted by key.
+func (p *Producer) rows(ctx context.Context, msgs []Message) ([]uuid.UUID, []any, error) {
 	n := len(msgs)
 	var (
 		ids        = make([]uuid.UUID, n) // in the caller's order
@@ -91,11 +135,11 @@ func (p *Producer) Enqueue(ctx context.Context, tx Execer, msgs ...Message) ([]u
 		}
 		h, err := m.validate(i)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		id, err := uuid.NewV7()
 		if err != nil {
-			return nil, fmt.Errorf("outbox: new message id: %w", err)
+			return nil, nil, fmt.Errorf("outbox: new message id: %w", err)
 		}
 		ids[i] = id
 		rowIDs[j] = id
@@ -103,12 +147,5 @@ func (p *Producer) Enqueue(ctx context.Context, tx Execer, msgs ...Message) ([]u
 		keys[j], exchanges[j], routing[j], types[j] = m.CorrelationID, m.Exchange, m.RoutingKey, m.Type
 		payloads[j], headers[j] = string(m.Payload), string(h)
 	}
-	if _, err := tx.Exec(ctx, sqlEnqueue, rowIDs, partitions, keys, exchanges, routing, types, payloads, headers); err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.ConstraintName == constraintKeyPartition {
-			return nil, fmt.Errorf("outbox: enqueue %d message(s): %w: %w", n, ErrKeyPartition, err)
-		}
-		return nil, fmt.Errorf("outbox: enqueue %d message(s): %w", n, err)
-	}
-	return ids, nil
+	return ids, []any{rowIDs, partitions, keys, exchanges, routing, types, payloads, headers}, nil
 }
