@@ -32,6 +32,16 @@ func (c *commitCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.
 
 func (c *commitCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
+func (c *commitCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (c *commitCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {
+	c.statements.Add(1)
+}
+
+func (c *commitCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
 // countedPool is newDB's database through a pool of size conns whose
 // statements and commits are counted.
 func countedPool(tb testing.TB, conns int32) (*pgxpool.Pool, *commitCounter) {

@@ -54,8 +54,8 @@ func replayed(ctx context.Context, m *Message) error {
 // their keys' next or duplicates: one statement decides them all
 // (sqlDecideBatch), the handlers run one after another in the
 // transaction with no savepoint between them, and one statement advances
-// every key (sqlAdvanceBatch) before the commit. That is four round trips
-// for the batch (BEGIN, the decision, the advance, COMMIT) besides the
+// every key (sqlAdvanceBatch) before the commit. That is three round trips
+// for the batch (BEGIN with the decision, the advance, COMMIT) besides the
 // handlers' own, where the per-message path takes three per message.
 //
 // Every message's text must have passed checkText. It returns
@@ -74,12 +74,10 @@ func (s *Store) batchFast(ctx context.Context, f Fence, items []batchItem, h Han
 		}
 		keys[i], seqs[i], sources[i], bases[i] = m.CorrelationID, m.KeySeq, m.Source, s.newKeyBase(m)
 	}
-	tx, err := s.db.Begin(ctx)
-	if err != nil {
-		return nil, nil, fmt.Errorf("begin batch: %w", err)
+	tx, decs, err := s.beginDecided(ctx, items, keys, seqs, sources, bases)
+	if tx != nil {
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	decs, err := s.decideBatch(ctx, tx, items, keys, seqs, sources, bases)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -118,14 +116,54 @@ func (s *Store) batchFast(ctx context.Context, f Fence, items []batchItem, h Han
 	return res, nil, nil
 }
 
-// decideBatch runs sqlDecideBatch and classifies each message as decide
-// does, a later message of a key in the batch against the key as its
-// earlier ones leave it. It returns errSlowPath unless every message is
-// next or a duplicate.
-func (s *Store) decideBatch(ctx context.Context, tx pgx.Tx, items []batchItem, keys []string, seqs []int64, sources []string, bases []int64) ([]decision, error) {
-	rows, err := tx.Query(ctx, sqlDecideBatch, s.cfg.Name, keys, seqs, sources, bases, s.idle)
-	if err != nil {
-		return nil, fmt.Errorf("decide batch of %d: %w", len(items), err)
+// batchSender sends a pgx.Batch; *pgxpool.Pool and *pgx.Conn do.
+type batchSender interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// beginDecided begins the batch's transaction and decides its messages
+// (decideBatch): in one round trip when the DB sends batches (the BEGIN
+// queued before the decision), else in two. It returns the transaction
+// whenever one was begun, also with an error, for the caller to roll back.
+func (s *Store) beginDecided(ctx context.Context, items []batchItem, keys []string, seqs []int64, sources []string, bases []int64) (pgx.Tx, []decision, error) {
+	args := []any{s.cfg.Name, keys, seqs, sources, bases, s.idle}
+	bs, ok := s.db.(batchSender)
+	if !ok {
+		tx, err := s.db.Begin(ctx)
+		if err != nil {
+			return nil, nil, fmt.Errorf("begin batch: %w", err)
+		}
+		rows, err := tx.Query(ctx, sqlDecideBatch, args...)
+		decs, err := s.decideBatch(items, rows, err)
+		return tx, decs, err
+	}
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(sqlDecideBatch, args...)
+	br := bs.SendBatch(ctx, b)
+	tx := br.Tx()
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return tx, nil, fmt.Errorf("begin batch: %w", err)
+	}
+	rows, err := br.Query()
+	decs, err := s.decideBatch(items, rows, err)
+	if cerr := br.Close(); err == nil && cerr != nil {
+		_, err = s.decideBatch(items, nil, cerr)
+	}
+	return tx, decs, err
+}
+
+// decideBatch classifies each message of items from rows, sqlDecideBatch's
+// answer (or queryErr, its error), as decide does, a later message of a
+// key in the batch against the key as its earlier ones leave it. It
+// returns errSlowPath unless every message is next or a duplicate.
+func (s *Store) decideBatch(items []batchItem, rows pgx.Rows, queryErr error) ([]decision, error) {
+	if queryErr != nil {
+		if dataException(queryErr) {
+			return nil, errSlowPath
+		}
+		return nil, fmt.Errorf("decide batch of %d: %w", len(items), queryErr)
 	}
 	type keyState struct {
 		last  int64
@@ -143,7 +181,7 @@ func (s *Store) decideBatch(ctx context.Context, tx pgx.Tx, items []batchItem, k
 		never    bool
 		lowWater *time.Time
 	)
-	_, err = pgx.ForEachRow(rows, []any{&ignore, &i, &last, &lastID, &stored, &behind, &never, &lowWater}, func() error {
+	_, err := pgx.ForEachRow(rows, []any{&ignore, &i, &last, &lastID, &stored, &behind, &never, &lowWater}, func() error {
 		j := int(i - 1)
 		if j < 0 || j >= len(items) {
 			return fmt.Errorf("decide batch: row %d of %d", i, len(items))

@@ -29,6 +29,23 @@ func (d *holdCommitDB) Begin(ctx context.Context) (pgx.Tx, error) {
 	return &holdTx{Tx: tx, d: d}, nil
 }
 
+// SendBatch holds the commit of a transaction a batch begins, as Begin's.
+func (d *holdCommitDB) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	return holdBatch{BatchResults: d.Pool.SendBatch(ctx, b), d: d}
+}
+
+type holdBatch struct {
+	pgx.BatchResults
+	d *holdCommitDB
+}
+
+func (b holdBatch) Tx() pgx.Tx {
+	if tx := b.BatchResults.Tx(); tx != nil {
+		return &holdTx{Tx: tx, d: b.d}
+	}
+	return nil
+}
+
 type holdTx struct {
 	pgx.Tx
 	d *holdCommitDB

@@ -17,7 +17,11 @@ import (
 )
 
 // DB is what the inbox needs from PostgreSQL; *pgxpool.Pool satisfies it.
-// The inbox tables must have been created with Migrate.
+// The inbox tables must have been created with Migrate. A DB that also
+// has SendBatch(ctx, *pgx.Batch) pgx.BatchResults, as the pool does, saves
+// a round trip per transaction: the inbox sends BEGIN with its first
+// statement (pgx.Batch.BeginTx), and takes the transaction from the
+// batch's results.
 type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)

@@ -81,6 +81,9 @@ func (c Config) Wrap(db inbox.DB, h inbox.Handler, logger *slog.Logger) (inbox.D
 	if c.KillAfter > 0 {
 		k := &killAfter{DB: db, n: int64(c.KillAfter), logger: logger}
 		db, h = k, k.handler(h)
+		if bs, ok := k.DB.(batchSender); ok {
+			db = &killAfterBatches{killAfter: k, batches: bs}
+		}
 	}
 	return db, h
 }

@@ -31,6 +31,36 @@ func (k *killAfter) Begin(ctx context.Context) (pgx.Tx, error) {
 	return &killTx{Tx: tx, k: k}, nil
 }
 
+// batchSender sends a pgx.Batch, as the inbox's pool does.
+type batchSender interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// killAfterBatches is killAfter over a database that sends batches: the
+// inbox then begins its batches' transactions in a batch, and their
+// Commit must count as Begin's do.
+type killAfterBatches struct {
+	*killAfter
+	batches batchSender
+}
+
+// SendBatch wraps the transaction b begins, if any, as Begin does.
+func (k *killAfterBatches) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	return killBatch{BatchResults: k.batches.SendBatch(ctx, b), k: k.killAfter}
+}
+
+type killBatch struct {
+	pgx.BatchResults
+	k *killAfter
+}
+
+func (b killBatch) Tx() pgx.Tx {
+	if tx := b.BatchResults.Tx(); tx != nil {
+		return &killTx{Tx: tx, k: b.k}
+	}
+	return nil
+}
+
 // handler marks the transaction h runs in as a handler's.
 func (k *killAfter) handler(h inbox.Handler) inbox.Handler {
 	return func(ctx context.Context, tx pgx.Tx, m *inbox.Message) error {
