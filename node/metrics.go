@@ -248,7 +248,7 @@ func (c collector) collectSource(ch chan<- prometheus.Metric, src *source) {
 	}
 
 	if src.table != nil {
-		counter(descTableLateRows, src.table.store.LateRows())
+		counter(descTableLateRows, src.table.store.LateRows()+src.table.intake.LateRows())
 	}
 
 	ls := src.leaser.Stats()

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -34,8 +35,9 @@ const (
 	DefaultPollMax = 200 * time.Millisecond
 )
 
-// Intake takes the user's pending rows into ordo_table_rows, where the
-// partition owners number and publish them. The node that holds
+// Intake takes the user's pending rows into ordo_table_rows, numbered
+// (each key's rows in the order it reads them), where the partition
+// owners publish them. The node that holds
 // partition 0 runs it (Run); taking a row in twice changes nothing, so
 // two intakes at once (a lease in hand-off) lose or duplicate nothing.
 type Intake struct {
@@ -53,8 +55,9 @@ type Intake struct {
 	PollMin    time.Duration
 	PollMax    time.Duration
 
-	pos       *Position // the last row a pass read, for the next fast pass
-	afterPage func()    // tests: runs after each page is taken in
+	pos       *Position    // the last row a pass read, for the next fast pass
+	late      atomic.Int64 // rows numbered after a later row of their key
+	afterPage func()       // tests: runs after each page is taken in
 }
 
 // NewIntake returns the intake of node over the table r reads, on pool.
@@ -118,17 +121,26 @@ func (in *Intake) Pass(ctx context.Context, sweep bool) (int, error) {
 	return taken, nil
 }
 
-// take inserts rows into ordo_table_rows, in one statement.
+// take inserts rows into ordo_table_rows, numbered, in one statement.
 func (in *Intake) take(ctx context.Context, rows []Row) (int, error) {
-	var n int
+	var n, late int64
 	err := in.inPlan(ctx, rows, func(tx pgx.Tx, args []any) error {
-		return tx.QueryRow(ctx, in.sql, append([]any{planFresh}, args...)...).Scan(&n)
+		return tx.QueryRow(ctx, in.sql, append([]any{planFresh}, args...)...).Scan(&n, &late)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("intake: take in %d row(s): %w", len(rows), err)
 	}
-	return n, nil
+	if late > 0 {
+		in.late.Add(late)
+		in.logger.Warn("rows numbered after a later row of their key (committed late, or a producer's clock behind)",
+			"rows", late)
+	}
+	return int(n), nil
 }
+
+// LateRows returns how many rows this Intake numbered after a row of
+// their key with a later occurred-at (docs/adopt.md, "Late rows").
+func (in *Intake) LateRows() int64 { return in.late.Load() }
 
 // inPlan runs f, given the intake statement's arguments for rows, in a
 // transaction whose planner is confined to the plan the statement is

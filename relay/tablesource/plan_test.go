@@ -191,7 +191,12 @@ func TestStorePlansWithoutStatistics(t *testing.T) {
 	}
 	buffers = topBuffers(plan)
 	t.Logf("intake of %d rows: %d buffers\n%s", intakePage, buffers, plan)
-	if seqScan(plan) || buffers > intakePage*30 || strings.Contains(plan, "IX_OutboxMessages_OccurredAt") || strings.Contains(plan, "Join Filter") {
+	// The intake numbers the page as it takes it in (ordo_table_take_in,
+	// whose statements the function itself confines to index probes):
+	// most of the buffers are the page's 500 key counters, each moved 20
+	// times since the last vacuum (autovacuum is off here): 70-120 a row,
+	// where taking rows in unnumbered cost 20.
+	if seqScan(plan) || buffers > intakePage*160 || strings.Contains(plan, "IX_OutboxMessages_OccurredAt") || strings.Contains(plan, "Join Filter") {
 		t.Fatalf("the intake costs the backlog: %d buffers for %d rows\n%s", buffers, intakePage, plan)
 	}
 }

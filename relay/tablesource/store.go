@@ -30,7 +30,8 @@ const planCached = pgwrite.PlanCached
 // from ordo_table_rows in each partition's intake order, what the message
 // carries read from the user's row by primary key, and every write
 // (numbering, mark, failures) fenced by the node's leases. The intake
-// (Intake) fills ordo_table_rows; the Store numbers what it finds there.
+// (Intake) fills ordo_table_rows, numbered; the Store numbers what an
+// intake of an earlier release left unnumbered there.
 type Store struct {
 	pool     *pgxpool.Pool
 	node     string

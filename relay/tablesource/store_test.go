@@ -99,6 +99,38 @@ func take(t *testing.T, in *tablesource.Intake, sweep bool) int {
 	return n
 }
 
+// takeUnnumbered takes every pending row of the article's table in
+// without numbers, as the intake of an earlier release did: the
+// partition's owner numbers them when it reads them. It returns how many
+// it took in.
+func takeUnnumbered(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	ctx := testkit.Context(t, 30*time.Second)
+	r, err := tablesource.NewReader(tablesource.Article(), storeParts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := r.Pending(ctx, pool, nil, 10000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, row := range rows {
+		var problem *string
+		if row.Problem != nil {
+			p := row.Problem.Error()
+			problem = &p
+		}
+		tag, err := pool.Exec(ctx, `INSERT INTO ordo_table_rows (id, partition, key, occurred_at, problem)
+			VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING`, row.ID, row.Partition, row.Key, row.OccurredAt, problem)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += int(tag.RowsAffected())
+	}
+	return n
+}
+
 func settled(rows ...relay.Row) []relay.Settled {
 	out := make([]relay.Settled, len(rows))
 	for i, r := range rows {
@@ -187,16 +219,17 @@ func TestStoreNumbersAndMarks(t *testing.T) {
 }
 
 // TestStoreNumbersOnlyUnderTheLease: a node that does not hold the
-// partition numbers nothing (its read returns nothing), and a mark at a
-// stale epoch sets no "ProcessedAt".
+// partition numbers nothing (its read returns nothing) of the rows an
+// intake of an earlier release took in unnumbered, and a mark at a stale
+// epoch sets no "ProcessedAt".
 func TestStoreNumbersOnlyUnderTheLease(t *testing.T) {
 	t.Parallel()
 	pool := adoptedDB(t)
-	s1, in := newStore(t, pool, "n1")
+	s1, _ := newStore(t, pool, "n1")
 	s2, _ := newStore(t, pool, "n2")
 	id := uuid.Must(uuid.NewV7())
 	insert(t, pool, msg{id: id, corr: ptr("k"), at: time.Now()})
-	take(t, in, true)
+	takeUnnumbered(t, pool)
 	if rows := readAll(t, s2); len(rows) != 0 {
 		t.Fatalf("node n2, holding nothing, read %d rows", len(rows))
 	}
@@ -223,29 +256,44 @@ func TestStoreNumbersOnlyUnderTheLease(t *testing.T) {
 
 // TestStoreLateRow: a row that commits after later rows of its key were
 // numbered is missed by the fast pass, found by the sweep, numbered after
-// them and counted late; it is published, not lost.
+// them and counted late; it is published, not lost. The intake numbers
+// and counts it; a row taken in unnumbered (by an intake of an earlier
+// release) is numbered and counted by the partition's owner.
 func TestStoreLateRow(t *testing.T) {
 	t.Parallel()
-	pool := adoptedDB(t)
-	s, in := newStore(t, pool, "n1")
-	t0 := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
-	a, b, late := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
-	insert(t, pool, msg{id: a, corr: ptr("k"), at: t0.Add(10 * time.Second)}, msg{id: b, corr: ptr("k"), at: t0.Add(20 * time.Second)})
-	take(t, in, true)
-	readAll(t, s)
-	insert(t, pool, msg{id: late, corr: ptr("k"), at: t0})
-	if n := take(t, in, false); n != 0 {
-		t.Fatalf("the fast pass took in %d rows: the late row is behind its position", n)
-	}
-	if n := take(t, in, true); n != 1 {
-		t.Fatalf("the sweep took in %d rows, want the late one", n)
-	}
-	r, ok := byID(readAll(t, s))[late]
-	if !ok || r.KeySeq != 3 || r.PrevKeySeq != 2 || !r.PrevPending {
-		t.Fatalf("the late row: %+v, want key_seq 3 after 2", r)
-	}
-	if s.LateRows() != 1 {
-		t.Fatalf("late rows counted: %d, want 1", s.LateRows())
+	for _, unnumbered := range []bool{false, true} {
+		t.Run(fmt.Sprintf("unnumbered=%v", unnumbered), func(t *testing.T) {
+			t.Parallel()
+			pool := adoptedDB(t)
+			s, in := newStore(t, pool, "n1")
+			t0 := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
+			a, b, late := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
+			insert(t, pool, msg{id: a, corr: ptr("k"), at: t0.Add(10 * time.Second)}, msg{id: b, corr: ptr("k"), at: t0.Add(20 * time.Second)})
+			take(t, in, true)
+			readAll(t, s)
+			insert(t, pool, msg{id: late, corr: ptr("k"), at: t0})
+			if n := take(t, in, false); n != 0 {
+				t.Fatalf("the fast pass took in %d rows: the late row is behind its position", n)
+			}
+			if unnumbered {
+				if n := takeUnnumbered(t, pool); n != 1 {
+					t.Fatalf("took in %d rows unnumbered, want the late one", n)
+				}
+			} else if n := take(t, in, true); n != 1 {
+				t.Fatalf("the sweep took in %d rows, want the late one", n)
+			}
+			r, ok := byID(readAll(t, s))[late]
+			if !ok || r.KeySeq != 3 || r.PrevKeySeq != 2 || !r.PrevPending {
+				t.Fatalf("the late row: %+v, want key_seq 3 after 2", r)
+			}
+			counted, other := in.LateRows(), s.LateRows()
+			if unnumbered {
+				counted, other = other, counted
+			}
+			if counted != 1 || other != 0 {
+				t.Fatalf("late rows counted: %d by the one that numbered it, %d by the other; want 1 and 0", counted, other)
+			}
+		})
 	}
 }
 
@@ -372,7 +420,7 @@ func TestNumberingKeepsWhatACancelledReadDid(t *testing.T) {
 	readAll(t, s) // last's counter now exists
 	a, b := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
 	insert(t, pool, msg{id: a, corr: ptr(first), at: t0.Add(time.Second)}, msg{id: b, corr: ptr(last), at: t0.Add(time.Second)})
-	take(t, in, true)
+	takeUnnumbered(t, pool) // the owner numbers them
 
 	ctx := testkit.Context(t, 30*time.Second)
 	lock, err := pool.Begin(ctx)
@@ -427,7 +475,7 @@ func TestNumberingKeepsWhatACancelledStatementDid(t *testing.T) {
 	readAll(t, s) // last's counter now exists
 	a, b := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
 	insert(t, pool, msg{id: a, corr: ptr(first), at: t0.Add(time.Second)}, msg{id: b, corr: ptr(last), at: t0.Add(time.Second)})
-	take(t, in, true)
+	takeUnnumbered(t, pool) // the owner numbers them
 
 	ctx := testkit.Context(t, 30*time.Second)
 	lock, err := pool.Begin(ctx)
