@@ -24,22 +24,8 @@ func TestIntakeSkipsARowBeingMarked(t *testing.T) {
 	id := uuid.Must(uuid.NewV7())
 	insert(t, pool, msg{id: id, corr: ptr("k"), at: time.Now()})
 
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	var marker int32
-	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&marker); err != nil {
-		t.Fatal(err)
-	}
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(context.Background()) //nolint:errcheck // committed below
+	tx, marker := holdingSession(t, pool, `INSERT INTO ordo_table_rows (id, partition, key, occurred_at, key_seq) VALUES ($1, 0, 'k', now(), 1)`, id)
 	for _, sql := range []string{
-		`INSERT INTO ordo_table_rows (id, partition, key, occurred_at, key_seq) VALUES ($1, 0, 'k', now(), 1)`,
 		`UPDATE "OutboxMessages" SET "ProcessedAt" = now() WHERE "Id" = $1`,
 		`DELETE FROM ordo_table_rows WHERE id = $1`,
 	} {
@@ -47,24 +33,10 @@ func TestIntakeSkipsARowBeingMarked(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-
-	type result struct {
-		n   int
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		n, err := in.Pass(ctx, true)
-		done <- result{n, err}
-	}()
+	done := passInBackground(ctx, in)
 	// The sweep reads the row pending (the mark has not committed) and
 	// waits for the mark's row locks.
-	testkit.WaitFor(t, 10*time.Second, "the sweep waits for the mark's locks", func() bool {
-		var waiting bool
-		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND $1 = ANY(pg_blocking_pids(pid)))`, marker).Scan(&waiting)
-		return err == nil && waiting
-	})
+	waitBlockedBy(t, pool, marker)
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}

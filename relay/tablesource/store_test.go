@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
@@ -397,6 +398,23 @@ func TestStoreRowProcessedElsewhere(t *testing.T) {
 	}
 }
 
+// lockedNumbering sets up a numbering that runs out of time: key last
+// has a numbered row (so a counter), then a row of first and one of last
+// are taken in unnumbered (a and b), and last's counter is locked by the
+// transaction returned (rolled back at the test's end), so that an
+// owner's numbering waits on last.
+func lockedNumbering(t *testing.T, pool *pgxpool.Pool, in *tablesource.Intake, first, last string) (a, b uuid.UUID, lock pgx.Tx) {
+	t.Helper()
+	t0 := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
+	insert(t, pool, msg{id: uuid.Must(uuid.NewV7()), corr: ptr(last), at: t0})
+	take(t, in, true) // last's counter now exists
+	a, b = uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
+	insert(t, pool, msg{id: a, corr: ptr(first), at: t0.Add(time.Second)}, msg{id: b, corr: ptr(last), at: t0.Add(time.Second)})
+	takeUnnumbered(t, pool) // the owner numbers them
+	lock, _ = holdingSession(t, pool, `SELECT 1 FROM ordo_table_keys WHERE key = $1 FOR UPDATE`, last)
+	return a, b, lock
+}
+
 // TestNumberingKeepsWhatACancelledReadDid: a read whose numbering runs
 // out of time (here: one key's counter locked by another session) keeps
 // the partitions it numbered before, so the next read goes on from there
@@ -414,23 +432,8 @@ func TestNumberingKeepsWhatACancelledReadDid(t *testing.T) {
 		}
 	}
 	first, last := keyIn(0), keyIn(storeParts-1)
-	t0 := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
-	insert(t, pool, msg{id: uuid.Must(uuid.NewV7()), corr: ptr(last), at: t0})
-	take(t, in, true)
-	readAll(t, s) // last's counter now exists
-	a, b := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
-	insert(t, pool, msg{id: a, corr: ptr(first), at: t0.Add(time.Second)}, msg{id: b, corr: ptr(last), at: t0.Add(time.Second)})
-	takeUnnumbered(t, pool) // the owner numbers them
-
+	a, b, lock := lockedNumbering(t, pool, in, first, last)
 	ctx := testkit.Context(t, 30*time.Second)
-	lock, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Rollback(context.Background()) //nolint:errcheck // rolled back below
-	if _, err := lock.Exec(ctx, `SELECT 1 FROM ordo_table_keys WHERE key = $1 FOR UPDATE`, last); err != nil {
-		t.Fatal(err)
-	}
 	cursors := make([]relay.Cursor, storeParts)
 	for p := range cursors {
 		cursors[p] = relay.Cursor{Partition: p}
@@ -469,23 +472,8 @@ func TestNumberingKeepsWhatACancelledStatementDid(t *testing.T) {
 	}
 	slices.Sort(keys)
 	first, last := keys[0], keys[1] // numbered in key order
-	t0 := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
-	insert(t, pool, msg{id: uuid.Must(uuid.NewV7()), corr: ptr(last), at: t0})
-	take(t, in, true)
-	readAll(t, s) // last's counter now exists
-	a, b := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
-	insert(t, pool, msg{id: a, corr: ptr(first), at: t0.Add(time.Second)}, msg{id: b, corr: ptr(last), at: t0.Add(time.Second)})
-	takeUnnumbered(t, pool) // the owner numbers them
-
+	a, b, lock := lockedNumbering(t, pool, in, first, last)
 	ctx := testkit.Context(t, 30*time.Second)
-	lock, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Rollback(context.Background()) //nolint:errcheck // rolled back below
-	if _, err := lock.Exec(ctx, `SELECT 1 FROM ordo_table_keys WHERE key = $1 FOR UPDATE`, last); err != nil {
-		t.Fatal(err)
-	}
 	short, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	if _, err := s.ReadPending(short, []relay.Cursor{{Partition: 0}}, 100); err == nil {
