@@ -98,8 +98,11 @@ func (r *Relay) waitRead(ctx context.Context, poll <-chan time.Time, timer *time
 	// two-source drain spent 2-2.7x the node CPU per message of
 	// independent windows (TestBudgetReadAheadFullReadsEachRowAboutOnce).
 	if !r.readRefusedLocked() {
+		passesWait := r.passesWaitForPollLocked() // the next poll reads them
 		for _, ps := range r.parts {
-			soonest(ps.rd.nextPass(r.passGapLocked(ps)))
+			if !passesWait {
+				soonest(ps.rd.nextPass(r.passGapLocked(ps)))
+			}
 			if ps.slow.blocked(now) {
 				soonest(ps.slow.notBefore) // its charged row's backoff ends
 			}

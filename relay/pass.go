@@ -102,6 +102,11 @@ func (p *partReader) wants(now time.Time, gap time.Duration) (read, pass bool) {
 	return pass || p.hot, pass
 }
 
+// passOnly reports whether what the partition wants read, if anything,
+// is only a new pass coming due: no tail read asked for, no notification,
+// no pass under way.
+func (p *partReader) passOnly() bool { return !p.reading && !p.hot && !p.notified }
+
 // begin starts a read that wants reported, and returns the request (ps
 // left for the caller) and its cursor. req.first says it starts a pass;
 // a pass reads the tail too, up to its last page.

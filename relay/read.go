@@ -23,8 +23,8 @@ func (r *Relay) readOnce(ctx context.Context) (bool, error) {
 		r.mu.Unlock()
 		return false, nil // memory is full: publishing and marks free it
 	}
-	r.pollDueLocked(now)
-	plan := r.planReadLocked(now)
+	polling := r.pollDueLocked(now)
+	plan := r.planReadLocked(now, !polling && r.passesWaitForPollLocked())
 	r.gen.begin()
 	r.mu.Unlock()
 	if len(plan.cursors) == 0 {

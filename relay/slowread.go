@@ -92,14 +92,16 @@ type wanted struct {
 
 // planReadLocked chooses the next read among the held partitions that
 // want one: the partitions read together, or the one read alone that
-// waited longest, in turns when both want reads; and begins it.
-func (r *Relay) planReadLocked(now time.Time) readPlan {
+// waited longest, in turns when both want reads; and begins it. With
+// passesWait, a partition that wants only a new pass waits for the next
+// poll's read (passesWaitForPollLocked).
+func (r *Relay) planReadLocked(now time.Time, passesWait bool) readPlan {
 	var together []wanted
 	var alone *wanted
 	for p, ps := range r.parts {
 		read, pass := ps.rd.wants(now, r.passGapLocked(ps))
-		if !read {
-			continue // nothing to read
+		if !read || passesWait && ps.rd.passOnly() {
+			continue // nothing to read, or a pass that waits for the next poll
 		}
 		if l, ok := r.own.Lease(p); !ok || l.Epoch != ps.epoch || !l.Valid(now) {
 			continue

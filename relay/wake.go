@@ -161,16 +161,27 @@ func (r *Relay) pollGapLocked() time.Duration {
 }
 
 // pollDueLocked starts a poll when one is due: a tail read of every
-// unarmed partition, after which syncArms tries to arm them.
-func (r *Relay) pollDueLocked(now time.Time) {
+// unarmed partition, after which syncArms tries to arm them. It reports
+// whether it started one.
+func (r *Relay) pollDueLocked(now time.Time) bool {
 	if now.Before(r.wake.lastPoll.Add(r.pollGapLocked())) || !r.unarmedLocked() {
-		return
+		return false
 	}
 	for _, ps := range r.parts {
 		ps.rd.pollTail()
 	}
 	r.wake.armDue = true
 	r.wake.lastPoll = now
+	return true
+}
+
+// passesWaitForPollLocked reports whether a pass coming due waits for the
+// next poll: while busy, polls come every pollMax at most, and a pass
+// read with the poll's tail reads costs no statement of its own. Without
+// it every new row's follow-up pass (pass.go) was a read between two
+// polls: at a steady 200 commits a second, 1.6 reads per message.
+func (r *Relay) passesWaitForPollLocked() bool {
+	return r.wake.busy && r.unarmedLocked()
 }
 
 // nextPollLocked returns when the next poll is due (zero: every partition

@@ -236,3 +236,38 @@ func TestCoreSteadyRateIsNotNotified(t *testing.T) {
 			notified, n/2, every)
 	}
 }
+
+// TestCoreSteadyRateReadsWithPolls: at a steady rate above busyRate the
+// relay polls, and each new row's follow-up pass (a late commit below the
+// cursor) is read with the next poll's tail reads, not in a read of its
+// own between two polls: about one read per commit, where a pass of its
+// own for each commit made it 1.6. A relay that keeps up marks what was
+// confirmed over caughtUpLinger in one statement: not a mark per confirm
+// (0.7 marks per commit before).
+func TestCoreSteadyRateReadsWithPolls(t *testing.T) {
+	t.Parallel()
+	c := newCore(t, time.Hour, func(cfg *relay.Config) { cfg.PollInterval = time.Minute })
+	c.start()
+	testkit.WaitFor(t, waitTimeout, "every partition armed", c.allArmed)
+	const n, every = 600, 4 * time.Millisecond
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	var before relay.Stats
+	for i := range n {
+		<-tick.C
+		if i == n/2 {
+			before = c.r.Stats()
+		}
+		c.store.Insert(i%coreParts, fmt.Sprintf("key-%d", i%50))
+	}
+	after := c.r.Stats()
+	c.waitDrained()
+	reads, passes, marks := after.Reads-before.Reads, after.Passes-before.Passes, after.Marks-before.Marks
+	t.Logf("the second half of %d commits, one every %v: %d reads, %d of them passes; %d marks", n, every, reads, passes, marks)
+	if perCommit := float64(reads) / float64(n/2); perCommit > 1.3 {
+		t.Errorf("%.2f reads per commit at a steady %v (%d reads, %d passes): passes must wait for the next poll's read", perCommit, every, reads, passes)
+	}
+	if perCommit := float64(marks) / float64(n/2); perCommit > 0.55 {
+		t.Errorf("%.2f marks per commit at a steady %v: a relay that keeps up must gather confirms for a mark", perCommit, every)
+	}
+}
