@@ -18,10 +18,15 @@
 //		return err
 //	})
 //
-// Either both commit or neither does. The database assigns each message its
-// per-key sequence number (key_seq) and occurred_at, so producers in other
-// languages that INSERT directly get the same guarantees; see
-// docs/outbox-table.md for the exact DDL.
+// Either both commit or neither does. Queue puts the same INSERT on a
+// pgx.Batch instead, so that business rows and messages reach the database
+// in one round trip: sent on a pool, a batch's statements are one implicit
+// transaction (PostgreSQL commits them at the batch's Sync, or rolls them
+// all back); the order API (package orderapi) places orders so.
+//
+// The database assigns each message its per-key sequence number (key_seq)
+// and occurred_at, so producers in other languages that INSERT directly get
+// the same guarantees; see docs/outbox-table.md for the exact DDL.
 //
 // # Schema
 //
