@@ -121,15 +121,22 @@ func (r *Relay) Stats() Stats {
 	defer r.mu.Unlock()
 	s := r.stats
 	s.InFlight, s.Unconfirmed, s.Revoking = r.flights.live(), r.flights.unconfirmed(), r.flights.revoking()
-	for _, ps := range r.parts {
-		s.ReadAhead += len(ps.queued)
-	}
+	s.ReadAhead = r.readAheadLocked()
 	s.ReadAheadBytes = r.mem.held()
 	if sh := r.flights.share; sh != nil {
 		s.BudgetSlots, s.BudgetBytes = sh.counts()
 	}
 	r.progress.fill(&s)
 	return s
+}
+
+// readAheadLocked returns how many rows read ahead wait to be published.
+func (r *Relay) readAheadLocked() int {
+	n := 0
+	for _, ps := range r.parts {
+		n += len(ps.queued)
+	}
+	return n
 }
 
 func signal(c chan struct{}) {

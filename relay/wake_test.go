@@ -214,20 +214,9 @@ func TestCoreRefusedArmIsTriedAgainSoon(t *testing.T) {
 // notify. Every row is delivered in order.
 func TestCoreSteadyRateIsNotNotified(t *testing.T) {
 	t.Parallel()
-	c := newCore(t, time.Hour, func(cfg *relay.Config) { cfg.PollInterval = time.Minute })
-	c.start()
-	testkit.WaitFor(t, waitTimeout, "every partition armed", c.allArmed)
 	const n, every = 500, 4 * time.Millisecond
-	tick := time.NewTicker(every)
-	defer tick.Stop()
 	var before int
-	for i := range n {
-		<-tick.C
-		if i == n/2 {
-			before = c.store.Notifications()
-		}
-		c.store.Insert(i%coreParts, fmt.Sprintf("key-%d", i%50))
-	}
+	c := steadyCommits(t, n, every, func(c *core) { before = c.store.Notifications() })
 	c.waitDrained()
 	notified := c.store.Notifications() - before
 	t.Logf("the second half of %d commits, one every %v, sent %d notifications", n, every, notified)
@@ -246,20 +235,9 @@ func TestCoreSteadyRateIsNotNotified(t *testing.T) {
 // (0.7 marks per commit before).
 func TestCoreSteadyRateReadsWithPolls(t *testing.T) {
 	t.Parallel()
-	c := newCore(t, time.Hour, func(cfg *relay.Config) { cfg.PollInterval = time.Minute })
-	c.start()
-	testkit.WaitFor(t, waitTimeout, "every partition armed", c.allArmed)
 	const n, every = 600, 4 * time.Millisecond
-	tick := time.NewTicker(every)
-	defer tick.Stop()
 	var before relay.Stats
-	for i := range n {
-		<-tick.C
-		if i == n/2 {
-			before = c.r.Stats()
-		}
-		c.store.Insert(i%coreParts, fmt.Sprintf("key-%d", i%50))
-	}
+	c := steadyCommits(t, n, every, func(c *core) { before = c.r.Stats() })
 	after := c.r.Stats()
 	c.waitDrained()
 	reads, passes, marks := after.Reads-before.Reads, after.Passes-before.Passes, after.Marks-before.Marks
@@ -270,4 +248,25 @@ func TestCoreSteadyRateReadsWithPolls(t *testing.T) {
 	if perCommit := float64(marks) / float64(n/2); perCommit > 0.55 {
 		t.Errorf("%.2f marks per commit at a steady %v: a relay that keeps up must gather confirms for a mark", perCommit, every)
 	}
+}
+
+// steadyCommits starts a core relay (polling at most once a minute),
+// waits until it has armed every partition, and commits n rows over 50
+// keys, one every every; half runs just before the second half's first
+// commit. It returns the core with the commits made.
+func steadyCommits(t *testing.T, n int, every time.Duration, half func(c *core)) *core {
+	t.Helper()
+	c := newCore(t, time.Hour, func(cfg *relay.Config) { cfg.PollInterval = time.Minute })
+	c.start()
+	testkit.WaitFor(t, waitTimeout, "every partition armed", c.allArmed)
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for i := range n {
+		<-tick.C
+		if i == n/2 {
+			half(c)
+		}
+		c.store.Insert(i%coreParts, fmt.Sprintf("key-%d", i%50))
+	}
+	return c
 }

@@ -88,11 +88,8 @@ func (w *writeBack) len() int { return len(w.queued) }
 func (r *Relay) gather(ctx context.Context) {
 	r.mu.Lock()
 	linger := caughtUpLinger
-	for _, ps := range r.parts {
-		if len(ps.queued) > 0 {
-			linger = markLinger
-			break
-		}
+	if r.readAheadLocked() > 0 {
+		linger = markLinger
 	}
 	r.mu.Unlock()
 	t := time.NewTimer(linger)

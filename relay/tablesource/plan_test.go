@@ -39,6 +39,13 @@ func explainOn(t *testing.T, q querier, sql string, args ...any) (string, int) {
 	t.Helper()
 	rows, err := q.Query(testkit.Context(t, time.Minute), "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) "+sql,
 		append([]any{pgx.QueryExecModeCacheDescribe}, args...)...)
+	return planOf(t, rows, err)
+}
+
+// planOf collects an EXPLAIN's rows and returns the plan and its shared
+// buffers.
+func planOf(t *testing.T, rows pgx.Rows, err error) (string, int) {
+	t.Helper()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,15 +77,7 @@ func explainGeneric(t *testing.T, pool *pgxpool.Pool, sql, args string) (string,
 		}
 	}
 	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) EXECUTE "+name+"("+args+")")
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	plan := strings.Join(lines, "\n")
-	return plan, topBuffers(plan)
+	return planOf(t, rows, err)
 }
 
 // topBuffers returns the shared buffers of plan's first node.
