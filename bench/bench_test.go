@@ -194,7 +194,7 @@ func TestScenarioTakesOnlyItsFlags(t *testing.T) {
 			"-scale-shapes", "hot", "-scale-rows", "100", "-scale-keys", "10", "-scale-hot-rows", "100"}, "-shapes", "shapes"},
 		{"consume", []string{"-workers", "2", "-consume-instances", "1", "-consume-orders", "10", "-consume-rate", "5",
 			"-consume-latency", "1s", "-consume-delay", "0s", "-consume-conns", "2", "-consume-lanes", "2", "-consume-batch", "4",
-			"-consume-batch-time", "20ms", "-consume-shards", "2"},
+			"-consume-batch-time", "20ms", "-consume-shards", "2", "-consume-queued"},
 			"-produce-reps", "produce"},
 		{"produce", []string{"-payload", "10", "-keys", "5", "-produce-duration", "1s", "-produce-warmup", "0s",
 			"-produce-producers", "1", "-produce-rows", "1", "-produce-reps", "1", "-produce-variants", "all", "-produce-rate", "0",

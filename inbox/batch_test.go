@@ -159,17 +159,22 @@ func TestBatchFailureRollsBackAlone(t *testing.T) {
 // and one whose messages are all next (the fast path, one fenced advance).
 func TestBatchFenceRefusesWholeBatch(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		ms   []*inbox.Message
+		name   string
+		ms     []*inbox.Message
+		queued bool
 	}{
-		{"per-message path", []*inbox.Message{msg("k", 1, 0), msg("g", 2, 0), msg("move", 1, 0), msg("j", 1, 0)}},
-		{"fast path", []*inbox.Message{msg("k", 1, 0), msg("g", 1, 0), msg("move", 1, 0), msg("j", 1, 0)}},
+		{"per-message path", []*inbox.Message{msg("k", 1, 0), msg("g", 2, 0), msg("move", 1, 0), msg("j", 1, 0)}, false},
+		{"fast path", []*inbox.Message{msg("k", 1, 0), msg("g", 1, 0), msg("move", 1, 0), msg("j", 1, 0)}, false},
+		{"fast path, queued", []*inbox.Message{msg("k", 1, 0), msg("g", 1, 0), msg("move", 1, 0), msg("j", 1, 0)}, true},
 	} {
-		t.Run(tc.name, func(t *testing.T) { batchAcrossLeaseMove(t, tc.ms) })
+		t.Run(tc.name, func(t *testing.T) { batchAcrossLeaseMove(t, tc.ms, tc.queued) })
 	}
 }
 
-func batchAcrossLeaseMove(t *testing.T, ms []*inbox.Message) {
+// batchAcrossLeaseMove handles ms as one batch under a lease that moves
+// while the handler of the message of key "move" runs (queued: queues
+// its statements, with the Store's QueueHandler).
+func batchAcrossLeaseMove(t *testing.T, ms []*inbox.Message, queued bool) {
 	_, pool := newDB(t)
 	cfg := inbox.LocalConfig("t")
 	cfg.BatchTime = time.Minute
@@ -179,17 +184,33 @@ func batchAcrossLeaseMove(t *testing.T, ms []*inbox.Message) {
 		VALUES ('t', 0, 'a', 1, now() + interval '1 minute')`); err != nil {
 		t.Fatal(err)
 	}
+	// Another instance takes the lease when "move" is handled, on a
+	// connection of its own (a plain update of non-key columns does not
+	// wait for the batch's FOR KEY SHARE lock on the row).
+	move := func(ctx context.Context, m *inbox.Message) error {
+		if m.CorrelationID != "move" {
+			return nil
+		}
+		_, err := pool.Exec(ctx, `UPDATE ordo_inbox_leases SET owner = 'b', epoch = 2 WHERE consumer = 't' AND shard = 0`)
+		return err
+	}
 	rec := recordHandler("a")
 	h := func(ctx context.Context, tx pgx.Tx, m *inbox.Message) error {
-		if m.CorrelationID == "move" {
-			// Another instance takes the lease now, on a connection of
-			// its own (a plain update of non-key columns does not wait
-			// for the batch's FOR KEY SHARE lock on the row).
-			if _, err := pool.Exec(ctx, `UPDATE ordo_inbox_leases SET owner = 'b', epoch = 2 WHERE consumer = 't' AND shard = 0`); err != nil {
-				return err
-			}
+		if err := move(ctx, m); err != nil {
+			return err
 		}
 		return rec(ctx, tx, m)
+	}
+	if queued {
+		recq := recordQueue("a")
+		q := inbox.QueueHandler(func(ctx context.Context, m *inbox.Message, b *pgx.Batch) error {
+			if err := move(ctx, m); err != nil {
+				return err
+			}
+			return recq(ctx, m, b)
+		})
+		inbox.SetQueue(s, q)
+		h = q.Handler()
 	}
 	f := inbox.Fence{Shard: 0, Owner: "a", Epoch: 1}
 	_, _, err := inbox.HandleBatch(ctx, s, f, ms, h)

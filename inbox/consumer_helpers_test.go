@@ -76,9 +76,16 @@ func (r *running) stop(tb testing.TB) {
 // startConsumer runs a consumer with instance name instance until tb ends.
 func startConsumer(tb testing.TB, cfg inbox.Config, instance string, pool *pgxpool.Pool, h inbox.Handler) *running {
 	tb.Helper()
+	return startWith(tb, cfg, instance, func(cfg inbox.Config) (*inbox.Consumer, error) { return inbox.New(cfg, pool, h) })
+}
+
+// startWith runs the consumer that newConsumer makes of cfg, as
+// startConsumer does.
+func startWith(tb testing.TB, cfg inbox.Config, instance string, newConsumer func(inbox.Config) (*inbox.Consumer, error)) *running {
+	tb.Helper()
 	cfg.Instance = instance
 	cfg.Logger = cfg.Logger.With("instance", instance)
-	c, err := inbox.New(cfg, pool, h)
+	c, err := newConsumer(cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}

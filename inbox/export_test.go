@@ -45,3 +45,7 @@ func HandleBatch(ctx context.Context, s *Store, f Fence, ms []*Message, h Handle
 	}
 	return outs, errs, nil
 }
+
+// SetQueue makes s handle its fast path's messages with q, as the Store
+// of a Consumer from NewQueued does (pass q.Handler() for the rest).
+func SetQueue(s *Store, q QueueHandler) { s.queue = q }

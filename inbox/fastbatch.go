@@ -81,6 +81,9 @@ func (s *Store) batchFast(ctx context.Context, f Fence, items []batchItem, h Han
 	if err != nil {
 		return nil, nil, err
 	}
+	if s.queue != nil {
+		return s.batchQueued(ctx, tx, f, items, decs)
+	}
 	var handlers time.Duration
 	res = make([]batchResult, 0, n)
 	for i, it := range items {
@@ -235,7 +238,34 @@ func (s *Store) decideBatch(items []batchItem, rows pgx.Rows, queryErr error) ([
 // items as the key's, in one statement, and sets more on each key's last
 // handled result when stored messages of the key are left after it.
 func (s *Store) advanceBatch(ctx context.Context, tx pgx.Tx, f Fence, items []batchItem, res []batchResult) error {
-	lastOf := make(map[[2]string]int, len(items)) // key -> index of its last handled message
+	adv := s.advanceOf(items, res)
+	if adv == nil {
+		return nil
+	}
+	var (
+		held    bool
+		updated int
+		more    []bool
+	)
+	if err := tx.QueryRow(ctx, sqlAdvanceBatch, adv.args(s.cfg.Name, f)...).Scan(&held, &updated, &more); err != nil {
+		return fmt.Errorf("advance batch of %d keys: %w", len(adv.order), err)
+	}
+	return adv.check(f, res, held, updated, more)
+}
+
+// keysAdvance is the advance of a batch's keys: each key's last handled
+// message.
+type keysAdvance struct {
+	order              []int // the index in items of each key's last handled message
+	keys, ids, sources []string
+	seqs               []int64
+	times              []*time.Time
+}
+
+// advanceOf returns the advance of the keys of items' handled messages
+// (res), nil when none was handled.
+func (s *Store) advanceOf(items []batchItem, res []batchResult) *keysAdvance {
+	lastOf := make(map[[2]string]int, len(items)) // key -> index in order of its last handled message
 	var order []int
 	for i, r := range res {
 		if r.out != Handled {
@@ -252,31 +282,36 @@ func (s *Store) advanceBatch(ctx context.Context, tx pgx.Tx, f Fence, items []ba
 	if len(order) == 0 {
 		return nil
 	}
-	keys, seqs, ids, sources := make([]string, len(order)), make([]int64, len(order)), make([]string, len(order)), make([]string, len(order))
-	times := make([]*time.Time, len(order))
+	n := len(order)
+	a := &keysAdvance{order: order, keys: make([]string, n), ids: make([]string, n), sources: make([]string, n),
+		seqs: make([]int64, n), times: make([]*time.Time, n)}
 	for j, i := range order {
 		m := items[i].m
-		keys[j], seqs[j], ids[j], sources[j], times[j] = m.CorrelationID, m.KeySeq, m.ID, m.Source, nullTime(m.Timestamp)
+		a.keys[j], a.seqs[j], a.ids[j], a.sources[j], a.times[j] = m.CorrelationID, m.KeySeq, m.ID, m.Source, nullTime(m.Timestamp)
 	}
-	var (
-		held    bool
-		updated int
-		more    []bool
-	)
-	if err := tx.QueryRow(ctx, sqlAdvanceBatch, s.cfg.Name, keys, seqs, ids, times, f.Shard, f.Owner, f.Epoch, sources).
-		Scan(&held, &updated, &more); err != nil {
-		return fmt.Errorf("advance batch of %d keys: %w", len(order), err)
-	}
+	return a
+}
+
+// args are sqlAdvanceBatch's arguments for the consumer group name under
+// the lease f.
+func (a *keysAdvance) args(name string, f Fence) []any {
+	return []any{name, a.keys, a.seqs, a.ids, a.times, f.Shard, f.Owner, f.Epoch, a.sources}
+}
+
+// check checks sqlAdvanceBatch's answer (the lease held, the key rows
+// updated, and whether each key has stored messages left) and sets more
+// on each key's last handled result.
+func (a *keysAdvance) check(f Fence, res []batchResult, held bool, updated int, more []bool) error {
 	if !held {
-		return fmt.Errorf("advance batch of %d keys under shard %d epoch %d: %w", len(order), f.Shard, f.Epoch, ErrFenced)
+		return fmt.Errorf("advance batch of %d keys under shard %d epoch %d: %w", len(a.order), f.Shard, f.Epoch, ErrFenced)
 	}
-	if updated != len(order) {
-		return fmt.Errorf("advance batch: %d of %d key rows found", updated, len(order))
+	if updated != len(a.order) {
+		return fmt.Errorf("advance batch: %d of %d key rows found", updated, len(a.order))
 	}
-	if len(more) != len(order) {
-		return fmt.Errorf("advance batch: %d answers for %d keys", len(more), len(order))
+	if len(more) != len(a.order) {
+		return fmt.Errorf("advance batch: %d answers for %d keys", len(more), len(a.order))
 	}
-	for j, i := range order {
+	for j, i := range a.order {
 		res[i].more = more[j]
 	}
 	return nil

@@ -40,6 +40,14 @@ func recordHandler(instance string) inbox.Handler {
 	}
 }
 
+// recordQueue is recordHandler as an inbox.QueueHandler.
+func recordQueue(instance string) inbox.QueueHandler {
+	return func(_ context.Context, m *inbox.Message, b *pgx.Batch) error {
+		b.Queue(`INSERT INTO handled (key, seq, instance) VALUES ($1, $2, $3)`, m.CorrelationID, m.KeySeq, instance)
+		return nil
+	}
+}
+
 // handledSeqs returns, per key, the key_seqs in handled in commit order.
 func handledSeqs(tb testing.TB, pool *pgxpool.Pool) map[string][]int64 {
 	tb.Helper()

@@ -118,6 +118,9 @@ type Store struct {
 	idle    string // idle_in_transaction_session_timeout, ms
 	stats   counters
 	metrics storeMetrics
+	// queue, when set, handles the fast path's messages by queueing their
+	// statements (NewQueued); the Handler passed in runs the rest.
+	queue QueueHandler
 }
 
 // NewStore returns a Store for cfg.Name over db. dead may be nil: dead

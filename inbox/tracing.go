@@ -88,38 +88,61 @@ func endDelivery(span trace.Span, out Outcome, err error) {
 }
 
 // tracedHandler wraps h in a span per run, the child of the delivery's
-// CONSUMER span. A stored message run later (a gap filled by the delivery
-// of its predecessor, or a retry) belongs to another trace: its handler
-// span continues the trace context of the message's own stored headers,
-// linked to the span it ran under, if any. Without a tracer it returns h.
+// CONSUMER span (handlerSpan). Without a tracer it returns h.
 func (c *Consumer) tracedHandler(h Handler) Handler {
 	if c.tracer == nil {
 		return h
 	}
 	return func(ctx context.Context, tx pgx.Tx, m *Message) error {
-		var opts []trace.SpanStartOption
-		cur := trace.SpanContextFromContext(ctx)
-		own := trace.SpanContextFromContext(tracing.Extract(context.Background(), m.Headers))
-		stored := !cur.IsValid() || (own.IsValid() && own.TraceID() != cur.TraceID())
-		if stored {
-			if cur.IsValid() {
-				opts = append(opts, trace.WithLinks(trace.Link{SpanContext: cur}))
-			}
-			ctx = trace.ContextWithRemoteSpanContext(ctx, own)
-		}
-		ctx, span := c.tracer.Start(ctx, "handle "+m.Type, append(opts, trace.WithAttributes(
-			semconv.MessagingMessageID(m.ID),
-			semconv.MessagingMessageConversationID(m.CorrelationID),
-			AttrKeySeq.Int64(m.KeySeq),
-			AttrFromStore.Bool(stored),
-			AttrRedelivered.Bool(m.Redelivered),
-		))...)
-		defer span.End()
-		err := h(ctx, tx, m)
-		if err != nil {
-			span.RecordError(err)
-			span.SetStatus(codes.Error, err.Error())
-		}
-		return err
+		ctx, span := c.handlerSpan(ctx, m)
+		return endHandlerSpan(span, h(ctx, tx, m))
 	}
+}
+
+// tracedQueue wraps q in a span per run, as tracedHandler does a
+// Handler: the span covers the queueing; the statements run with the
+// batch. Without a tracer it returns q.
+func (c *Consumer) tracedQueue(q QueueHandler) QueueHandler {
+	if c.tracer == nil {
+		return q
+	}
+	return func(ctx context.Context, m *Message, b *pgx.Batch) error {
+		ctx, span := c.handlerSpan(ctx, m)
+		return endHandlerSpan(span, q(ctx, m, b))
+	}
+}
+
+// handlerSpan starts the span of a handler run for m, the child of the
+// delivery's CONSUMER span in ctx. A stored message run later (a gap
+// filled by the delivery of its predecessor, or a retry) belongs to
+// another trace: its handler span continues the trace context of the
+// message's own stored headers, linked to the span it ran under, if any.
+func (c *Consumer) handlerSpan(ctx context.Context, m *Message) (context.Context, trace.Span) {
+	var opts []trace.SpanStartOption
+	cur := trace.SpanContextFromContext(ctx)
+	own := trace.SpanContextFromContext(tracing.Extract(context.Background(), m.Headers))
+	stored := !cur.IsValid() || (own.IsValid() && own.TraceID() != cur.TraceID())
+	if stored {
+		if cur.IsValid() {
+			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: cur}))
+		}
+		ctx = trace.ContextWithRemoteSpanContext(ctx, own)
+	}
+	return c.tracer.Start(ctx, "handle "+m.Type, append(opts, trace.WithAttributes(
+		semconv.MessagingMessageID(m.ID),
+		semconv.MessagingMessageConversationID(m.CorrelationID),
+		AttrKeySeq.Int64(m.KeySeq),
+		AttrFromStore.Bool(stored),
+		AttrRedelivered.Bool(m.Redelivered),
+	))...)
+}
+
+// endHandlerSpan ends a handler's span with its error, and returns it.
+func endHandlerSpan(span trace.Span, err error) error {
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+	return err
 }

@@ -32,6 +32,7 @@ type consumeFlags struct {
 	Batch     int           // inbox.Config.BatchSize: deliveries per transaction, 1 for none shared (ORDO_BENCH_CONSUME_BATCH, default inbox's)
 	BatchTime time.Duration // inbox.Config.BatchTime (ORDO_BENCH_CONSUME_BATCH_TIME, default inbox's)
 	Shards    int           // S (ORDO_BENCH_CONSUME_SHARDS, default 12)
+	Queued    bool          // the handler queues its insert (inbox.NewQueued) instead of running it (ORDO_BENCH_CONSUME_QUEUED)
 }
 
 // Options are the consume scenario's: -workers and its -consume-*
@@ -75,6 +76,7 @@ func addConsumeFlags(fs *flag.FlagSet, c *consumeFlags) {
 	fs.IntVar(&c.Batch, "consume-batch", c.Batch, "inbox.Config.BatchSize: deliveries handled in one transaction (group commit); 1: a transaction each")
 	fs.DurationVar(&c.BatchTime, "consume-batch-time", c.BatchTime, "inbox.Config.BatchTime: how long a batch's transaction takes in more messages")
 	fs.IntVar(&c.Shards, "consume-shards", c.Shards, "inbox shards S")
+	fs.BoolVar(&c.Queued, "consume-queued", c.Queued, "the handler queues its insert, sent with the inbox's advance (inbox.NewQueued), instead of running it")
 }
 
 func (c consumeFlags) Validate() error {
@@ -212,6 +214,20 @@ func waitHandled(ctx context.Context, o Options, pool *pgxpool.Pool, n int) (tim
 	return last, err
 }
 
+// benchQueueHandler is benchHandler as an inbox.QueueHandler: it sleeps
+// delay, then queues the insert.
+func benchQueueHandler(delay time.Duration) inbox.QueueHandler {
+	return func(ctx context.Context, m *inbox.Message, b *pgx.Batch) error {
+		if err := harness.Sleep(ctx, delay); err != nil {
+			return err
+		}
+		b.Queue(`INSERT INTO bench_handled (key, seq, message_id) VALUES ($1, $2, $3)`, m.CorrelationID, m.KeySeq, m.ID)
+		return nil
+	}
+}
+
+// benchHandler sleeps delay (a downstream call), then inserts the
+// message's row in the inbox's transaction.
 func benchHandler(delay time.Duration) inbox.Handler {
 	return func(ctx context.Context, tx pgx.Tx, m *inbox.Message) error {
 		if err := harness.Sleep(ctx, delay); err != nil {

@@ -152,6 +152,7 @@ func addConsumeParams(res *result.Result, o Options, co consumeFlags) {
 	res.Param("lanes", co.Lanes)
 	res.Param("batch", co.Batch)
 	res.Param("batch_time", co.BatchTime)
+	res.Param("queued_handler", co.Queued)
 	res.Param("latency_orders_per_sec", co.Rate)
 }
 
@@ -204,7 +205,12 @@ func startInstances(ctx context.Context, r *consumeRig, cfg inbox.Config, co con
 		g.pools = append(g.pools, pool)
 		c := cfg
 		c.Instance = fmt.Sprintf("i%d", i+1)
-		cons, err := inbox.New(c, pool, benchHandler(co.Delay))
+		var cons *inbox.Consumer
+		if co.Queued {
+			cons, err = inbox.NewQueued(c, pool, benchQueueHandler(co.Delay))
+		} else {
+			cons, err = inbox.New(c, pool, benchHandler(co.Delay))
+		}
 		if err != nil {
 			g.Stop()
 			return nil, err

@@ -1,0 +1,200 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/ordo-relay/ordo/inbox"
+	"github.com/ordo-relay/ordo/internal/testkit"
+)
+
+// TestQueuedBatchRoundTrips: with a QueueHandler, a batch whose messages
+// are all their keys' next takes three round trips whatever its size:
+// BEGIN with the decision, every handler's insert with the advance,
+// COMMIT. A batch with a gap in it takes the per-message path (each
+// message's statements sent on their own) and still ends right.
+func TestQueuedBatchRoundTrips(t *testing.T) {
+	pool, trips := tripPool(t, 1) // one connection: its statements prepared once
+	cfg := inbox.LocalConfig("t")
+	cfg.BatchTime = time.Minute
+	s := newStore(t, cfg, pool, nil)
+	q := recordQueue("")
+	inbox.SetQueue(s, q)
+	h := q.Handler()
+	ctx := testkit.Context(t, 30*time.Second)
+	batch := func(ms ...*inbox.Message) []inbox.Outcome {
+		t.Helper()
+		outs, errs, err := inbox.HandleBatch(ctx, s, inbox.Fence{}, ms, h)
+		if err != nil || errors.Join(errs...) != nil {
+			t.Fatalf("batch: %v %v", err, errs)
+		}
+		return outs
+	}
+	batch(msg("warm", 1, 0), msg("warm", 2, 0))
+	for _, tc := range []struct {
+		name string
+		ms   []*inbox.Message
+		want []inbox.Outcome
+	}{
+		{"one message", []*inbox.Message{msg("z", 1, 0)}, []inbox.Outcome{inbox.Handled}},
+		{"new keys", []*inbox.Message{msg("a", 1, 0), msg("b", 1, 0), msg("a", 2, 0), msg("c", 1, 0)},
+			[]inbox.Outcome{inbox.Handled, inbox.Handled, inbox.Handled, inbox.Handled}},
+		{"known keys and a duplicate", []*inbox.Message{msg("a", 3, 0), msg("b", 2, 0), msg("b", 1, 0), msg("c", 2, 0), msg("d", 1, 0), msg("a", 4, 0)},
+			[]inbox.Outcome{inbox.Handled, inbox.Handled, inbox.Duplicate, inbox.Handled, inbox.Handled, inbox.Handled}},
+	} {
+		before := trips.n.Load()
+		if outs := batch(tc.ms...); !slices.Equal(outs, tc.want) {
+			t.Fatalf("%s: %v, want %v", tc.name, outs, tc.want)
+		}
+		if n := trips.n.Load() - before; n != 3 {
+			t.Errorf("%s: %d round trips, want 3", tc.name, n)
+		}
+	}
+	if outs := batch(msg("e", 1, 0), msg("a", 6, 0), msg("b", 3, 0)); !slices.Equal(outs, []inbox.Outcome{inbox.Handled, inbox.Stored, inbox.Handled}) {
+		t.Fatalf("a batch with a gap: %v, want handled, stored, handled", outs)
+	}
+	if outs := batch(msg("a", 5, 0), msg("e", 2, 0)); !slices.Equal(outs, []inbox.Outcome{inbox.Handled, inbox.Handled}) {
+		t.Fatalf("the gap filled: %v", outs)
+	}
+	checkOnceInOrder(t, handledSeqs(t, pool), map[string]int64{"warm": 2, "z": 1, "a": 5, "b": 3, "c": 2, "d": 1, "e": 2})
+}
+
+// TestQueuedHandlerFailsAlone: in a batch handled with a QueueHandler, a
+// message whose handler fails (its queueing returns an error, a statement
+// it queued fails in PostgreSQL, or a callback it set returns an error)
+// is the only one that fails: the batch's other messages are committed
+// once, the failure is stored for a retry after one run of the handler
+// (the per-message path replays it rather than run it again), the key's
+// later message waits behind it, and the retry handles both in order.
+func TestQueuedHandlerFailsAlone(t *testing.T) {
+	for _, way := range []string{"queueing", "statement", "callback"} {
+		t.Run(way, func(t *testing.T) {
+			pool, _ := tripPool(t, 4)
+			cfg := inbox.LocalConfig("t")
+			cfg.BatchTime = time.Minute
+			s := newStore(t, cfg, pool, nil)
+			var (
+				mu     sync.Mutex
+				runs   = map[string]int{}
+				failed atomic.Bool
+			)
+			rec := recordQueue("")
+			q := inbox.QueueHandler(func(ctx context.Context, m *inbox.Message, b *pgx.Batch) error {
+				id := fmt.Sprintf("%s/%d", m.CorrelationID, m.KeySeq)
+				mu.Lock()
+				runs[id]++
+				mu.Unlock()
+				if err := rec(ctx, m, b); err != nil {
+					return err
+				}
+				if id != "b/1" || !failed.CompareAndSwap(false, true) {
+					return nil
+				}
+				switch way {
+				case "queueing":
+					return errors.New("fails once: " + id)
+				case "statement":
+					b.Queue(`SELECT 1 / 0`) // a data exception, of the handler's own statement
+				case "callback":
+					b.Queue(`SELECT 1`).Exec(func(pgconn.CommandTag) error { return errors.New("fails once: " + id) })
+				}
+				return nil
+			})
+			inbox.SetQueue(s, q)
+			h := q.Handler()
+			ctx := testkit.Context(t, 30*time.Second)
+			outs, errs, err := inbox.HandleBatch(ctx, s, inbox.Fence{},
+				[]*inbox.Message{msg("a", 1, 0), msg("b", 1, 0), msg("c", 1, 0), msg("a", 2, 0), msg("b", 2, 0)}, h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := []inbox.Outcome{inbox.Handled, inbox.Retrying, inbox.Handled, inbox.Handled, inbox.Stored}
+			if !slices.Equal(outs, want) || errors.Join(errs...) != nil {
+				t.Fatalf("outcomes %v %v, want %v", outs, errs, want)
+			}
+			mu.Lock()
+			bRuns := runs["b/1"]
+			mu.Unlock()
+			if bRuns != 1 {
+				t.Fatalf("b/1's handler ran %d times in the batch, want once (its failure replayed)", bRuns)
+			}
+			if st := s.Stats(); st.Retries != 1 {
+				t.Fatalf("stats %+v: want the failure counted once", st)
+			}
+			checkOnceInOrder(t, handledSeqs(t, pool), map[string]int64{"a": 2, "c": 1})
+			var lastErr string
+			if err := pool.QueryRow(ctx, `SELECT last_error FROM ordo_inbox_messages WHERE correlation_id = 'b' AND key_seq = 1`).Scan(&lastErr); err != nil {
+				t.Fatal(err)
+			}
+			if wantErr := map[string]string{"queueing": "fails once", "statement": "division by zero", "callback": "fails once"}[way]; !strings.Contains(lastErr, wantErr) {
+				t.Fatalf("b/1 stored with error %q, want one saying %q", lastErr, wantErr)
+			}
+			testkit.WaitFor(t, 10*time.Second, "b retried", func() bool {
+				if _, err := s.RetryDue(ctx, inbox.Fence{}, 0, 10, h); err != nil {
+					t.Fatal(err)
+				}
+				return len(handledSeqs(t, pool)["b"]) == 2
+			})
+			checkOnceInOrder(t, handledSeqs(t, pool), map[string]int64{"a": 2, "b": 2, "c": 1})
+		})
+	}
+}
+
+// TestQueuedThroughConsumer: a Consumer from NewQueued handles a backlog
+// of 40 keys × 5 messages once each, each key in order, with handlers
+// that fail once on four messages (a key's first among them), and its
+// deliveries share commits.
+func TestQueuedThroughConsumer(t *testing.T) {
+	pool, cc := countedPool(t, 6)
+	cfg := consumerConfig(t, 1)
+	cfg.Lanes = 2
+	pub := newPublisher(t, cfg.Exchange)
+	testkit.WithChannel(t, inbox.TopologyOf(cfg).Declare)
+	want := map[string]int64{}
+	for s := 1; s <= 5; s++ {
+		for k := range 40 {
+			key := fmt.Sprintf("k%02d", k)
+			pub.publish(key, int64(s))
+			want[key] = int64(s)
+		}
+	}
+	var mu sync.Mutex
+	fails := map[string]bool{"k03/1": true, "k07/2": true, "k11/5": true, "k20/3": true}
+	rec := recordQueue("a")
+	q := inbox.QueueHandler(func(ctx context.Context, m *inbox.Message, b *pgx.Batch) error {
+		if err := rec(ctx, m, b); err != nil {
+			return err
+		}
+		id := fmt.Sprintf("%s/%d", m.CorrelationID, m.KeySeq)
+		mu.Lock()
+		defer mu.Unlock()
+		if fails[id] {
+			delete(fails, id)
+			b.Queue(`SELECT 1 / 0`)
+		}
+		return nil
+	})
+	commits := cc.commits.Load()
+	r := startWith(t, cfg, "a", func(cfg inbox.Config) (*inbox.Consumer, error) { return inbox.NewQueued(cfg, pool, q) })
+	waitHandled(t, pool, want)
+	checkOnceInOrder(t, handledSeqs(t, pool), want)
+	st := r.c.Stats()
+	n := cc.commits.Load() - commits
+	t.Logf("%d handled, %d retries, %d commits in all", st.Handled, st.Retries, n)
+	if st.Retries < 4 {
+		t.Fatalf("stats %+v: want at least the 4 injected failures retried", st)
+	}
+	if n >= st.Handled*3/4 {
+		t.Fatalf("%d commits for %d handled messages: the deliveries did not share commits", n, st.Handled)
+	}
+}
