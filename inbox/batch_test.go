@@ -255,22 +255,40 @@ func TestBatchInvalidDataAlone(t *testing.T) {
 }
 
 // TestBatchTimeBoundsHandlers: a batch stops taking messages once its
-// handlers have run BatchTime; the rest are left to the caller.
+// handlers have run BatchTime; the rest are left to the caller. A
+// QueueHandler's runs count as a Handler's.
 func TestBatchTimeBoundsHandlers(t *testing.T) {
-	_, pool := newDB(t)
-	cfg := inbox.LocalConfig("t")
-	cfg.BatchTime = 30 * time.Millisecond
-	s := newStore(t, cfg, pool, nil)
-	ctx := testkit.Context(t, 30*time.Second)
-	outs, _, err := inbox.HandleBatch(ctx, s, inbox.Fence{}, []*inbox.Message{msg("a", 1, 0), msg("b", 1, 0), msg("c", 1, 0)},
-		sleepRecord(40*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
+	for _, queued := range []bool{false, true} {
+		t.Run(fmt.Sprintf("queued=%v", queued), func(t *testing.T) {
+			_, pool := newDB(t)
+			cfg := inbox.LocalConfig("t")
+			cfg.BatchTime = 30 * time.Millisecond
+			s := newStore(t, cfg, pool, nil)
+			ctx := testkit.Context(t, 30*time.Second)
+			h := sleepRecord(40 * time.Millisecond)
+			if queued {
+				rec := recordQueue("a")
+				q := inbox.QueueHandler(func(ctx context.Context, m *inbox.Message, b *pgx.Batch) error {
+					select {
+					case <-ctx.Done():
+						return ctx.Err()
+					case <-time.After(40 * time.Millisecond):
+					}
+					return rec(ctx, m, b)
+				})
+				inbox.SetQueue(s, q)
+				h = q.Handler()
+			}
+			outs, _, err := inbox.HandleBatch(ctx, s, inbox.Fence{}, []*inbox.Message{msg("a", 1, 0), msg("b", 1, 0), msg("c", 1, 0)}, h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(outs) != 1 {
+				t.Fatalf("%d messages in a batch whose first handler outlasted BatchTime, want 1", len(outs))
+			}
+			checkOnceInOrder(t, handledSeqs(t, pool), map[string]int64{"a": 1})
+		})
 	}
-	if len(outs) != 1 {
-		t.Fatalf("%d messages in a batch whose first handler outlasted BatchTime, want 1", len(outs))
-	}
-	checkOnceInOrder(t, handledSeqs(t, pool), map[string]int64{"a": 1})
 }
 
 // TestGroupCommitThroughConsumer: a backlog on one shard, drained by a

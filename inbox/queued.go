@@ -73,16 +73,22 @@ func (s *Store) runQueue(ctx context.Context, m *Message, b *pgx.Batch, q QueueH
 	return q(ctx, m, b)
 }
 
-// queueBatch runs the queue handler of every message of items that decs
-// decides next, in order, on one pgx.Batch. It returns the batch, the
-// results (a Handled or Duplicate per message) and, for each message, the
-// number of statements queued up to and including its own. A handler
-// that fails ends it with the failure of items[at].
+// queueBatch runs the queue handler of the messages of items that decs
+// decides next, in order, on one pgx.Batch, until the handlers have run
+// Config.BatchTime in all, as batchFast does. It returns the batch, the
+// results (a Handled or Duplicate per message, for a prefix of items)
+// and, for each of those messages, the number of statements queued up to
+// and including its own. A handler that fails ends it with the failure
+// of items[at].
 func (s *Store) queueBatch(ctx context.Context, items []batchItem, decs []decision) (*pgx.Batch, []batchResult, []int, *handlerFailed) {
 	b := &pgx.Batch{}
 	res := make([]batchResult, 0, len(items))
 	ends := make([]int, 0, len(items))
+	var handlers time.Duration
 	for i, it := range items {
+		if handlers >= s.cfg.BatchTime {
+			break
+		}
 		if decs[i] == decDuplicate {
 			res = append(res, batchResult{out: Duplicate})
 			ends = append(ends, b.Len())
@@ -96,7 +102,9 @@ func (s *Store) queueBatch(ctx context.Context, items []batchItem, decs []decisi
 		if err := s.runQueue(hctx, it.m, b, s.queue); err != nil {
 			return nil, nil, nil, &handlerFailed{at: i, err: err}
 		}
-		res = append(res, batchResult{out: Handled, took: time.Since(start)})
+		took := time.Since(start)
+		handlers += took
+		res = append(res, batchResult{out: Handled, took: took})
 		ends = append(ends, b.Len())
 	}
 	return b, res, ends, nil
