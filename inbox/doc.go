@@ -59,6 +59,11 @@
 // New fills the Config fields left zero from DefaultConfig; TLS and other
 // AMQP connection settings go in Config.AMQPConfig.
 //
+// A handler whose writes do not depend on what its own statements return
+// can queue them instead (QueueHandler, NewQueued): the inbox sends a
+// batch's statements with its own in one round trip, so a batch of
+// messages takes three round trips whatever its size.
+//
 // Store is the decision logic alone, for a program with its own AMQP loop:
 // call Store.Handle for each delivery and acknowledge it when Handle
 // returns nil, and call Store.RetryDue periodically.
