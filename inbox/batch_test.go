@@ -298,20 +298,7 @@ func TestBatchTimeBoundsHandlers(t *testing.T) {
 // the deliveries share commits (fewer COMMITs than messages handled).
 func TestGroupCommitThroughConsumer(t *testing.T) {
 	pool, cc := countedPool(t, 6)
-	cfg := consumerConfig(t, 1)
-	cfg.Lanes = 2
-	pub := newPublisher(t, cfg.Exchange)
-	// The topology exists before the consumer runs (so the backlog is
-	// queued, and delivered in prefetched batches when it attaches).
-	testkit.WithChannel(t, inbox.TopologyOf(cfg).Declare)
-	want := map[string]int64{}
-	for s := 1; s <= 5; s++ {
-		for k := range 40 {
-			key := fmt.Sprintf("k%02d", k)
-			pub.publish(key, int64(s))
-			want[key] = int64(s)
-		}
-	}
+	cfg, want := backlogOnOneShard(t)
 	var panicked atomic.Bool
 	rec := writeThenFailOnce(recordHandler("a"), "k03/1", "k07/2", "k11/5", "k20/3")
 	h := func(ctx context.Context, tx pgx.Tx, m *inbox.Message) error {
@@ -331,14 +318,41 @@ func TestGroupCommitThroughConsumer(t *testing.T) {
 	if len(problems) > 0 {
 		t.Fatalf("per-key violations: %v", problems[:min(5, len(problems))])
 	}
-	st := r.c.Stats()
-	n := cc.commits.Load() - commits
-	t.Logf("%d handled, %d retries, %d commits in all", st.Handled, st.Retries, n)
-	if st.Retries < 5 {
-		t.Fatalf("stats %+v: want at least the 5 injected failures retried", st)
+	checkSharedCommits(t, r, cc.commits.Load()-commits, 5)
+}
+
+// backlogOnOneShard publishes 40 keys × 5 messages to a consumer group
+// of one shard whose instances run 2 lanes, before any instance runs (so
+// that the backlog is queued, and delivered in prefetched batches when
+// one attaches). It returns the group's config and each key's last seq.
+func backlogOnOneShard(t *testing.T) (inbox.Config, map[string]int64) {
+	t.Helper()
+	cfg := consumerConfig(t, 1)
+	cfg.Lanes = 2
+	pub := newPublisher(t, cfg.Exchange)
+	testkit.WithChannel(t, inbox.TopologyOf(cfg).Declare)
+	want := map[string]int64{}
+	for s := 1; s <= 5; s++ {
+		for k := range 40 {
+			key := fmt.Sprintf("k%02d", k)
+			pub.publish(key, int64(s))
+			want[key] = int64(s)
+		}
 	}
-	if n >= st.Handled*3/4 {
-		t.Fatalf("%d commits for %d handled messages: the deliveries did not share commits", n, st.Handled)
+	return cfg, want
+}
+
+// checkSharedCommits fails t unless r retried at least the failures
+// injected and its deliveries shared the commits it made.
+func checkSharedCommits(t *testing.T, r *running, commits int64, injected int64) {
+	t.Helper()
+	st := r.c.Stats()
+	t.Logf("%d handled, %d retries, %d commits in all", st.Handled, st.Retries, commits)
+	if st.Retries < injected {
+		t.Fatalf("stats %+v: want at least the %d injected failures retried", st, injected)
+	}
+	if commits >= st.Handled*3/4 {
+		t.Fatalf("%d commits for %d handled messages: the deliveries did not share commits", commits, st.Handled)
 	}
 }
 

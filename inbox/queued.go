@@ -56,23 +56,6 @@ func NewQueued(cfg Config, db DB, q QueueHandler) (*Consumer, error) {
 	return c, nil
 }
 
-// runQueue runs q for m, as runHandler runs a Handler: a panic becomes an
-// error, and the run is counted.
-func (s *Store) runQueue(ctx context.Context, m *Message, b *pgx.Batch, q QueueHandler) (err error) {
-	start := time.Now()
-	s.stats.inHandler.Add(1)
-	defer func() {
-		s.stats.inHandler.Add(-1)
-		d := time.Since(start)
-		s.stats.handlerNanos.Add(int64(d))
-		s.metrics.handler.Observe(d.Seconds())
-		if r := recover(); r != nil {
-			err = fmt.Errorf("handler panic: %v", r)
-		}
-	}()
-	return q(ctx, m, b)
-}
-
 // queueBatch runs the queue handler of the messages of items that decs
 // decides next, in order, on one pgx.Batch, until the handlers have run
 // Config.BatchTime in all, as batchFast does. It returns the batch, the
@@ -99,7 +82,7 @@ func (s *Store) queueBatch(ctx context.Context, items []batchItem, decs []decisi
 			hctx = it.ctx
 		}
 		start := time.Now()
-		if err := s.runQueue(hctx, it.m, b, s.queue); err != nil {
+		if err := s.counted(func() error { return s.queue(hctx, it.m, b) }); err != nil {
 			return nil, nil, nil, &handlerFailed{at: i, err: err}
 		}
 		took := time.Since(start)

@@ -31,15 +31,7 @@ func TestQueuedBatchRoundTrips(t *testing.T) {
 	q := recordQueue("")
 	inbox.SetQueue(s, q)
 	h := q.Handler()
-	ctx := testkit.Context(t, 30*time.Second)
-	batch := func(ms ...*inbox.Message) []inbox.Outcome {
-		t.Helper()
-		outs, errs, err := inbox.HandleBatch(ctx, s, inbox.Fence{}, ms, h)
-		if err != nil || errors.Join(errs...) != nil {
-			t.Fatalf("batch: %v %v", err, errs)
-		}
-		return outs
-	}
+	batch := batcher(t, s, h)
 	batch(msg("warm", 1, 0), msg("warm", 2, 0))
 	for _, tc := range []struct {
 		name string
@@ -156,18 +148,7 @@ func TestQueuedHandlerFailsAlone(t *testing.T) {
 // deliveries share commits.
 func TestQueuedThroughConsumer(t *testing.T) {
 	pool, cc := countedPool(t, 6)
-	cfg := consumerConfig(t, 1)
-	cfg.Lanes = 2
-	pub := newPublisher(t, cfg.Exchange)
-	testkit.WithChannel(t, inbox.TopologyOf(cfg).Declare)
-	want := map[string]int64{}
-	for s := 1; s <= 5; s++ {
-		for k := range 40 {
-			key := fmt.Sprintf("k%02d", k)
-			pub.publish(key, int64(s))
-			want[key] = int64(s)
-		}
-	}
+	cfg, want := backlogOnOneShard(t)
 	var mu sync.Mutex
 	fails := map[string]bool{"k03/1": true, "k07/2": true, "k11/5": true, "k20/3": true}
 	rec := recordQueue("a")
@@ -188,13 +169,5 @@ func TestQueuedThroughConsumer(t *testing.T) {
 	r := startWith(t, cfg, "a", func(cfg inbox.Config) (*inbox.Consumer, error) { return inbox.NewQueued(cfg, pool, q) })
 	waitHandled(t, pool, want)
 	checkOnceInOrder(t, handledSeqs(t, pool), want)
-	st := r.c.Stats()
-	n := cc.commits.Load() - commits
-	t.Logf("%d handled, %d retries, %d commits in all", st.Handled, st.Retries, n)
-	if st.Retries < 4 {
-		t.Fatalf("stats %+v: want at least the 4 injected failures retried", st)
-	}
-	if n >= st.Handled*3/4 {
-		t.Fatalf("%d commits for %d handled messages: the deliveries did not share commits", n, st.Handled)
-	}
+	checkSharedCommits(t, r, cc.commits.Load()-commits, 4)
 }

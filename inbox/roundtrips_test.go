@@ -104,14 +104,7 @@ func TestBatchRoundTrips(t *testing.T) {
 	s := newStore(t, cfg, pool, nil)
 	h := recordHandler("")
 	ctx := testkit.Context(t, 30*time.Second)
-	batch := func(ms ...*inbox.Message) []inbox.Outcome {
-		t.Helper()
-		outs, errs, err := inbox.HandleBatch(ctx, s, inbox.Fence{}, ms, h)
-		if err != nil || errors.Join(errs...) != nil {
-			t.Fatalf("batch: %v %v", err, errs)
-		}
-		return outs
-	}
+	batch := batcher(t, s, h)
 	batch(msg("warm", 1, 0), msg("warm", 2, 0))
 	for _, tc := range []struct {
 		name string
@@ -146,5 +139,19 @@ func TestBatchRoundTrips(t *testing.T) {
 	var stored int64
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM ordo_inbox_messages WHERE correlation_id = 'a' AND key_seq = 6`).Scan(&stored); err != nil || stored != 1 {
 		t.Fatalf("a/6 stored %d times (%v), want once, waiting for the Consumer's follow-up", stored, err)
+	}
+}
+
+// batcher returns a function that handles its messages as one batch of
+// s with h, and returns their outcomes; an error fails t.
+func batcher(t *testing.T, s *inbox.Store, h inbox.Handler) func(ms ...*inbox.Message) []inbox.Outcome {
+	ctx := testkit.Context(t, 30*time.Second)
+	return func(ms ...*inbox.Message) []inbox.Outcome {
+		t.Helper()
+		outs, errs, err := inbox.HandleBatch(ctx, s, inbox.Fence{}, ms, h)
+		if err != nil || errors.Join(errs...) != nil {
+			t.Fatalf("batch: %v %v", err, errs)
+		}
+		return outs
 	}
 }

@@ -405,10 +405,16 @@ func (s *Store) advance(ctx context.Context, tx pgx.Tx, f Fence, m *Message) (mo
 
 // runHandler runs h, turning a panic into an error, and records its
 // duration.
-func (s *Store) runHandler(ctx context.Context, tx pgx.Tx, m *Message, h Handler) (err error) {
+func (s *Store) runHandler(ctx context.Context, tx pgx.Tx, m *Message, h Handler) error {
 	if err := replayed(ctx, m); err != nil {
 		return err // counted when it ran
 	}
+	return s.counted(func() error { return h(ctx, tx, m) })
+}
+
+// counted runs a handler's run, turning a panic into an error, and
+// records it in the handler counters and metric.
+func (s *Store) counted(run func() error) (err error) {
 	start := time.Now()
 	s.stats.inHandler.Add(1)
 	defer func() {
@@ -420,7 +426,7 @@ func (s *Store) runHandler(ctx context.Context, tx pgx.Tx, m *Message, h Handler
 			err = fmt.Errorf("handler panic: %v", r)
 		}
 	}()
-	return h(ctx, tx, m)
+	return run()
 }
 
 // failed stores m after its first attempt failed with herr, to be retried
