@@ -21,7 +21,7 @@ func (r *rig) addFlags(fs *flag.FlagSet) { r.Config.AddFlags(fs) }
 
 func (r rig) validate() error { return r.Config.Validate() }
 
-// wrap returns db and h with the faults injected.
-func (r rig) wrap(db inbox.DB, h inbox.Handler, logger *slog.Logger) (inbox.DB, inbox.Handler) {
-	return r.Config.Wrap(db, h, logger)
+// wrap returns db and q with the faults injected.
+func (r rig) wrap(db inbox.DB, q inbox.QueueHandler, logger *slog.Logger) (inbox.DB, inbox.QueueHandler) {
+	return r.Config.WrapQueue(db, q, logger)
 }

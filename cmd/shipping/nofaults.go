@@ -18,5 +18,7 @@ func (*rig) addFlags(*flag.FlagSet) {}
 
 func (rig) validate() error { return nil }
 
-// wrap returns db and h as they are.
-func (rig) wrap(db inbox.DB, h inbox.Handler, _ *slog.Logger) (inbox.DB, inbox.Handler) { return db, h }
+// wrap returns db and q as they are.
+func (rig) wrap(db inbox.DB, q inbox.QueueHandler, _ *slog.Logger) (inbox.DB, inbox.QueueHandler) {
+	return db, q
+}

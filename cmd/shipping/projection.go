@@ -8,6 +8,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/ordo-relay/ordo/inbox"
 	"github.com/ordo-relay/ordo/internal/pgmigrate"
@@ -45,55 +46,52 @@ type orderCancelled struct {
 	CancelledAt string `json:"cancelledAt"`
 }
 
-// projector returns the inbox handler: it applies OrderPlaced and
-// OrderCancelled to shipping_orders and records every message it handles
-// in shipping_events, all in the inbox's transaction.
-func projector(instance string) inbox.Handler {
-	return func(ctx context.Context, tx pgx.Tx, m *inbox.Message) error {
+// projector returns the inbox's handler: it queues the statements that
+// apply OrderPlaced and OrderCancelled to shipping_orders and record every
+// message it handles in shipping_events; the inbox sends them in its
+// transaction, a batch's together with its own (inbox.QueueHandler).
+func projector(instance string) inbox.QueueHandler {
+	return func(_ context.Context, m *inbox.Message, b *pgx.Batch) error {
 		var err error
 		switch m.Type {
 		case orderapi.TypeOrderPlaced:
-			err = applyPlaced(ctx, tx, m)
+			err = queuePlaced(b, m)
 		case orderapi.TypeOrderCancelled:
-			err = applyCancelled(ctx, tx, m)
+			err = queueCancelled(b, m)
 		}
 		if err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO shipping_events (order_id, key_seq, type, message_id, instance)
-			VALUES ($1, $2, $3, $4, $5)`, m.CorrelationID, m.KeySeq, m.Type, m.ID, instance); err != nil {
-			return fmt.Errorf("record event: %w", err)
-		}
+		b.Queue(`INSERT INTO shipping_events (order_id, key_seq, type, message_id, instance)
+			VALUES ($1, $2, $3, $4, $5)`, m.CorrelationID, m.KeySeq, m.Type, m.ID, instance)
 		return nil
 	}
 }
 
-func applyPlaced(ctx context.Context, tx pgx.Tx, m *inbox.Message) error {
+func queuePlaced(b *pgx.Batch, m *inbox.Message) error {
 	var e orderPlaced
 	if err := json.Unmarshal(m.Body, &e); err != nil {
 		return fmt.Errorf("decode OrderPlaced: %w", err)
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO shipping_orders (order_id, status, customer_id, currency, total, placed_at)
+	b.Queue(`INSERT INTO shipping_orders (order_id, status, customer_id, currency, total, placed_at)
 		VALUES ($1, 'placed', $2, $3, $4, $5::timestamptz)`,
-		m.CorrelationID, e.CustomerID, e.Currency, e.Total, nullString(e.PlacedAt)); err != nil {
-		return fmt.Errorf("project OrderPlaced: %w", err)
-	}
+		m.CorrelationID, e.CustomerID, e.Currency, e.Total, nullString(e.PlacedAt))
 	return nil
 }
 
-func applyCancelled(ctx context.Context, tx pgx.Tx, m *inbox.Message) error {
+func queueCancelled(b *pgx.Batch, m *inbox.Message) error {
 	var e orderCancelled
 	if err := json.Unmarshal(m.Body, &e); err != nil {
 		return fmt.Errorf("decode OrderCancelled: %w", err)
 	}
-	tag, err := tx.Exec(ctx, `UPDATE shipping_orders SET status = 'cancelled', cancelled_at = $2::timestamptz, updated_at = now()
-		WHERE order_id = $1 AND status = 'placed'`, m.CorrelationID, nullString(e.CancelledAt))
-	if err != nil {
-		return fmt.Errorf("project OrderCancelled: %w", err)
-	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("order %s: %w", m.CorrelationID, errCancelledBeforePlaced)
-	}
+	b.Queue(`UPDATE shipping_orders SET status = 'cancelled', cancelled_at = $2::timestamptz, updated_at = now()
+		WHERE order_id = $1 AND status = 'placed'`, m.CorrelationID, nullString(e.CancelledAt)).
+		Exec(func(tag pgconn.CommandTag) error {
+			if tag.RowsAffected() == 0 {
+				return fmt.Errorf("order %s: %w", m.CorrelationID, errCancelledBeforePlaced)
+			}
+			return nil
+		})
 	return nil
 }
 

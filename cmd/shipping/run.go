@@ -31,14 +31,14 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if err := migrate(ctx, pool); err != nil {
 		return fmt.Errorf("migrate projection: %w", err)
 	}
-	db, h := cfg.rig.wrap(pool, projector(cfg.inbox.Instance), logger)
+	db, q := cfg.rig.wrap(pool, projector(cfg.inbox.Instance), logger)
 	tp, flush, err := otelsetup.Start(ctx, "ordo-shipping", os.Stdout, os.Getenv, logger)
 	if err != nil {
 		return err
 	}
 	defer flush()
 	cfg.inbox.TracerProvider = tp
-	c, err := inbox.New(cfg.inbox, db, h)
+	c, err := inbox.NewQueued(cfg.inbox, db, q)
 	if err != nil {
 		return err
 	}

@@ -79,13 +79,46 @@ func (c Config) Validate() error {
 func (c Config) Wrap(db inbox.DB, h inbox.Handler, logger *slog.Logger) (inbox.DB, inbox.Handler) {
 	h = c.failing(c.delayed(h))
 	if c.KillAfter > 0 {
-		k := &killAfter{DB: db, n: int64(c.KillAfter), logger: logger}
-		db, h = k, k.handler(h)
-		if bs, ok := k.DB.(batchSender); ok {
-			db = &killAfterBatches{killAfter: k, batches: bs}
-		}
+		var k *killAfter
+		k, db = c.killer(db, logger)
+		h = k.handler(h)
 	}
 	return db, h
+}
+
+// WrapQueue is Wrap for a QueueHandler (inbox.NewQueued): the delay comes
+// before q queues its statements, a failure or panic after it (the
+// statements it queued are then never sent), and KillAfter counts the
+// commits of transactions in which a batch of statements was sent (the
+// handler's, or the per-message path's savepoint and decision).
+func (c Config) WrapQueue(db inbox.DB, q inbox.QueueHandler, logger *slog.Logger) (inbox.DB, inbox.QueueHandler) {
+	if c.HandlerDelay > 0 || c.fails() {
+		inner := q
+		q = func(ctx context.Context, m *inbox.Message, b *pgx.Batch) error {
+			if err := c.wait(ctx); err != nil {
+				return err
+			}
+			if err := inner(ctx, m, b); err != nil {
+				return err
+			}
+			return c.fault(m)
+		}
+	}
+	if c.KillAfter > 0 {
+		var k *killAfter
+		k, db = c.killer(db, logger)
+		k.queued = true
+	}
+	return db, q
+}
+
+// killer wraps db for KillAfter.
+func (c Config) killer(db inbox.DB, logger *slog.Logger) (*killAfter, inbox.DB) {
+	k := &killAfter{DB: db, n: int64(c.KillAfter), logger: logger}
+	if bs, ok := k.DB.(batchSender); ok {
+		return k, &killAfterBatches{killAfter: k, batches: bs}
+	}
+	return k, k
 }
 
 // delayed returns h, each attempt HandlerDelay late.
@@ -94,36 +127,57 @@ func (c Config) delayed(h inbox.Handler) inbox.Handler {
 		return h
 	}
 	return func(ctx context.Context, tx pgx.Tx, m *inbox.Message) error {
-		t := time.NewTimer(c.HandlerDelay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
+		if err := c.wait(ctx); err != nil {
+			return err
 		}
 		return h(ctx, tx, m)
+	}
+}
+
+// wait waits HandlerDelay, or until ctx ends.
+func (c Config) wait(ctx context.Context) error {
+	if c.HandlerDelay <= 0 {
+		return nil
+	}
+	t := time.NewTimer(c.HandlerDelay)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
 }
 
 // failing returns h with the failures and poison orders injected after
 // its writes; h itself when there are none.
 func (c Config) failing(h inbox.Handler) inbox.Handler {
-	if c.ErrorRate == 0 && c.PanicRate == 0 && c.PoisonPrefix == "" {
+	if !c.fails() {
 		return h
 	}
 	return func(ctx context.Context, tx pgx.Tx, m *inbox.Message) error {
 		if err := h(ctx, tx, m); err != nil {
 			return err
 		}
-		if c.PoisonPrefix != "" && strings.HasPrefix(m.CorrelationID, c.PoisonPrefix) {
-			return fmt.Errorf("order %s: %w", m.CorrelationID, ErrPoison)
-		}
-		switch r := rand.Float64(); {
-		case r < c.ErrorRate:
-			return fmt.Errorf("order %s key_seq %d: %w", m.CorrelationID, m.KeySeq, ErrInjected)
-		case r < c.ErrorRate+c.PanicRate:
-			panic(fmt.Sprintf("fault injection: handler panic on order %s key_seq %d", m.CorrelationID, m.KeySeq))
-		}
-		return nil
+		return c.fault(m)
 	}
+}
+
+// fails reports whether c injects failures or poison orders.
+func (c Config) fails() bool { return c.ErrorRate != 0 || c.PanicRate != 0 || c.PoisonPrefix != "" }
+
+// fault is the failure injected into an attempt at m, after its writes:
+// ErrPoison for a poison order, else ErrInjected or a panic at their
+// rates, else nil.
+func (c Config) fault(m *inbox.Message) error {
+	if c.PoisonPrefix != "" && strings.HasPrefix(m.CorrelationID, c.PoisonPrefix) {
+		return fmt.Errorf("order %s: %w", m.CorrelationID, ErrPoison)
+	}
+	switch r := rand.Float64(); {
+	case r < c.ErrorRate:
+		return fmt.Errorf("order %s key_seq %d: %w", m.CorrelationID, m.KeySeq, ErrInjected)
+	case r < c.ErrorRate+c.PanicRate:
+		panic(fmt.Sprintf("fault injection: handler panic on order %s key_seq %d", m.CorrelationID, m.KeySeq))
+	}
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"testing"
 	"time"
 
@@ -12,16 +13,32 @@ import (
 	"github.com/ordo-relay/ordo/inbox"
 )
 
+// TestFaultsWrap: each fault comes after the projection ran (its writes
+// queued, for a QueueHandler), once per attempt, both ways.
 func TestFaultsWrap(t *testing.T) {
 	calls := 0
 	h := func(context.Context, pgx.Tx, *inbox.Message) error { calls++; return nil }
+	q := func(_ context.Context, _ *inbox.Message, b *pgx.Batch) error {
+		calls++
+		b.Queue("SELECT 1")
+		return nil
+	}
 	msg := &inbox.Message{CorrelationID: "order-1", KeySeq: 1}
-	run := func(f Config) (err error, panicked bool) {
+	run := func(f Config, queued bool) (err error, panicked bool) {
 		defer func() {
 			if recover() != nil {
 				panicked = true
 			}
 		}()
+		if queued {
+			b := &pgx.Batch{}
+			_, wrapped := f.WrapQueue(nil, q, nil)
+			err = wrapped(context.Background(), msg, b)
+			if b.Len() != 1 {
+				t.Fatalf("%d statements queued, want the projection's one", b.Len())
+			}
+			return err, false
+		}
 		_, wrapped := f.Wrap(nil, h, nil)
 		return wrapped(context.Background(), nil, msg), false
 	}
@@ -37,16 +54,18 @@ func TestFaultsWrap(t *testing.T) {
 		{name: "poison", f: Config{PoisonPrefix: "order-"}, wantErr: ErrPoison},
 		{name: "other orders are not poison", f: Config{PoisonPrefix: "poison-"}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			before := calls
-			err, panicked := run(tc.f)
-			if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil && err != nil) || panicked != tc.wantPanic {
-				t.Fatalf("err %v panicked %v; want %v, panic %v", err, panicked, tc.wantErr, tc.wantPanic)
-			}
-			if calls != before+1 {
-				t.Fatalf("the projection ran %d times, want once (the fault comes after its writes)", calls-before)
-			}
-		})
+		for _, queued := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/queued=%v", tc.name, queued), func(t *testing.T) {
+				before := calls
+				err, panicked := run(tc.f, queued)
+				if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil && err != nil) || panicked != tc.wantPanic {
+					t.Fatalf("err %v panicked %v; want %v, panic %v", err, panicked, tc.wantErr, tc.wantPanic)
+				}
+				if calls != before+1 {
+					t.Fatalf("the projection ran %d times, want once (the fault comes after its writes)", calls-before)
+				}
+			})
+		}
 	}
 }
 
@@ -90,6 +109,16 @@ func TestWrapDelaysAndKills(t *testing.T) {
 	}
 	if db, _ := (Config{KillAfter: 3}).Wrap(nil, h, nil); db == nil {
 		t.Fatal("KillAfter left the database unwrapped")
+	}
+	q := func(context.Context, *inbox.Message, *pgx.Batch) error { ran = true; return nil }
+	if db, _ := (Config{KillAfter: 3}).WrapQueue(nil, q, nil); db == nil {
+		t.Fatal("KillAfter left the database of a QueueHandler unwrapped")
+	}
+	ran = false
+	start = time.Now()
+	_, dq := Config{HandlerDelay: 50 * time.Millisecond}.WrapQueue(nil, q, nil)
+	if err := dq(context.Background(), &inbox.Message{}, &pgx.Batch{}); err != nil || !ran || time.Since(start) < 50*time.Millisecond {
+		t.Fatalf("delayed queued attempt: err %v, ran %v after %v", err, ran, time.Since(start))
 	}
 	if db, _ := (Config{}).Wrap(nil, h, nil); db != nil {
 		t.Fatalf("nothing injected, yet the database became %T", db)
