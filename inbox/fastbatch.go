@@ -84,28 +84,11 @@ func (s *Store) batchFast(ctx context.Context, f Fence, items []batchItem, h Han
 	if s.queue != nil {
 		return s.batchQueued(ctx, tx, f, items, decs)
 	}
-	var handlers time.Duration
-	res = make([]batchResult, 0, n)
-	for i, it := range items {
-		if handlers >= s.cfg.BatchTime {
-			break
-		}
-		if decs[i] == decDuplicate {
-			res = append(res, batchResult{out: Duplicate})
-			continue
-		}
-		hctx := ctx
-		if it.ctx != nil {
-			hctx = it.ctx
-		}
-		start := time.Now()
-		herr := s.runHandler(hctx, tx, it.m, h)
-		took := time.Since(start)
-		if herr != nil {
-			return nil, &handlerFailed{at: i, err: herr}, errSlowPath
-		}
-		handlers += took
-		res = append(res, batchResult{out: Handled, took: took})
+	res, failed = s.runDecided(ctx, items, decs, func(hctx context.Context, m *Message) error {
+		return s.runHandler(hctx, tx, m, h)
+	}, nil)
+	if failed != nil {
+		return nil, failed, errSlowPath
 	}
 	if err := s.advanceBatch(ctx, tx, f, items[:len(res)], res); err != nil {
 		if dataException(err) {
@@ -117,6 +100,39 @@ func (s *Store) batchFast(ctx context.Context, f Fence, items []batchItem, h Han
 		return nil, nil, fmt.Errorf("commit batch of %d: %w", len(res), err)
 	}
 	return res, nil, nil
+}
+
+// runDecided runs run for each message of items that decs decides next,
+// in order, in its delivery's context, until the runs have taken
+// Config.BatchTime in all; a duplicate passes. It returns the results
+// (Handled or Duplicate, for a prefix of items), calling done after each,
+// or the first run's failure.
+func (s *Store) runDecided(ctx context.Context, items []batchItem, decs []decision, run func(ctx context.Context, m *Message) error, done func()) ([]batchResult, *handlerFailed) {
+	var handlers time.Duration
+	res := make([]batchResult, 0, len(items))
+	for i, it := range items {
+		if handlers >= s.cfg.BatchTime {
+			break
+		}
+		r := batchResult{out: Duplicate}
+		if decs[i] != decDuplicate {
+			hctx := ctx
+			if it.ctx != nil {
+				hctx = it.ctx
+			}
+			start := time.Now()
+			if err := run(hctx, it.m); err != nil {
+				return nil, &handlerFailed{at: i, err: err}
+			}
+			r = batchResult{out: Handled, took: time.Since(start)}
+			handlers += r.took
+		}
+		res = append(res, r)
+		if done != nil {
+			done()
+		}
+	}
+	return res, nil
 }
 
 // batchSender sends a pgx.Batch; *pgxpool.Pool and *pgx.Conn do.

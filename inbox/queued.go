@@ -3,7 +3,6 @@ package inbox
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -57,38 +56,17 @@ func NewQueued(cfg Config, db DB, q QueueHandler) (*Consumer, error) {
 }
 
 // queueBatch runs the queue handler of the messages of items that decs
-// decides next, in order, on one pgx.Batch, until the handlers have run
-// Config.BatchTime in all, as batchFast does. It returns the batch, the
-// results (a Handled or Duplicate per message, for a prefix of items)
-// and, for each of those messages, the number of statements queued up to
-// and including its own. A handler that fails ends it with the failure
-// of items[at].
+// decides next on one pgx.Batch (runDecided). It returns the batch, the
+// results and, for each of those messages, the number of statements
+// queued up to and including its own; or the failure of a handler.
 func (s *Store) queueBatch(ctx context.Context, items []batchItem, decs []decision) (*pgx.Batch, []batchResult, []int, *handlerFailed) {
 	b := &pgx.Batch{}
-	res := make([]batchResult, 0, len(items))
 	ends := make([]int, 0, len(items))
-	var handlers time.Duration
-	for i, it := range items {
-		if handlers >= s.cfg.BatchTime {
-			break
-		}
-		if decs[i] == decDuplicate {
-			res = append(res, batchResult{out: Duplicate})
-			ends = append(ends, b.Len())
-			continue
-		}
-		hctx := ctx
-		if it.ctx != nil {
-			hctx = it.ctx
-		}
-		start := time.Now()
-		if err := s.counted(func() error { return s.queue(hctx, it.m, b) }); err != nil {
-			return nil, nil, nil, &handlerFailed{at: i, err: err}
-		}
-		took := time.Since(start)
-		handlers += took
-		res = append(res, batchResult{out: Handled, took: took})
-		ends = append(ends, b.Len())
+	res, failed := s.runDecided(ctx, items, decs, func(hctx context.Context, m *Message) error {
+		return s.counted(func() error { return s.queue(hctx, m, b) })
+	}, func() { ends = append(ends, b.Len()) })
+	if failed != nil {
+		return nil, nil, nil, failed
 	}
 	return b, res, ends, nil
 }
