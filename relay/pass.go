@@ -40,11 +40,15 @@ import "time"
 // read (wants, begin) and tells it what happened (readFailed, pageRead,
 // and the wake-up events), and never sets its fields itself.
 const (
-	minPassGap      = 100 * time.Millisecond
-	smallPassGap    = 10 * time.Millisecond
-	followUps       = 1
-	passEvery       = 5 * time.Second
-	stallCheckEvery = 100 * time.Millisecond
+	minPassGap   = 100 * time.Millisecond
+	smallPassGap = 10 * time.Millisecond
+	followUps    = 1
+	passEvery    = 5 * time.Second
+	// stallCheckEvery spaces the stall check's walk over every key in
+	// memory (progress.checkDue): a stall is logged after stallAfter, so
+	// a look every second is soon enough, and a node holding thousands
+	// of keys read ahead pays for the walk once a second, not ten times.
+	stallCheckEvery = time.Second
 )
 
 // partReader is where the reading of one partition stands: its cursor,

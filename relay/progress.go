@@ -26,7 +26,7 @@ type progress struct {
 	stalledSince time.Time // zero while the relay makes progress or has nothing to do
 	leaseLogged  time.Time // last warning about lease skips
 	leaseSkips   int64     // lease skips not yet logged
-	lastCheck    time.Time // when the relay last looked for a stall (checkDue)
+	lastCheck    time.Time // when the relay last looked for a stall (checkDue) or published
 }
 
 func newProgress(logger *slog.Logger) *progress {
@@ -34,7 +34,8 @@ func newProgress(logger *slog.Logger) *progress {
 }
 
 // checkDue reports whether the relay may look for a stall at now (a look
-// walks every key): at most every stallCheckEvery.
+// walks every key): at most every stallCheckEvery, and only once
+// stallCheckEvery has passed without a publish.
 func (p *progress) checkDue(now time.Time) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -54,11 +55,17 @@ func (p *progress) read(err error) {
 	}
 }
 
-// published records that the relay published something: any stall ends.
+// published records that the relay published something: any stall ends,
+// and the next look for one is due stallCheckEvery from now. A look
+// walks every key in memory; while the relay publishes, it could find a
+// stall that the next round's publish would end, so a busy relay never
+// walks (with many keys read ahead, the walk cost a capped node a tenth
+// of its CPU).
 func (p *progress) published() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.stalledSince = time.Time{}
+	p.lastCheck = time.Now()
 	p.stall.OK()
 }
 
