@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -123,4 +124,37 @@ func keyRows(n int) []Row {
 			Exchange: "x", RoutingKey: "r", Type: "t", Payload: make([]byte, 300)}
 	}
 	return rows
+}
+
+// TestByPartitionGroupsWithoutClobbering: a read's rows grouped by
+// partition keep their order within each partition, whether a
+// partition's rows come together (a piece of the read) or apart (copied:
+// appending to the first piece must not overwrite the rows after it).
+func TestByPartitionGroupsWithoutClobbering(t *testing.T) {
+	var rows []Row
+	for i, p := range []int{3, 3, 5, 5, 5, 3, 7, 5} {
+		rows = append(rows, Row{Partition: p, Seq: int64(i + 1)})
+	}
+	got := byPartition(rows, 3)
+	want := map[int][]int64{3: {1, 2, 6}, 5: {3, 4, 5, 8}, 7: {7}}
+	if len(got) != len(want) {
+		t.Fatalf("%d partitions, want %d: %v", len(got), len(want), got)
+	}
+	for p, seqs := range want {
+		var have []int64
+		for _, r := range got[p] {
+			have = append(have, r.Seq)
+		}
+		if !slices.Equal(have, seqs) {
+			t.Errorf("partition %d: seqs %v, want %v", p, have, seqs)
+		}
+	}
+	for i, r := range rows {
+		if r.Seq != int64(i+1) {
+			t.Fatalf("the read's row %d became seq %d: grouping overwrote it", i, r.Seq)
+		}
+	}
+	if &got[7][0] != &rows[6] {
+		t.Error("a partition whose rows came together was copied, not kept as a piece of the read")
+	}
 }

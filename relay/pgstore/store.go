@@ -51,8 +51,9 @@ type Store struct {
 	logger *slog.Logger
 	arms   chan armRequest // served by Listen on its connection
 
-	listening  atomic.Bool // Listen is connected and serves arms
-	registered atomic.Bool // the node is in ordo_numbering_nodes
+	listening  atomic.Bool  // Listen is connected and serves arms
+	registered atomic.Bool  // the node is in ordo_numbering_nodes
+	lastRead   atomic.Int64 // rows the last read returned: the next one's first allocation (readRows)
 
 	listenConnectMin time.Duration // the first bound of Listen's connect (0: listenConnectMin; tests shorten it)
 	watchTick        time.Duration // how often Listen looks at the sequence (0: watchTick)
@@ -116,7 +117,7 @@ func (s *Store) readPending(ctx context.Context, query string, cursors []relay.C
 // numbered reads, and if rows come without key_seq numbers their
 // partitions' rows up to them and reads again (see readPending).
 func (s *Store) numbered(ctx context.Context, conn *pgx.Conn, query string, parts []int32, after []int64, limit int) ([]relay.Row, map[uuid.UUID]int64, error) {
-	out, unnumbered, behind, err := readRows(ctx, conn, query, parts, after, limit)
+	out, unnumbered, behind, err := s.readRows(ctx, conn, query, parts, after, limit)
 	if err != nil || len(unnumbered) == 0 {
 		return out, behind, err
 	}
@@ -134,7 +135,7 @@ func (s *Store) numbered(ctx context.Context, conn *pgx.Conn, query string, part
 	if _, err := conn.Exec(ctx, sqlJournalRows, planFresh, s.node, numParts, numUpTo); err != nil {
 		return nil, nil, fmt.Errorf("read pending rows: number the rows of %d partition(s): %w", len(numParts), err)
 	}
-	out, unnumbered, behind, err = readRows(ctx, conn, query, parts, after, limit)
+	out, unnumbered, behind, err = s.readRows(ctx, conn, query, parts, after, limit)
 	if err != nil || len(unnumbered) == 0 {
 		return out, behind, err
 	}
@@ -172,15 +173,22 @@ func (s *Store) holdBehindParked(ctx context.Context, conn *pgx.Conn, out []rela
 	return out, nil
 }
 
+// maxReadHint bounds the rows readRows allocates for before the read
+// returns any.
+const maxReadHint = 4096
+
 // readRows runs one read and returns its rows and, apart, those of them
 // without key_seq, and the rows behind a parked row with that row's
-// key_seq.
-func readRows(ctx context.Context, conn *pgx.Conn, query string, parts []int32, after []int64, limit int) (out, unnumbered []relay.Row, behind map[uuid.UUID]int64, err error) {
+// key_seq. It allocates for as many rows as the last read returned:
+// reads of a drain return pages of similar size, and growing the slice
+// row by row from nothing copied each page about twice.
+func (s *Store) readRows(ctx context.Context, conn *pgx.Conn, query string, parts []int32, after []int64, limit int) (out, unnumbered []relay.Row, behind map[uuid.UUID]int64, err error) {
 	rows, err := conn.Query(ctx, query, planCached, parts, after, limit)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("read pending rows: %w", err)
 	}
-	out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (relay.Row, error) {
+	out = make([]relay.Row, 0, min(s.lastRead.Load(), maxReadHint))
+	out, err = pgx.AppendRows(out, rows, func(r pgx.CollectableRow) (relay.Row, error) {
 		var x relay.Row
 		var wait *float64
 		var bare bool
@@ -205,6 +213,7 @@ func readRows(ctx context.Context, conn *pgx.Conn, query string, parts []int32, 
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("read pending rows: %w", err)
 	}
+	s.lastRead.Store(int64(len(out)))
 	return out, unnumbered, behind, nil
 }
 
