@@ -343,7 +343,12 @@ func Backlog(ctx context.Context, o measure.Common, spec measure.SystemSpec, pla
 		}
 	}
 	if poisoned > 0 {
+		// Each poison key's head is parked once its publish fails,
+		// which may come after the other rows are marked.
 		n, err := r.Parked(ctx)
+		if costs.complete {
+			n, err = r.WaitParked(ctx, sys.Failed, poisoned)
+		}
 		if err != nil {
 			return nil, costs, err
 		}

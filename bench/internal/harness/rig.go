@@ -211,6 +211,24 @@ func (r *Rig) Parked(ctx context.Context) (int, error) {
 	return n, nil
 }
 
+// WaitParked waits, within Config.Timeout, until at least want rows are
+// parked, and returns how many are. The poison keys' heads are parked by
+// the node after their publish fails, which may come after every other
+// row is marked (WaitPending skips those keys). abort is checked on every
+// poll.
+func (r *Rig) WaitParked(ctx context.Context, abort func() error, want int) (int, error) {
+	var n int
+	err := WaitUntil(ctx, r.Config.Timeout, 50*time.Millisecond, fmt.Sprintf("%d parked rows", want), func() (bool, error) {
+		if err := abort(); err != nil {
+			return false, err
+		}
+		var err error
+		n, err = r.Parked(ctx)
+		return n >= want, err
+	})
+	return n, err
+}
+
 // WaitPending waits, within Config.Timeout, until no outbox row is
 // pending but those whose key starts with one of skip (the poison groups'
 // prefixes, whose rows stay pending), and returns when that was first
