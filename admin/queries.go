@@ -47,13 +47,14 @@ UPDATE outbox SET dead_at = clock_timestamp(), processed_at = clock_timestamp(),
 WHERE id = $1 AND parked_at IS NOT NULL AND processed_at IS NULL
 RETURNING partition`
 
-	// sqlPurge: a dead row may go once no later row of its key is pending
-	// and a later row was published (present and not dead, or already
-	// deleted): a future message's x-ordo-prev-key-seq then never needs to
-	// step over it.
+	// sqlPurge: a dead row (skipped: processed, with dead_at; a pending
+	// row's dead_at is a producer's, never a reason to delete) may go
+	// once no later row of its key is pending and a later row was
+	// published (present and not dead, or already deleted): a future
+	// message's x-ordo-prev-key-seq then never needs to step over it.
 	sqlPurge = `
 DELETE FROM outbox AS d
-WHERE d.dead_at IS NOT NULL
+WHERE d.dead_at IS NOT NULL AND d.processed_at IS NOT NULL
   AND NOT EXISTS (SELECT 1 FROM outbox AS p
                   WHERE p.correlation_id = d.correlation_id AND p.key_seq > d.key_seq AND p.processed_at IS NULL)
   AND NOT EXISTS (SELECT 1 FROM outbox_numbers AS j

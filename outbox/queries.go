@@ -18,6 +18,16 @@ WHERE l.owner IS NOT NULL AND l.expires_at > clock_timestamp()
   AND NOT EXISTS (SELECT 1 FROM ordo_numbering_nodes AS n WHERE n.node = l.owner AND n.release >= 2)
 ORDER BY l.owner`
 
+// sqlDeadCheckUsers lists the nodes holding an unexpired lease that have
+// not recorded release 3 or later: relays whose mark keeps a dead_at it did
+// not write, for which outbox_dead_is_processed keeps producers from
+// writing one.
+const sqlDeadCheckUsers = `
+SELECT DISTINCT l.owner FROM ordo_leases AS l
+WHERE l.owner IS NOT NULL AND l.expires_at > clock_timestamp()
+  AND NOT EXISTS (SELECT 1 FROM ordo_numbering_nodes AS n WHERE n.node = l.owner AND n.release >= 3)
+ORDER BY l.owner`
+
 // sqlOldNodes lists the nodes holding an unexpired lease that have not
 // recorded that they number rows.
 const sqlOldNodes = `

@@ -34,7 +34,12 @@ var ErrOldNodesRunning = errors.New("nodes that do not number rows hold leases")
 // over every pending row that producers pay for and relays of release 2
 // (migration 18) no longer read, if no node holding an unexpired lease
 // is of an older release (PendingIndexUsers); otherwise it keeps the
-// index, and a later call, once those nodes are upgraded, drops it.
+// index, and a later call, once those nodes are upgraded, drops it. In
+// the same way it drops outbox_dead_is_processed, the last table
+// constraint a producer's INSERT prepares, once no node holding a lease
+// is of a release before 3 (DeadCheckUsers): relays of release 3 clear a
+// dead_at they did not write when they mark the row, and purge only
+// processed rows.
 func DropKeySeqTrigger(ctx context.Context, db TxBeginner) error {
 	return DropKeySeqTriggerWithin(ctx, db, pgmigrate.LockTimeout)
 }
@@ -72,6 +77,12 @@ func DropKeySeqTriggerWithin(ctx context.Context, db TxBeginner, lockTimeout tim
 		if _, err := tx.Exec(ctx, `DROP INDEX IF EXISTS outbox_pending_by_partition`); err != nil {
 			return fmt.Errorf("drop outbox_pending_by_partition: %w", err)
 		}
+		if users, err := DeadCheckUsers(ctx, tx); err != nil || len(users) > 0 {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `ALTER TABLE outbox DROP CONSTRAINT IF EXISTS outbox_dead_is_processed`); err != nil {
+			return fmt.Errorf("drop outbox_dead_is_processed: %w", err)
+		}
 		return nil
 	})
 }
@@ -83,6 +94,26 @@ func DropKeySeqTriggerWithin(ctx context.Context, db TxBeginner, lockTimeout tim
 // are any.
 func PendingIndexUsers(ctx context.Context, db RowsQuerier) ([]string, error) {
 	return leaseHolders(ctx, db, sqlPendingIndexUsers, "the nodes of releases before 2")
+}
+
+// DeadCheckUsers returns, in name order, the nodes that hold an unexpired
+// lease and have not recorded release 3 or later: relays whose mark keeps
+// a dead_at a producer wrote, for which DropKeySeqTrigger keeps
+// outbox_dead_is_processed.
+func DeadCheckUsers(ctx context.Context, db RowsQuerier) ([]string, error) {
+	return leaseHolders(ctx, db, sqlDeadCheckUsers, "the nodes of releases before 3")
+}
+
+// DeadCheckInstalled reports whether outbox_dead_is_processed, the table
+// constraint DropKeySeqTrigger drops once every relay ignores a dead_at it
+// did not write, is installed.
+func DeadCheckInstalled(ctx context.Context, db Querier) (bool, error) {
+	var on bool
+	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_constraint
+		WHERE conname = 'outbox_dead_is_processed' AND conrelid = 'outbox'::regclass)`).Scan(&on); err != nil {
+		return false, fmt.Errorf("look for outbox_dead_is_processed: %w", err)
+	}
+	return on, nil
 }
 
 // leaseHolders runs sql, a list of node names, and returns them; what

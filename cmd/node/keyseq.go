@@ -72,22 +72,25 @@ func dropKeySeqTriggerCmd(ctx context.Context, c cli, name string, args []string
 	if err != nil {
 		return err
 	}
-	if !on && !index {
+	dead, err := outbox.DeadCheckInstalled(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if !on && !index && !dead {
 		fmt.Fprintln(c.stdout, "the key_seq trigger is not installed: partition owners number the rows; nothing to do")
 		return nil
 	}
-	users, err := outbox.PendingIndexUsers(ctx, conn)
+	keep, leftovers, err := producerLeftovers(ctx, conn, index, dead)
 	if err != nil {
 		return err
 	}
 	if !on {
-		if len(users) > 0 {
-			fmt.Fprintf(c.stdout, "the key_seq trigger is not installed; outbox_pending_by_partition stays while these nodes of an older release hold leases:\n  %s\n",
-				strings.Join(users, "\n  "))
+		if keep != "" {
+			fmt.Fprintf(c.stdout, "the key_seq trigger is not installed; %s\n", keep)
 			return nil
 		}
 		if *check {
-			fmt.Fprintln(c.stdout, "the key_seq trigger is not installed; outbox_pending_by_partition is read by no node holding a lease: it can be dropped")
+			fmt.Fprintf(c.stdout, "the key_seq trigger is not installed; %s: needed by no node holding a lease, it can be dropped\n", leftovers)
 			return nil
 		}
 	}
@@ -117,13 +120,41 @@ func dropKeySeqTriggerCmd(ctx context.Context, c cli, name string, args []string
 	}
 	switch {
 	case !on:
-		fmt.Fprintln(c.stdout, "dropped outbox_pending_by_partition: producers' inserts write one index entry less")
-	case len(users) > 0:
-		fmt.Fprintf(c.stdout, "dropped the key_seq trigger: producers' inserts run no trigger, and partition owners number the rows; "+
-			"outbox_pending_by_partition stays while these nodes of an older release hold leases (run this again once they are upgraded):\n  %s\n",
-			strings.Join(users, "\n  "))
+		fmt.Fprintf(c.stdout, "dropped %s: producers' inserts no longer pay for them\n", leftovers)
+	case keep != "":
+		fmt.Fprintf(c.stdout, "dropped the key_seq trigger: producers' inserts run no trigger, and partition owners number the rows; %s (run this again once they are upgraded)\n", keep)
 	default:
-		fmt.Fprintln(c.stdout, "dropped the key_seq trigger and outbox_pending_by_partition: producers' inserts run no trigger, and partition owners number the rows")
+		fmt.Fprintf(c.stdout, "dropped the key_seq trigger and %s: producers' inserts run no trigger, and partition owners number the rows\n", leftovers)
 	}
 	return nil
+}
+
+// producerLeftovers says what of the producers' leftovers the drop keeps
+// and for which nodes (keep, "" if nothing), and names those installed
+// (index: outbox_pending_by_partition, which relays before release 2 read;
+// dead: outbox_dead_is_processed, which relays before release 3 need).
+func producerLeftovers(ctx context.Context, conn *pgx.Conn, index, dead bool) (keep, installed string, err error) {
+	var names []string
+	if index {
+		names = append(names, "outbox_pending_by_partition")
+	}
+	if dead {
+		names = append(names, "outbox_dead_is_processed")
+	}
+	installed = strings.Join(names, " and ")
+	users, err := outbox.PendingIndexUsers(ctx, conn)
+	if err != nil {
+		return "", "", err
+	}
+	if index && len(users) > 0 {
+		return fmt.Sprintf("kept (%s) while these nodes of a release before 2 hold leases:\n  %s", installed, strings.Join(users, "\n  ")), installed, nil
+	}
+	deadUsers, err := outbox.DeadCheckUsers(ctx, conn)
+	if err != nil {
+		return "", "", err
+	}
+	if dead && len(deadUsers) > 0 {
+		return fmt.Sprintf("kept (outbox_dead_is_processed) while these nodes of a release before 3 hold leases:\n  %s", strings.Join(deadUsers, "\n  ")), installed, nil
+	}
+	return "", installed, nil
 }

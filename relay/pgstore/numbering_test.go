@@ -350,6 +350,72 @@ func TestMarkWritesTheNumberBack(t *testing.T) {
 	}
 }
 
+// TestProducersDeadAtIsNotASkip: once DropKeySeqTrigger has dropped
+// outbox_dead_is_processed, nothing refuses a dead_at a producer writes,
+// and the relay does not take it for an operator's skip: the mark clears
+// it, so the key's next row names the published row as its prev, and the
+// purge leaves a pending row that carries one (here parked, the row held
+// behind it deleted by hand, which lets the purge take a skipped row).
+func TestProducersDeadAtIsNotASkip(t *testing.T) {
+	testkit.RequirePostgres(t)
+	h := newHarness(t, false)
+	ctx := testkit.Context(t, 30*time.Second)
+	if on, err := outbox.DeadCheckInstalled(ctx, h.pool); err != nil || on {
+		t.Fatalf("outbox_dead_is_processed installed after the drop: %v, %v", on, err)
+	}
+	epoch := h.Grant(t, "n1", 2)
+	insertDead := func(key string) uuid.UUID {
+		t.Helper()
+		id := uuid.Must(uuid.NewV7())
+		if _, err := h.pool.Exec(ctx, `INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload, dead_at)
+			VALUES ($1, 2, $2, 'ex', 'rk', 't', '{}', clock_timestamp())`, id, key); err != nil {
+			t.Fatalf("a producer's row with dead_at: %v", err)
+		}
+		return id
+	}
+
+	first := insertDead("d")
+	second := h.Insert(t, 2, "d")[0]
+	rows := readAll(t, h.store, from(2))
+	if len(rows) != 2 || rows[0].ID != first || rows[0].KeySeq != 1 || rows[1].ID != second || !rows[1].PrevPending {
+		t.Fatalf("read %+v; want d's two rows, the second waiting for the first", rows)
+	}
+	if marked, err := h.store.MarkPublished(ctx, []relay.Settled{{ID: first, Partition: 2, Epoch: epoch}}); err != nil || len(marked) != 1 {
+		t.Fatalf("MarkPublished = %v, %v", marked, err)
+	}
+	var dead bool
+	if err := h.pool.QueryRow(ctx, `SELECT dead_at IS NOT NULL FROM outbox WHERE id = $1`, first).Scan(&dead); err != nil || dead {
+		t.Fatalf("the published row: dead %v (%v); want its dead_at cleared by the mark", dead, err)
+	}
+	rows = readAll(t, h.store, relay.Cursor{Partition: 2, After: rows[0].Seq})
+	if len(rows) != 1 || rows[0].ID != second || rows[0].PrevPending || rows[0].PrevDead {
+		t.Fatalf("read after the mark %+v; want d's second row, its prev published, not skipped", rows)
+	}
+	if prev, err := h.store.PrevKeySeq(ctx, "d", 2); err != nil || prev != 1 {
+		t.Fatalf("PrevKeySeq(d, 2) = %d, %v; want 1: the row below was published", prev, err)
+	}
+
+	parked := insertDead("p")
+	behind := h.Insert(t, 2, "p")[0]
+	rows = readAll(t, h.store, relay.Cursor{Partition: 2, After: rows[0].Seq})
+	if len(rows) != 2 || rows[0].ID != parked {
+		t.Fatalf("read %+v; want p's two rows", rows)
+	}
+	if got, err := h.store.RecordFailures(ctx, []relay.Settled{{ID: parked, Partition: 2, Epoch: epoch}}, 1); err != nil || len(got) != 1 {
+		t.Fatalf("RecordFailures = %v, %v; want p's first row parked", got, err)
+	}
+	if _, err := h.pool.Exec(ctx, `DELETE FROM outbox WHERE id = $1`, behind); err != nil {
+		t.Fatal(err)
+	}
+	n, err := admin.NewStore(h.pool).Purge(ctx, admin.Actor{Operator: "test", RemoteAddr: "local"})
+	if err != nil || n != 0 {
+		t.Fatalf("Purge = %d, %v; want nothing purged: the one row with dead_at is pending", n, err)
+	}
+	if st := h.State(t, parked); !st.Parked {
+		t.Fatalf("p's parked row after the purge: %+v; want it there, parked", st)
+	}
+}
+
 // TestRowInTheWrongPartitionIsParked: a key's row in a partition other
 // than its earlier rows' is parked, unnumbered, with the reason; the
 // partition's other keys go on, and the key's own rows are untouched.
@@ -460,11 +526,30 @@ func TestDropKeySeqTriggerWaitsForOldNodes(t *testing.T) {
 	if _, err := h.pool.Exec(ctx, `UPDATE ordo_leases SET expires_at = clock_timestamp() WHERE owner = 'r1'`); err != nil {
 		t.Fatal(err)
 	}
+	// r2 is of release 2: it reads no pending index, but its mark keeps a
+	// dead_at a producer wrote, so outbox_dead_is_processed stays for it.
+	if _, err := h.pool.Exec(ctx, `INSERT INTO ordo_numbering_nodes (node, release) VALUES ('r2', 2)`); err != nil {
+		t.Fatal(err)
+	}
+	h.Grant(t, "r2", 4)
 	if err := outbox.DropKeySeqTrigger(ctx, h.pool); err != nil {
 		t.Fatalf("a second drop: %v", err)
 	}
 	if on, err := outbox.PendingIndexInstalled(ctx, h.pool); err != nil || on {
 		t.Fatalf("pending index installed after r1's lease expired: %v, %v; want it dropped", on, err)
+	}
+	users, err = outbox.DeadCheckUsers(ctx, h.pool)
+	if on, ierr := outbox.DeadCheckInstalled(ctx, h.pool); err != nil || ierr != nil || !on || !slices.Equal(users, []string{"r2"}) {
+		t.Fatalf("with r2 (release 2) holding a lease: dead check installed %v (%v), users %q (%v); want it kept for r2", on, ierr, users, err)
+	}
+	if _, err := h.pool.Exec(ctx, `UPDATE ordo_leases SET expires_at = clock_timestamp() WHERE owner = 'r2'`); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.DropKeySeqTrigger(ctx, h.pool); err != nil {
+		t.Fatalf("a third drop: %v", err)
+	}
+	if on, err := outbox.DeadCheckInstalled(ctx, h.pool); err != nil || on {
+		t.Fatalf("dead check installed after r2's lease expired: %v, %v; want it dropped", on, err)
 	}
 	// A producer's INSERT now gets no key_seq; the owner numbers it.
 	var ks *int64

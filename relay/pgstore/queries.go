@@ -59,7 +59,7 @@ LEFT JOIN LATERAL (
 ) AS j ON true
 CROSS JOIN LATERAL (SELECT coalesce(o.key_seq, j.key_seq) AS key_seq) AS ks
 LEFT JOIN LATERAL (
-    (SELECT d.processed_at IS NULL AS pending, d.dead_at IS NOT NULL AS dead,
+    (SELECT d.processed_at IS NULL AS pending, d.dead_at IS NOT NULL AND d.processed_at IS NOT NULL AS dead,
             CASE WHEN d.processed_at IS NULL THEN coalesce(d.held_behind, CASE WHEN d.parked_at IS NOT NULL THEN d.key_seq END) END AS head
      FROM outbox AS d
      WHERE d.correlation_id = o.correlation_id AND d.key_seq = ks.key_seq - 1
@@ -160,23 +160,27 @@ const sqlJournalRows = `SELECT outbox_journal_rows($1, $2::int[], $3::bigint[])`
 
 // sqlRegister records that node numbers rows (ordo_numbering_nodes), so
 // that the producers' key_seq trigger may be dropped once every node
-// holding a lease is listed, and that it is of release 2 (it reads no
-// index over every pending row), so that outbox_pending_by_partition may
-// be dropped once every such node is.
-const sqlRegister = `INSERT INTO ordo_numbering_nodes AS n (node, release) VALUES ($1, 2)
-ON CONFLICT (node) DO UPDATE SET release = 2 WHERE n.release < 2`
+// holding a lease is listed, and that it is of release 3: it reads no
+// index over every pending row (release 2), so that
+// outbox_pending_by_partition may be dropped once every such node is, and
+// its mark clears a dead_at it did not write (release 3), so that
+// outbox_dead_is_processed may be.
+const sqlRegister = `INSERT INTO ordo_numbering_nodes AS n (node, release) VALUES ($1, 3)
+ON CONFLICT (node) DO UPDATE SET release = 3 WHERE n.release < 3`
 
 // sqlPrevKeySeq walks down from key_seq $2 - 1 over the key's dead rows
 // and returns the first key_seq that is not dead (0 if none): the
 // x-ordo-prev-key-seq of row $2. A row missing below was deleted by
-// retention, which never deletes dead rows, so it was not dead.
+// retention, which never deletes dead rows, so it was not dead. Dead is
+// skipped by an operator: processed with dead_at (a dead_at on a pending
+// row is a producer's, which the mark clears).
 const sqlPrevKeySeq = `
 WITH RECURSIVE run(k) AS (
     SELECT $2::bigint - 1
     UNION ALL
     SELECT run.k - 1 FROM run
     WHERE run.k > 0 AND EXISTS (
-        SELECT 1 FROM outbox WHERE correlation_id = $1 AND key_seq = run.k AND dead_at IS NOT NULL)
+        SELECT 1 FROM outbox WHERE correlation_id = $1 AND key_seq = run.k AND dead_at IS NOT NULL AND processed_at IS NOT NULL)
 )
 SELECT greatest(min(k), 0) FROM run`
 
@@ -204,11 +208,15 @@ refused AS (
 // each row marked: 750 buffers per row at 100,000 pending rows
 // (TestPlansFollowTheWork).
 
-// sqlMarkPublished marks confirmed rows processed, epoch-checked.
+// sqlMarkPublished marks confirmed rows processed, epoch-checked. It
+// clears dead_at, which only an operator's skip writes on a row it
+// processes: a value on a pending row is a producer's (nothing refuses
+// it once outbox_dead_is_processed is dropped), and left there it would
+// make the published row look skipped.
 var sqlMarkPublished = `
 WITH ` + sqlHeld + `,
 marked AS (
-    UPDATE outbox AS o SET processed_at = clock_timestamp(), key_seq = coalesce(o.key_seq, n.key_seq)
+    UPDATE outbox AS o SET processed_at = clock_timestamp(), key_seq = coalesce(o.key_seq, n.key_seq), dead_at = NULL
     FROM m JOIN held AS h ON h.partition = m.partition AND h.epoch = m.epoch
            LEFT JOIN outbox_numbers AS n ON n.id = m.id
     WHERE o.id = m.id AND o.partition + 0 = m.partition AND o.processed_at IS NULL
