@@ -60,17 +60,7 @@ $f$`
 
 func setupClassicTable(b *testing.B) (*pgxpool.Pool, string) {
 	_, pool := testkit.NewDatabasePool(b, 1)
-	if _, err := pool.Exec(testkit.Context(b, 30*time.Second), `
-CREATE TABLE classic_outbox (
-    id             uuid         PRIMARY KEY,
-    type           varchar(200) NOT NULL,
-    routing_key    varchar(200) NOT NULL,
-    payload        jsonb        NOT NULL,
-    correlation_id text,
-    occurred_at    timestamptz  NOT NULL DEFAULT now(),
-    processed_at   timestamptz
-);
-CREATE INDEX classic_outbox_pending ON classic_outbox (occurred_at) WHERE processed_at IS NULL`); err != nil {
+	if _, err := pool.Exec(testkit.Context(b, 30*time.Second), testkit.ClassicOutboxDDL); err != nil {
 		b.Fatal(err)
 	}
 	return pool, `INSERT INTO classic_outbox (id, type, routing_key, payload, correlation_id)

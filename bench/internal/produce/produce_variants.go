@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/lease"
 	"github.com/ordo-relay/ordo/outbox"
 )
@@ -111,17 +112,8 @@ const (
 	Type            = "ordo.bench.event.v1"
 )
 
-const sqlClassicTable = `
-CREATE TABLE classic_outbox (
-    id             uuid         PRIMARY KEY,
-    type           varchar(200) NOT NULL,
-    routing_key    varchar(200) NOT NULL,
-    payload        jsonb        NOT NULL,
-    correlation_id text,
-    occurred_at    timestamptz  NOT NULL DEFAULT now(),
-    processed_at   timestamptz
-);
-CREATE INDEX classic_outbox_pending ON classic_outbox (occurred_at) WHERE processed_at IS NULL`
+// sqlClassicTable is the article's table (testkit.ClassicOutboxDDL).
+const sqlClassicTable = testkit.ClassicOutboxDDL
 
 func setupClassic(ctx context.Context, pool *pgxpool.Pool, _ int) (string, error) {
 	if _, err := pool.Exec(ctx, sqlClassicTable); err != nil {
