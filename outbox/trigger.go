@@ -93,7 +93,7 @@ func DropKeySeqTriggerWithin(ctx context.Context, db TxBeginner, lockTimeout tim
 // outbox_pending_by_partition, which DropKeySeqTrigger keeps while there
 // are any.
 func PendingIndexUsers(ctx context.Context, db RowsQuerier) ([]string, error) {
-	return leaseHolders(ctx, db, sqlPendingIndexUsers, "the nodes of releases before 2")
+	return leaseHolders(ctx, db, "the nodes of releases before 2", sqlHoldersBelowRelease, 2)
 }
 
 // DeadCheckUsers returns, in name order, the nodes that hold an unexpired
@@ -101,7 +101,7 @@ func PendingIndexUsers(ctx context.Context, db RowsQuerier) ([]string, error) {
 // a dead_at a producer wrote, for which DropKeySeqTrigger keeps
 // outbox_dead_is_processed.
 func DeadCheckUsers(ctx context.Context, db RowsQuerier) ([]string, error) {
-	return leaseHolders(ctx, db, sqlDeadCheckUsers, "the nodes of releases before 3")
+	return leaseHolders(ctx, db, "the nodes of releases before 3", sqlHoldersBelowRelease, 3)
 }
 
 // DeadCheckInstalled reports whether outbox_dead_is_processed, the table
@@ -116,10 +116,10 @@ func DeadCheckInstalled(ctx context.Context, db Querier) (bool, error) {
 	return on, nil
 }
 
-// leaseHolders runs sql, a list of node names, and returns them; what
-// names them in its error.
-func leaseHolders(ctx context.Context, db RowsQuerier, sql, what string) ([]string, error) {
-	rows, err := db.Query(ctx, sql)
+// leaseHolders runs sql with args, a list of node names, and returns
+// them; what names them in its error.
+func leaseHolders(ctx context.Context, db RowsQuerier, what, sql string, args ...any) ([]string, error) {
+	rows, err := db.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list %s: %w", what, err)
 	}
@@ -151,7 +151,7 @@ type RowsQuerier interface {
 // nodes that keep the key_seq trigger needed. An operator can run its
 // query by hand (docs/outbox-table.md, "Dropping the trigger").
 func OldNodes(ctx context.Context, db RowsQuerier) ([]string, error) {
-	return leaseHolders(ctx, db, sqlOldNodes, "the nodes that do not number rows")
+	return leaseHolders(ctx, db, "the nodes that do not number rows", sqlOldNodes)
 }
 
 // KeySeqTriggerInstalled reports whether the producers' key_seq trigger is

@@ -112,11 +112,8 @@ const (
 	Type            = "ordo.bench.event.v1"
 )
 
-// sqlClassicTable is the article's table (testkit.ClassicOutboxDDL).
-const sqlClassicTable = testkit.ClassicOutboxDDL
-
 func setupClassic(ctx context.Context, pool *pgxpool.Pool, _ int) (string, error) {
-	if _, err := pool.Exec(ctx, sqlClassicTable); err != nil {
+	if _, err := pool.Exec(ctx, testkit.ClassicOutboxDDL); err != nil {
 		return "", fmt.Errorf("create classic table: %w", err)
 	}
 	return "", nil
