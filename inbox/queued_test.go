@@ -144,24 +144,32 @@ func TestQueuedHandlerFailsAlone(t *testing.T) {
 
 // TestQueuedThroughConsumer: a Consumer from NewQueued handles a backlog
 // of 40 keys × 5 messages once each, each key in order, with handlers
-// that fail once on four messages (a key's first among them), and its
-// deliveries share commits.
+// whose statement fails the first time PostgreSQL runs it on four
+// messages (a key's first among them), and its deliveries share commits.
+//
+// The failure is decided in PostgreSQL, by a sequence that a rollback
+// does not undo: a handler's queueing runs again for each message after
+// a batch's first failure (the batch is handled message by message then),
+// so a failure decided in the queueing would be spent on a statement that
+// PostgreSQL never ran.
 func TestQueuedThroughConsumer(t *testing.T) {
 	pool, cc := countedPool(t, 6)
 	cfg, want := backlogOnOneShard(t)
-	var mu sync.Mutex
-	fails := map[string]bool{"k03/1": true, "k07/2": true, "k11/5": true, "k20/3": true}
+	fails := map[string]string{}
+	for _, id := range []string{"k03/1", "k07/2", "k11/5", "k20/3"} {
+		seq := "fail_" + strings.ReplaceAll(id, "/", "_")
+		if _, err := pool.Exec(context.Background(), `CREATE SEQUENCE `+seq); err != nil {
+			t.Fatal(err)
+		}
+		fails[id] = seq
+	}
 	rec := recordQueue("a")
 	q := inbox.QueueHandler(func(ctx context.Context, m *inbox.Message, b *pgx.Batch) error {
 		if err := rec(ctx, m, b); err != nil {
 			return err
 		}
-		id := fmt.Sprintf("%s/%d", m.CorrelationID, m.KeySeq)
-		mu.Lock()
-		defer mu.Unlock()
-		if fails[id] {
-			delete(fails, id)
-			b.Queue(`SELECT 1 / 0`)
+		if seq, ok := fails[fmt.Sprintf("%s/%d", m.CorrelationID, m.KeySeq)]; ok {
+			b.Queue(`SELECT 1 / (nextval('` + seq + `') - 1)`) // division by zero at its first run only
 		}
 		return nil
 	})
