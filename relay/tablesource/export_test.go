@@ -32,6 +32,10 @@ func (r *Reader) ExplainPending(ctx context.Context, db TxBeginner, after *Posit
 // SetAfterPage makes f run after each page a pass of in takes in.
 func (in *Intake) SetAfterPage(f func()) { in.afterPage = f }
 
+// SetOnTake makes f run before each take of a page's rows, with their
+// number.
+func (in *Intake) SetOnTake(f func(n int)) { in.onTake = f }
+
 // SetNumberKeys bounds the keys one numbering statement of s numbers.
 func (s *Store) SetNumberKeys(n int) { s.numberKeys = n }
 

@@ -2,6 +2,8 @@ package tablesource_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -97,5 +99,42 @@ func TestIntakePassIsOneSnapshot(t *testing.T) {
 	}
 	if n := take(t, in, true); n != 2 || !once {
 		t.Fatalf("the next pass took in %d rows, want both of the key's", n)
+	}
+}
+
+// TestIntakeFastPassSendsOnlyNewRows: a fast pass whose look-back holds
+// only rows this intake took in (pending: not yet published) takes no
+// page in at all, and one that also holds a new row sends that row
+// alone; a sweep still sends every pending row it reads, and a new row
+// that commits behind the position is taken in by the next sweep.
+func TestIntakeFastPassSendsOnlyNewRows(t *testing.T) {
+	t.Parallel()
+	pool := adoptedDB(t)
+	_, in := newStore(t, pool, "n1")
+	var sent []int
+	in.SetOnTake(func(n int) { sent = append(sent, n) })
+	now := time.Now().Truncate(time.Microsecond)
+	for i := range 3 {
+		insert(t, pool, msg{id: uuid.Must(uuid.NewV7()), corr: ptr(fmt.Sprintf("k%d", i)), at: now.Add(time.Duration(i) * time.Millisecond)})
+	}
+	if n := take(t, in, true); n != 3 {
+		t.Fatalf("the first sweep took in %d rows, want 3", n)
+	}
+	sent = nil
+	if n := take(t, in, false); n != 0 || len(sent) != 0 {
+		t.Fatalf("a fast pass over rows taken in already took in %d, sending pages of %v rows; want none sent", n, sent)
+	}
+	insert(t, pool, msg{id: uuid.Must(uuid.NewV7()), corr: ptr("k9"), at: now.Add(10 * time.Millisecond)})
+	if n := take(t, in, false); n != 1 || !slices.Equal(sent, []int{1}) {
+		t.Fatalf("a fast pass with one new row took in %d, sending pages of %v rows; want the one row alone", n, sent)
+	}
+	// Behind the look-back: only a sweep reads it, and a sweep sends all.
+	insert(t, pool, msg{id: uuid.Must(uuid.NewV7()), corr: ptr("k8"), at: now.Add(-time.Hour)})
+	sent = nil
+	if n := take(t, in, false); n != 0 {
+		t.Fatalf("a fast pass took in %d rows from before its look-back", n)
+	}
+	if n := take(t, in, true); n != 1 || !slices.Equal(sent, []int{5}) {
+		t.Fatalf("the sweep took in %d, sending pages of %v rows; want the late row taken in from a page of all 5 pending", n, sent)
 	}
 }
