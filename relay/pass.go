@@ -269,6 +269,11 @@ func (p *partReader) notify() {
 	p.wakes++
 }
 
+// notifyArmed is a notification of a commit to the partition from a
+// Store whose every commit notifies: the partition stays as armed as it
+// was.
+func (p *partReader) notifyArmed() { p.hot, p.notified = true, true }
+
 // listenLost is Listen's (re)connect: nothing is armed, and a
 // notification may have been lost, so read the tail and pass.
 func (p *partReader) listenLost() { p.armed, p.hot, p.dirty = false, true, true }

@@ -112,6 +112,9 @@ func New(cfg Config, store Store, pub Publisher, own Ownership) (*Relay, error) 
 	}
 	r.mem = newMemory(cfg.ReadAheadBytes, part)
 	r.flights = newFlightBook(part, tracer)
+	if n, ok := store.(EveryCommitNotified); ok {
+		r.wake.everyCommit = n.EveryCommitNotifies()
+	}
 	return r, nil
 }
 

@@ -177,3 +177,15 @@ type Notifications interface {
 	// polls them instead). Partitions not armed are left alone.
 	Disarm(ctx context.Context, partitions []int) error
 }
+
+// EveryCommitNotified is implemented by a Store whose writers notify
+// every commit whether its partition is armed or not: an adopted table's
+// intake, the one writer of its Store's table, which notifies at no
+// producer's expense. The relay then keeps every partition armed at any
+// rate and never polls for commits (the safety poll every PollInterval
+// still runs): a notification does not disarm its partition, and a read
+// covers only the partitions notified. Arm must still fail while Listen
+// is not connected, and Listen must call wake(-1) after each (re)connect.
+type EveryCommitNotified interface {
+	EveryCommitNotifies() bool
+}

@@ -270,3 +270,35 @@ func steadyCommits(t *testing.T, n int, every time.Duration, half func(c *core))
 	}
 	return c
 }
+
+// TestCoreEveryCommitNotifiedStaysArmed: over a Store whose every commit
+// notifies (an adopted table's intake), a burst faster than busyRate
+// neither disarms the partitions nor arms them again after each
+// notification: the relay reads the partitions it is told of, polls none
+// (the safety poll is a minute away), and delivers every row in order,
+// the one after the burst too.
+func TestCoreEveryCommitNotifiedStaysArmed(t *testing.T) {
+	t.Parallel()
+	c := newCore(t, time.Hour, func(cfg *relay.Config) { cfg.PollInterval = time.Minute })
+	c.store.NotifyEveryCommit()
+	c.withStore(c.store.ForNode(c.cfg.Node))
+	c.start()
+	testkit.WaitFor(t, waitTimeout, "every partition armed", c.allArmed)
+	arms := c.store.ArmCalls()
+	const n = 2000
+	for i := range n {
+		c.store.Insert(i%coreParts, fmt.Sprintf("key-%d", i%100))
+		if i%10 == 9 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	c.waitDrained()
+	id := c.store.Insert(1, "after")[0]
+	testkit.WaitFor(t, waitTimeout, "the commit after the burst delivered", func() bool { return c.delivered(id) })
+	if d, a := c.store.DisarmCalls(), c.store.ArmCalls()-arms; d != 0 || a != 0 {
+		t.Fatalf("a burst of %d commits, each notified: %d disarms and %d arms; want none (the partitions stay armed)", n, d, a)
+	}
+	if !c.allArmed() {
+		t.Fatal("a partition is not armed after the burst")
+	}
+}

@@ -10,11 +10,17 @@ import (
 // The Store's notifications (relay.Notifications): which partitions are
 // armed, the listeners they wake, and the knobs tests use to race them.
 
-// notify wakes the listeners of partition, if it is armed, and disarms it.
+// notify wakes the listeners of partition, if it is armed, and disarms it;
+// under NotifyEveryCommit it wakes them whatever is armed, and disarms
+// nothing.
 func (s *Store) notify(partition int) {
 	s.mu.Lock()
 	var wake []func(int)
-	if s.armed[partition] {
+	switch {
+	case s.every:
+		wake = slices.Clone(s.wake)
+		s.woken++
+	case s.armed[partition]:
 		wake = slices.Clone(s.wake)
 		s.woken++
 		delete(s.armed, partition) // a notification disarms its partition
@@ -23,6 +29,30 @@ func (s *Store) notify(partition int) {
 	for _, w := range wake {
 		w(partition)
 	}
+}
+
+// NotifyEveryCommit makes every later commit notify its partition, armed
+// or not, as an adopted table's intake does; the node stores then
+// implement relay.EveryCommitNotified (a relay created after the call
+// sees it).
+func (s *Store) NotifyEveryCommit() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.every = true
+}
+
+// EveryCommitNotifies implements relay.EveryCommitNotified.
+func (n *NodeStore) EveryCommitNotifies() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.every
+}
+
+// DisarmCalls counts Disarm calls.
+func (s *Store) DisarmCalls() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.disarms
 }
 
 // Notifications counts the notifications sent to listeners (inserts into
@@ -125,6 +155,7 @@ func (s *Store) Arm(_ context.Context, partitions []int) ([]int, error) {
 func (s *Store) Disarm(_ context.Context, partitions []int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.disarms++
 	for _, p := range partitions {
 		delete(s.armed, p)
 	}

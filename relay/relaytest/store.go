@@ -32,6 +32,8 @@ type Store struct {
 	woken     int           // notifications sent
 	onArm     func()        // runs at the start of every Arm (SetBeforeArm)
 	arms      int           // Arm calls, failed ones included
+	disarms   int           // Disarm calls
+	every     bool          // every commit notifies, armed or not (NotifyEveryCommit)
 	listening int           // Listen calls connected (past HoldListen) and not ended
 	held      chan struct{} // HoldListen: Listen waits for it to close before it connects
 	reads     int
