@@ -6,7 +6,8 @@
 // key counters and ordo_operator_audit are package outbox's, and it wakes
 // relays on outbox.NotifyChannel. NewTableStore acts the same way on the
 // rows a node took in from an adopted table (relay/tablesource's
-// ordo_table_rows, and the user's table for a skip).
+// ordo_table_rows, and the user's table for a skip), and wakes relays on
+// tablesource.NotifyChannel.
 package admin
 
 import (
@@ -21,7 +22,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ordo-relay/ordo/internal/opaudit"
-	"github.com/ordo-relay/ordo/outbox"
 )
 
 // ErrNotFound is returned when no outbox row has the given id (or no
@@ -183,13 +183,10 @@ func (s *Store) onParked(ctx context.Context, tx pgx.Tx, sql string, id uuid.UUI
 }
 
 // notify wakes the relays of partitions when tx commits, on the channel
-// the outbox trigger uses: each reads the partition again at once. The
-// relays of an adopted table listen to nothing (they poll): no wake-up.
+// they listen to (the outbox's, or the adopted table's): each reads the
+// partition again at once.
 func (s *Store) notify(ctx context.Context, tx pgx.Tx, partitions ...int32) error {
-	if s.sql.table {
-		return nil
-	}
-	_, err := tx.Exec(ctx, `SELECT pg_notify($1, p::text) FROM unnest($2::int[]) AS p`, outbox.NotifyChannel, partitions)
+	_, err := tx.Exec(ctx, `SELECT pg_notify($1, p::text) FROM unnest($2::int[]) AS p`, s.sql.channel, partitions)
 	return err
 }
 

@@ -1,5 +1,7 @@
 package admin
 
+import "github.com/ordo-relay/ordo/outbox"
+
 // statements are the SQL a Store runs: the outbox's (outboxStatements) or
 // an adopted table's (tableStatements).
 type statements struct {
@@ -12,13 +14,16 @@ type statements struct {
 	// (an adopted table's rows go to the node's -table-exchange).
 	exchange string
 	// table: the rows are an adopted table's. Purge and the gap actions
-	// are the outbox's alone, and relays poll such a table: no wake-up.
+	// are the outbox's alone.
 	table bool
+	// channel is where a retry wakes the relays of the rows' partitions.
+	channel string
 }
 
 var outboxStatements = statements{
 	listParked: sqlListParked, retry: sqlRetry, retryKey: sqlRetryKey, skip: sqlSkip,
 	retryMatching: sqlRetryMatching, exists: `SELECT EXISTS (SELECT 1 FROM outbox WHERE id = $1)`,
+	channel: outbox.NotifyChannel,
 }
 
 const (

@@ -73,5 +73,6 @@ SELECT partition FROM skipped`, table, pgx.Identifier{l.ProcessedAt}.Sanitize(),
 		exists:   `SELECT EXISTS (SELECT 1 FROM ordo_table_rows WHERE id = $1)`,
 		exchange: exchange,
 		table:    true,
+		channel:  tablesource.NotifyChannel(l),
 	}
 }

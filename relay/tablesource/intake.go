@@ -41,11 +41,12 @@ const (
 // partition 0 runs it (Run); taking a row in twice changes nothing, so
 // two intakes at once (a lease in hand-off) lose or duplicate nothing.
 type Intake struct {
-	reader *Reader
-	pool   *pgxpool.Pool
-	node   string
-	logger *slog.Logger
-	sql    string
+	reader  *Reader
+	pool    *pgxpool.Pool
+	node    string
+	logger  *slog.Logger
+	sql     string
+	channel string // NotifyChannel: each page taken in notifies its partitions
 
 	// Page, LookBack, SweepEvery, PollMin and PollMax: zero means the
 	// default above.
@@ -67,7 +68,7 @@ func NewIntake(pool *pgxpool.Pool, node string, r *Reader, logger *slog.Logger) 
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Intake{reader: r, pool: pool, node: node, logger: logger, sql: intakeSQL(r.layout)}
+	return &Intake{reader: r, pool: pool, node: node, logger: logger, sql: intakeSQL(r.layout), channel: NotifyChannel(r.layout)}
 }
 
 func orDefault[T int | time.Duration](v, d T) T {
@@ -188,9 +189,9 @@ func (in *Intake) take(ctx context.Context, rows []Row) (int, error) {
 	if in.onTake != nil {
 		in.onTake(len(rows))
 	}
-	var n, late int64
+	var n, late, notified int64
 	err := in.inPlan(ctx, rows, func(tx pgx.Tx, args []any) error {
-		err := tx.QueryRow(ctx, in.sql, append([]any{planFresh}, args...)...).Scan(&n, &late)
+		err := tx.QueryRow(ctx, in.sql, append([]any{planFresh}, args...)...).Scan(&n, &late, &notified)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil // every row of the page was taken in before, or processed
 		}
@@ -232,7 +233,7 @@ func (in *Intake) inPlan(ctx context.Context, rows []Row, f func(tx pgx.Tx, args
 		if _, err := tx.Exec(ctx, sqlIntakePlan, planFresh); err != nil {
 			return err
 		}
-		return f(tx, []any{ids, parts, keys, ats, problems})
+		return f(tx, []any{ids, parts, keys, ats, problems, in.channel, notifyPayloads(rows)})
 	})
 }
 

@@ -43,7 +43,8 @@ type Store struct {
 	// (numberKeysPerCall; a test lowers it).
 	numberKeys int
 
-	late atomic.Int64 // rows numbered after a later row of their key
+	late      atomic.Int64 // rows numbered after a later row of their key
+	listening atomic.Bool  // Listen is connected: Arm arms
 }
 
 // numberKeysPerCall is how many keys of a partition one numbering
@@ -269,19 +270,3 @@ func (s *Store) DeleteProcessed(ctx context.Context, partition int, epoch int64,
 	}
 	return tag.RowsAffected(), nil
 }
-
-// Listen implements relay.Notifications. Producers of an adopted table
-// do not notify: it wakes the relay once (partition -1) and then waits
-// for ctx, and the relay polls.
-func (s *Store) Listen(ctx context.Context, wake func(partition int)) error {
-	wake(-1)
-	<-ctx.Done()
-	return nil
-}
-
-// Arm implements relay.Notifications: no partition can be armed, so the
-// relay polls every partition.
-func (s *Store) Arm(context.Context, []int) ([]int, error) { return nil, nil }
-
-// Disarm implements relay.Notifications.
-func (s *Store) Disarm(context.Context, []int) error { return nil }

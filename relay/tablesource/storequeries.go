@@ -74,7 +74,9 @@ LEFT JOIN LATERAL (
 // intakeSQL takes a page of the user's pending rows into ordo_table_rows
 // ($1 ids, $2 partitions, $3 keys, $4 occurred-at, $5 problems, in read
 // order), idempotently, numbered (ordo_table_take_in, migration 8), and
-// returns how many it took in and how many of those are late rows.
+// returns how many it took in and how many of those are late rows; when
+// it took any in, it notifies channel $6 with each payload of $7 (the
+// page's partitions, listen.go) at its commit.
 //
 // Rows already taken in are left out first, by one probe of
 // ordo_table_rows each: a fast pass reads again every row of its look-back
@@ -110,7 +112,7 @@ WITH fresh AS MATERIALIZED (
            coalesce(array_agg(problem ORDER BY ord), '{}') AS problems
     FROM live
 )
-SELECT t.taken, t.late
+SELECT t.taken, t.late, (SELECT count(pg_notify($6, c)) FROM unnest($7::text[]) AS c WHERE t.taken > 0)
 FROM page CROSS JOIN LATERAL ordo_table_take_in(page.ids, page.parts, page.keys, page.ats, page.problems) AS t
 WHERE cardinality(page.ids) > 0`,
 		col(l.ProcessedAt), l.QuotedTable(), col(l.ID))
