@@ -2,8 +2,10 @@ package tablesource
 
 import (
 	"context"
+	"fmt"
 	"strings"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -24,6 +26,40 @@ func (r *Reader) ExplainPending(ctx context.Context, db TxBeginner, after *Posit
 			return err
 		}
 		lines, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
+	return strings.Join(lines, "\n"), err
+}
+
+// ExplainTakeGeneric is ExplainTake with the generic plan PostgreSQL may
+// keep for the prepared intake statement (plan_cache_mode
+// force_generic_plan), planned in the intake's transaction.
+func (in *Intake) ExplainTakeGeneric(ctx context.Context, rows []Row) (string, error) {
+	var lines []string
+	err := in.inPlan(ctx, rows, func(tx pgx.Tx, args []any) error {
+		name := "generic_take_" + strings.ReplaceAll(uuid.NewString(), "-", "")
+		for _, stmt := range []string{"SET LOCAL plan_cache_mode = force_generic_plan", "PREPARE " + name + " AS " + in.sql} {
+			if _, err := tx.Exec(ctx, stmt); err != nil {
+				return fmt.Errorf("%s: %w", stmt, err)
+			}
+		}
+		// EXECUTE under EXPLAIN takes no bound parameters: literals,
+		// which PostgreSQL writes from the arguments.
+		types := []string{"uuid[]", "int[]", "text[]", "timestamptz[]", "text[]", "text", "text[]"}
+		if len(types) != len(args) {
+			return fmt.Errorf("%d intake arguments, %d types", len(args), len(types))
+		}
+		lits := make([]string, len(args))
+		for i, a := range args {
+			if err := tx.QueryRow(ctx, "SELECT quote_nullable($1::"+types[i]+") || '::"+types[i]+"'", a).Scan(&lits[i]); err != nil {
+				return err
+			}
+		}
+		r, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) EXECUTE "+name+"("+strings.Join(lits, ", ")+")")
+		if err != nil {
+			return err
+		}
+		lines, err = pgx.CollectRows(r, pgx.RowTo[string])
 		return err
 	})
 	return strings.Join(lines, "\n"), err

@@ -198,4 +198,27 @@ func TestStorePlansWithoutStatistics(t *testing.T) {
 	if seqScan(plan) || buffers > intakePage*160 || strings.Contains(plan, "IX_OutboxMessages_OccurredAt") || strings.Contains(plan, "Join Filter") {
 		t.Fatalf("the intake costs the backlog: %d buffers for %d rows\n%s", buffers, intakePage, plan)
 	}
+	// The intake statement is prepared once per connection: its generic
+	// plan must cost the same. (The page above is taken in: a second
+	// page of new rows.)
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO "OutboxMessages" ("Id", "Type", "RoutingKey", "Payload", "CorrelationId", "OccurredAt")
+		SELECT gen_random_uuid(), 'OrderPlaced', 'order.placed', '{}', 'k' || (i % 1000), now() + interval '1 hour' + i * interval '1 ms'
+		FROM generate_series(1, $1::int) AS i`, intakePage); err != nil {
+		t.Fatal(err)
+	}
+	page, err = r.Pending(ctx, pool, &tablesource.Position{OccurredAt: time.Now().Add(30 * time.Minute)}, intakePage)
+	if err != nil || len(page) != intakePage {
+		t.Fatalf("read %d new rows: %v", len(page), err)
+	}
+	plan, err = in.ExplainTakeGeneric(ctx, page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buffers = topBuffers(plan)
+	t.Logf("intake of %d rows, generic plan: %d buffers\n%s", intakePage, buffers, plan)
+	if seqScan(plan) || buffers > intakePage*160 || strings.Contains(plan, "IX_OutboxMessages_OccurredAt") || strings.Contains(plan, "Join Filter") ||
+		!strings.Contains(plan, "ordo_table_take_in") {
+		t.Fatalf("the intake's generic plan costs the backlog: %d buffers for %d rows\n%s", buffers, intakePage, plan)
+	}
 }
