@@ -180,24 +180,12 @@ func TestStorePlansWithoutStatistics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	page, err := r.Pending(ctx, pool, &tablesource.Position{OccurredAt: time.Now().Add(-time.Second)}, intakePage)
-	if err != nil || len(page) != intakePage {
-		t.Fatalf("read %d new rows: %v", len(page), err)
-	}
-	plan, err = in.ExplainTake(ctx, page)
-	if err != nil {
-		t.Fatal(err)
-	}
-	buffers = topBuffers(plan)
-	t.Logf("intake of %d rows: %d buffers\n%s", intakePage, buffers, plan)
 	// The intake numbers the page as it takes it in (ordo_table_take_in,
 	// whose statements the function itself confines to index probes):
 	// most of the buffers are the page's 500 key counters, each moved 20
 	// times since the last vacuum (autovacuum is off here): 70-120 a row,
 	// where taking rows in unnumbered cost 20.
-	if seqScan(plan) || buffers > intakePage*160 || strings.Contains(plan, "IX_OutboxMessages_OccurredAt") || strings.Contains(plan, "Join Filter") {
-		t.Fatalf("the intake costs the backlog: %d buffers for %d rows\n%s", buffers, intakePage, plan)
-	}
+	checkIntakePlan(t, "intake", in.ExplainTake, r, pool, time.Now().Add(-time.Second))
 	// The intake statement is prepared once per connection: its generic
 	// plan must cost the same. (The page above is taken in: a second
 	// page of new rows.)
@@ -207,18 +195,28 @@ func TestStorePlansWithoutStatistics(t *testing.T) {
 		FROM generate_series(1, $1::int) AS i`, intakePage); err != nil {
 		t.Fatal(err)
 	}
-	page, err = r.Pending(ctx, pool, &tablesource.Position{OccurredAt: time.Now().Add(30 * time.Minute)}, intakePage)
+	checkIntakePlan(t, "intake, generic plan", in.ExplainTakeGeneric, r, pool, time.Now().Add(30*time.Minute))
+}
+
+// checkIntakePlan reads a page of intakePage pending rows after from,
+// explains its take with explain, and fails t unless the plan probes each
+// row by key and costs at most 160 buffers a row.
+func checkIntakePlan(t *testing.T, what string, explain func(context.Context, []tablesource.Row) (string, error),
+	r *tablesource.Reader, pool *pgxpool.Pool, from time.Time) {
+	t.Helper()
+	ctx := testkit.Context(t, time.Minute)
+	page, err := r.Pending(ctx, pool, &tablesource.Position{OccurredAt: from}, intakePage)
 	if err != nil || len(page) != intakePage {
 		t.Fatalf("read %d new rows: %v", len(page), err)
 	}
-	plan, err = in.ExplainTakeGeneric(ctx, page)
+	plan, err := explain(ctx, page)
 	if err != nil {
 		t.Fatal(err)
 	}
-	buffers = topBuffers(plan)
-	t.Logf("intake of %d rows, generic plan: %d buffers\n%s", intakePage, buffers, plan)
+	buffers := topBuffers(plan)
+	t.Logf("%s of %d rows: %d buffers\n%s", what, intakePage, buffers, plan)
 	if seqScan(plan) || buffers > intakePage*160 || strings.Contains(plan, "IX_OutboxMessages_OccurredAt") || strings.Contains(plan, "Join Filter") ||
 		!strings.Contains(plan, "ordo_table_take_in") {
-		t.Fatalf("the intake's generic plan costs the backlog: %d buffers for %d rows\n%s", buffers, intakePage, plan)
+		t.Fatalf("the %s costs the backlog: %d buffers for %d rows\n%s", what, buffers, intakePage, plan)
 	}
 }
