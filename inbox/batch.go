@@ -95,9 +95,18 @@ func (s *Store) batchSlow(ctx context.Context, f Fence, items []batchItem, h Han
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	var handlers time.Duration // the batch's handler runs so far
+	// A failure the fast path saw is recorded here, so the batch goes as
+	// far as its message whatever the time: cut before it, the message
+	// ran again in a later batch and its failure was never counted.
+	reach := -1
+	for i, it := range items {
+		if it.ctx != nil && replayed(it.ctx, it.m) != nil {
+			reach = i
+		}
+	}
 	res := make([]batchResult, 0, len(items))
 	for i, it := range items {
-		if handlers >= s.cfg.BatchTime {
+		if handlers >= s.cfg.BatchTime && i > reach {
 			break
 		}
 		hctx := ctx
