@@ -61,7 +61,7 @@ type batchResult struct {
 // one goroutine at a time; a batch may hold several of them, in order.
 func (s *Store) handleBatch(ctx context.Context, f Fence, items []batchItem, h Handler) ([]batchResult, error) {
 	if !prepareBatch(items) {
-		return s.batchSlow(ctx, f, items, h)
+		return s.batchSlow(ctx, f, items, h, -1)
 	}
 	res, failed, err := s.batchFast(ctx, f, items, h)
 	switch {
@@ -76,34 +76,31 @@ func (s *Store) handleBatch(ctx context.Context, f Fence, items []batchItem, h H
 	case !errors.Is(err, errSlowPath):
 		return nil, err
 	}
+	reach := -1
 	if failed != nil {
 		it := &items[failed.at]
 		if it.ctx == nil {
 			it.ctx = ctx
 		}
 		it.ctx = failed.replay(it.ctx, it.m)
+		reach = failed.at
 	}
-	return s.batchSlow(ctx, f, items, h)
+	return s.batchSlow(ctx, f, items, h, reach)
 }
 
 // batchSlow is handleBatch's per-message path: each message's decision,
-// handler and advance in turn, each message under a savepoint.
-func (s *Store) batchSlow(ctx context.Context, f Fence, items []batchItem, h Handler) ([]batchResult, error) {
+// handler and advance in turn, each message under a savepoint. It stops
+// once the handlers have taken BatchTime, but not before items[reach]
+// (-1: none), whose failure the fast path saw and replays here: cut
+// before it, the message ran again in a later batch and its failure was
+// never recorded or counted.
+func (s *Store) batchSlow(ctx context.Context, f Fence, items []batchItem, h Handler, reach int) ([]batchResult, error) {
 	tx, err := s.db.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("begin batch: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	var handlers time.Duration // the batch's handler runs so far
-	// A failure the fast path saw is recorded here, so the batch goes as
-	// far as its message whatever the time: cut before it, the message
-	// ran again in a later batch and its failure was never counted.
-	reach := -1
-	for i, it := range items {
-		if it.ctx != nil && replayed(it.ctx, it.m) != nil {
-			reach = i
-		}
-	}
 	res := make([]batchResult, 0, len(items))
 	for i, it := range items {
 		if handlers >= s.cfg.BatchTime && i > reach {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -141,22 +142,10 @@ func (in *Intake) Pass(ctx context.Context, sweep bool) (int, error) {
 
 // unknown returns the rows of a page that this intake has not taken in.
 func (in *Intake) unknown(rows []Row) []Row {
-	var out []Row
-	for i, r := range rows {
-		if _, ok := in.taken[r.ID]; ok {
-			if out == nil {
-				out = append(make([]Row, 0, len(rows)), rows[:i]...)
-			}
-			continue
-		}
-		if out != nil {
-			out = append(out, r)
-		}
-	}
-	if out == nil {
-		return rows
-	}
-	return out
+	return slices.DeleteFunc(slices.Clone(rows), func(r Row) bool {
+		_, ok := in.taken[r.ID]
+		return ok
+	})
 }
 
 // remember records rows as taken in: their page committed, so each is in
