@@ -331,33 +331,37 @@ func articleBatch(ctx context.Context, db *pgx.Conn, ch *amqp.Channel, returned 
 }
 
 // The commit-to-delivery latency of a steady producer on the article's
-// table: adoptLatencyRate rows a second over 1,000 keys for
+// table: each of adoptLatencyRates rows a second over 1,000 keys for
 // adoptLatencyFor, each INSERT its own transaction (as the article's
 // endpoint commits one), relayed by one node with -table-layout article
 // at its defaults, or by one instance of the article's relay. Each
 // reports p50, p99 and max from the INSERT's return to the delivery at a
-// queue bound to the exchange.
-const (
-	adoptLatencyRate = 200
-	adoptLatencyFor  = 10 * time.Second
-)
+// queue bound to the exchange. 10 rows a second is a quiet table: the
+// relay idles between rows.
+var adoptLatencyRates = []int{200, 10}
+
+const adoptLatencyFor = 10 * time.Second
 
 // BenchmarkAdoptedTableLatency: one node relaying the article's table.
 func BenchmarkAdoptedTableLatency(b *testing.B) {
 	testkit.RequireRabbitMQ(b)
-	for range b.N {
-		b.StopTimer()
-		dbURL, pool, ex, order := articleTable(b, "")
-		cfg := node.DefaultConfig()
-		cfg.PostgresURL, cfg.AMQP.URL, cfg.NodeName = dbURL, testkit.AMQPURL(), "latency"
-		cfg.HTTPAddr, cfg.Partitions = "127.0.0.1:0", 64
-		cfg.TableLayout, cfg.TableExchange = "article", ex
-		_, stop := nodetest.Run(b, cfg, node.Options{Logger: testkit.Logger(b, slog.LevelWarn)}, nodehook.Hooks{})
-		b.StartTimer()
-		commits := produceSteadily(b, pool)
-		b.StopTimer()
-		reportLatency(b, commits, order)
-		stop()
+	for _, rate := range adoptLatencyRates {
+		b.Run(fmt.Sprintf("rate=%d", rate), func(b *testing.B) {
+			for range b.N {
+				b.StopTimer()
+				dbURL, pool, ex, order := articleTable(b, "")
+				cfg := node.DefaultConfig()
+				cfg.PostgresURL, cfg.AMQP.URL, cfg.NodeName = dbURL, testkit.AMQPURL(), "latency"
+				cfg.HTTPAddr, cfg.Partitions = "127.0.0.1:0", 64
+				cfg.TableLayout, cfg.TableExchange = "article", ex
+				_, stop := nodetest.Run(b, cfg, node.Options{Logger: testkit.Logger(b, slog.LevelWarn)}, nodehook.Hooks{})
+				b.StartTimer()
+				commits := produceSteadily(b, pool, rate)
+				b.StopTimer()
+				reportLatency(b, commits, order, rate)
+				stop()
+			}
+		})
 	}
 }
 
@@ -366,29 +370,33 @@ func BenchmarkAdoptedTableLatency(b *testing.B) {
 // full, else after a second).
 func BenchmarkArticleRelayLatency(b *testing.B) {
 	testkit.RequireRabbitMQ(b)
-	for range b.N {
-		b.StopTimer()
-		dbURL, pool, ex, order := articleTable(b, "")
-		ctx, cancel := context.WithCancel(context.Background())
-		errc := make(chan error, 1)
-		go func() { errc <- articleRelay(ctx, dbURL, ex) }()
-		b.StartTimer()
-		commits := produceSteadily(b, pool)
-		b.StopTimer()
-		reportLatency(b, commits, order)
-		cancel()
-		if err := <-errc; err != nil && !errors.Is(err, context.Canceled) {
-			b.Fatal(err)
-		}
+	for _, rate := range adoptLatencyRates {
+		b.Run(fmt.Sprintf("rate=%d", rate), func(b *testing.B) {
+			for range b.N {
+				b.StopTimer()
+				dbURL, pool, ex, order := articleTable(b, "")
+				ctx, cancel := context.WithCancel(context.Background())
+				errc := make(chan error, 1)
+				go func() { errc <- articleRelay(ctx, dbURL, ex) }()
+				b.StartTimer()
+				commits := produceSteadily(b, pool, rate)
+				b.StopTimer()
+				reportLatency(b, commits, order, rate)
+				cancel()
+				if err := <-errc; err != nil && !errors.Is(err, context.Canceled) {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
 
-// produceSteadily inserts adoptLatencyRate rows a second into the
-// article's table for adoptLatencyFor, one transaction each, and returns
-// when each INSERT returned, by message id.
-func produceSteadily(b *testing.B, pool *pgxpool.Pool) map[string]time.Time {
+// produceSteadily inserts rate rows a second into the article's table
+// for adoptLatencyFor, one transaction each, and returns when each
+// INSERT returned, by message id.
+func produceSteadily(b *testing.B, pool *pgxpool.Pool, rate int) map[string]time.Time {
 	ctx := testkit.Context(b, time.Minute)
-	tick := time.NewTicker(time.Second / adoptLatencyRate)
+	tick := time.NewTicker(time.Second / time.Duration(rate))
 	defer tick.Stop()
 	commits := map[string]time.Time{}
 	end := time.Now().Add(adoptLatencyFor)
@@ -407,7 +415,7 @@ func produceSteadily(b *testing.B, pool *pgxpool.Pool) map[string]time.Time {
 
 // reportLatency waits for every row of commits to arrive and reports the
 // commit-to-delivery latency's p50, p99 and max, and the reorders.
-func reportLatency(b *testing.B, commits map[string]time.Time, order *keyOrder) {
+func reportLatency(b *testing.B, commits map[string]time.Time, order *keyOrder, rate int) {
 	_, reorders := order.wait(b, len(commits))
 	first := time.Time{}
 	for _, at := range commits {
@@ -446,5 +454,5 @@ func reportLatency(b *testing.B, commits map[string]time.Time, order *keyOrder) 
 	b.ReportMetric(pct(steady, 0.99), "steady-p99-ms")
 	b.ReportMetric(float64(reorders), "reorders")
 	b.Logf("%d rows at %d/s: p50 %.1f ms, p99 %.1f ms, max %.1f ms; after the first second p99 %.1f ms, max %.1f ms",
-		len(lat), adoptLatencyRate, pct(lat, 0.5), pct(lat, 0.99), pct(lat, 1), pct(steady, 0.99), pct(steady, 1))
+		len(lat), rate, pct(lat, 0.5), pct(lat, 0.99), pct(lat, 1), pct(steady, 0.99), pct(steady, 1))
 }

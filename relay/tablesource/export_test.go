@@ -94,3 +94,17 @@ func (in *Intake) ExplainTake(ctx context.Context, rows []Row) (string, error) {
 	})
 	return strings.Join(lines, "\n"), err
 }
+
+// SetOnProbe makes f run after each probe of an idle intake that did not
+// fail, with whether it found a newer row pending.
+func (in *Intake) SetOnProbe(f func(newer bool)) { in.onProbe = f }
+
+// ExplainNewest returns EXPLAIN ANALYZE of the idle intake's probe.
+func (in *Intake) ExplainNewest(ctx context.Context) (string, error) {
+	rows, err := in.pool.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) "+in.newest)
+	if err != nil {
+		return "", err
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	return strings.Join(lines, "\n"), err
+}

@@ -34,6 +34,10 @@ const (
 	// while none do.
 	DefaultPollMin = 10 * time.Millisecond
 	DefaultPollMax = 200 * time.Millisecond
+	// DefaultProbeEvery is how often an intake waiting longer than that
+	// for its next fast pass asks whether a row newer than the last it
+	// read is pending (Intake.newer), and passes at once if one is.
+	DefaultProbeEvery = 10 * time.Millisecond
 )
 
 // Intake takes the user's pending rows into ordo_table_rows, numbered
@@ -47,21 +51,24 @@ type Intake struct {
 	node    string
 	logger  *slog.Logger
 	sql     string
+	newest  string // newestSQL: the idle intake's probe
 	channel string // NotifyChannel: each page taken in notifies its partitions
 
-	// Page, LookBack, SweepEvery, PollMin and PollMax: zero means the
-	// default above.
+	// Page, LookBack, SweepEvery, PollMin, PollMax and ProbeEvery: zero
+	// means the default above.
 	Page       int
 	LookBack   time.Duration
 	SweepEvery time.Duration
 	PollMin    time.Duration
 	PollMax    time.Duration
+	ProbeEvery time.Duration
 
 	pos       *Position               // the last row a pass read, for the next fast pass
 	taken     map[uuid.UUID]time.Time // rows this intake took in (or found processed), by occurred-at: fast passes skip them
 	late      atomic.Int64            // rows numbered after a later row of their key
 	afterPage func()                  // tests: runs after each page is taken in
 	onTake    func(n int)             // tests: runs before each take of n rows
+	onProbe   func(newer bool)        // tests: runs after each probe that did not fail
 }
 
 // NewIntake returns the intake of node over the table r reads, on pool.
@@ -69,7 +76,8 @@ func NewIntake(pool *pgxpool.Pool, node string, r *Reader, logger *slog.Logger) 
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Intake{reader: r, pool: pool, node: node, logger: logger, sql: intakeSQL(r.layout), channel: NotifyChannel(r.layout)}
+	return &Intake{reader: r, pool: pool, node: node, logger: logger, sql: intakeSQL(r.layout), newest: newestSQL(r.layout),
+		channel: NotifyChannel(r.layout)}
 }
 
 func orDefault[T int | time.Duration](v, d T) T {
@@ -241,17 +249,57 @@ func (in *Intake) holder(ctx context.Context) (bool, error) {
 	return ok, err
 }
 
+// newer reports whether a row newer than the last a pass read is
+// pending: the newest pending row's occurred-at (newestSQL), one
+// prepared statement. A row committed late with an occurred-at behind
+// the last read is not seen so; the next fast pass or sweep takes it in.
+func (in *Intake) newer(ctx context.Context) (bool, error) {
+	var newest *time.Time
+	if err := in.pool.QueryRow(ctx, in.newest, planCached).Scan(&newest); err != nil {
+		return false, fmt.Errorf("intake: probe: %w", err)
+	}
+	newer := newest != nil && (in.pos == nil || newest.After(in.pos.OccurredAt))
+	if in.onProbe != nil {
+		in.onProbe(newer)
+	}
+	return newer, nil
+}
+
+// idle waits up to wait for the next fast pass, asking every probeEvery
+// whether a newer row is pending, and returns at once when one is (or a
+// probe failed: the pass says why). It returns false when ctx ended.
+// While rows keep arriving the wait is PollMin and nothing is probed; a
+// quiet table costs a probe every probeEvery (docs/adopt.md, "Intake").
+func (in *Intake) idle(ctx context.Context, wait, probeEvery time.Duration) bool {
+	end := time.Now().Add(wait)
+	for {
+		left := time.Until(end)
+		if left <= probeEvery {
+			return backoff.Sleep(ctx, left)
+		}
+		if !backoff.Sleep(ctx, probeEvery) {
+			return false
+		}
+		if newer, err := in.newer(ctx); err != nil || newer {
+			return ctx.Err() == nil
+		}
+	}
+}
+
 // Run takes rows in until ctx ends, while the node holds partition 0: a
 // fast pass after every wait (PollMin while rows keep arriving, doubling
-// to PollMax while none do), a sweep every SweepEvery. A failed pass is
+// to PollMax while none do, and at once when a probe every ProbeEvery
+// finds a newer row pending), a sweep every SweepEvery. A failed pass is
 // logged and tried again after a back-off.
 func (in *Intake) Run(ctx context.Context) error {
 	pollMin, pollMax := orDefault(in.PollMin, DefaultPollMin), orDefault(in.PollMax, DefaultPollMax)
 	sweepEvery := orDefault(in.SweepEvery, DefaultSweepEvery)
+	probeEvery := orDefault(in.ProbeEvery, DefaultProbeEvery)
 	bo := backoff.New(pollMin, sweepEvery)
 	gap := pollMin
 	var lastSweep time.Time
 	for {
+		holding := false
 		err := func() error {
 			ok, err := in.holder(ctx)
 			if err != nil || !ok {
@@ -259,6 +307,7 @@ func (in *Intake) Run(ctx context.Context) error {
 				gap = pollMax
 				return err
 			}
+			holding = true
 			sweep := time.Since(lastSweep) >= sweepEvery
 			n, err := in.Pass(ctx, sweep)
 			if err != nil {
@@ -286,7 +335,11 @@ func (in *Intake) Run(ctx context.Context) error {
 		} else {
 			bo.Reset()
 		}
-		if !backoff.Sleep(ctx, wait) {
+		if holding && err == nil {
+			if !in.idle(ctx, wait, probeEvery) {
+				return nil
+			}
+		} else if !backoff.Sleep(ctx, wait) {
 			return nil
 		}
 	}

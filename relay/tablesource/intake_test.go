@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -136,5 +137,54 @@ func TestIntakeFastPassSendsOnlyNewRows(t *testing.T) {
 	}
 	if n := take(t, in, true); n != 1 || !slices.Equal(sent, []int{5}) {
 		t.Fatalf("the sweep took in %d, sending pages of %v rows; want the late row taken in from a page of all 5 pending", n, sent)
+	}
+}
+
+// TestIntakeProbesWhileIdle: an intake whose next fast pass is an hour
+// away takes a new row in within its probe interval, and a probe that
+// finds nothing newer than its last read starts no pass.
+func TestIntakeProbesWhileIdle(t *testing.T) {
+	t.Parallel()
+	pool := adoptedDB(t)
+	_, in := newStore(t, pool, "n1")
+	in.PollMin, in.PollMax, in.SweepEvery, in.ProbeEvery = time.Hour, time.Hour, time.Hour, 5*time.Millisecond
+	var probes, pages atomic.Int64
+	in.SetOnProbe(func(bool) { probes.Add(1) })
+	in.SetAfterPage(func() { pages.Add(1) })
+	ctx, cancel := context.WithCancel(testkit.Context(t, time.Minute))
+	done := make(chan error, 1)
+	go func() { done <- in.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	probed := func(n int64) {
+		t.Helper()
+		from := probes.Load()
+		testkit.WaitFor(t, 10*time.Second, fmt.Sprintf("%d more probes", n), func() bool { return probes.Load() >= from+n })
+	}
+	takenIn := func(id uuid.UUID) {
+		t.Helper()
+		testkit.WaitFor(t, 10*time.Second, "the new row taken in", func() bool {
+			var ok bool
+			if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM ordo_table_rows WHERE id = $1)`, id).Scan(&ok); err != nil {
+				t.Fatal(err)
+			}
+			return ok
+		})
+	}
+	probed(3) // the first sweep found the table empty
+	now := time.Now()
+	for i := range 2 {
+		id := uuid.Must(uuid.NewV7())
+		insert(t, pool, msg{id: id, corr: ptr(fmt.Sprintf("k%d", i)), at: now.Add(time.Duration(i) * time.Millisecond)})
+		takenIn(id)
+	}
+	read := pages.Load()
+	probed(5)
+	if n := pages.Load(); n != read {
+		t.Fatalf("probes that found nothing newer started passes (%d pages read, %d before)", n, read)
 	}
 }

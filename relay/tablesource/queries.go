@@ -27,6 +27,16 @@ func pendingSQL(l Layout) (first, after string) {
 	return first, after
 }
 
+// newestSQL returns the idle intake's probe (Intake.newer): the newest
+// pending row's occurred-at, NULL when none is pending. PostgreSQL reads
+// it from the end of the partial index, one entry past the marked rows
+// not yet vacuumed, with or without statistics and even when planned on
+// an empty table: the only plan of a max() over an index's leading
+// column that is cheaper than the table (TestPendingPlanWithoutStatistics).
+func newestSQL(l Layout) string {
+	return fmt.Sprintf(`SELECT max(m.%s) FROM %s AS m WHERE m.%s IS NULL`, quote(l.OccurredAt), l.QuotedTable(), quote(l.ProcessedAt))
+}
+
 // sqlTableExists says whether $1 (a quoted, possibly schema-qualified
 // table name) names a table or view the session can see.
 const sqlTableExists = `SELECT to_regclass($1) IS NOT NULL`

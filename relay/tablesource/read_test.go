@@ -223,7 +223,8 @@ func TestPendingBadRows(t *testing.T) {
 // TestPendingPlanWithoutStatistics: on a backlog of 20,000 pending rows
 // written since the last ANALYZE (PostgreSQL then guesses that few rows
 // are pending), both reads walk the partial index in order and stop after
-// the page: they do not scan every pending row and sort.
+// the page: they do not scan every pending row and sort. The idle
+// intake's probe reads one entry from the index's end.
 func TestPendingPlanWithoutStatistics(t *testing.T) {
 	testkit.RequirePostgres(t)
 	pool := articleDB(t)
@@ -265,5 +266,14 @@ func TestPendingPlanWithoutStatistics(t *testing.T) {
 		if n, _ := strconv.Atoi(m[1]); n > 2*limit {
 			t.Errorf("read %s of %d rows walked %d index entries:\n%s", c.name, limit, n, plan)
 		}
+	}
+	// The idle intake's probe for a newer row: the newest entry of the
+	// partial index, read from its end, whatever the statistics.
+	plan, err := tablesource.NewIntake(pool, "n1", r, nil).ExplainNewest(ctx)
+	if err != nil {
+		t.Fatalf("explain the probe: %v", err)
+	}
+	if !regexp.MustCompile(`Index (Only )?Scan Backward using "IX_OutboxMessages_OccurredAt" on "OutboxMessages" m \(actual rows=1 `).MatchString(plan) {
+		t.Errorf("the idle probe without statistics does not read one entry from the partial index's end:\n%s", plan)
 	}
 }
