@@ -37,7 +37,7 @@ const (
 	// DefaultProbeEvery is how often an intake waiting longer than that
 	// for its next fast pass asks whether a row newer than the last it
 	// read is pending (Intake.newer), and passes at once if one is.
-	DefaultProbeEvery = 10 * time.Millisecond
+	DefaultProbeEvery = 25 * time.Millisecond
 )
 
 // Intake takes the user's pending rows into ordo_table_rows, numbered
