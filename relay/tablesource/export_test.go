@@ -108,3 +108,14 @@ func (in *Intake) ExplainNewest(ctx context.Context) (string, error) {
 	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	return strings.Join(lines, "\n"), err
 }
+
+// inPlan runs f in a transaction confined as the intake's take is
+// (sqlIntakePlan), given the take's arguments for rows.
+func (in *Intake) inPlan(ctx context.Context, rows []Row, f func(tx pgx.Tx, args []any) error) error {
+	return pgx.BeginFunc(ctx, in.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sqlIntakePlan); err != nil {
+			return err
+		}
+		return f(tx, in.takeArgs(rows))
+	})
+}

@@ -38,6 +38,11 @@ const (
 	// for its next fast pass asks whether a row newer than the last it
 	// read is pending (Intake.newer), and passes at once if one is.
 	DefaultProbeEvery = 25 * time.Millisecond
+	// holderCheckEvery is how often Run checks that the node still holds
+	// partition 0. Two intakes at once lose or duplicate nothing, so a
+	// node that lost the lease may go on taking rows in for up to this
+	// long, and the passes between two checks save a round trip each.
+	holderCheckEvery = time.Second
 )
 
 // Intake takes the user's pending rows into ordo_table_rows, numbered
@@ -64,6 +69,7 @@ type Intake struct {
 	ProbeEvery time.Duration
 
 	pos       *Position               // the last row a pass read, for the next fast pass
+	paged     bool                    // the last pass read more than a page: the next reads page by page at once
 	taken     map[uuid.UUID]time.Time // rows this intake took in (or found processed), by occurred-at: fast passes skip them
 	late      atomic.Int64            // rows numbered after a later row of their key
 	afterPage func()                  // tests: runs after each page is taken in
@@ -90,9 +96,13 @@ func orDefault[T int | time.Duration](v, d T) T {
 // Pass reads the user's pending rows and takes them in, page by page,
 // and returns how many it took in (rows taken in before are skipped).
 // A sweep reads from the oldest pending row; a fast pass from LookBack
-// before the last row read. Every page of a pass is read in one snapshot
-// (Reader.pages), each taken in as it is read. A fast pass misses a row that commits later
-// behind where it starts: only the sweep guarantees every row.
+// before the last row read. Every page of a pass is read in one snapshot,
+// each taken in as it is read: a pass that fits a page is one statement
+// and one round trip (Reader.onePage); one that does not is read again
+// page by page in a REPEATABLE READ transaction (Reader.pages), and so
+// are the passes after it until one fits a page again. A fast pass
+// misses a row that commits later behind where it starts: only the sweep
+// guarantees every row.
 //
 // A fast pass sends on only the rows this intake has not taken in
 // itself: the look-back returns again every row taken in and not yet
@@ -117,8 +127,9 @@ func (in *Intake) Pass(ctx context.Context, sweep bool) (int, error) {
 	if !sweep && in.pos != nil {
 		after = &Position{OccurredAt: in.pos.OccurredAt.Add(-orDefault(in.LookBack, DefaultLookBack)), ID: uuid.Nil}
 	}
-	taken := 0
-	err := in.reader.pages(ctx, in.pool, after, page, nil, func(rows []Row) error {
+	taken, pages := 0, 0
+	handle := func(rows []Row) error {
+		pages++
 		send := rows
 		if !sweep {
 			send = in.unknown(rows)
@@ -140,10 +151,28 @@ func (in *Intake) Pass(ctx context.Context, sweep bool) (int, error) {
 			in.afterPage()
 		}
 		return nil
-	})
-	if err != nil {
+	}
+	if !in.paged {
+		rows, whole, err := in.reader.onePage(ctx, in.pool, after, page)
+		if err != nil {
+			return 0, fmt.Errorf("intake: %w", err)
+		}
+		if whole {
+			if len(rows) > 0 {
+				if err := handle(rows); err != nil {
+					return taken, fmt.Errorf("intake: %w", err)
+				}
+			}
+			in.forgetBehind()
+			return taken, nil
+		}
+		// More than a page: the pass is read again, page by page in
+		// one snapshot, and so are the next ones until one fits a page.
+	}
+	if err := in.reader.pages(ctx, in.pool, after, page, nil, handle); err != nil {
 		return taken, fmt.Errorf("intake: %w", err)
 	}
+	in.paged = pages > 1
 	in.forgetBehind()
 	return taken, nil
 }
@@ -181,21 +210,25 @@ func (in *Intake) forgetBehind() {
 	}
 }
 
-// take inserts rows into ordo_table_rows, numbered, in one statement.
+// take inserts rows into ordo_table_rows, numbered, in one statement,
+// sent with the planner settings it is written for (sqlIntakePlan) in
+// one pipeline: one round trip, one implicit transaction.
 func (in *Intake) take(ctx context.Context, rows []Row) (int, error) {
 	if in.onTake != nil {
 		in.onTake(len(rows))
 	}
 	var n, late, notified int64
-	err := in.inPlan(ctx, rows, func(tx pgx.Tx, args []any) error {
-		err := tx.QueryRow(ctx, in.sql, append([]any{planCached}, args...)...).Scan(&n, &late, &notified)
+	b := &pgx.Batch{}
+	b.Queue(sqlIntakePlan)
+	b.Queue(in.sql, in.takeArgs(rows)...).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&n, &late, &notified)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil // every row of the page was taken in before, or processed
 		}
 		return err
 	})
-	if err != nil {
-		return 0, fmt.Errorf("intake: take in %d row(s): %w", len(rows), err)
+	if err := in.pool.SendBatch(ctx, b).Close(); err != nil {
+		return 0, fmt.Errorf("take in %d row(s): %w", len(rows), err)
 	}
 	if late > 0 {
 		in.late.Add(late)
@@ -209,18 +242,18 @@ func (in *Intake) take(ctx context.Context, rows []Row) (int, error) {
 // their key with a later occurred-at (docs/adopt.md, "Late rows").
 func (in *Intake) LateRows() int64 { return in.late.Load() }
 
-// inPlan runs f, given the intake statement's arguments for rows, in a
-// transaction whose planner is confined to the plan the statement is
-// written for (sqlIntakePlan): without statistics PostgreSQL otherwise
-// hashes every pending row of the user's table to join a page to it.
+// takeArgs are the intake statement's arguments for rows.
 //
-// The intake's statements are prepared once per connection (planCached),
-// not planned at every page as the Store's writes are: confined so, the
-// statement has one plan whatever its parameters, and PostgreSQL's
-// generic plan is that plan (TestStorePlansWithoutStatistics). Planned
-// afresh, it cost 0.3-0.8 ms a page, a page every 10 ms while rows
-// arrive.
-func (in *Intake) inPlan(ctx context.Context, rows []Row, f func(tx pgx.Tx, args []any) error) error {
+// The intake's statements are prepared once per connection (a pipeline
+// runs in the pool's default query mode, pgx's statement cache:
+// planCached),
+// not planned at every page as the Store's writes are: confined by
+// sqlIntakePlan (without statistics PostgreSQL otherwise hashes every
+// pending row of the user's table to join a page to it), the statement
+// has one plan whatever its parameters, and PostgreSQL's generic plan is
+// that plan (TestStorePlansWithoutStatistics). Planned afresh, it cost
+// 0.3-0.8 ms a page, a page every 10 ms while rows arrive.
+func (in *Intake) takeArgs(rows []Row) []any {
 	ids := make([][16]byte, len(rows))
 	parts := make([]int32, len(rows))
 	keys := make([]string, len(rows))
@@ -233,12 +266,7 @@ func (in *Intake) inPlan(ctx context.Context, rows []Row, f func(tx pgx.Tx, args
 			problems[i] = &p
 		}
 	}
-	return pgx.BeginFunc(ctx, in.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, sqlIntakePlan, planCached); err != nil {
-			return err
-		}
-		return f(tx, []any{ids, parts, keys, ats, problems, in.channel, notifyPayloads(rows)})
-	})
+	return []any{ids, parts, keys, ats, problems, in.channel, notifyPayloads(rows)}
 }
 
 // holder reports whether the node holds partition 0, whose holder runs
@@ -286,7 +314,8 @@ func (in *Intake) idle(ctx context.Context, wait, probeEvery time.Duration) bool
 	}
 }
 
-// Run takes rows in until ctx ends, while the node holds partition 0: a
+// Run takes rows in until ctx ends, while the node holds partition 0
+// (checked at most every holderCheckEvery): a
 // fast pass after every wait (PollMin while rows keep arriving, doubling
 // to PollMax while none do, and at once when a probe every ProbeEvery
 // finds a newer row pending), a sweep every SweepEvery. A failed pass is
@@ -297,15 +326,18 @@ func (in *Intake) Run(ctx context.Context) error {
 	probeEvery := orDefault(in.ProbeEvery, DefaultProbeEvery)
 	bo := backoff.New(pollMin, sweepEvery)
 	gap := pollMin
-	var lastSweep time.Time
+	var lastSweep, heldAt time.Time // heldAt: when a check last found partition 0 held
 	for {
 		holding := false
 		err := func() error {
-			ok, err := in.holder(ctx)
-			if err != nil || !ok {
-				in.pos, in.taken, lastSweep = nil, nil, time.Time{} // a new holder sweeps first
-				gap = pollMax
-				return err
+			if time.Since(heldAt) >= holderCheckEvery {
+				ok, err := in.holder(ctx)
+				if err != nil || !ok {
+					in.pos, in.taken, in.paged, lastSweep, heldAt = nil, nil, false, time.Time{}, time.Time{} // a new holder sweeps first
+					gap = pollMax
+					return err
+				}
+				heldAt = time.Now()
 			}
 			holding = true
 			sweep := time.Since(lastSweep) >= sweepEvery

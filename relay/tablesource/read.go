@@ -173,19 +173,52 @@ func (r *Reader) pages(ctx context.Context, db TxBeginner, after *Position, limi
 	}
 }
 
+// Batcher sends a pipeline of statements: a pool, a connection.
+type Batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// onePage reads the pending rows after after (nil: from the oldest), at
+// most limit, in one round trip: the planner settings and the read in one
+// pipeline, whose implicit transaction the settings last for. whole says
+// the page came back short: its rows are all the pass reads, in the one
+// snapshot of a single statement. A full page is not a pass's end; the
+// caller reads the pass again with pages, in one snapshot.
+func (r *Reader) onePage(ctx context.Context, db Batcher, after *Position, limit int) (rows []Row, whole bool, err error) {
+	b := &pgx.Batch{}
+	b.Queue(sqlPlannerSettings)
+	sql, args := r.pendingQuery(after, limit)
+	b.Queue(sql, args...).Query(func(res pgx.Rows) error {
+		rows, err = r.scanPending(res)
+		return err
+	})
+	if err := db.SendBatch(ctx, b).Close(); err != nil {
+		return nil, false, fmt.Errorf("read pending rows: %w", err)
+	}
+	return rows, len(rows) < limit, nil
+}
+
+// pendingQuery is the pending read after after (nil: from the oldest) and
+// its arguments.
+func (r *Reader) pendingQuery(after *Position, limit int) (string, []any) {
+	if after == nil {
+		return r.sqlFirst, []any{limit}
+	}
+	return r.sqlAfter, []any{after.OccurredAt, after.ID, limit}
+}
+
 // pending is Pending inside tx, whose planner settings the caller made.
 func (r *Reader) pending(ctx context.Context, tx pgx.Tx, after *Position, limit int) ([]Row, error) {
-	var sql string
-	var args []any
-	if after == nil {
-		sql, args = r.sqlFirst, []any{limit}
-	} else {
-		sql, args = r.sqlAfter, []any{after.OccurredAt, after.ID, limit}
-	}
+	sql, args := r.pendingQuery(after, limit)
 	rows, err := tx.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, err
 	}
+	return r.scanPending(rows)
+}
+
+// scanPending reads the rows of a pending read and closes them.
+func (r *Reader) scanPending(rows pgx.Rows) ([]Row, error) {
 	defer rows.Close()
 	var out []Row
 	for rows.Next() {
