@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -99,15 +100,19 @@ func (in *Intake) ExplainTake(ctx context.Context, rows []Row) (string, error) {
 // fail, with whether it found a newer row pending.
 func (in *Intake) SetOnProbe(f func(newer bool)) { in.onProbe = f }
 
-// ExplainNewest returns EXPLAIN ANALYZE of the idle intake's probe.
-func (in *Intake) ExplainNewest(ctx context.Context) (string, error) {
-	rows, err := in.pool.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) "+in.newest)
+// ExplainNewest returns EXPLAIN (ANALYZE, BUFFERS) of the idle intake's
+// probe for rows after after.
+func (in *Intake) ExplainNewest(ctx context.Context, after time.Time) (string, error) {
+	rows, err := in.pool.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, SUMMARY OFF) "+in.newest, after)
 	if err != nil {
 		return "", err
 	}
 	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	return strings.Join(lines, "\n"), err
 }
+
+// NewestSQL is the idle intake's probe.
+func (in *Intake) NewestSQL() string { return in.newest }
 
 // inPlan runs f in a transaction confined as the intake's take is
 // (sqlIntakePlan), given the take's arguments for rows.

@@ -278,15 +278,19 @@ func (in *Intake) holder(ctx context.Context) (bool, error) {
 }
 
 // newer reports whether a row newer than the last a pass read is
-// pending: the newest pending row's occurred-at (newestSQL), one
-// prepared statement. A row committed late with an occurred-at behind
+// pending: the newest pending row's occurred-at after it (newestSQL),
+// one prepared statement. A row committed late with an occurred-at behind
 // the last read is not seen so; the next fast pass or sweep takes it in.
 func (in *Intake) newer(ctx context.Context) (bool, error) {
+	var after time.Time // nothing read yet: from the start (0001-01-01)
+	if in.pos != nil {
+		after = in.pos.OccurredAt
+	}
 	var newest *time.Time
-	if err := in.pool.QueryRow(ctx, in.newest, planCached).Scan(&newest); err != nil {
+	if err := in.pool.QueryRow(ctx, in.newest, planCached, after).Scan(&newest); err != nil {
 		return false, fmt.Errorf("intake: probe: %w", err)
 	}
-	newer := newest != nil && (in.pos == nil || newest.After(in.pos.OccurredAt))
+	newer := newest != nil
 	if in.onProbe != nil {
 		in.onProbe(newer)
 	}

@@ -28,13 +28,16 @@ func pendingSQL(l Layout) (first, after string) {
 }
 
 // newestSQL returns the idle intake's probe (Intake.newer): the newest
-// pending row's occurred-at, NULL when none is pending. PostgreSQL reads
-// it from the end of the partial index, one entry past the marked rows
-// not yet vacuumed, with or without statistics and even when planned on
-// an empty table: the only plan of a max() over an index's leading
-// column that is cheaper than the table (TestPendingPlanWithoutStatistics).
+// pending row's occurred-at after $1, NULL when there is none. PostgreSQL
+// reads it from the end of the partial index down to $1, with or without
+// statistics, generic plan or custom, even planned on an empty table:
+// the only plan of a max() over an index's leading column that is
+// cheaper than the table (TestPendingPlanWithoutStatistics). The bound
+// keeps the walk off the entries of rows marked processed and not yet
+// vacuumed, which lie below it.
 func newestSQL(l Layout) string {
-	return fmt.Sprintf(`SELECT max(m.%s) FROM %s AS m WHERE m.%s IS NULL`, quote(l.OccurredAt), l.QuotedTable(), quote(l.ProcessedAt))
+	return fmt.Sprintf(`SELECT max(m.%[1]s) FROM %[2]s AS m WHERE m.%[3]s IS NULL AND m.%[1]s > $1`,
+		quote(l.OccurredAt), l.QuotedTable(), quote(l.ProcessedAt))
 }
 
 // sqlTableExists says whether $1 (a quoted, possibly schema-qualified

@@ -269,11 +269,34 @@ func TestPendingPlanWithoutStatistics(t *testing.T) {
 	}
 	// The idle intake's probe for a newer row: the newest entry of the
 	// partial index, read from its end, whatever the statistics.
-	plan, err := tablesource.NewIntake(pool, "n1", r, nil).ExplainNewest(ctx)
+	in := tablesource.NewIntake(pool, "n1", r, nil)
+	probe := regexp.MustCompile(`Index (Only )?Scan Backward using "IX_OutboxMessages_OccurredAt" on "OutboxMessages" m \(actual rows=(\d+) `)
+	plan, err := in.ExplainNewest(ctx, time.Time{})
 	if err != nil {
 		t.Fatalf("explain the probe: %v", err)
 	}
-	if !regexp.MustCompile(`Index (Only )?Scan Backward using "IX_OutboxMessages_OccurredAt" on "OutboxMessages" m \(actual rows=1 `).MatchString(plan) {
+	if m := probe.FindStringSubmatch(plan); m == nil || m[2] != "1" {
 		t.Errorf("the idle probe without statistics does not read one entry from the partial index's end:\n%s", plan)
+	}
+	// Every row but the first 1,000 marked processed, not vacuumed: their
+	// entries stay at the index's end, below the last row read. The probe
+	// after that row walks none of them, generic plan or custom.
+	var last time.Time
+	if err := pool.QueryRow(ctx, `WITH marked AS (
+		UPDATE "OutboxMessages" SET "ProcessedAt" = now()
+		WHERE "Id" IN (SELECT "Id" FROM "OutboxMessages" ORDER BY "OccurredAt" OFFSET 1000)
+		RETURNING "OccurredAt") SELECT max("OccurredAt") FROM marked`).Scan(&last); err != nil {
+		t.Fatal(err)
+	}
+	plan, err = in.ExplainNewest(ctx, last)
+	if err != nil {
+		t.Fatalf("explain the probe: %v", err)
+	}
+	if m := probe.FindStringSubmatch(plan); m == nil || m[2] != "0" || topBuffers(plan) > 10 {
+		t.Errorf("the idle probe after the last row read walks the marked rows' entries:\n%s", plan)
+	}
+	plan, buffers := explainGeneric(t, pool, in.NewestSQL(), "'"+last.Format(time.RFC3339Nano)+"'::timestamptz")
+	if !probe.MatchString(plan) || buffers > 10 {
+		t.Errorf("the idle probe's generic plan does not read the partial index's end (%d buffers):\n%s", buffers, plan)
 	}
 }
