@@ -124,3 +124,7 @@ func (in *Intake) inPlan(ctx context.Context, rows []Row, f func(tx pgx.Tx, args
 		return f(tx, in.takeArgs(rows))
 	})
 }
+
+// SetOnHolderCheck makes f run after each check of partition 0's lease
+// by Run that did not fail, with whether the node holds it.
+func (in *Intake) SetOnHolderCheck(f func(held bool)) { in.onHolderCheck = f }

@@ -68,13 +68,14 @@ type Intake struct {
 	PollMax    time.Duration
 	ProbeEvery time.Duration
 
-	pos       *Position               // the last row a pass read, for the next fast pass
-	paged     bool                    // the last pass read more than a page: the next reads page by page at once
-	taken     map[uuid.UUID]time.Time // rows this intake took in (or found processed), by occurred-at: fast passes skip them
-	late      atomic.Int64            // rows numbered after a later row of their key
-	afterPage func()                  // tests: runs after each page is taken in
-	onTake    func(n int)             // tests: runs before each take of n rows
-	onProbe   func(newer bool)        // tests: runs after each probe that did not fail
+	pos           *Position               // the last row a pass read, for the next fast pass
+	paged         bool                    // the last pass read more than a page: the next reads page by page at once
+	taken         map[uuid.UUID]time.Time // rows this intake took in (or found processed), by occurred-at: fast passes skip them
+	late          atomic.Int64            // rows numbered after a later row of their key
+	afterPage     func()                  // tests: runs after each page is taken in
+	onTake        func(n int)             // tests: runs before each take of n rows
+	onProbe       func(newer bool)        // tests: runs after each probe that did not fail
+	onHolderCheck func(held bool)         // tests: runs after each check of partition 0's lease that did not fail
 }
 
 // NewIntake returns the intake of node over the table r reads, on pool.
@@ -319,7 +320,8 @@ func (in *Intake) idle(ctx context.Context, wait, probeEvery time.Duration) bool
 }
 
 // Run takes rows in until ctx ends, while the node holds partition 0
-// (checked at most every holderCheckEvery): a
+// (checked at most every holderCheckEvery; while it does not, after
+// PollMin, doubling to PollMax): a
 // fast pass after every wait (PollMin while rows keep arriving, doubling
 // to PollMax while none do, and at once when a probe every ProbeEvery
 // finds a newer row pending), a sweep every SweepEvery. A failed pass is
@@ -336,9 +338,16 @@ func (in *Intake) Run(ctx context.Context) error {
 		err := func() error {
 			if time.Since(heldAt) >= holderCheckEvery {
 				ok, err := in.holder(ctx)
+				if in.onHolderCheck != nil && err == nil {
+					in.onHolderCheck(ok)
+				}
 				if err != nil || !ok {
 					in.pos, in.taken, in.paged, lastSweep, heldAt = nil, nil, false, time.Time{}, time.Time{} // a new holder sweeps first
-					gap = pollMax
+					// Checked again soon, then less and less often: a
+					// node that has just started claims its leases
+					// within a few tens of milliseconds, and its first
+					// rows would otherwise wait PollMax.
+					gap = min(gap*2, pollMax)
 					return err
 				}
 				heldAt = time.Now()

@@ -188,3 +188,41 @@ func TestIntakeProbesWhileIdle(t *testing.T) {
 		t.Fatalf("probes that found nothing newer started passes (%d pages read, %d before)", n, read)
 	}
 }
+
+// TestIntakeStartsSoonAfterItsLease: an intake whose node does not hold
+// partition 0 yet, as when the node has just started and not claimed its
+// leases, checks again after PollMin, doubling, not after PollMax: given
+// the lease after its first check, it takes a pending row in although
+// PollMax is an hour.
+func TestIntakeStartsSoonAfterItsLease(t *testing.T) {
+	t.Parallel()
+	pool := adoptedDB(t) // every partition held by n1
+	_, in := newStore(t, pool, "n2")
+	in.PollMin, in.PollMax, in.SweepEvery = 5*time.Millisecond, time.Hour, time.Hour
+	var refused atomic.Int64
+	in.SetOnHolderCheck(func(held bool) {
+		if !held {
+			refused.Add(1)
+		}
+	})
+	id := uuid.Must(uuid.NewV7())
+	insert(t, pool, msg{id: id, corr: ptr("k"), at: time.Now()})
+	ctx, cancel := context.WithCancel(testkit.Context(t, time.Minute))
+	done := make(chan error, 1)
+	go func() { done <- in.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	testkit.WaitFor(t, 10*time.Second, "a check that n2 does not hold partition 0", func() bool { return refused.Load() > 0 })
+	holdAll(t, pool, "n2", 2)
+	testkit.WaitFor(t, 10*time.Second, "the row taken in by n2's intake", func() bool {
+		var ok bool
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM ordo_table_rows WHERE id = $1)`, id).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	})
+}
