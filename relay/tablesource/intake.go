@@ -246,10 +246,9 @@ func (in *Intake) LateRows() int64 { return in.late.Load() }
 // takeArgs are the intake statement's arguments for rows.
 //
 // The intake's statements are prepared once per connection (a pipeline
-// runs in the pool's default query mode, pgx's statement cache:
-// planCached),
-// not planned at every page as the Store's writes are: confined by
-// sqlIntakePlan (without statistics PostgreSQL otherwise hashes every
+// runs in the pool's default query mode, pgx's statement cache, which is
+// planCached), not planned at every page as the Store's writes are:
+// confined by sqlIntakePlan (without statistics PostgreSQL otherwise hashes every
 // pending row of the user's table to join a page to it), the statement
 // has one plan whatever its parameters, and PostgreSQL's generic plan is
 // that plan (TestStorePlansWithoutStatistics). Planned afresh, it cost
