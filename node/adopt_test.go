@@ -155,6 +155,7 @@ func TestTableLayoutValidated(t *testing.T) {
 		}, "TableLayout"},
 		{"empty exchange", func(c *node.Config) { c.TableLayout, c.TableExchange = "article", "" }, "TableExchange"},
 		{"long exchange", func(c *node.Config) { c.TableLayout, c.TableExchange = "article", strings.Repeat("x", 256) }, "TableExchange"},
+		{"negative probe interval", func(c *node.Config) { c.TableLayout, c.TableProbeInterval = "article", -time.Millisecond }, "TableProbeInterval"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := node.DefaultConfig()

@@ -17,6 +17,7 @@ import (
 	"github.com/ordo-relay/ordo/membership"
 	"github.com/ordo-relay/ordo/partition"
 	"github.com/ordo-relay/ordo/relay"
+	"github.com/ordo-relay/ordo/relay/tablesource"
 )
 
 // Config is everything a node is configured with: the node's own
@@ -109,6 +110,13 @@ type Config struct {
 	// the article's exchange.
 	TableExchange string
 
+	// TableProbeInterval is how often the intake of an adopted table
+	// that has found no new rows asks whether one is pending, between
+	// passes that back off to 200 ms (docs/adopt.md, "Intake"): the
+	// latency of a quiet table's rows against a round trip per interval
+	// while it is idle. 0 turns the probe off.
+	TableProbeInterval time.Duration
+
 	// Relay configures the relay: the confirm window W, batches, read
 	// ahead, backoff, parking and retention.
 	Relay RelayConfig
@@ -133,18 +141,19 @@ func DefaultConfig() Config {
 	}
 	amqpCfg := defaultAMQP()
 	return Config{
-		NodeName:        name,
-		PostgresURL:     "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
-		HTTPAddr:        "127.0.0.1:8081",
-		Partitions:      partition.DefaultCount,
-		DBMaxConns:      6,
-		LeaseTTL:        lease.DefaultTTL,
-		DegradedAfter:   10 * time.Second,
-		BacklogInterval: time.Second,
-		TableExchange:   DefaultTableExchange,
-		Relay:           relaySettings(relay.DefaultConfig()),
-		AMQP:            amqpCfg,
-		Gossip:          gossipSettings(membership.DefaultConfig()),
+		NodeName:           name,
+		PostgresURL:        "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
+		HTTPAddr:           "127.0.0.1:8081",
+		Partitions:         partition.DefaultCount,
+		DBMaxConns:         6,
+		LeaseTTL:           lease.DefaultTTL,
+		DegradedAfter:      10 * time.Second,
+		BacklogInterval:    time.Second,
+		TableExchange:      DefaultTableExchange,
+		TableProbeInterval: tablesource.DefaultProbeEvery,
+		Relay:              relaySettings(relay.DefaultConfig()),
+		AMQP:               amqpCfg,
+		Gossip:             gossipSettings(membership.DefaultConfig()),
 	}
 }
 

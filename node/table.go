@@ -34,6 +34,7 @@ func (c Config) validateTable(ck *confcheck.Checker) {
 	if slices.ContainsFunc(c.sources(), func(s Source) bool { return s.Layout != "" }) {
 		ck.Require(c.TableExchange != "" && len(c.TableExchange) <= maxExchangeLen, "TableExchange",
 			"%q: want 1 to %d bytes", c.TableExchange, maxExchangeLen)
+		ck.Require(c.TableProbeInterval >= 0, "TableProbeInterval", "%v is negative (0 turns the probe off)", c.TableProbeInterval)
 	}
 }
 
@@ -68,6 +69,10 @@ func newTableStore(cfg Config, s *source, node string, logger *slog.Logger) (rel
 		return nil, err
 	}
 	s.table.intake = tablesource.NewIntake(s.pool, node, reader, logger)
+	s.table.intake.ProbeEvery = cfg.TableProbeInterval
+	if cfg.TableProbeInterval == 0 {
+		s.table.intake.ProbeEvery = tablesource.NoProbe
+	}
 	s.table.store = store
 	return store, nil
 }

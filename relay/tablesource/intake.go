@@ -38,6 +38,8 @@ const (
 	// for its next fast pass asks whether a row newer than the last it
 	// read is pending (Intake.newer), and passes at once if one is.
 	DefaultProbeEvery = 25 * time.Millisecond
+	// NoProbe, as Intake.ProbeEvery, turns the probe off.
+	NoProbe time.Duration = -1
 	// holderCheckEvery is how often Run checks that the node still holds
 	// partition 0. Two intakes at once lose or duplicate nothing, so a
 	// node that lost the lease may go on taking rows in for up to this
@@ -60,7 +62,8 @@ type Intake struct {
 	channel string // NotifyChannel: each page taken in notifies its partitions
 
 	// Page, LookBack, SweepEvery, PollMin, PollMax and ProbeEvery: zero
-	// means the default above.
+	// means the default above; ProbeEvery NoProbe (negative) probes
+	// nothing.
 	Page       int
 	LookBack   time.Duration
 	SweepEvery time.Duration
@@ -303,6 +306,9 @@ func (in *Intake) newer(ctx context.Context) (bool, error) {
 // While rows keep arriving the wait is PollMin and nothing is probed; a
 // quiet table costs a probe every probeEvery (docs/adopt.md, "Intake").
 func (in *Intake) idle(ctx context.Context, wait, probeEvery time.Duration) bool {
+	if probeEvery < 0 {
+		return backoff.Sleep(ctx, wait)
+	}
 	end := time.Now().Add(wait)
 	for {
 		left := time.Until(end)
@@ -328,7 +334,10 @@ func (in *Intake) idle(ctx context.Context, wait, probeEvery time.Duration) bool
 func (in *Intake) Run(ctx context.Context) error {
 	pollMin, pollMax := orDefault(in.PollMin, DefaultPollMin), orDefault(in.PollMax, DefaultPollMax)
 	sweepEvery := orDefault(in.SweepEvery, DefaultSweepEvery)
-	probeEvery := orDefault(in.ProbeEvery, DefaultProbeEvery)
+	probeEvery := in.ProbeEvery
+	if probeEvery == 0 {
+		probeEvery = DefaultProbeEvery
+	}
 	bo := backoff.New(pollMin, sweepEvery)
 	gap := pollMin
 	var lastSweep, heldAt time.Time // heldAt: when a check last found partition 0 held

@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/relay/tablesource"
 )
 
 // TestIntakeSkipsARowBeingMarked: a sweep whose snapshot saw a row
@@ -225,4 +226,31 @@ func TestIntakeStartsSoonAfterItsLease(t *testing.T) {
 		}
 		return ok
 	})
+}
+
+// TestIntakeWithoutProbes: with ProbeEvery NoProbe the intake only
+// passes: its passes go on (the pending row is read by each) and it
+// never probes.
+func TestIntakeWithoutProbes(t *testing.T) {
+	t.Parallel()
+	pool := adoptedDB(t)
+	_, in := newStore(t, pool, "n1")
+	in.PollMin, in.PollMax, in.SweepEvery, in.ProbeEvery = 40*time.Millisecond, 40*time.Millisecond, time.Hour, tablesource.NoProbe
+	var probes, pages atomic.Int64
+	in.SetOnProbe(func(bool) { probes.Add(1) })
+	in.SetAfterPage(func() { pages.Add(1) })
+	insert(t, pool, msg{id: uuid.Must(uuid.NewV7()), corr: ptr("k"), at: time.Now()})
+	ctx, cancel := context.WithCancel(testkit.Context(t, time.Minute))
+	done := make(chan error, 1)
+	go func() { done <- in.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	testkit.WaitFor(t, 10*time.Second, "four passes over the pending row", func() bool { return pages.Load() >= 4 })
+	if n := probes.Load(); n != 0 {
+		t.Fatalf("%d probes with ProbeEvery NoProbe", n)
+	}
 }
