@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ordo-relay/ordo/internal/testkit"
 	"github.com/ordo-relay/ordo/relay/tablesource"
@@ -152,36 +153,18 @@ func TestIntakeProbesWhileIdle(t *testing.T) {
 	var probes, pages atomic.Int64
 	in.SetOnProbe(func(bool) { probes.Add(1) })
 	in.SetAfterPage(func() { pages.Add(1) })
-	ctx, cancel := context.WithCancel(testkit.Context(t, time.Minute))
-	done := make(chan error, 1)
-	go func() { done <- in.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
+	runIntake(t, in)
 	probed := func(n int64) {
 		t.Helper()
 		from := probes.Load()
 		testkit.WaitFor(t, 10*time.Second, fmt.Sprintf("%d more probes", n), func() bool { return probes.Load() >= from+n })
-	}
-	takenIn := func(id uuid.UUID) {
-		t.Helper()
-		testkit.WaitFor(t, 10*time.Second, "the new row taken in", func() bool {
-			var ok bool
-			if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM ordo_table_rows WHERE id = $1)`, id).Scan(&ok); err != nil {
-				t.Fatal(err)
-			}
-			return ok
-		})
 	}
 	probed(3) // the first sweep found the table empty
 	now := time.Now()
 	for i := range 2 {
 		id := uuid.Must(uuid.NewV7())
 		insert(t, pool, msg{id: id, corr: ptr(fmt.Sprintf("k%d", i)), at: now.Add(time.Duration(i) * time.Millisecond)})
-		takenIn(id)
+		waitTakenIn(t, pool, id, "the new row taken in")
 	}
 	read := pages.Load()
 	probed(5)
@@ -208,24 +191,10 @@ func TestIntakeStartsSoonAfterItsLease(t *testing.T) {
 	})
 	id := uuid.Must(uuid.NewV7())
 	insert(t, pool, msg{id: id, corr: ptr("k"), at: time.Now()})
-	ctx, cancel := context.WithCancel(testkit.Context(t, time.Minute))
-	done := make(chan error, 1)
-	go func() { done <- in.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
+	runIntake(t, in)
 	testkit.WaitFor(t, 10*time.Second, "a check that n2 does not hold partition 0", func() bool { return refused.Load() > 0 })
 	holdAll(t, pool, "n2", 2)
-	testkit.WaitFor(t, 10*time.Second, "the row taken in by n2's intake", func() bool {
-		var ok bool
-		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM ordo_table_rows WHERE id = $1)`, id).Scan(&ok); err != nil {
-			t.Fatal(err)
-		}
-		return ok
-	})
+	waitTakenIn(t, pool, id, "the row taken in by n2's intake")
 }
 
 // TestIntakeWithoutProbes: with ProbeEvery NoProbe the intake only
@@ -240,6 +209,17 @@ func TestIntakeWithoutProbes(t *testing.T) {
 	in.SetOnProbe(func(bool) { probes.Add(1) })
 	in.SetAfterPage(func() { pages.Add(1) })
 	insert(t, pool, msg{id: uuid.Must(uuid.NewV7()), corr: ptr("k"), at: time.Now()})
+	runIntake(t, in)
+	testkit.WaitFor(t, 10*time.Second, "four passes over the pending row", func() bool { return pages.Load() >= 4 })
+	if n := probes.Load(); n != 0 {
+		t.Fatalf("%d probes with ProbeEvery NoProbe", n)
+	}
+}
+
+// runIntake runs in.Run until the test ends, and fails the test if Run
+// returns an error.
+func runIntake(t *testing.T, in *tablesource.Intake) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(testkit.Context(t, time.Minute))
 	done := make(chan error, 1)
 	go func() { done <- in.Run(ctx) }()
@@ -249,8 +229,16 @@ func TestIntakeWithoutProbes(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	testkit.WaitFor(t, 10*time.Second, "four passes over the pending row", func() bool { return pages.Load() >= 4 })
-	if n := probes.Load(); n != 0 {
-		t.Fatalf("%d probes with ProbeEvery NoProbe", n)
-	}
+}
+
+// waitTakenIn waits until the row id is in ordo_table_rows.
+func waitTakenIn(t *testing.T, pool *pgxpool.Pool, id uuid.UUID, what string) {
+	t.Helper()
+	testkit.WaitFor(t, 10*time.Second, what, func() bool {
+		var ok bool
+		if err := pool.QueryRow(testkit.Context(t, 10*time.Second), `SELECT EXISTS (SELECT 1 FROM ordo_table_rows WHERE id = $1)`, id).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	})
 }
