@@ -155,6 +155,10 @@ func TestTableLayoutValidated(t *testing.T) {
 		}, "TableLayout"},
 		{"empty exchange", func(c *node.Config) { c.TableLayout, c.TableExchange = "article", "" }, "TableExchange"},
 		{"long exchange", func(c *node.Config) { c.TableLayout, c.TableExchange = "article", strings.Repeat("x", 256) }, "TableExchange"},
+		{"zero poll min", func(c *node.Config) { c.TableLayout, c.TablePollMin = "article", 0 }, "TablePollMin"},
+		{"poll max below min", func(c *node.Config) {
+			c.TableLayout, c.TablePollMin, c.TablePollMax = "article", 50*time.Millisecond, 20*time.Millisecond
+		}, "TablePollMax"},
 		{"negative probe interval", func(c *node.Config) { c.TableLayout, c.TableProbeInterval = "article", -time.Millisecond }, "TableProbeInterval"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

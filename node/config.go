@@ -110,6 +110,15 @@ type Config struct {
 	// the article's exchange.
 	TableExchange string
 
+	// TablePollMin and TablePollMax bound the wait between two fast
+	// passes of an adopted table's intake: TablePollMin while rows keep
+	// arriving, doubling to TablePollMax while none do (docs/adopt.md,
+	// "Intake"). TablePollMin is what a row waits for at most between
+	// two passes, and each pass costs PostgreSQL about the same whatever
+	// it takes in: a longer one trades latency for fewer, larger takes.
+	TablePollMin time.Duration
+	TablePollMax time.Duration
+
 	// TableProbeInterval is how often the intake of an adopted table
 	// that has found no new rows asks whether one is pending, between
 	// passes that back off to 200 ms (docs/adopt.md, "Intake"): the
@@ -150,6 +159,8 @@ func DefaultConfig() Config {
 		DegradedAfter:      10 * time.Second,
 		BacklogInterval:    time.Second,
 		TableExchange:      DefaultTableExchange,
+		TablePollMin:       tablesource.DefaultPollMin,
+		TablePollMax:       tablesource.DefaultPollMax,
 		TableProbeInterval: tablesource.DefaultProbeEvery,
 		Relay:              relaySettings(relay.DefaultConfig()),
 		AMQP:               amqpCfg,

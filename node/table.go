@@ -34,6 +34,8 @@ func (c Config) validateTable(ck *confcheck.Checker) {
 	if slices.ContainsFunc(c.sources(), func(s Source) bool { return s.Layout != "" }) {
 		ck.Require(c.TableExchange != "" && len(c.TableExchange) <= maxExchangeLen, "TableExchange",
 			"%q: want 1 to %d bytes", c.TableExchange, maxExchangeLen)
+		ck.Require(c.TablePollMin > 0, "TablePollMin", "%v: want more than 0", c.TablePollMin)
+		ck.Require(c.TablePollMax >= c.TablePollMin, "TablePollMax", "%v is shorter than TablePollMin (%v)", c.TablePollMax, c.TablePollMin)
 		ck.Require(c.TableProbeInterval >= 0, "TableProbeInterval", "%v is negative (0 turns the probe off)", c.TableProbeInterval)
 	}
 }
@@ -69,6 +71,7 @@ func newTableStore(cfg Config, s *source, node string, logger *slog.Logger) (rel
 		return nil, err
 	}
 	s.table.intake = tablesource.NewIntake(s.pool, node, reader, logger)
+	s.table.intake.PollMin, s.table.intake.PollMax = cfg.TablePollMin, cfg.TablePollMax
 	s.table.intake.ProbeEvery = cfg.TableProbeInterval
 	if cfg.TableProbeInterval == 0 {
 		s.table.intake.ProbeEvery = tablesource.NoProbe

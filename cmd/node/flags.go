@@ -86,6 +86,8 @@ var nodeFlags = []nodeFlag{
 	{name: "source-layout", field: "SourceLayouts", help: "the table layout of one -source that relays a table Ordo did not create, NAME=LAYOUT (LAYOUT as -table-layout's, without spaces); repeat it for each (the environment takes space-separated pairs)"},
 	{name: "table-dry-run", field: "TableDryRun", help: "print what the node would publish from its adopted tables (counts, keys, partitions, oldest pending age, bad rows, sampled keys' order) as JSON and exit; creates, publishes and marks nothing, so it can run beside the old relay"},
 	{name: "table-exchange", field: "TableExchange", help: "the exchange an adopted table's messages go to (with -table-layout)"},
+	{name: "table-poll-min", field: "TablePollMin", help: "the wait between two passes of an adopted table's intake while rows keep arriving: a row's latency against the intake's PostgreSQL work, which is mostly per pass"},
+	{name: "table-poll-max", field: "TablePollMax", help: "the longest wait between two passes of an adopted table's intake, reached by doubling from -table-poll-min while no rows arrive"},
 	{name: "table-probe-interval", field: "TableProbeInterval", help: "how often an adopted table's idle intake asks whether a new row is pending: a quiet table's latency against a round trip per interval; 0 turns it off"},
 	{name: "backlog-interval", field: "BacklogInterval", help: "how often the backlog of every partition is read for /status and /metrics (one bounded query)"},
 
