@@ -128,3 +128,7 @@ func (in *Intake) inPlan(ctx context.Context, rows []Row, f func(tx pgx.Tx, args
 // SetOnHolderCheck makes f run after each check of partition 0's lease
 // by Run that did not fail, with whether the node holds it.
 func (in *Intake) SetOnHolderCheck(f func(held bool)) { in.onHolderCheck = f }
+
+// Take takes rows in as a pass does (the intake's pipeline), without
+// reading them: the benchmarks' way to time the take alone.
+func (in *Intake) Take(ctx context.Context, rows []Row) (int, error) { return in.take(ctx, rows) }

@@ -21,7 +21,7 @@ import (
 const sqlInsert = `INSERT INTO "OutboxMessages" ("Id", "Type", "RoutingKey", "Payload", "CorrelationId", "OccurredAt", "ProcessedAt")
 VALUES ($1, $2, $3, $4, $5, $6, $7)`
 
-func articleDB(t *testing.T) *pgxpool.Pool {
+func articleDB(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	_, pool := testkit.NewDatabasePool(t, 4)
 	if _, err := pool.Exec(context.Background(), tablesource.ArticleDDL); err != nil {

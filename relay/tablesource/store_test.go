@@ -26,7 +26,7 @@ const storeParts = 4
 
 // adoptedDB is the article's table with Ordo's tables beside it (leases
 // and tablesource's), every partition held by node n1 at epoch 1.
-func adoptedDB(t *testing.T) *pgxpool.Pool {
+func adoptedDB(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	pool := articleDB(t)
 	ctx := testkit.Context(t, 30*time.Second)
@@ -48,7 +48,7 @@ func adoptedDB(t *testing.T) *pgxpool.Pool {
 }
 
 // holdAll gives every partition's lease to node at epoch.
-func holdAll(t *testing.T, pool *pgxpool.Pool, node string, epoch int64) {
+func holdAll(t testing.TB, pool *pgxpool.Pool, node string, epoch int64) {
 	t.Helper()
 	if _, err := pool.Exec(context.Background(), `UPDATE ordo_leases SET owner = $1, epoch = $2, expires_at = clock_timestamp() + interval '1 hour'`, node, epoch); err != nil {
 		t.Fatal(err)
