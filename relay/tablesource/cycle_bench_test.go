@@ -40,7 +40,7 @@ func BenchmarkTakeIn(b *testing.B) {
 	for _, page := range cyclePages {
 		b.Run(fmt.Sprintf("page=%d", page), func(b *testing.B) {
 			for range b.N {
-				c := newCycle(b)
+				c := newCycle(b, cycleRows)
 				c.run(b, page, func(rows []tablesource.Row) {
 					if n, err := c.in.Take(c.ctx, rows); err != nil || n != len(rows) {
 						b.Fatalf("took in %d of %d rows: %v", n, len(rows), err)
@@ -67,7 +67,7 @@ func BenchmarkRelayCycle(b *testing.B) {
 		for _, page := range cyclePages {
 			b.Run(fmt.Sprintf("write=%s/page=%d", write, page), func(b *testing.B) {
 				for range b.N {
-					c := newCycle(b)
+					c := newCycle(b, cycleRows)
 					step := c.today(b)
 					if write == "page-row" {
 						step = c.pageRow(b)
@@ -93,45 +93,79 @@ type cycle struct {
 	rows  []tablesource.Row // every pending row, in read order
 }
 
-func newCycle(b *testing.B) *cycle {
-	b.StopTimer()
-	pool := adoptedDB(b)
-	ctx := testkit.Context(b, 5*time.Minute)
+// TestRelayCycleSteps: the benchmarks' steps do what they stand for:
+// after every page went through today's cycle or the prototype's, every
+// user row is processed and no bookkeeping is left.
+func TestRelayCycleSteps(t *testing.T) {
+	t.Parallel()
+	for _, write := range []string{"rows", "page-row"} {
+		t.Run(write, func(t *testing.T) {
+			t.Parallel()
+			c := newCycle(t, 160)
+			step, left := c.today(t), `SELECT count(*) FROM ordo_table_rows`
+			if write == "page-row" {
+				step, left = c.pageRow(t), `SELECT count(*) FROM bench_pages`
+			}
+			for i := 0; i < len(c.rows); i += 16 {
+				step(c.rows[i : i+16])
+			}
+			var pending, kept int
+			if err := c.pool.QueryRow(c.ctx, `SELECT count(*) FROM "OutboxMessages" WHERE "ProcessedAt" IS NULL`).Scan(&pending); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.pool.QueryRow(c.ctx, left).Scan(&kept); err != nil {
+				t.Fatal(err)
+			}
+			if pending != 0 || kept != 0 {
+				t.Fatalf("after the cycle: %d user rows pending, %d bookkeeping rows left; want none", pending, kept)
+			}
+		})
+	}
+}
+
+// newCycle returns a run's database with n pending rows (a benchmark's
+// timer stopped).
+func newCycle(tb testing.TB, n int) *cycle {
+	if b, ok := tb.(*testing.B); ok {
+		b.StopTimer()
+	}
+	pool := adoptedDB(tb)
+	ctx := testkit.Context(tb, 5*time.Minute)
 	cfg := pool.Config().Copy()
 	cfg.MaxConns = 1
 	one, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
-	b.Cleanup(one.Close)
+	tb.Cleanup(one.Close)
 	c := &cycle{ctx: ctx, pool: pool, one: one}
 	if err := one.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&c.pid); err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	if _, err := backendCPU(c.pid); err != nil {
-		b.Skipf("the backend's CPU is not readable here (PostgreSQL on another machine?): %v", err)
+		tb.Skipf("the backend's CPU is not readable here (PostgreSQL on another machine?): %v", err)
 	}
 	r, err := tablesource.NewReader(tablesource.Article(), storeParts)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	c.in = tablesource.NewIntake(one, "n1", r, nil)
 	if c.store, err = tablesource.NewStore(one, "n1", tablesource.Article(), "bookstore.ordering", nil); err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `
 INSERT INTO "OutboxMessages" ("Id", "Type", "RoutingKey", "Payload", "CorrelationId", "OccurredAt")
 SELECT gen_random_uuid(), 'OrderPlaced', 'order.placed',
        jsonb_build_object('order', i, 'pad', repeat('x', 250)), 'k' || (i % $2),
        now() - interval '1 hour' + i * interval '1 ms'
-FROM generate_series(1, $1) AS i`, cycleRows, cycleKeys); err != nil {
-		b.Fatal(err)
+FROM generate_series(1, $1) AS i`, n, cycleKeys); err != nil {
+		tb.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `ANALYZE "OutboxMessages"`); err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
-	if c.rows, err = r.Pending(ctx, pool, nil, cycleRows); err != nil || len(c.rows) != cycleRows {
-		b.Fatalf("read %d of %d rows: %v", len(c.rows), cycleRows, err)
+	if c.rows, err = r.Pending(ctx, pool, nil, n); err != nil || len(c.rows) != n {
+		tb.Fatalf("read %d of %d rows: %v", len(c.rows), n, err)
 	}
 	return c
 }
@@ -176,7 +210,7 @@ func (c *cycle) walPosition(b *testing.B) int64 {
 }
 
 // today is a page's take, read and mark as the relay does them.
-func (c *cycle) today(b *testing.B) func([]tablesource.Row) {
+func (c *cycle) today(b testing.TB) func([]tablesource.Row) {
 	cursors := map[int]int64{}
 	return func(rows []tablesource.Row) {
 		if n, err := c.in.Take(c.ctx, rows); err != nil || n != len(rows) {
@@ -208,7 +242,7 @@ func (c *cycle) today(b *testing.B) func([]tablesource.Row) {
 // pageRow is the prototype's take, read and mark of a page (see
 // BenchmarkRelayCycle), in statements shaped like today's: the lease
 // rows locked FOR SHARE by the mark, a notification by the take.
-func (c *cycle) pageRow(b *testing.B) func([]tablesource.Row) {
+func (c *cycle) pageRow(b testing.TB) func([]tablesource.Row) {
 	if _, err := c.pool.Exec(c.ctx, `CREATE TABLE bench_pages (
     id bigserial PRIMARY KEY, ids uuid[] NOT NULL, key_seqs bigint[] NOT NULL, partitions int[] NOT NULL)`); err != nil {
 		b.Fatal(err)
