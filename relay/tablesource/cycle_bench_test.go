@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -54,24 +55,22 @@ func BenchmarkTakeIn(b *testing.B) {
 // BenchmarkRelayCycle: each page taken in, read back by its partitions
 // (Store.ReadPending) and marked (Store.MarkPublished): what the relay
 // of an adopted table writes and reads per row today (write=rows). Beside
-// it, write=page-row: a prototype of the write set without a
-// bookkeeping row per message, the page numbered by one upsert of its
-// keys' counters and written as one row of arrays, read back by that
-// row joined to the user's rows, marked by setting the user's
-// processed-at and deleting the page's row. The prototype leaves out
-// reading a partition out of pages shared by partitions, failing and
-// parked rows and the previous row's state: it bounds what such a design
-// could save, it is not one.
+// it, two prototypes of the write set without a bookkeeping row per
+// message, the page numbered by one upsert of its keys' counters and
+// marked by setting the user's processed-at and deleting what the page
+// wrote: write=page-row writes the page as one row of arrays and reads
+// it back by that row (pageRow); write=partition-rows writes one such
+// row a partition of the page and reads each partition above its cursor
+// (partitionRows). The prototypes leave out failing and parked rows and
+// the previous row's state: they bound what such a design could save,
+// they are not one.
 func BenchmarkRelayCycle(b *testing.B) {
-	for _, write := range []string{"rows", "page-row"} {
+	for _, write := range []string{"rows", "page-row", "partition-rows"} {
 		for _, page := range cyclePages {
 			b.Run(fmt.Sprintf("write=%s/page=%d", write, page), func(b *testing.B) {
 				for range b.N {
 					c := newCycle(b, cycleRows)
-					step := c.today(b)
-					if write == "page-row" {
-						step = c.pageRow(b)
-					}
+					step := c.step(b, write)
 					c.run(b, page, step)
 				}
 			})
@@ -98,13 +97,13 @@ type cycle struct {
 // user row is processed and no bookkeeping is left.
 func TestRelayCycleSteps(t *testing.T) {
 	t.Parallel()
-	for _, write := range []string{"rows", "page-row"} {
+	for _, write := range []string{"rows", "page-row", "partition-rows"} {
 		t.Run(write, func(t *testing.T) {
 			t.Parallel()
 			c := newCycle(t, 160)
-			step, left := c.today(t), `SELECT count(*) FROM ordo_table_rows`
-			if write == "page-row" {
-				step, left = c.pageRow(t), `SELECT count(*) FROM bench_pages`
+			step, left := c.step(t, write), `SELECT count(*) FROM bench_pages`
+			if write == "rows" {
+				left = `SELECT count(*) FROM ordo_table_rows`
 			}
 			for i := 0; i < len(c.rows); i += 16 {
 				step(c.rows[i : i+16])
@@ -209,6 +208,18 @@ func (c *cycle) walPosition(b *testing.B) int64 {
 	return lsn
 }
 
+// step returns the cycle of one page for write: "rows" (today),
+// "page-row" or "partition-rows" (the prototypes).
+func (c *cycle) step(b testing.TB, write string) func([]tablesource.Row) {
+	switch write {
+	case "page-row":
+		return c.pageRow(b)
+	case "partition-rows":
+		return c.partitionRows(b)
+	}
+	return c.today(b)
+}
+
 // today is a page's take, read and mark as the relay does them.
 func (c *cycle) today(b testing.TB) func([]tablesource.Row) {
 	cursors := map[int]int64{}
@@ -248,42 +259,16 @@ func (c *cycle) pageRow(b testing.TB) func([]tablesource.Row) {
 		b.Fatal(err)
 	}
 	return func(rows []tablesource.Row) {
-		ids := make([][16]byte, len(rows))
-		keys := make([]string, len(rows))
-		parts := make([]int32, len(rows))
-		perKey := map[string]int32{}
-		partOf := map[string]int32{}
-		for i, r := range rows {
-			ids[i], keys[i], parts[i] = r.ID, r.Key, int32(r.Partition)
-			perKey[r.Key]++
-			partOf[r.Key] = int32(r.Partition)
-		}
-		distinct := make([]string, 0, len(perKey))
-		for k := range perKey {
-			distinct = append(distinct, k)
-		}
-		sort.Strings(distinct) // counters locked in key order, as the take does
-		kparts, counts := make([]int32, len(distinct)), make([]int32, len(distinct))
-		for i, k := range distinct {
-			kparts[i], counts[i] = partOf[k], perKey[k]
-		}
+		args := numberingArgs(rows)
+		ids, parts := args[0], args[2]
 		var pageID int64
 		bt := &pgx.Batch{}
 		bt.Queue(`
-WITH c AS (
-    INSERT INTO ordo_table_keys AS k (key, partition, last_key_seq)
-    SELECT u.key, u.partition, u.n FROM unnest($4::text[], $5::int[], $6::int[]) AS u(key, partition, n)
-    ON CONFLICT (key) DO UPDATE SET last_key_seq = k.last_key_seq + EXCLUDED.last_key_seq
-    RETURNING k.key, k.last_key_seq AS top
-), p AS (
-    SELECT u.id, u.key, u.partition, u.ord,
-           row_number() OVER (PARTITION BY u.key ORDER BY u.ord) AS rn, count(*) OVER (PARTITION BY u.key) AS n
-    FROM unnest($1::uuid[], $2::text[], $3::int[]) WITH ORDINALITY AS u(id, key, partition, ord)
-)
+WITH `+sqlBenchNumbering+`
 INSERT INTO bench_pages (ids, key_seqs, partitions)
 SELECT array_agg(p.id ORDER BY p.ord), array_agg(c.top - p.n + p.rn ORDER BY p.ord), array_agg(p.partition ORDER BY p.ord)
 FROM p JOIN c ON c.key = p.key
-RETURNING id, pg_notify('bench_pages', array_to_string($3::int[], ','))`, ids, keys, parts, distinct, kparts, counts).
+RETURNING id, pg_notify('bench_pages', array_to_string($3::int[], ','))`, args...).
 			QueryRow(func(row pgx.Row) error { return row.Scan(&pageID, nil) })
 		if err := c.one.SendBatch(c.ctx, bt).Close(); err != nil {
 			b.Fatal(err)
@@ -316,6 +301,127 @@ u AS (
     RETURNING 1),
 d AS (DELETE FROM bench_pages WHERE id = $2)
 SELECT count(*) FROM u`, ids, pageID, parts).Scan(&marked); err != nil || marked != len(rows) {
+			b.Fatalf("marked %d of %d rows: %v", marked, len(rows), err)
+		}
+	}
+}
+
+// numberingArgs are sqlBenchNumbering's parameters for a page: its ids,
+// keys and partitions in read order, and its distinct keys (in key
+// order, as the take locks counters) with their partitions and row counts.
+func numberingArgs(rows []tablesource.Row) []any {
+	ids := make([][16]byte, len(rows))
+	keys := make([]string, len(rows))
+	parts := make([]int32, len(rows))
+	perKey := map[string]int32{}
+	partOf := map[string]int32{}
+	for i, r := range rows {
+		ids[i], keys[i], parts[i] = r.ID, r.Key, int32(r.Partition)
+		perKey[r.Key]++
+		partOf[r.Key] = int32(r.Partition)
+	}
+	distinct := make([]string, 0, len(perKey))
+	for k := range perKey {
+		distinct = append(distinct, k)
+	}
+	sort.Strings(distinct)
+	kparts, counts := make([]int32, len(distinct)), make([]int32, len(distinct))
+	for i, k := range distinct {
+		kparts[i], counts[i] = partOf[k], perKey[k]
+	}
+	return []any{ids, keys, parts, distinct, kparts, counts}
+}
+
+// sqlBenchNumbering numbers a page (numberingArgs): c, each key's
+// counter moved by its rows and returned (one upsert, no separate lock),
+// and p, the page's rows with their place in their key (rn of n), so
+// that a row's key_seq is c.top - p.n + p.rn.
+const sqlBenchNumbering = `c AS (
+    INSERT INTO ordo_table_keys AS k (key, partition, last_key_seq)
+    SELECT u.key, u.partition, u.n FROM unnest($4::text[], $5::int[], $6::int[]) AS u(key, partition, n)
+    ON CONFLICT (key) DO UPDATE SET last_key_seq = k.last_key_seq + EXCLUDED.last_key_seq
+    RETURNING k.key, k.last_key_seq AS top
+), p AS (
+    SELECT u.id, u.key, u.partition, u.ord,
+           row_number() OVER (PARTITION BY u.key ORDER BY u.ord) AS rn, count(*) OVER (PARTITION BY u.key) AS n
+    FROM unnest($1::uuid[], $2::text[], $3::int[]) WITH ORDINALITY AS u(id, key, partition, ord)
+)`
+
+// partitionRows is the prototype with one row a page and partition
+// (write=partition-rows): each partition's rows read above its cursor
+// by its owner, as today's relay reads, and each page-partition row
+// deleted by the mark of its rows.
+func (c *cycle) partitionRows(b testing.TB) func([]tablesource.Row) {
+	if _, err := c.pool.Exec(c.ctx, `CREATE TABLE bench_pages (
+    id bigserial PRIMARY KEY, partition int NOT NULL, ids uuid[] NOT NULL, key_seqs bigint[] NOT NULL);
+CREATE INDEX bench_pages_partition ON bench_pages (partition, id)`); err != nil {
+		b.Fatal(err)
+	}
+	cursors := map[int32]int64{}
+	return func(rows []tablesource.Row) {
+		args := numberingArgs(rows)
+		ids, parts := args[0], args[2]
+		bt := &pgx.Batch{}
+		bt.Queue(`
+WITH `+sqlBenchNumbering+`,
+ins AS (
+    INSERT INTO bench_pages (partition, ids, key_seqs)
+    SELECT p.partition, array_agg(p.id ORDER BY p.ord), array_agg(c.top - p.n + p.rn ORDER BY p.ord)
+    FROM p JOIN c ON c.key = p.key GROUP BY p.partition
+    RETURNING partition)
+SELECT count(*), pg_notify('bench_pages', string_agg(partition::text, ',')) FROM ins`, args...).
+			QueryRow(func(row pgx.Row) error { return row.Scan(nil, nil) })
+		if err := c.one.SendBatch(c.ctx, bt).Close(); err != nil {
+			b.Fatal(err)
+		}
+		var cp []int32
+		var after []int64
+		for _, p := range parts.([]int32) {
+			if !slices.Contains(cp, p) {
+				cp = append(cp, p)
+				after = append(after, cursors[p])
+			}
+		}
+		read, err := c.one.Query(c.ctx, `
+SELECT p.id, p.partition, x.id, x.key_seq, m."Type"::text, m."RoutingKey"::text, m."Payload"::text, m."CorrelationId", m."ProcessedAt"
+FROM unnest($1::int[], $2::bigint[]) AS cur(partition, after)
+CROSS JOIN LATERAL (
+    SELECT * FROM bench_pages AS p WHERE p.partition = cur.partition AND p.id > cur.after ORDER BY p.id) AS p
+CROSS JOIN LATERAL unnest(p.ids, p.key_seqs) AS x(id, key_seq)
+JOIN "OutboxMessages" AS m ON m."Id" = x.id`, cp, after)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var pageIDs []int64
+		n := 0
+		for read.Next() {
+			var id int64
+			var part int32
+			if err := read.Scan(&id, &part, nil, nil, nil, nil, nil, nil, nil); err != nil {
+				b.Fatal(err)
+			}
+			cursors[part] = max(cursors[part], id)
+			if !slices.Contains(pageIDs, id) {
+				pageIDs = append(pageIDs, id)
+			}
+			n++
+		}
+		if read.Close(); read.Err() != nil || n != len(rows) {
+			b.Fatalf("read %d of %d rows: %v", n, len(rows), read.Err())
+		}
+		var marked int
+		if err := c.one.QueryRow(c.ctx, `
+WITH held AS (
+    SELECT l.partition FROM ordo_leases AS l
+    WHERE l.owner = 'n1' AND l.partition = ANY($3::int[])
+    ORDER BY l.partition
+    FOR SHARE),
+u AS (
+    UPDATE "OutboxMessages" AS m SET "ProcessedAt" = clock_timestamp()
+    WHERE m."Id" = ANY($1::uuid[]) AND m."ProcessedAt" IS NULL AND (SELECT count(*) FROM held) > 0
+    RETURNING 1),
+d AS (DELETE FROM bench_pages WHERE id = ANY($2::bigint[]))
+SELECT count(*) FROM u`, ids, pageIDs, parts).Scan(&marked); err != nil || marked != len(rows) {
 			b.Fatalf("marked %d of %d rows: %v", marked, len(rows), err)
 		}
 	}
