@@ -288,21 +288,7 @@ WHERE p.id = $1`, pageID)
 		if read.Close(); read.Err() != nil || n != len(rows) {
 			b.Fatalf("read %d of %d rows: %v", n, len(rows), read.Err())
 		}
-		var marked int
-		if err := c.one.QueryRow(c.ctx, `
-WITH held AS (
-    SELECT l.partition FROM ordo_leases AS l
-    WHERE l.owner = 'n1' AND l.partition = ANY($3::int[])
-    ORDER BY l.partition
-    FOR SHARE),
-u AS (
-    UPDATE "OutboxMessages" AS m SET "ProcessedAt" = clock_timestamp()
-    WHERE m."Id" = ANY($1::uuid[]) AND m."ProcessedAt" IS NULL AND (SELECT count(*) FROM held) > 0
-    RETURNING 1),
-d AS (DELETE FROM bench_pages WHERE id = $2)
-SELECT count(*) FROM u`, ids, pageID, parts).Scan(&marked); err != nil || marked != len(rows) {
-			b.Fatalf("marked %d of %d rows: %v", marked, len(rows), err)
-		}
+		c.markPages(b, ids, parts, []int64{pageID}, len(rows))
 	}
 }
 
@@ -409,8 +395,17 @@ JOIN "OutboxMessages" AS m ON m."Id" = x.id`, cp, after)
 		if read.Close(); read.Err() != nil || n != len(rows) {
 			b.Fatalf("read %d of %d rows: %v", n, len(rows), read.Err())
 		}
-		var marked int
-		if err := c.one.QueryRow(c.ctx, `
+		c.markPages(b, ids, parts, pageIDs, len(rows))
+	}
+}
+
+// markPages is the prototypes' mark: the user's rows ids set processed
+// and the page rows pageIDs deleted, while n1 holds the rows' partitions
+// parts (their lease rows locked FOR SHARE, as today's mark does); want
+// rows must be marked.
+func (c *cycle) markPages(b testing.TB, ids, parts any, pageIDs []int64, want int) {
+	var marked int
+	if err := c.one.QueryRow(c.ctx, `
 WITH held AS (
     SELECT l.partition FROM ordo_leases AS l
     WHERE l.owner = 'n1' AND l.partition = ANY($3::int[])
@@ -421,9 +416,8 @@ u AS (
     WHERE m."Id" = ANY($1::uuid[]) AND m."ProcessedAt" IS NULL AND (SELECT count(*) FROM held) > 0
     RETURNING 1),
 d AS (DELETE FROM bench_pages WHERE id = ANY($2::bigint[]))
-SELECT count(*) FROM u`, ids, pageIDs, parts).Scan(&marked); err != nil || marked != len(rows) {
-			b.Fatalf("marked %d of %d rows: %v", marked, len(rows), err)
-		}
+SELECT count(*) FROM u`, ids, pageIDs, parts).Scan(&marked); err != nil || marked != want {
+		b.Fatalf("marked %d of %d rows: %v", marked, want, err)
 	}
 }
 
