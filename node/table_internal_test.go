@@ -13,7 +13,7 @@ import (
 // node's poll and probe intervals, and a probe interval of 0 turns the
 // probe off.
 func TestTableIntakeSettings(t *testing.T) {
-	pool, err := pgxpool.New(t.Context(), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable") // never connects
+	pool, err := pgxpool.New(t.Context(), DefaultConfig().PostgresURL) // never connects
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,6 +34,10 @@ const (
 
 var cyclePages = []int{1, 16, 64}
 
+// cycleWrites are the write sets cycle.step knows: today's and the two
+// prototypes'.
+var cycleWrites = []string{"rows", "page-row", "partition-rows"}
+
 // BenchmarkTakeIn: the intake's take alone (Intake.Take: the planner
 // settings and the take statement in one pipeline), pages of 1, 16 and
 // 64 rows.
@@ -65,7 +69,7 @@ func BenchmarkTakeIn(b *testing.B) {
 // the previous row's state: they bound what such a design could save,
 // they are not one.
 func BenchmarkRelayCycle(b *testing.B) {
-	for _, write := range []string{"rows", "page-row", "partition-rows"} {
+	for _, write := range cycleWrites {
 		for _, page := range cyclePages {
 			b.Run(fmt.Sprintf("write=%s/page=%d", write, page), func(b *testing.B) {
 				for range b.N {
@@ -97,7 +101,7 @@ type cycle struct {
 // user row is processed and no bookkeeping is left.
 func TestRelayCycleSteps(t *testing.T) {
 	t.Parallel()
-	for _, write := range []string{"rows", "page-row", "partition-rows"} {
+	for _, write := range cycleWrites {
 		t.Run(write, func(t *testing.T) {
 			t.Parallel()
 			c := newCycle(t, 160)
