@@ -359,29 +359,7 @@ func TestJournalNeverJoinsItsSetsRowByRow(t *testing.T) {
 SELECT gen_random_uuid(), abs(hashtext('k' || (g % 4000))) % 64, 'k' || (g % 4000), 'ex', 'rk', 't', '{}'
 FROM generate_series(1, 13600) AS g`)
 
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var plans []string
-	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
-		mu.Lock()
-		defer mu.Unlock()
-		plans = append(plans, n.Message)
-	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	for _, stmt := range []string{`LOAD 'auto_explain'`, `SET auto_explain.log_min_duration = 0`,
-		`SET auto_explain.log_nested_statements = on`, `SET auto_explain.log_analyze = on`,
-		`SET auto_explain.log_timing = off`, `SET auto_explain.log_level = notice`} {
-		if _, err := conn.Exec(ctx, stmt); err != nil {
-			t.Skipf("auto_explain is not available here (%s: %v)", stmt, err)
-		}
-	}
+	conn, notices := explainingConn(t, ctx, url)
 	parts := make([]int32, 64)
 	for i := range parts {
 		parts[i] = int32(i)
@@ -390,8 +368,7 @@ FROM generate_series(1, 13600) AS g`)
 	if err := conn.QueryRow(ctx, `SELECT outbox_journal_rows('n1', $1::int[], NULL)`, parts).Scan(&numbered); err != nil || numbered != 13600 {
 		t.Fatalf("outbox_journal_rows numbered %d rows (%v), want 13600", numbered, err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	plans := notices()
 	removed := regexp.MustCompile(`Rows Removed by Join Filter: (\d+)`)
 	seen := false
 	for _, plan := range plans {
@@ -407,5 +384,105 @@ FROM generate_series(1, 13600) AS g`)
 	}
 	if !seen {
 		t.Fatalf("no plan of the numbering among %d notices", len(plans))
+	}
+}
+
+// explainingConn returns a connection to url on which auto_explain sends
+// the plan of every statement, nested ones included (with actual rows,
+// without timing), as a notice, and a function that returns the plans
+// received so far. It skips the test where auto_explain is missing.
+func explainingConn(t *testing.T, ctx context.Context, url string) (*pgx.Conn, func() []string) {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var plans []string
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		mu.Lock()
+		defer mu.Unlock()
+		plans = append(plans, n.Message)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	for _, stmt := range []string{`LOAD 'auto_explain'`, `SET auto_explain.log_min_duration = 0`,
+		`SET auto_explain.log_nested_statements = on`, `SET auto_explain.log_analyze = on`,
+		`SET auto_explain.log_timing = off`, `SET auto_explain.log_level = notice`} {
+		if _, err := conn.Exec(ctx, stmt); err != nil {
+			t.Skipf("auto_explain is not available here (%s: %v)", stmt, err)
+		}
+	}
+	return conn, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), plans...)
+	}
+}
+
+// TestNumberingReadsOnlyWhatItWalks: the owner's numbering of a page of
+// one key's backlog reads, from the outbox, the rows it walks (the
+// partition's ready rows up to the page) and no others, beside 100,000
+// processed rows of other partitions, on a table analyzed while that
+// key's backlog was all it held. Those statistics promise many ready
+// rows, and a numbering free to hash joined what it walked with the
+// whole outbox (to find the rows to park) and with the whole journal (to
+// skip the rows numbered before): every call read the table.
+func TestNumberingReadsOnlyWhatItWalks(t *testing.T) {
+	testkit.RequirePostgres(t)
+	const backlog, numbered, page = 20000, 5000, 512
+	url, pool := testkit.NewDatabasePool(t, 2)
+	ctx := testkit.Context(t, 5*time.Minute)
+	if err := outbox.Migrate(ctx, pool, 64); err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Migrate(ctx, pool, 64); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, pool, `ALTER TABLE outbox SET (autovacuum_enabled = off)`)
+	exec(t, pool, `UPDATE ordo_leases SET owner = 'n1', epoch = 1, expires_at = clock_timestamp() + interval '1 hour'`)
+	exec(t, pool, `DROP TRIGGER outbox_assign_key_seq ON outbox`)
+	exec(t, pool, fmt.Sprintf(`INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload)
+SELECT gen_random_uuid(), 1, 'hot', 'ex', 'rk', 't', jsonb_build_object('pad', repeat('x', 250)) FROM generate_series(1, %d)`, backlog))
+	exec(t, pool, `ANALYZE outbox`)
+	var first int64
+	if err := pool.QueryRow(ctx, `SELECT min(seq) FROM outbox`).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	// The rows a relay has read ahead: numbered, not yet marked.
+	var n int64
+	if err := pool.QueryRow(ctx, sqlJournalRows, "n1", []int32{1}, []int64{first + numbered - 1}).Scan(&n); err != nil || n != numbered {
+		t.Fatalf("numbered %d rows (%v), want %d", n, err, numbered)
+	}
+	exec(t, pool, `ANALYZE outbox, outbox_numbers`) // as autovacuum would, in a drain
+	exec(t, pool, `INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload, key_seq, processed_at)
+SELECT gen_random_uuid(), 2 + g % 60, 'done-' || g, 'ex', 'rk', 't', '{}', 1, clock_timestamp() FROM generate_series(1, 100000) AS g`)
+
+	conn, notices := explainingConn(t, ctx, url)
+	if err := conn.QueryRow(ctx, sqlJournalRows, "n1", []int32{1}, []int64{first + numbered + page - 1}).Scan(&n); err != nil || n != page {
+		t.Fatalf("numbered %d rows (%v), want %d", n, err, page)
+	}
+	// Every scan of the outbox in the numbering's plans: rows times loops.
+	scan := regexp.MustCompile(`(?m)^.*Scan[^\n]* on outbox [^\n]*rows=(\d+) loops=(\d+)\)$`)
+	seen := false
+	for _, plan := range notices() {
+		if !strings.Contains(plan, "outbox_numbers") {
+			continue
+		}
+		for _, m := range scan.FindAllStringSubmatch(plan, -1) {
+			seen = true
+			rows, _ := strconv.Atoi(m[1])
+			loops, _ := strconv.Atoi(m[2])
+			if rows*loops > numbered+page {
+				t.Fatalf("the numbering of %d rows read %d outbox rows in one scan (it walks %d):\n%s",
+					page, rows*loops, numbered+page, plan)
+			}
+		}
+	}
+	if !seen {
+		t.Fatal("no scan of the outbox in the numbering's plans")
 	}
 }
