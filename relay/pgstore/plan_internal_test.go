@@ -434,16 +434,7 @@ func explainingConn(t *testing.T, ctx context.Context, url string) (*pgx.Conn, f
 func TestNumberingReadsOnlyWhatItWalks(t *testing.T) {
 	testkit.RequirePostgres(t)
 	const backlog, numbered, page = 20000, 5000, 512
-	url, pool := testkit.NewDatabasePool(t, 2)
-	ctx := testkit.Context(t, 5*time.Minute)
-	if err := outbox.Migrate(ctx, pool, 64); err != nil {
-		t.Fatal(err)
-	}
-	if err := lease.Migrate(ctx, pool, 64); err != nil {
-		t.Fatal(err)
-	}
-	exec(t, pool, `ALTER TABLE outbox SET (autovacuum_enabled = off)`)
-	exec(t, pool, `UPDATE ordo_leases SET owner = 'n1', epoch = 1, expires_at = clock_timestamp() + interval '1 hour'`)
+	pool, ctx := planDB(t)
 	exec(t, pool, `DROP TRIGGER outbox_assign_key_seq ON outbox`)
 	exec(t, pool, fmt.Sprintf(`INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload)
 SELECT gen_random_uuid(), 1, 'hot', 'ex', 'rk', 't', jsonb_build_object('pad', repeat('x', 250)) FROM generate_series(1, %d)`, backlog))
@@ -461,7 +452,7 @@ SELECT gen_random_uuid(), 1, 'hot', 'ex', 'rk', 't', jsonb_build_object('pad', r
 	exec(t, pool, `INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload, key_seq, processed_at)
 SELECT gen_random_uuid(), 2 + g % 60, 'done-' || g, 'ex', 'rk', 't', '{}', 1, clock_timestamp() FROM generate_series(1, 100000) AS g`)
 
-	conn, notices := explainingConn(t, ctx, url)
+	conn, notices := explainingConn(t, ctx, pool.Config().ConnConfig.ConnString())
 	if err := conn.QueryRow(ctx, sqlJournalRows, "n1", []int32{1}, []int64{first + numbered + page - 1}).Scan(&n); err != nil || n != page {
 		t.Fatalf("numbered %d rows (%v), want %d", n, err, page)
 	}
