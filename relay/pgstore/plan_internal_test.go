@@ -80,14 +80,10 @@ func plansFollowTheWork(t *testing.T, hotStats, lean bool) {
 		exec(t, pool, `ANALYZE outbox`)
 	}
 	var at10k, at100k map[string]float64
-	parts := make([]string, 64)
-	for i := range parts {
-		parts[i] = fmt.Sprint(i)
-	}
 	for _, total := range []int{10000, 100000} {
 		load(t, pool, total)
 		if lean {
-			exec(t, pool, fmt.Sprintf(`SELECT outbox_journal_rows('n1', '{%s}', NULL)`, strings.Join(parts, ",")))
+			exec(t, pool, `SELECT outbox_journal_rows('n1', ARRAY(SELECT generate_series(0, 63)), NULL)`)
 		}
 		got := map[string]float64{}
 		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
@@ -365,21 +361,13 @@ func TestLeanNumberingSkipsParkedKeys(t *testing.T) {
 // this connection as notices.
 func TestJournalNeverJoinsItsSetsRowByRow(t *testing.T) {
 	testkit.RequirePostgres(t)
-	url, pool := testkit.NewDatabasePool(t, 2)
-	ctx := testkit.Context(t, 5*time.Minute)
-	if err := outbox.Migrate(ctx, pool, 64); err != nil {
-		t.Fatal(err)
-	}
-	if err := lease.Migrate(ctx, pool, 64); err != nil {
-		t.Fatal(err)
-	}
-	exec(t, pool, `UPDATE ordo_leases SET owner = 'n1', epoch = 1, expires_at = clock_timestamp() + interval '1 hour'`)
+	pool, ctx := planDB(t)
 	exec(t, pool, `DROP TRIGGER outbox_assign_key_seq ON outbox`)
 	exec(t, pool, `INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload)
 SELECT gen_random_uuid(), abs(hashtext('k' || (g % 4000))) % 64, 'k' || (g % 4000), 'ex', 'rk', 't', '{}'
 FROM generate_series(1, 13600) AS g`)
 
-	conn, notices := explainingConn(t, ctx, url)
+	conn, notices := explainingConn(t, ctx, pool)
 	parts := make([]int32, 64)
 	for i := range parts {
 		parts[i] = int32(i)
@@ -407,13 +395,13 @@ FROM generate_series(1, 13600) AS g`)
 	}
 }
 
-// explainingConn returns a connection to url on which auto_explain sends
+// explainingConn returns a connection to pool's database on which auto_explain sends
 // the plan of every statement, nested ones included (with actual rows,
 // without timing), as a notice, and a function that returns the plans
 // received so far. It skips the test where auto_explain is missing.
-func explainingConn(t *testing.T, ctx context.Context, url string) (*pgx.Conn, func() []string) {
+func explainingConn(t *testing.T, ctx context.Context, pool *pgxpool.Pool) (*pgx.Conn, func() []string) {
 	t.Helper()
-	cfg, err := pgx.ParseConfig(url)
+	cfg, err := pgx.ParseConfig(pool.Config().ConnConfig.ConnString())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -472,7 +460,7 @@ SELECT gen_random_uuid(), 1, 'hot', 'ex', 'rk', 't', jsonb_build_object('pad', r
 	exec(t, pool, `INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload, key_seq, processed_at)
 SELECT gen_random_uuid(), 2 + g % 60, 'done-' || g, 'ex', 'rk', 't', '{}', 1, clock_timestamp() FROM generate_series(1, 100000) AS g`)
 
-	conn, notices := explainingConn(t, ctx, pool.Config().ConnConfig.ConnString())
+	conn, notices := explainingConn(t, ctx, pool)
 	if err := conn.QueryRow(ctx, sqlJournalRows, "n1", []int32{1}, []int64{first + numbered + page - 1}).Scan(&n); err != nil || n != page {
 		t.Fatalf("numbered %d rows (%v), want %d", n, err, page)
 	}
