@@ -57,16 +57,21 @@ RETURNING partition`
 	// once no later row of its key is pending and a later row was
 	// published (present and not dead, or already deleted): a future
 	// message's x-ordo-prev-key-seq then never needs to step over it.
+	// A later row's key_seq may be in the owner's journal (outbox_numbers)
+	// rather than in the row, pending or published: both count.
 	sqlPurge = `
 DELETE FROM outbox AS d
 WHERE d.dead_at IS NOT NULL AND d.processed_at IS NOT NULL
   AND NOT EXISTS (SELECT 1 FROM outbox AS p
                   WHERE p.correlation_id = d.correlation_id AND p.key_seq > d.key_seq AND p.processed_at IS NULL)
-  AND NOT EXISTS (SELECT 1 FROM outbox_numbers AS j
-                  WHERE j.correlation_id = d.correlation_id AND j.key_seq > d.key_seq)
+  AND NOT EXISTS (SELECT 1 FROM outbox_numbers AS j JOIN outbox AS p ON p.id = j.id
+                  WHERE j.correlation_id = d.correlation_id AND j.key_seq > d.key_seq AND p.processed_at IS NULL)
   AND (EXISTS (SELECT 1 FROM outbox AS n
                WHERE n.correlation_id = d.correlation_id AND n.key_seq > d.key_seq
                  AND n.processed_at IS NOT NULL AND n.dead_at IS NULL)
+       OR EXISTS (SELECT 1 FROM outbox_numbers AS j JOIN outbox AS n ON n.id = j.id
+                  WHERE j.correlation_id = d.correlation_id AND j.key_seq > d.key_seq
+                    AND n.processed_at IS NOT NULL AND n.dead_at IS NULL)
        -- or a later row is gone: retention deleted it (it was published), or
        -- purge did (it was dead with a published row after it)
        OR (SELECT count(*) FROM outbox AS x
@@ -81,8 +86,11 @@ WHERE d.dead_at IS NOT NULL AND d.processed_at IS NOT NULL
 	// so nothing above it was deleted by them); else, with pending rows,
 	// the one below its lowest pending row (rows above a pending one are
 	// never processed, so never deleted); else last (nothing can be told).
-	// A pending row's key_seq may be in the owner's journal
-	// (outbox_numbers) rather than in the row: both count.
+	// A row's key_seq may be in the owner's journal (outbox_numbers)
+	// rather than in the row, pending or published: both count, and the
+	// lowest journaled number stands in for the lowest pending row (the
+	// mark leaves a published row's number in the journal, and retention
+	// deletes a key's rows oldest first, entries with them).
 	// The keys worth checking: those with pending rows (keys $1 if not
 	// null), and those whose counter is ahead of their highest row (the
 	// next row would step over the missing ones).

@@ -131,8 +131,7 @@ type planted struct {
 
 // numbered fills in the row's key_seq where it had none at insert (the
 // key_seq trigger dropped, -lean): a parked row was numbered before its
-// first publish, in the owner's journal or, once written back, in the
-// row.
+// first publish, in the owner's journal or, once parked, in the row.
 func (p *planted) numbered(ctx context.Context) error {
 	if p.keySeq > 0 {
 		return nil

@@ -180,8 +180,7 @@ func TestNumberingStopsAtTheRead(t *testing.T) {
 	if err != nil || len(first) != 10 {
 		t.Fatalf("read %d rows (%v); want 10", len(first), err)
 	}
-	// The numbers are in the journal, not in the rows (written back by
-	// the mark).
+	// The numbers are in the journal, not in the rows.
 	var numbered, inRows int
 	if err := h.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox_numbers), (SELECT count(*) FROM outbox WHERE key_seq IS NOT NULL)`).
 		Scan(&numbered, &inRows); err != nil {
@@ -321,10 +320,13 @@ func TestTwoNumberingsOfOnePartitionTakeTurns(t *testing.T) {
 	}
 }
 
-// TestMarkWritesTheNumberBack: the mark writes each row's journaled
-// key_seq into the row and deletes the entry; a later row of the key is
-// numbered above it and reads it as its prev, published.
-func TestMarkWritesTheNumberBack(t *testing.T) {
+// TestMarkLeavesTheNumberInTheJournal: the mark sets processed_at and
+// leaves the row's journaled key_seq where it is (written into the row,
+// it made the row's WAL record carry most of the row); a later row of
+// the key is numbered above it and reads it as its prev, published; the
+// retention that deletes the row deletes its entry, and the later row
+// still reads as before.
+func TestMarkLeavesTheNumberInTheJournal(t *testing.T) {
 	testkit.RequirePostgres(t)
 	h := newHarness(t, false)
 	ctx := testkit.Context(t, 30*time.Second)
@@ -338,15 +340,30 @@ func TestMarkWritesTheNumberBack(t *testing.T) {
 	if err != nil || len(marked) != 1 {
 		t.Fatalf("MarkPublished = %v, %v", marked, err)
 	}
-	var ks *int64
-	var entries int
-	if err := h.pool.QueryRow(ctx, `SELECT key_seq, (SELECT count(*) FROM outbox_numbers WHERE id = $1) FROM outbox WHERE id = $1`, ids[0]).
-		Scan(&ks, &entries); err != nil || ks == nil || *ks != 1 || entries != 0 {
-		t.Fatalf("the marked row: key_seq %v, %d journal entries (%v); want 1 in the row and none", ks, entries, err)
+	var inRow, journaled *int64
+	if err := h.pool.QueryRow(ctx, `SELECT o.key_seq, n.key_seq FROM outbox AS o LEFT JOIN outbox_numbers AS n ON n.id = o.id
+		WHERE o.id = $1 AND o.processed_at IS NOT NULL`, ids[0]).Scan(&inRow, &journaled); err != nil || inRow != nil || journaled == nil || *journaled != 1 {
+		t.Fatalf("the marked row: key_seq %v in the row, %v in the journal (%v); want none and 1", inRow, journaled, err)
 	}
-	rows = readAll(t, h.store, relay.Cursor{Partition: 2, After: rows[0].Seq})
+	after := relay.Cursor{Partition: 2, After: rows[0].Seq}
+	rows = readAll(t, h.store, after)
 	if len(rows) != 1 || rows[0].ID != ids[1] || rows[0].KeySeq != 2 || rows[0].PrevPending {
 		t.Fatalf("read after the mark %+v; want k's second row, key_seq 2, its prev published", rows)
+	}
+	if prev, err := h.store.PrevKeySeq(ctx, "k", 2); err != nil || prev != 1 {
+		t.Fatalf("PrevKeySeq(k, 2) = %d, %v; want 1", prev, err)
+	}
+	deleted, err := h.store.DeleteProcessed(ctx, 2, epoch, 0, 10)
+	if err != nil || deleted != 1 {
+		t.Fatalf("DeleteProcessed = %d, %v; want the marked row", deleted, err)
+	}
+	var left int
+	if err := h.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_numbers WHERE id = $1`, ids[0]).Scan(&left); err != nil || left != 0 {
+		t.Fatalf("%d journal entries of the deleted row left (%v); want none", left, err)
+	}
+	rows = readAll(t, h.store, after)
+	if len(rows) != 1 || rows[0].ID != ids[1] || rows[0].KeySeq != 2 || rows[0].PrevPending {
+		t.Fatalf("read after retention %+v; want k's second row, key_seq 2, its prev gone (published)", rows)
 	}
 }
 
@@ -413,6 +430,46 @@ func TestProducersDeadAtIsNotASkip(t *testing.T) {
 	}
 	if st := h.State(t, parked); !st.Parked {
 		t.Fatalf("p's parked row after the purge: %+v; want it there, parked", st)
+	}
+}
+
+// TestPurgeStepsOverAJournaledRow: a skipped row may be purged once a
+// later row of its key is published, and the later row's key_seq stays
+// in the owner's journal after its mark. Counting every journaled number
+// above as pending, the purge kept the skipped row for ever.
+func TestPurgeStepsOverAJournaledRow(t *testing.T) {
+	testkit.RequirePostgres(t)
+	h := newHarness(t, false)
+	ctx := testkit.Context(t, 30*time.Second)
+	epoch := h.Grant(t, "n1", 2)
+	ops := admin.NewStore(h.pool)
+	who := admin.Actor{Operator: "test", RemoteAddr: "local"}
+	skipped := h.Insert(t, 2, "s")[0]
+	if rows := readAll(t, h.store, from(2)); len(rows) != 1 || rows[0].KeySeq != 1 {
+		t.Fatalf("read %+v; want s's row, key_seq 1", rows)
+	}
+	if got, err := h.store.RecordFailures(ctx, []relay.Settled{{ID: skipped, Partition: 2, Epoch: epoch}}, 1); err != nil || len(got) != 1 {
+		t.Fatalf("RecordFailures = %v, %v; want s's row parked", got, err)
+	}
+	if err := ops.Skip(ctx, who, skipped); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := ops.Purge(ctx, who); err != nil || n != 0 {
+		t.Fatalf("Purge = %d, %v; want nothing: no later row of s is published", n, err)
+	}
+	later := h.Insert(t, 2, "s")[0]
+	rows := readAll(t, h.store, from(2))
+	if len(rows) != 1 || rows[0].ID != later || rows[0].KeySeq != 2 || !rows[0].PrevDead {
+		t.Fatalf("read %+v; want s's second row, key_seq 2, above the skipped one", rows)
+	}
+	if n, err := ops.Purge(ctx, who); err != nil || n != 0 {
+		t.Fatalf("Purge = %d, %v; want nothing: s's later row is pending", n, err)
+	}
+	if marked, err := h.store.MarkPublished(ctx, []relay.Settled{{ID: later, Partition: 2, Epoch: epoch}}); err != nil || len(marked) != 1 {
+		t.Fatalf("MarkPublished = %v, %v", marked, err)
+	}
+	if n, err := ops.Purge(ctx, who); err != nil || n != 1 {
+		t.Fatalf("Purge = %d, %v; want the skipped row: s's later row is published", n, err)
 	}
 }
 

@@ -234,9 +234,9 @@ func (s *Store) PrevKeySeq(ctx context.Context, key string, keySeq int64) (int64
 
 // DeleteProcessed implements relay.Retention.
 func (s *Store) DeleteProcessed(ctx context.Context, partition int, epoch int64, olderThan time.Duration, limit int) (int64, error) {
-	tag, err := s.pool.Exec(ctx, sqlRetention, planFresh, s.node, partition, limit, olderThan.Seconds(), epoch)
-	if err != nil {
+	var n int64
+	if err := s.pool.QueryRow(ctx, sqlRetention, planFresh, s.node, partition, limit, olderThan.Seconds(), epoch).Scan(&n); err != nil {
 		return 0, fmt.Errorf("delete processed rows of partition %d: %w", partition, err)
 	}
-	return tag.RowsAffected(), nil
+	return n, nil
 }
