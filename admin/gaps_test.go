@@ -164,3 +164,36 @@ func TestGaps(t *testing.T) {
 		t.Fatalf("%d fill-gap actions audited (%v), want %d (4 refused, %d filled)", audited, err, 4+len(want), len(want))
 	}
 }
+
+// TestFillGapWithoutTheTrigger: with the key_seq trigger dropped (the
+// partition owner numbers rows), the placeholder's insert takes no number
+// from the key's counter, so the fill gives none back: the counter stays
+// where it was, and the owner's next number for the key is not one a row
+// already holds.
+func TestFillGapWithoutTheTrigger(t *testing.T) {
+	t.Parallel()
+	ob := testkit.NewOutbox(t, 16, 3)
+	pool := ob.Pool
+	ctx := testkit.Context(t, 30*time.Second)
+	if _, err := pool.Exec(ctx, `DROP TRIGGER outbox_assign_key_seq ON outbox`); err != nil {
+		t.Fatal(err)
+	}
+	// Rows the owner numbered: 1 published, 2 deleted by hand, 3 pending.
+	if _, err := pool.Exec(ctx, `
+		WITH k AS (INSERT INTO outbox_keys (correlation_id, last_key_seq, partition) VALUES ('lean', 3, 5))
+		INSERT INTO outbox (id, partition, correlation_id, key_seq, exchange, routing_key, type, payload, processed_at)
+		VALUES (gen_random_uuid(), 5, 'lean', 1, 'ex', 'rk', 't', '{}', now()),
+		       (gen_random_uuid(), 5, 'lean', 3, 'ex', 'rk', 't', '{}', NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	store := admin.NewStore(pool)
+	id, err := store.FillGap(ctx, admin.Actor{Operator: "alice", RemoteAddr: "test"}, "lean", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seq, last int64
+	if err := pool.QueryRow(ctx, `SELECT o.key_seq, k.last_key_seq FROM outbox o JOIN outbox_keys k USING (correlation_id) WHERE o.id = $1`, id).
+		Scan(&seq, &last); err != nil || seq != 2 || last != 3 {
+		t.Fatalf("placeholder key_seq %d, counter %d (%v); want 2 and 3 (unchanged)", seq, last, err)
+	}
+}

@@ -137,21 +137,27 @@ LIMIT $2`
 	sqlLockKey = `SELECT last_key_seq FROM outbox_keys WHERE correlation_id = $1 FOR UPDATE`
 
 	// sqlInsertPlaceholder inserts a dead row for key $2 in partition $3.
-	// The trigger gives it the next key_seq; sqlPlaceKeySeq moves it into
-	// the gap.
+	// The key_seq trigger, where installed, gives it the key's next
+	// key_seq; sqlPlaceKeySeq moves it into the gap.
 	sqlInsertPlaceholder = `
 INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload,
                     processed_at, dead_at, last_error)
 VALUES ($1, $3, $2, '', '', $5, '{}', clock_timestamp(), clock_timestamp(), $4)`
 
 	// sqlPlaceKeySeq moves placeholder $1 to key_seq $3 and gives key $2's
-	// counter back the step the insert took.
+	// counter back the step the insert took, if it took one: without the
+	// key_seq trigger (the partition owner numbers rows) the placeholder
+	// arrives unnumbered, and a step given back would hand a number a row
+	// already holds to the key's next row. The statement's snapshot shows
+	// the placeholder as inserted.
 	sqlPlaceKeySeq = `
-WITH moved AS (
+WITH inserted AS (
+    SELECT key_seq IS NOT NULL AS numbered FROM outbox WHERE id = $1
+), moved AS (
     UPDATE outbox SET key_seq = $3 WHERE id = $1 RETURNING 1
 )
 UPDATE outbox_keys SET last_key_seq = last_key_seq - 1
-WHERE correlation_id = $2 AND EXISTS (SELECT 1 FROM moved)`
+WHERE correlation_id = $2 AND EXISTS (SELECT 1 FROM moved) AND (SELECT numbered FROM inserted)`
 
 	sqlAudit = `
 INSERT INTO ordo_operator_audit (operator, remote_addr, action, target, result)
