@@ -95,6 +95,30 @@ func TestGaps(t *testing.T) {
 	exec(published, "below-journaled", []int64{1})
 	exec(remove, "below-journaled", []int64{2})
 	exec(journal, "below-journaled", []int64{3})
+	// A journaled row deleted by hand leaves its entry behind: still a gap.
+	const removeJournaled = `DELETE FROM outbox AS o USING outbox_numbers AS n
+		WHERE n.id = o.id AND n.correlation_id = $1 AND n.key_seq = ANY($2::bigint[])`
+	keyRows(t, ctx, pool, prod, "journaled-deleted", 3)
+	exec(published, "journaled-deleted", []int64{1})
+	exec(journal, "journaled-deleted", []int64{2, 3})
+	exec(removeJournaled, "journaled-deleted", []int64{2})
+	// Published rows whose numbers stay in the journal (the mark leaves
+	// them there), the ones retention deleted gone with their entries:
+	// not gaps; a journaled row deleted by hand above them is.
+	const publishJournaled = `UPDATE outbox AS o SET processed_at = now() FROM outbox_numbers AS n
+		WHERE n.id = o.id AND n.correlation_id = $1 AND n.key_seq = ANY($2::bigint[])`
+	const retainJournaled = `WITH d AS (DELETE FROM outbox AS o USING outbox_numbers AS n
+		WHERE n.id = o.id AND n.correlation_id = $1 AND n.key_seq = ANY($2::bigint[]) RETURNING o.id)
+		DELETE FROM outbox_numbers WHERE id IN (SELECT id FROM d)`
+	keyRows(t, ctx, pool, prod, "published-journaled", 6)
+	exec(journal, "published-journaled", []int64{1, 2, 3, 4, 5, 6})
+	exec(publishJournaled, "published-journaled", []int64{1, 2, 3, 4})
+	exec(retainJournaled, "published-journaled", []int64{1, 2})
+	exec(removeJournaled, "published-journaled", []int64{5})
+	keyRows(t, ctx, pool, prod, "journaled-top-deleted", 3)
+	exec(published, "journaled-top-deleted", []int64{1, 2})
+	exec(journal, "journaled-top-deleted", []int64{3})
+	exec(removeJournaled, "journaled-top-deleted", []int64{3})
 
 	store := admin.NewStore(pool)
 	gaps, err := store.ListGaps(ctx, 100)
@@ -106,6 +130,9 @@ func TestGaps(t *testing.T) {
 		{CorrelationID: "below-journaled", KeySeq: 2, NextKeySeq: 3},
 		{CorrelationID: "between-pending", KeySeq: 2, NextKeySeq: 3},
 		{CorrelationID: "counter-ahead", KeySeq: 3, NextKeySeq: 0},
+		{CorrelationID: "journaled-deleted", KeySeq: 2, NextKeySeq: 3},
+		{CorrelationID: "journaled-top-deleted", KeySeq: 3, NextKeySeq: 0},
+		{CorrelationID: "published-journaled", KeySeq: 5, NextKeySeq: 6},
 	}
 	if len(gaps) != len(want) {
 		t.Fatalf("gaps %+v, want %+v", gaps, want)
@@ -152,6 +179,12 @@ func TestGaps(t *testing.T) {
 	}
 	if gaps, err := store.ListGaps(ctx, 100); err != nil || len(gaps) != 0 {
 		t.Fatalf("gaps after filling: %+v (%v)", gaps, err)
+	}
+	// A filled number's journal entry, whose row was gone, goes with the fill.
+	var orphans int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_numbers AS n WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.id = n.id)`).
+		Scan(&orphans); err != nil || orphans != 0 {
+		t.Fatalf("%d journal entries without a row after filling (%v); want none", orphans, err)
 	}
 	// The next row of a filled key continues the counter.
 	keyRows(t, ctx, pool, prod, "counter-ahead", 1)

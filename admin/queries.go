@@ -87,10 +87,14 @@ WHERE d.dead_at IS NOT NULL AND d.processed_at IS NOT NULL
 	// the one below its lowest pending row (rows above a pending one are
 	// never processed, so never deleted); else last (nothing can be told).
 	// A row's key_seq may be in the owner's journal (outbox_numbers)
-	// rather than in the row, pending or published: both count, and the
-	// lowest journaled number stands in for the lowest pending row (the
-	// mark leaves a published row's number in the journal, and retention
-	// deletes a key's rows oldest first, entries with them).
+	// rather than in the row, pending or published (the mark leaves a
+	// published row's number there): both count. An entry
+	// counts only while its row is there: one whose row was deleted by
+	// hand (or by an earlier release's retention) names a number no row
+	// holds, a gap like any row deleted by hand. Each journal bound is
+	// the first entry in key order whose row is there: an index probe
+	// and a primary-key lookup or a few, not an aggregate over the key's
+	// entries (the journal keeps a number for every retained row).
 	// The keys worth checking: those with pending rows (keys $1 if not
 	// null), and those whose counter is ahead of their highest row (the
 	// next row would step over the missing ones).
@@ -103,14 +107,22 @@ WITH candidates AS (
     WHERE ($1::text IS NULL OR k.correlation_id = $1)
       AND k.last_key_seq > coalesce(greatest(
               (SELECT max(o.key_seq) FROM outbox AS o WHERE o.correlation_id = k.correlation_id),
-              (SELECT max(n.key_seq) FROM outbox_numbers AS n WHERE n.correlation_id = k.correlation_id)), k.last_key_seq)
+              (SELECT n.key_seq FROM outbox_numbers AS n
+               WHERE n.correlation_id = k.correlation_id AND EXISTS (SELECT 1 FROM outbox AS o WHERE o.id = n.id)
+               ORDER BY n.key_seq DESC LIMIT 1)), k.last_key_seq)
 )
 SELECT k.correlation_id, k.last_key_seq,
-       coalesce((SELECT max(o.key_seq) FROM outbox AS o
-                 WHERE o.correlation_id = k.correlation_id AND o.processed_at IS NOT NULL AND o.dead_at IS NULL),
+       coalesce(greatest((SELECT max(o.key_seq) FROM outbox AS o
+                          WHERE o.correlation_id = k.correlation_id AND o.processed_at IS NOT NULL AND o.dead_at IS NULL),
+                         (SELECT n.key_seq FROM outbox_numbers AS n
+                          WHERE n.correlation_id = k.correlation_id
+                            AND EXISTS (SELECT 1 FROM outbox AS o WHERE o.id = n.id AND o.processed_at IS NOT NULL AND o.dead_at IS NULL)
+                          ORDER BY n.key_seq DESC LIMIT 1)),
                 least((SELECT min(o.key_seq) FROM outbox AS o
                        WHERE o.correlation_id = k.correlation_id AND o.key_seq IS NOT NULL AND o.processed_at IS NULL),
-                      (SELECT min(n.key_seq) FROM outbox_numbers AS n WHERE n.correlation_id = k.correlation_id)) - 1,
+                      (SELECT n.key_seq FROM outbox_numbers AS n
+                       WHERE n.correlation_id = k.correlation_id AND EXISTS (SELECT 1 FROM outbox AS o WHERE o.id = n.id)
+                       ORDER BY n.key_seq LIMIT 1)) - 1,
                 k.last_key_seq) AS lo
 FROM outbox_keys AS k JOIN candidates USING (correlation_id)`
 
@@ -123,12 +135,15 @@ WITH bounds AS (` + sqlGapBounds + `)
 SELECT b.correlation_id, s.key_seq,
        coalesce(k.partition, (SELECT o.partition FROM outbox AS o WHERE o.correlation_id = b.correlation_id LIMIT 1)),
        least((SELECT min(o.key_seq) FROM outbox AS o WHERE o.correlation_id = b.correlation_id AND o.key_seq > s.key_seq),
-             (SELECT min(n.key_seq) FROM outbox_numbers AS n WHERE n.correlation_id = b.correlation_id AND n.key_seq > s.key_seq))
+             (SELECT n.key_seq FROM outbox_numbers AS n
+              WHERE n.correlation_id = b.correlation_id AND n.key_seq > s.key_seq AND EXISTS (SELECT 1 FROM outbox AS o WHERE o.id = n.id)
+              ORDER BY n.key_seq LIMIT 1))
 FROM bounds AS b
 JOIN outbox_keys AS k USING (correlation_id)
 CROSS JOIN LATERAL generate_series(b.lo + 1, b.last_key_seq) AS s(key_seq)
 WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.correlation_id = b.correlation_id AND o.key_seq = s.key_seq)
-  AND NOT EXISTS (SELECT 1 FROM outbox_numbers AS n WHERE n.correlation_id = b.correlation_id AND n.key_seq = s.key_seq)
+  AND NOT EXISTS (SELECT 1 FROM outbox_numbers AS n JOIN outbox AS o ON o.id = n.id
+                  WHERE n.correlation_id = b.correlation_id AND n.key_seq = s.key_seq)
 ORDER BY b.correlation_id, s.key_seq
 LIMIT $2`
 
@@ -144,7 +159,8 @@ INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, 
                     processed_at, dead_at, last_error)
 VALUES ($1, $3, $2, '', '', $5, '{}', clock_timestamp(), clock_timestamp(), $4)`
 
-	// sqlPlaceKeySeq moves placeholder $1 to key_seq $3 and gives key $2's
+	// sqlPlaceKeySeq moves placeholder $1 to key_seq $3, deletes a journal
+	// entry of that number whose row is gone, and gives key $2's
 	// counter back the step the insert took, if it took one: without the
 	// key_seq trigger (the partition owner numbers rows) the placeholder
 	// arrives unnumbered, and a step given back would hand a number a row
@@ -155,6 +171,9 @@ WITH inserted AS (
     SELECT key_seq IS NOT NULL AS numbered FROM outbox WHERE id = $1
 ), moved AS (
     UPDATE outbox SET key_seq = $3 WHERE id = $1 RETURNING 1
+), orphaned AS (
+    DELETE FROM outbox_numbers AS n
+    WHERE n.correlation_id = $2 AND n.key_seq = $3 AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.id = n.id)
 )
 UPDATE outbox_keys SET last_key_seq = last_key_seq - 1
 WHERE correlation_id = $2 AND EXISTS (SELECT 1 FROM moved) AND (SELECT numbered FROM inserted)`
