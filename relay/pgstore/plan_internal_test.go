@@ -32,7 +32,7 @@ import (
 // Without the key_seq trigger too: the rows numbered by the owner into
 // its journal (and so without parked keys, which the loader parks by
 // their in-row key_seq), the read taking each number from the journal
-// and the mark writing it back.
+// and the mark leaving it there.
 func TestPlansFollowTheWork(t *testing.T) {
 	testkit.RequirePostgres(t)
 	for _, lean := range []bool{false, true} {
