@@ -300,8 +300,18 @@ func parkedKeysCostNoBuffers(t *testing.T, analyze bool) {
 // the rows the relay reads, not the partition's parked and held rows.
 func TestLeanNumberingSkipsParkedKeys(t *testing.T) {
 	testkit.RequirePostgres(t)
+	// With outbox_pending_by_partition (until the trigger is dropped with
+	// it) the function joins; without, it walks each partition's range.
+	t.Run("pending index kept", func(t *testing.T) { leanNumberingSkipsParkedKeys(t, true) })
+	t.Run("pending index dropped", func(t *testing.T) { leanNumberingSkipsParkedKeys(t, false) })
+}
+
+func leanNumberingSkipsParkedKeys(t *testing.T, pendingIndex bool) {
 	const parkedKeys, fresh = 20000, 10
 	pool, ctx := planDB(t)
+	if !pendingIndex {
+		exec(t, pool, `DROP INDEX outbox_pending_by_partition`)
+	}
 	insert := func(keys string) { insertKeys(t, pool, keys) }
 	parts, ids := make([]string, 64), make([]int32, 64)
 	cursors := make([]relay.Cursor, 64)
@@ -443,9 +453,17 @@ func explainingConn(t *testing.T, ctx context.Context, pool *pgxpool.Pool) (*pgx
 // every call read the tables.
 func TestNumberingReadsOnlyWhatItWalks(t *testing.T) {
 	testkit.RequirePostgres(t)
+	t.Run("pending index kept", func(t *testing.T) { numberingReadsOnlyWhatItWalks(t, true) })
+	t.Run("pending index dropped", func(t *testing.T) { numberingReadsOnlyWhatItWalks(t, false) })
+}
+
+func numberingReadsOnlyWhatItWalks(t *testing.T, pendingIndex bool) {
 	const backlog, numbered, page = 20000, 5000, 512
 	pool, ctx := planDB(t)
 	exec(t, pool, `DROP TRIGGER outbox_assign_key_seq ON outbox`)
+	if !pendingIndex {
+		exec(t, pool, `DROP INDEX outbox_pending_by_partition`)
+	}
 	exec(t, pool, fmt.Sprintf(`INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload)
 SELECT gen_random_uuid(), 1, 'hot', 'ex', 'rk', 't', jsonb_build_object('pad', repeat('x', 250)) FROM generate_series(1, %d)`, backlog))
 	exec(t, pool, `ANALYZE outbox`)
@@ -495,5 +513,64 @@ INSERT INTO outbox_numbers (id, partition, correlation_id, key_seq) SELECT id, p
 		if !seen["outbox"] {
 			t.Fatalf("analyzed %v: no scan of the outbox in the numbering's plans", analyzed)
 		}
+	}
+}
+
+// TestNumberingWithoutStatistics: on an outbox never analyzed (a burst
+// into a fresh table), the owner's numbering of a page of every partition
+// reads each partition's rows up to its page and no others. Joined with
+// the partitions plainly, PostgreSQL guessed one ready row and hashed the
+// whole backlog in every call.
+func TestNumberingWithoutStatistics(t *testing.T) {
+	testkit.RequirePostgres(t)
+	t.Run("pending index kept", func(t *testing.T) { numberingWithoutStatistics(t, true) })
+	t.Run("pending index dropped", func(t *testing.T) { numberingWithoutStatistics(t, false) })
+}
+
+func numberingWithoutStatistics(t *testing.T, pendingIndex bool) {
+	const rows, keys, perPartition = 20000, 2000, 8
+	pool, ctx := planDB(t)
+	exec(t, pool, `DROP TRIGGER outbox_assign_key_seq ON outbox`)
+	if !pendingIndex {
+		exec(t, pool, `DROP INDEX outbox_pending_by_partition`)
+	}
+	exec(t, pool, fmt.Sprintf(`INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload)
+SELECT gen_random_uuid(), (g %% %[2]d) %% 64, 'k-' || (g %% %[2]d), 'ex', 'rk', 't', jsonb_build_object('pad', repeat('x', 250))
+FROM generate_series(1, %[1]d) AS g`, rows, keys))
+	var analyzed bool
+	if err := pool.QueryRow(ctx, `SELECT reltuples >= 0 FROM pg_class WHERE oid = 'outbox'::regclass`).Scan(&analyzed); err != nil || analyzed {
+		t.Fatalf("the outbox has statistics (%v): this test needs a table never analyzed", err)
+	}
+	// Each partition's page: its first perPartition rows.
+	var parts []int32
+	var tops []int64
+	if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT array_agg(partition ORDER BY partition), array_agg(seq ORDER BY partition)
+FROM (SELECT partition, seq, row_number() OVER (PARTITION BY partition ORDER BY seq) AS rn FROM outbox) AS o
+WHERE rn = %d`, perPartition)).Scan(&parts, &tops); err != nil {
+		t.Fatal(err)
+	}
+	walked := int64(len(parts) * perPartition)
+	conn, notices := explainingConn(t, ctx, pool)
+	var n int64
+	if err := conn.QueryRow(ctx, sqlJournalRows, "n1", parts, tops).Scan(&n); err != nil || n != walked {
+		t.Fatalf("numbered %d rows (%v), want %d", n, err, walked)
+	}
+	scan := regexp.MustCompile(`(?m)^.*Scan[^\n]* on outbox [^\n]*rows=(\d+) loops=(\d+)\)$`)
+	seen := false
+	for _, plan := range notices() {
+		if !strings.Contains(plan, "outbox_numbers") {
+			continue
+		}
+		for _, m := range scan.FindAllStringSubmatch(plan, -1) {
+			seen = true
+			got, _ := strconv.ParseInt(m[1], 10, 64)
+			loops, _ := strconv.ParseInt(m[2], 10, 64)
+			if got*loops > walked {
+				t.Fatalf("the numbering of %d rows read %d outbox rows in one scan of a table never analyzed:\n%s", walked, got*loops, plan)
+			}
+		}
+	}
+	if !seen {
+		t.Fatal("no scan of the outbox in the numbering's plans")
 	}
 }
