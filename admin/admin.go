@@ -62,7 +62,10 @@ type Parked struct {
 	Attempts      int       `json:"attempts"`
 	LastError     string    `json:"lastError"`
 	ParkedAt      time.Time `json:"parkedAt"`
-	// Waiting is the number of later messages of the key held behind it.
+	// Waiting is the number of later messages of the key held behind
+	// it: the pending rows numbered after it, their number in the row or
+	// in the owner's journal. Rows not numbered yet (not read by the
+	// partition's owner since they arrived) are not counted.
 	Waiting int64 `json:"waiting"`
 }
 

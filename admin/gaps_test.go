@@ -230,3 +230,41 @@ func TestFillGapWithoutTheTrigger(t *testing.T) {
 		t.Fatalf("placeholder key_seq %d, counter %d (%v); want 2 and 3 (unchanged)", seq, last, err)
 	}
 }
+
+// TestListParkedCountsJournaledRows: without the trigger, the rows behind
+// a parked row that the owner numbered into its journal (read, not held
+// yet) count as waiting, as rows numbered in the row do.
+func TestListParkedCountsJournaledRows(t *testing.T) {
+	t.Parallel()
+	ob := testkit.NewOutbox(t, 16, 3)
+	pool := ob.Pool
+	ctx := testkit.Context(t, 30*time.Second)
+	if _, err := pool.Exec(ctx, `DROP TRIGGER outbox_assign_key_seq ON outbox`); err != nil {
+		t.Fatal(err)
+	}
+	// 1 parked (its number in the row, as a park writes it), 2 held (in
+	// the row), 3 and 4 numbered into the journal, 5 published, 6 not
+	// numbered yet.
+	if _, err := pool.Exec(ctx, `
+		WITH k AS (INSERT INTO outbox_keys (correlation_id, last_key_seq, partition) VALUES ('lean', 5, 5)),
+		r AS (INSERT INTO outbox (id, partition, correlation_id, key_seq, exchange, routing_key, type, payload, parked_at, held_behind, processed_at)
+		VALUES (gen_random_uuid(), 5, 'lean', 1, 'ex', 'rk', 't', '{}', now(), NULL, NULL),
+		       (gen_random_uuid(), 5, 'lean', 2, 'ex', 'rk', 't', '{}', NULL, 1, NULL),
+		       ('00000000-0000-0000-0000-000000000003', 5, 'lean', NULL, 'ex', 'rk', 't', '{}', NULL, NULL, NULL),
+		       ('00000000-0000-0000-0000-000000000004', 5, 'lean', NULL, 'ex', 'rk', 't', '{}', NULL, NULL, NULL),
+		       ('00000000-0000-0000-0000-000000000005', 5, 'lean', NULL, 'ex', 'rk', 't', '{}', NULL, NULL, now()),
+		       (gen_random_uuid(), 5, 'lean', NULL, 'ex', 'rk', 't', '{}', NULL, NULL, NULL))
+		INSERT INTO outbox_numbers (id, partition, correlation_id, key_seq)
+		VALUES ('00000000-0000-0000-0000-000000000003', 5, 'lean', 3),
+		       ('00000000-0000-0000-0000-000000000004', 5, 'lean', 4),
+		       ('00000000-0000-0000-0000-000000000005', 5, 'lean', 5)`); err != nil {
+		t.Fatal(err)
+	}
+	list, err := admin.NewStore(pool).ListParked(ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 || list[0].CorrelationID != "lean" || list[0].Waiting != 3 {
+		t.Fatalf("parked %+v; want key lean with 3 waiting (2 in the row, 3 and 4 in the journal)", list)
+	}
+}

@@ -32,6 +32,9 @@ SELECT o.id, o.partition, o.correlation_id, coalesce(o.key_seq, 0), o.exchange, 
        o.attempts, o.last_error, o.parked_at,
        (SELECT count(*) FROM outbox AS w
         WHERE w.correlation_id = o.correlation_id AND w.key_seq > o.key_seq AND w.processed_at IS NULL)
+       + (SELECT count(*) FROM outbox_numbers AS j JOIN outbox AS w ON w.id = j.id
+          WHERE j.correlation_id = o.correlation_id AND j.key_seq > o.key_seq
+            AND w.key_seq IS NULL AND w.processed_at IS NULL)
 FROM outbox AS o
 WHERE o.parked_at IS NOT NULL AND o.processed_at IS NULL
 ORDER BY o.parked_at
