@@ -198,6 +198,18 @@ func TestGaps(t *testing.T) {
 	}
 }
 
+// leanOutbox is an outbox of its own without the key_seq trigger (the
+// partition owner numbers rows), and a context for the test.
+func leanOutbox(t *testing.T) (*pgxpool.Pool, context.Context) {
+	t.Helper()
+	pool := testkit.NewOutbox(t, 16, 3).Pool
+	ctx := testkit.Context(t, 30*time.Second)
+	if _, err := pool.Exec(ctx, `DROP TRIGGER outbox_assign_key_seq ON outbox`); err != nil {
+		t.Fatal(err)
+	}
+	return pool, ctx
+}
+
 // TestFillGapWithoutTheTrigger: with the key_seq trigger dropped (the
 // partition owner numbers rows), the placeholder's insert takes no number
 // from the key's counter, so the fill gives none back: the counter stays
@@ -205,12 +217,7 @@ func TestGaps(t *testing.T) {
 // already holds.
 func TestFillGapWithoutTheTrigger(t *testing.T) {
 	t.Parallel()
-	ob := testkit.NewOutbox(t, 16, 3)
-	pool := ob.Pool
-	ctx := testkit.Context(t, 30*time.Second)
-	if _, err := pool.Exec(ctx, `DROP TRIGGER outbox_assign_key_seq ON outbox`); err != nil {
-		t.Fatal(err)
-	}
+	pool, ctx := leanOutbox(t)
 	// Rows the owner numbered: 1 published, 2 deleted by hand, 3 pending.
 	if _, err := pool.Exec(ctx, `
 		WITH k AS (INSERT INTO outbox_keys (correlation_id, last_key_seq, partition) VALUES ('lean', 3, 5))
@@ -236,12 +243,7 @@ func TestFillGapWithoutTheTrigger(t *testing.T) {
 // yet) count as waiting, as rows numbered in the row do.
 func TestListParkedCountsJournaledRows(t *testing.T) {
 	t.Parallel()
-	ob := testkit.NewOutbox(t, 16, 3)
-	pool := ob.Pool
-	ctx := testkit.Context(t, 30*time.Second)
-	if _, err := pool.Exec(ctx, `DROP TRIGGER outbox_assign_key_seq ON outbox`); err != nil {
-		t.Fatal(err)
-	}
+	pool, ctx := leanOutbox(t)
 	// 1 parked (its number in the row, as a park writes it), 2 held (in
 	// the row), 3 and 4 numbered into the journal, 5 published, 6 not
 	// numbered yet.

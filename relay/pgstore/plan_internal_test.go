@@ -67,6 +67,26 @@ func planDB(t *testing.T) (*pgxpool.Pool, context.Context) {
 	return pool, ctx
 }
 
+// bothPendingIndexes runs test as two subtests: with
+// outbox_pending_by_partition kept (it stays until the trigger is dropped
+// with it, and the numbering then joins) and dropped (the numbering walks
+// each partition's range).
+func bothPendingIndexes(t *testing.T, test func(t *testing.T, pendingIndex bool)) {
+	t.Run("pending index kept", func(t *testing.T) { test(t, true) })
+	t.Run("pending index dropped", func(t *testing.T) { test(t, false) })
+}
+
+// planDBPending is planDB, without outbox_pending_by_partition unless
+// pendingIndex.
+func planDBPending(t *testing.T, pendingIndex bool) (*pgxpool.Pool, context.Context) {
+	t.Helper()
+	pool, ctx := planDB(t)
+	if !pendingIndex {
+		exec(t, pool, `DROP INDEX outbox_pending_by_partition`)
+	}
+	return pool, ctx
+}
+
 func plansFollowTheWork(t *testing.T, hotStats, lean bool) {
 	pool, _ := planDB(t)
 	if lean {
@@ -300,18 +320,12 @@ func parkedKeysCostNoBuffers(t *testing.T, analyze bool) {
 // the rows the relay reads, not the partition's parked and held rows.
 func TestLeanNumberingSkipsParkedKeys(t *testing.T) {
 	testkit.RequirePostgres(t)
-	// With outbox_pending_by_partition (until the trigger is dropped with
-	// it) the function joins; without, it walks each partition's range.
-	t.Run("pending index kept", func(t *testing.T) { leanNumberingSkipsParkedKeys(t, true) })
-	t.Run("pending index dropped", func(t *testing.T) { leanNumberingSkipsParkedKeys(t, false) })
+	bothPendingIndexes(t, leanNumberingSkipsParkedKeys)
 }
 
 func leanNumberingSkipsParkedKeys(t *testing.T, pendingIndex bool) {
 	const parkedKeys, fresh = 20000, 10
-	pool, ctx := planDB(t)
-	if !pendingIndex {
-		exec(t, pool, `DROP INDEX outbox_pending_by_partition`)
-	}
+	pool, ctx := planDBPending(t, pendingIndex)
 	insert := func(keys string) { insertKeys(t, pool, keys) }
 	parts, ids := make([]string, 64), make([]int32, 64)
 	cursors := make([]relay.Cursor, 64)
@@ -453,17 +467,13 @@ func explainingConn(t *testing.T, ctx context.Context, pool *pgxpool.Pool) (*pgx
 // every call read the tables.
 func TestNumberingReadsOnlyWhatItWalks(t *testing.T) {
 	testkit.RequirePostgres(t)
-	t.Run("pending index kept", func(t *testing.T) { numberingReadsOnlyWhatItWalks(t, true) })
-	t.Run("pending index dropped", func(t *testing.T) { numberingReadsOnlyWhatItWalks(t, false) })
+	bothPendingIndexes(t, numberingReadsOnlyWhatItWalks)
 }
 
 func numberingReadsOnlyWhatItWalks(t *testing.T, pendingIndex bool) {
 	const backlog, numbered, page = 20000, 5000, 512
-	pool, ctx := planDB(t)
+	pool, ctx := planDBPending(t, pendingIndex)
 	exec(t, pool, `DROP TRIGGER outbox_assign_key_seq ON outbox`)
-	if !pendingIndex {
-		exec(t, pool, `DROP INDEX outbox_pending_by_partition`)
-	}
 	exec(t, pool, fmt.Sprintf(`INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload)
 SELECT gen_random_uuid(), 1, 'hot', 'ex', 'rk', 't', jsonb_build_object('pad', repeat('x', 250)) FROM generate_series(1, %d)`, backlog))
 	exec(t, pool, `ANALYZE outbox`)
@@ -506,17 +516,13 @@ INSERT INTO outbox_numbers (id, partition, correlation_id, key_seq) SELECT id, p
 // whole backlog in every call.
 func TestNumberingWithoutStatistics(t *testing.T) {
 	testkit.RequirePostgres(t)
-	t.Run("pending index kept", func(t *testing.T) { numberingWithoutStatistics(t, true) })
-	t.Run("pending index dropped", func(t *testing.T) { numberingWithoutStatistics(t, false) })
+	bothPendingIndexes(t, numberingWithoutStatistics)
 }
 
 func numberingWithoutStatistics(t *testing.T, pendingIndex bool) {
 	const rows, keys, perPartition = 20000, 2000, 8
-	pool, ctx := planDB(t)
+	pool, ctx := planDBPending(t, pendingIndex)
 	exec(t, pool, `DROP TRIGGER outbox_assign_key_seq ON outbox`)
-	if !pendingIndex {
-		exec(t, pool, `DROP INDEX outbox_pending_by_partition`)
-	}
 	exec(t, pool, fmt.Sprintf(`INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload)
 SELECT gen_random_uuid(), (g %% %[2]d) %% 64, 'k-' || (g %% %[2]d), 'ex', 'rk', 't', jsonb_build_object('pad', repeat('x', 250))
 FROM generate_series(1, %[1]d) AS g`, rows, keys))
@@ -543,19 +549,22 @@ WHERE rn = %d`, perPartition)).Scan(&parts, &tops); err != nil {
 	}
 }
 
+// numberingScan is a scan of the outbox or the journal in an auto_explain
+// plan with ANALYZE and without timing: the table, rows and loops.
+var numberingScan = regexp.MustCompile(`(?m)^.*Scan[^\n]* on (outbox|outbox_numbers) [^\n]*rows=(\d+) loops=(\d+)\)$`)
+
 // widestScan looks at every scan of the outbox or the journal in the
 // numbering's plans (those of the statement that names outbox_numbers),
 // rows times loops, and says which reads more than walked rows, with its
 // plan, or that the plans hold no scan of the outbox at all; "" if
 // neither.
 func widestScan(plans []string, walked int64) string {
-	scan := regexp.MustCompile(`(?m)^.*Scan[^\n]* on (outbox|outbox_numbers) [^\n]*rows=(\d+) loops=(\d+)\)$`)
 	seen := false
 	for _, p := range plans {
 		if !strings.Contains(p, "outbox_numbers") {
 			continue
 		}
-		for _, m := range scan.FindAllStringSubmatch(p, -1) {
+		for _, m := range numberingScan.FindAllStringSubmatch(p, -1) {
 			seen = seen || m[1] == "outbox"
 			rows, _ := strconv.ParseInt(m[2], 10, 64)
 			loops, _ := strconv.ParseInt(m[3], 10, 64)
