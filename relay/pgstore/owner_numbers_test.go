@@ -1,6 +1,7 @@
 package pgstore_test
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"sync"
@@ -253,4 +254,161 @@ func TestHandOffMidBatchKeepsNumbers(t *testing.T) {
 	if got[0].PrevPending || !got[1].PrevPending || got[2].KeySeq != 5 || !got[2].PrevPending {
 		t.Fatalf("n2 read %+v; want row 3 free to go (2 is marked), 4 waiting, the late row numbered 5", got)
 	}
+}
+
+// parkFirst parks row id of partition p as the relay parks it at the
+// attempt cap (RecordFailures), which holds its key's numbered rows above
+// it.
+func parkFirst(t *testing.T, h *pgHarness, p int, id uuid.UUID) {
+	t.Helper()
+	parked, err := h.store.RecordFailures(testkit.Context(t, 30*time.Second), []relay.Settled{{ID: id, Partition: p, Epoch: epochOf(t, h, p), Err: "broker said no"}}, 1)
+	if err != nil || len(parked) != 1 || parked[0] != id {
+		t.Fatalf("RecordFailures parked %v (%v); want %s", parked, err, id)
+	}
+}
+
+// heldIn counts the rows of ids held behind key_seq head with their own
+// number in the row (want[i] for ids[i]) and no journal entry.
+func heldIn(t *testing.T, h *pgHarness, head int64, ids []uuid.UUID, want []int64) int {
+	t.Helper()
+	var n int
+	err := h.pool.QueryRow(testkit.Context(t, 10*time.Second), `SELECT count(*)
+		FROM outbox AS o JOIN unnest($1::uuid[], $2::bigint[]) AS w(id, ks) ON w.id = o.id
+		WHERE o.held_behind = $3 AND o.key_seq = w.ks AND o.processed_at IS NULL
+		  AND NOT EXISTS (SELECT 1 FROM outbox_numbers AS j WHERE j.id = o.id)`, ids, want, head).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestNumberingHoldsAParkedKeysRows: rows committed to a key whose
+// parked row waits for an operator are held behind it by the numbering
+// itself, their numbers in the rows and none in the journal: no read
+// returns them (the read's hold would have read each once). Another
+// key's rows go on; a retry releases the key, whose rows then read in
+// order with the numbers they were given.
+func TestNumberingHoldsAParkedKeysRows(t *testing.T) {
+	testkit.RequirePostgres(t)
+	h := newHarness(t, false)
+	first := h.Insert(t, 1, "a", "a", "b")
+	if rows := readAll(t, h.store, from(1)); len(rows) != 3 {
+		t.Fatalf("read %d rows, want 3", len(rows))
+	}
+	parkFirst(t, h, 1, first[0])
+	if n := heldIn(t, h, 1, first[1:2], []int64{2}); n != 1 {
+		t.Fatal("a's second row is not held behind the parked one")
+	}
+	late := h.Insert(t, 1, "a", "b", "a")
+	rows := readAll(t, h.store, from(1))
+	for _, r := range rows {
+		if r.CorrelationID == "a" {
+			t.Fatalf("a row of the parked key is read (%+v): the numbering holds them", r)
+		}
+	}
+	if len(rows) != 2 || rows[0].ID != first[2] || rows[1].ID != late[1] || rows[1].KeySeq != 2 {
+		t.Fatalf("read %+v; want b's two rows", rows)
+	}
+	if n := heldIn(t, h, 1, []uuid.UUID{late[0], late[2]}, []int64{3, 4}); n != 2 {
+		t.Fatalf("%d of a's two new rows held behind its parked row as 3 and 4, want both", n)
+	}
+
+	h.Retry(t, first[0])
+	got := map[uuid.UUID]relay.Row{}
+	for _, r := range readAll(t, h.store, from(1)) {
+		got[r.ID] = r
+	}
+	for i, id := range []uuid.UUID{first[0], first[1], late[0], late[2]} {
+		r, ok := got[id]
+		if !ok || r.KeySeq != int64(i+1) || r.BehindParked || r.PrevPending != (i > 0) {
+			t.Fatalf("after the retry a's row %d reads as %+v (read: %v); want key_seq %d", i+1, r, ok, i+1)
+		}
+	}
+}
+
+// TestRetryWaitsForTheNumberingsHold: a retry of a parked row that comes
+// while a numbering is holding rows behind it waits for the numbering's
+// commit, and then releases those rows too. Without the numbering's lock
+// on the parked row, the retry's release ran first and missed them, and
+// they stayed held behind a row no longer parked.
+func TestRetryWaitsForTheNumberingsHold(t *testing.T) {
+	testkit.RequirePostgres(t)
+	h := newHarness(t, false)
+	ctx := testkit.Context(t, time.Minute)
+	first := h.Insert(t, 1, "a", "a")
+	readAll(t, h.store, from(1))
+	parkFirst(t, h, 1, first[0])
+	late := h.Insert(t, 1, "a")
+
+	tx := begin(t, h)
+	if _, err := tx.Exec(ctx, `SELECT outbox_journal_rows('n1', ARRAY[1], NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	retried := make(chan error, 1)
+	go func() {
+		_, err := h.pool.Exec(ctx, `UPDATE outbox SET parked_at = NULL, next_attempt_at = NULL, attempts = 0 WHERE id = $1`, first[0])
+		retried <- err
+	}()
+	var done bool
+	var err error
+	testkit.WaitFor(t, 30*time.Second, "the retry to wait for a lock, or end", func() bool {
+		select {
+		case err = <-retried:
+			done = true
+			return true
+		default:
+		}
+		var waiting bool
+		if qerr := h.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'UPDATE outbox SET parked_at = NULL%')`).Scan(&waiting); qerr != nil {
+			t.Fatal(qerr)
+		}
+		return waiting
+	})
+	commit(t, tx)
+	if !done {
+		err = <-retried
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := parkedCount(t, h, `held_behind IS NOT NULL`); n != 0 {
+		t.Fatalf("%d rows still held behind a row retried", n)
+	}
+	rows := readAll(t, h.store, from(1))
+	if len(rows) != 3 || rows[2].ID != late[0] || rows[2].KeySeq != 3 {
+		t.Fatalf("after the retry the read returned %+v; want a's three rows, the last numbered 3", rows)
+	}
+}
+
+// TestNumberingPassesAParkedRowBeingChanged: a numbering that finds its
+// key's parked row locked by an operator's change in progress does not
+// wait for it: it numbers the key's new row in the journal, and the
+// read returns within its time.
+func TestNumberingPassesAParkedRowBeingChanged(t *testing.T) {
+	testkit.RequirePostgres(t)
+	h := newHarness(t, false)
+	ctx := testkit.Context(t, time.Minute)
+	first := h.Insert(t, 1, "a", "a")
+	readAll(t, h.store, from(1))
+	parkFirst(t, h, 1, first[0])
+	late := h.Insert(t, 1, "a", "b")
+
+	tx := begin(t, h)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM outbox WHERE id = $1 FOR UPDATE`, first[0]); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	rows, err := h.store.ReadPending(rctx, []relay.Cursor{from(1)}, 100)
+	if err != nil {
+		t.Fatalf("the read beside a parked row being changed: %v", err)
+	}
+	if got := byID(rows); got[late[1]].KeySeq != 1 {
+		t.Fatalf("read %+v; want b's row", rows)
+	}
+	if ks := numberOf(t, h, late[0]); ks == nil || *ks != 3 {
+		t.Fatalf("a's new row is numbered %v; want 3", ks)
+	}
+	commit(t, tx)
 }

@@ -52,8 +52,8 @@ func parkedCount(t *testing.T, h *pgHarness, where string) int {
 // parked keys (two rows waiting behind each) reads their followers once,
 // marked BehindParked and without payload, and holds them; later passes
 // read only the other keys' rows, so a parked key costs each pass
-// nothing. A row a producer adds to a parked key is read once and held
-// too. An operator's retry (through the admin API) releases the key's
+// nothing. A row a producer adds to a parked key is held too: by the
+// numbering without the trigger, read once and held with it. An operator's retry (through the admin API) releases the key's
 // rows, which read in order again; a skip lets the next row go.
 func TestParkedKeysLeaveTheRead(t *testing.T) {
 	testkit.RequirePostgres(t)
@@ -128,13 +128,24 @@ func parkedKeysLeaveTheRead(t *testing.T, trigger bool) {
 		t.Fatalf("the second pass read %d rows: want only the %d other keys' rows", len(second), others)
 	}
 
-	// A row added to a parked key is read once, behind it, and held.
+	// A row added to a parked key is held: numbered by the trigger, it
+	// is read once, behind the parked row, and held by the read;
+	// numbered by the owner, the numbering holds it and no read returns
+	// it.
 	tx = begin(t, h)
 	late := insertIn(t, ctx, tx, 3, "parked-3")
 	commit(t, tx)
 	got := readPass(t, h.store, 64)
-	if i := slices.IndexFunc(got, func(r relay.Row) bool { return r.ID == late }); i < 0 || !got[i].BehindParked {
+	i := slices.IndexFunc(got, func(r relay.Row) bool { return r.ID == late })
+	switch {
+	case trigger && (i < 0 || !got[i].BehindParked):
 		t.Fatalf("a row added to a parked key: not read behind it (%d rows read)", len(got))
+	case !trigger && i >= 0:
+		t.Fatalf("a row added to a parked key is read (%+v): the numbering holds it", got[i])
+	}
+	if n := parkedCount(t, h, fmt.Sprintf(`id = '%s' AND held_behind = 1 AND key_seq = 4
+		AND NOT EXISTS (SELECT 1 FROM outbox_numbers AS n WHERE n.id = outbox.id)`, late)); n != 1 {
+		t.Fatal("a row added to a parked key is not held behind it with its number, 4, in the row")
 	}
 	if n := len(readPass(t, h.store, 64)); n != others {
 		t.Fatalf("after a row was added to a parked key a pass read %d rows, want %d", n, others)
