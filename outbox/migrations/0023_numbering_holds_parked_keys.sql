@@ -128,11 +128,18 @@ BEGIN
         ), holding AS (
             -- A parked key's rows are held behind its parked row, with
             -- their numbers in the row, as a read's hold would hold them.
+            -- The parked keys' rows are picked before any outbox row is
+            -- read (OFFSET 0): joined first, each row numbered cost a
+            -- primary-key probe whether its key was parked or not.
             UPDATE outbox AS o
-            SET key_seq = (m.tops ->> r.key)::bigint - r.n + r.rn,
-                held_behind = CASE WHEN o.processed_at IS NULL AND o.parked_at IS NULL THEN (hm.heads ->> r.key)::bigint END
-            FROM r CROSS JOIN m CROSS JOIN hm
-            WHERE o.id = r.id AND m.tops ? r.key AND hm.heads ? r.key
+            SET key_seq = (m.tops ->> h.key)::bigint - h.n + h.rn,
+                held_behind = CASE WHEN o.processed_at IS NULL AND o.parked_at IS NULL THEN h.head END
+            FROM (SELECT r.id, r.key, r.n, r.rn, (hm.heads ->> r.key)::bigint AS head
+                  FROM r CROSS JOIN hm
+                  WHERE hm.heads ? r.key
+                  OFFSET 0) AS h
+            CROSS JOIN m
+            WHERE o.id = h.id AND m.tops ? h.key
             RETURNING 1
         )
         -- The rows to park, with their reasons: usually none.
@@ -229,11 +236,18 @@ BEGIN
         ), holding AS (
             -- A parked key's rows are held behind its parked row, with
             -- their numbers in the row, as a read's hold would hold them.
+            -- The parked keys' rows are picked before any outbox row is
+            -- read (OFFSET 0): joined first, each row numbered cost a
+            -- primary-key probe whether its key was parked or not.
             UPDATE outbox AS o
-            SET key_seq = (m.tops ->> r.key)::bigint - r.n + r.rn,
-                held_behind = CASE WHEN o.processed_at IS NULL AND o.parked_at IS NULL THEN (hm.heads ->> r.key)::bigint END
-            FROM r CROSS JOIN m CROSS JOIN hm
-            WHERE o.id = r.id AND m.tops ? r.key AND hm.heads ? r.key
+            SET key_seq = (m.tops ->> h.key)::bigint - h.n + h.rn,
+                held_behind = CASE WHEN o.processed_at IS NULL AND o.parked_at IS NULL THEN h.head END
+            FROM (SELECT r.id, r.key, r.n, r.rn, (hm.heads ->> r.key)::bigint AS head
+                  FROM r CROSS JOIN hm
+                  WHERE hm.heads ? r.key
+                  OFFSET 0) AS h
+            CROSS JOIN m
+            WHERE o.id = h.id AND m.tops ? h.key
             RETURNING 1
         )
         -- The rows to park, with their reasons: usually none.

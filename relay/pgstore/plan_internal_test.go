@@ -431,8 +431,10 @@ func TestNumberingFindsAParkedRowInOneStep(t *testing.T) {
 // one row for each of them, and a version that joined them nested-looped
 // 4,000 keys over 13,600 rows (54 million rows removed by a join filter,
 // 9-23 s); one that joined the parked keys so cost 30,000 rows times 200
-// keys (about 0.5 s a call). The plans of the function's statements come
-// from auto_explain, sent to this connection as notices.
+// keys (about 0.5 s a call). Nor does it look up by id any outbox row but
+// those it holds (one that did probed every row it numbered). The plans
+// of the function's statements come from auto_explain, sent to this
+// connection as notices.
 func TestJournalNeverJoinsItsSetsRowByRow(t *testing.T) {
 	testkit.RequirePostgres(t)
 	for _, parked := range []int{0, 200} {
@@ -475,7 +477,9 @@ FROM (SELECT CASE WHEN g %% 3 = 0 AND %[1]d > 0 THEN 'k' || (g %% %[1]d) ELSE 'k
 	}
 	plans := notices()
 	removed := regexp.MustCompile(`Rows Removed by Join Filter: (\d+)`)
-	seen := false
+	// The rows held are found by id; no other row numbered is.
+	byID := regexp.MustCompile(`Index Scan using outbox_pkey on outbox \w+ +\(cost=[^)]*\) \(actual rows=\d+ loops=(\d+)\)`)
+	seen, probes := false, 0
 	for _, plan := range plans {
 		if !strings.Contains(plan, "outbox_numbers") {
 			continue
@@ -486,6 +490,13 @@ FROM (SELECT CASE WHEN g %% 3 = 0 AND %[1]d > 0 THEN 'k' || (g %% %[1]d) ELSE 'k
 				t.Fatalf("the numbering filtered %d rows in a join (more than the %d it numbers):\n%s", n, rows, plan)
 			}
 		}
+		for _, m := range byID.FindAllStringSubmatch(plan, -1) {
+			n, _ := strconv.Atoi(m[1])
+			probes += n
+		}
+	}
+	if probes > held {
+		t.Errorf("the numbering probed %d outbox rows by id; it held %d", probes, held)
 	}
 	if !seen {
 		t.Fatalf("no plan of the numbering among %d notices", len(plans))
