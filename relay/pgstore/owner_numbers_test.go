@@ -412,3 +412,113 @@ func TestNumberingPassesAParkedRowBeingChanged(t *testing.T) {
 	}
 	commit(t, tx)
 }
+
+// TestParkedKeyUnderConcurrentProducersAndRetries: producers add rows to
+// a key whose first row is parked while reads number and hold them and an
+// operator retries the parked row and the relay parks it again, over and
+// over; then three more rows come while it is parked. At the end no row
+// is held behind a row that is not parked and pending (such a row would
+// wait for ever), the key is numbered 1..n, each number once, in the row
+// or in the journal, and a last retry lets every row read.
+func TestParkedKeyUnderConcurrentProducersAndRetries(t *testing.T) {
+	testkit.RequirePostgres(t)
+	h := newHarness(t, false)
+	const producers, txs, rounds = 3, 60, 30
+	ctx := testkit.Context(t, 2*time.Minute)
+	head := h.Insert(t, 1, "a")[0]
+	readAll(t, h.store, from(1))
+	parkFirst(t, h, 1, head)
+
+	var wg sync.WaitGroup
+	errs := make(chan error, producers+2)
+	stop := make(chan struct{})
+	for range producers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range txs {
+				if _, err := h.pool.Exec(ctx, `INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload)
+					VALUES ($1, 1, 'a', 'ex', 'rk', 't', '{}')`, uuid.Must(uuid.NewV7())); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	var reading sync.WaitGroup
+	reading.Add(1)
+	go func() { // the relay's reads
+		defer reading.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := h.store.ReadPending(ctx, []relay.Cursor{from(1)}, 16); err != nil {
+				errs <- fmt.Errorf("read: %w", err)
+				return
+			}
+		}
+	}()
+	// The operator retries, and the relay parks the row again at once.
+	for range rounds {
+		h.Retry(t, head)
+		parked, err := h.store.RecordFailures(ctx, []relay.Settled{{ID: head, Partition: 1, Epoch: epochOf(t, h, 1), Err: "still no"}}, 1)
+		if err != nil || len(parked) != 1 {
+			t.Fatalf("park again: %v (%v)", parked, err)
+		}
+	}
+	wg.Wait()
+	close(stop)
+	reading.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	// Three more rows while the row is parked: the next read's numbering
+	// holds them.
+	h.Insert(t, 1, "a", "a", "a")
+	readAll(t, h.store, from(1))
+
+	if n := parkedCount(t, h, `held_behind IS NOT NULL AND processed_at IS NULL AND NOT EXISTS (SELECT 1 FROM outbox AS p
+		WHERE p.correlation_id = outbox.correlation_id AND p.key_seq = outbox.held_behind AND p.parked_at IS NOT NULL AND p.processed_at IS NULL)`); n != 0 {
+		t.Fatalf("%d rows held behind a row that is not parked", n)
+	}
+	var total, distinct, top int64
+	if err := h.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT ks), coalesce(max(ks), 0) FROM (
+		SELECT coalesce(o.key_seq, n.key_seq) AS ks FROM outbox AS o LEFT JOIN outbox_numbers AS n ON n.id = o.id
+		WHERE o.correlation_id = 'a') AS x WHERE ks IS NOT NULL`).Scan(&total, &distinct, &top); err != nil {
+		t.Fatal(err)
+	}
+	const rows = 1 + producers*txs + 3
+	if want := int64(rows); total != want || distinct != want || top != want {
+		t.Fatalf("key a: %d rows numbered, %d distinct numbers, highest %d; want %d, %d, %d", total, distinct, top, want, want, want)
+	}
+	// Released for good, every row reads in order.
+	h.Retry(t, head)
+	var ks []int64
+	after := int64(0)
+	for {
+		rows, err := h.store.ReadPending(ctx, []relay.Cursor{{Partition: 1, After: after}}, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rows {
+			ks = append(ks, r.KeySeq)
+		}
+		if len(rows) < 100 {
+			break
+		}
+		after = rows[len(rows)-1].Seq
+	}
+	slices.Sort(ks)
+	for i, k := range ks {
+		if k != int64(i+1) {
+			t.Fatalf("after the last retry the reads return key_seq %v...; want 1..%d", ks[:min(len(ks), 10)], rows)
+		}
+	}
+	if len(ks) != rows {
+		t.Fatalf("after the last retry the reads return %d rows; want %d", len(ks), rows)
+	}
+}
