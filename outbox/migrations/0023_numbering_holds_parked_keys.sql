@@ -87,6 +87,14 @@ BEGIN
             -- (the planner cannot know these sets' sizes, and a nested loop
             -- over two of them costs rows times keys).
             SELECT coalesce(jsonb_object_agg(up.key, up.top), '{}') AS tops FROM up
+        ), pp AS MATERIALIZED (
+            -- The partitions numbered here that hold a parked row (one
+            -- probe of outbox_parked each, once: inlined, the probe ran
+            -- for every row and partition): only their keys can have one,
+            -- and most calls look at no key.
+            SELECT coalesce(array_agg(rp.part), '{}') AS parts FROM (SELECT DISTINCT r.part FROM r WHERE r.known) AS rp
+            WHERE EXISTS (SELECT 1 FROM outbox AS z
+                          WHERE z.partition = rp.part AND z.parked_at IS NOT NULL AND z.processed_at IS NULL)
         ), top AS (
             -- Each known key's highest row with its number in the row (one
             -- step down the (correlation_id, key_seq) index): a parked row
@@ -95,7 +103,7 @@ BEGIN
             -- row that still waits, this row is it or is held behind it. A
             -- key without a counter has no numbered row.
             SELECT k.key, t.processed_at, coalesce(t.held_behind, CASE WHEN t.parked_at IS NOT NULL THEN t.key_seq END) AS head
-            FROM (SELECT DISTINCT r.key FROM r WHERE r.known) AS k
+            FROM (SELECT DISTINCT r.key FROM r CROSS JOIN pp WHERE r.known AND r.part = ANY(pp.parts)) AS k
             CROSS JOIN LATERAL (
                 SELECT x.key_seq, x.processed_at, x.parked_at, x.held_behind FROM outbox AS x
                 WHERE x.correlation_id = k.key AND x.key_seq IS NOT NULL
@@ -195,6 +203,14 @@ BEGIN
             -- (the planner cannot know these sets' sizes, and a nested loop
             -- over two of them costs rows times keys).
             SELECT coalesce(jsonb_object_agg(up.key, up.top), '{}') AS tops FROM up
+        ), pp AS MATERIALIZED (
+            -- The partitions numbered here that hold a parked row (one
+            -- probe of outbox_parked each, once: inlined, the probe ran
+            -- for every row and partition): only their keys can have one,
+            -- and most calls look at no key.
+            SELECT coalesce(array_agg(rp.part), '{}') AS parts FROM (SELECT DISTINCT r.part FROM r WHERE r.known) AS rp
+            WHERE EXISTS (SELECT 1 FROM outbox AS z
+                          WHERE z.partition = rp.part AND z.parked_at IS NOT NULL AND z.processed_at IS NULL)
         ), top AS (
             -- Each known key's highest row with its number in the row (one
             -- step down the (correlation_id, key_seq) index): a parked row
@@ -203,7 +219,7 @@ BEGIN
             -- row that still waits, this row is it or is held behind it. A
             -- key without a counter has no numbered row.
             SELECT k.key, t.processed_at, coalesce(t.held_behind, CASE WHEN t.parked_at IS NOT NULL THEN t.key_seq END) AS head
-            FROM (SELECT DISTINCT r.key FROM r WHERE r.known) AS k
+            FROM (SELECT DISTINCT r.key FROM r CROSS JOIN pp WHERE r.known AND r.part = ANY(pp.parts)) AS k
             CROSS JOIN LATERAL (
                 SELECT x.key_seq, x.processed_at, x.parked_at, x.held_behind FROM outbox AS x
                 WHERE x.correlation_id = k.key AND x.key_seq IS NOT NULL

@@ -477,8 +477,12 @@ FROM (SELECT CASE WHEN g %% 3 = 0 AND %[1]d > 0 THEN 'k' || (g %% %[1]d) ELSE 'k
 	}
 	plans := notices()
 	removed := regexp.MustCompile(`Rows Removed by Join Filter: (\d+)`)
-	// The rows held are found by id; no other row numbered is.
+	// The rows held are found by id; no other row numbered is. And no
+	// scan of the outbox runs more times than there are rows to number
+	// (one that probed outbox_parked for every row and partition ran
+	// 64 times as often).
 	byID := regexp.MustCompile(`Index Scan using outbox_pkey on outbox \w+ +\(cost=[^)]*\) \(actual rows=\d+ loops=(\d+)\)`)
+	scans := regexp.MustCompile(`Scan[^\n]* on outbox \w+ +\(cost=[^)]*\) \(actual rows=\d+ loops=(\d+)\)`)
 	seen, probes := false, 0
 	for _, plan := range plans {
 		if !strings.Contains(plan, "outbox_numbers") {
@@ -493,6 +497,11 @@ FROM (SELECT CASE WHEN g %% 3 = 0 AND %[1]d > 0 THEN 'k' || (g %% %[1]d) ELSE 'k
 		for _, m := range byID.FindAllStringSubmatch(plan, -1) {
 			n, _ := strconv.Atoi(m[1])
 			probes += n
+		}
+		for _, m := range scans.FindAllStringSubmatch(plan, -1) {
+			if n, _ := strconv.Atoi(m[1]); n > rows {
+				t.Fatalf("a scan of the outbox ran %d times in the numbering of %d rows:\n%s", n, rows, plan)
+			}
 		}
 	}
 	if probes > held {
