@@ -267,6 +267,19 @@ func parkFirst(t *testing.T, h *pgHarness, p int, id uuid.UUID) {
 	}
 }
 
+// parkedKeyWithLateRows returns a harness without the trigger whose key
+// "a" has two rows numbered by a read, the first parked by the relay (the
+// second held behind it), and then rows of keys late inserted, not yet
+// read.
+func parkedKeyWithLateRows(t *testing.T, late ...string) (h *pgHarness, first, after []uuid.UUID) {
+	t.Helper()
+	h = newHarness(t, false)
+	first = h.Insert(t, 1, "a", "a")
+	readAll(t, h.store, from(1))
+	parkFirst(t, h, 1, first[0])
+	return h, first, h.Insert(t, 1, late...)
+}
+
 // heldIn counts the rows of ids held behind key_seq head with their own
 // number in the row (want[i] for ids[i]) and no journal entry.
 func heldIn(t *testing.T, h *pgHarness, head int64, ids []uuid.UUID, want []int64) int {
@@ -333,12 +346,8 @@ func TestNumberingHoldsAParkedKeysRows(t *testing.T) {
 // they stayed held behind a row no longer parked.
 func TestRetryWaitsForTheNumberingsHold(t *testing.T) {
 	testkit.RequirePostgres(t)
-	h := newHarness(t, false)
+	h, first, late := parkedKeyWithLateRows(t, "a")
 	ctx := testkit.Context(t, time.Minute)
-	first := h.Insert(t, 1, "a", "a")
-	readAll(t, h.store, from(1))
-	parkFirst(t, h, 1, first[0])
-	late := h.Insert(t, 1, "a")
 
 	tx := begin(t, h)
 	if _, err := tx.Exec(ctx, `SELECT outbox_journal_rows('n1', ARRAY[1], NULL)`); err != nil {
@@ -387,12 +396,8 @@ func TestRetryWaitsForTheNumberingsHold(t *testing.T) {
 // read returns within its time.
 func TestNumberingPassesAParkedRowBeingChanged(t *testing.T) {
 	testkit.RequirePostgres(t)
-	h := newHarness(t, false)
+	h, first, late := parkedKeyWithLateRows(t, "a", "b")
 	ctx := testkit.Context(t, time.Minute)
-	first := h.Insert(t, 1, "a", "a")
-	readAll(t, h.store, from(1))
-	parkFirst(t, h, 1, first[0])
-	late := h.Insert(t, 1, "a", "b")
 
 	tx := begin(t, h)
 	if _, err := tx.Exec(ctx, `SELECT 1 FROM outbox WHERE id = $1 FOR UPDATE`, first[0]); err != nil {
