@@ -355,7 +355,7 @@ func TestRetryWaitsForTheNumberingsHold(t *testing.T) {
 	}
 	retried := make(chan error, 1)
 	go func() {
-		_, err := h.pool.Exec(ctx, `UPDATE outbox SET parked_at = NULL, next_attempt_at = NULL, attempts = 0 WHERE id = $1`, first[0])
+		_, err := h.pool.Exec(ctx, sqlRetryParked, first[0])
 		retried <- err
 	}()
 	var done bool
@@ -503,19 +503,8 @@ func TestParkedKeyUnderConcurrentProducersAndRetries(t *testing.T) {
 	// Released for good, every row reads in order.
 	h.Retry(t, head)
 	var ks []int64
-	after := int64(0)
-	for {
-		rows, err := h.store.ReadPending(ctx, []relay.Cursor{{Partition: 1, After: after}}, 100)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range rows {
-			ks = append(ks, r.KeySeq)
-		}
-		if len(rows) < 100 {
-			break
-		}
-		after = rows[len(rows)-1].Seq
+	for _, r := range readPass(t, h.store, 100) {
+		ks = append(ks, r.KeySeq)
 	}
 	slices.Sort(ks)
 	for i, k := range ks {

@@ -348,16 +348,8 @@ func leanNumberingSkipsParkedKeys(t *testing.T, pendingIndex bool) {
 	exec(t, pool, `DROP TRIGGER outbox_assign_key_seq ON outbox`)
 	insert(fmt.Sprintf(`SELECT 'fresh-' || g FROM generate_series(1, %d) AS g`, fresh))
 	exec(t, pool, `VACUUM outbox`)
-	// Each explain is rolled back. The fewest buffers of a few: a
-	// connection's first call of the function also reads the catalog.
 	buffers := func(what string) float64 {
-		least := -1.0
-		for range 4 {
-			e := explain(t, pool, "force_custom_plan", sqlJournalRows, args)
-			if b := e.Plan.Hit + e.Plan.Read; least < 0 || b < least {
-				least = b
-			}
-		}
+		least := numberingBuffers(t, pool, args)
 		t.Logf("numbering %d rows %s: %.0f buffers", fresh, what, least)
 		return least
 	}
@@ -404,13 +396,7 @@ func TestNumberingFindsAParkedRowInOneStep(t *testing.T) {
 	// each rolled back; the rows are deleted after.
 	buffers := func(key string) float64 {
 		insertKeys(t, pool, fmt.Sprintf(`SELECT '%s' FROM generate_series(1, %d)`, key, fresh))
-		least := -1.0
-		for range 4 {
-			e := explain(t, pool, "force_custom_plan", sqlJournalRows, args)
-			if b := e.Plan.Hit + e.Plan.Read; least < 0 || b < least {
-				least = b
-			}
-		}
+		least := numberingBuffers(t, pool, args)
 		exec(t, pool, `DELETE FROM outbox WHERE processed_at IS NULL AND parked_at IS NULL`)
 		t.Logf("numbering %d rows of %s: %.0f buffers", fresh, key, least)
 		return least
@@ -421,6 +407,21 @@ func TestNumberingFindsAParkedRowInOneStep(t *testing.T) {
 			t.Errorf("numbering %d rows of %s costs %.0f buffers; of a new key %.0f", fresh, what, b, base)
 		}
 	}
+}
+
+// numberingBuffers returns the fewest buffers of four numberings
+// (sqlJournalRows with args), each explained and rolled back: a
+// connection's first call of the function also reads the catalog.
+func numberingBuffers(t *testing.T, pool *pgxpool.Pool, args string) float64 {
+	t.Helper()
+	least := -1.0
+	for range 4 {
+		e := explain(t, pool, "force_custom_plan", sqlJournalRows, args)
+		if b := e.Plan.Hit + e.Plan.Read; least < 0 || b < least {
+			least = b
+		}
+	}
+	return least
 }
 
 // TestJournalNeverJoinsItsSetsRowByRow: the owner's numbering

@@ -109,11 +109,13 @@ func (h *pgHarness) Skip(t testing.TB, id uuid.UUID) {
 	}
 }
 
+// sqlRetryParked is an operator's retry of parked row $1: the columns
+// the admin API's retry sets (admin/queries.go).
+const sqlRetryParked = `UPDATE outbox SET parked_at = NULL, next_attempt_at = NULL, attempts = 0 WHERE id = $1 AND parked_at IS NOT NULL`
+
 func (h *pgHarness) Retry(t testing.TB, id uuid.UUID) {
 	t.Helper()
-	tag, err := h.pool.Exec(testkit.Context(t, 30*time.Second), `UPDATE outbox
-		SET parked_at = NULL, next_attempt_at = NULL, attempts = 0
-		WHERE id = $1 AND parked_at IS NOT NULL`, id)
+	tag, err := h.pool.Exec(testkit.Context(t, 30*time.Second), sqlRetryParked, id)
 	if err != nil || tag.RowsAffected() != 1 {
 		t.Fatalf("retry %s: %v (%d rows)", id, err, tag.RowsAffected())
 	}
