@@ -603,6 +603,41 @@ INSERT INTO outbox_numbers (id, partition, correlation_id, key_seq) SELECT id, p
 	}
 }
 
+// TestNumberingWalksFromItsMark: once the owner's numbering has walked a
+// key's first 5,000 rows, with no writer of the outbox open, the next
+// numbering of a page of 512 reads that page's rows and no others from
+// the outbox and the journal: it walks from the partition's mark
+// (docs/outbox-table.md, "Where the walk starts"). From the first row,
+// it walked the read-ahead again in every call.
+func TestNumberingWalksFromItsMark(t *testing.T) {
+	testkit.RequirePostgres(t)
+	bothPendingIndexes(t, numberingWalksFromItsMark)
+}
+
+func numberingWalksFromItsMark(t *testing.T, pendingIndex bool) {
+	const backlog, numbered, page = 20000, 5000, 512
+	pool, ctx := planDBPending(t, pendingIndex)
+	exec(t, pool, `DROP TRIGGER outbox_assign_key_seq ON outbox`)
+	exec(t, pool, fmt.Sprintf(`INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload)
+SELECT gen_random_uuid(), 1, 'hot', 'ex', 'rk', 't', jsonb_build_object('pad', repeat('x', 250)) FROM generate_series(1, %d)`, backlog))
+	exec(t, pool, `ANALYZE outbox`)
+	var first int64
+	if err := pool.QueryRow(ctx, `SELECT min(seq) FROM outbox`).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	if err := pool.QueryRow(ctx, sqlJournalRows, "n1", []int32{1}, []int64{first + numbered - 1}).Scan(&n); err != nil || n != numbered {
+		t.Fatalf("numbered %d rows (%v), want %d", n, err, numbered)
+	}
+	conn, notices := explainingConn(t, ctx, pool)
+	if err := conn.QueryRow(ctx, sqlJournalRows, "n1", []int32{1}, []int64{first + numbered + page - 1}).Scan(&n); err != nil || n != page {
+		t.Fatalf("numbered %d rows (%v), want %d", n, err, page)
+	}
+	if wrong := widestScan(notices(), page); wrong != "" {
+		t.Fatalf("the numbering of the %d rows after %d numbered: %s", page, numbered, wrong)
+	}
+}
+
 // TestNumberingWithoutStatistics: on an outbox never analyzed (a burst
 // into a fresh table), the owner's numbering of a page of every partition
 // reads each partition's rows up to its page and no others. Joined with
