@@ -9,18 +9,22 @@
 -- simply go on from the highest seq it numbered: a row below that,
 -- committed late, would be numbered after its key's later rows. The
 -- mark (outbox_walk_marks.walked_to) is a seq at or below which every
--- row was committed (or rolled back) when the walk that set it began, so
--- that every such row was walked, by that walk or an earlier one. It is
--- found from the writers of the outbox: a transaction takes its
--- RowExclusiveLock on the outbox before its INSERT draws a seq, so one
--- that holds no such lock when the sequence's value is L can only draw
--- seqs above L. Each walk with more than 512 seqs to go reads the
--- sequence, then the transactions that hold such a lock (pg_locks),
--- and keeps both in the mark: a writer it has not seen in the
--- partition's previous sample began writing after it, so draws above
--- that sample's value; one it has seen keeps its bound; one of the first
--- sample, or a prepared transaction, has none. The mark moves to the
--- lowest of these, the sequence's value and the read's highest row.
+-- row had committed (or rolled back) when a walk began, so that the walk
+-- saw every such row. It is found from the writers of the outbox: a
+-- transaction takes its RowExclusiveLock on the outbox before its INSERT
+-- draws a seq, so one that holds no such lock when the sequence's value
+-- is L can only draw seqs above L. A call that numbered more than 64
+-- rows, or had more than 8,192 seqs to walk, samples after its walk the
+-- sequence's value, then the transactions that hold such a lock
+-- (pg_locks), and keeps both in each of its partitions' marks: a writer
+-- the partition's previous sample did not see began writing after it,
+-- so draws above that sample's value; one it saw keeps its bound; one of
+-- the first sample, or a prepared transaction, has none. The lowest of
+-- these and the sample's value is the sample's bound, and the next walk
+-- of the partition, which begins after the sample, moves the mark up to
+-- it (and no further than the read's highest row). A walk that starts
+-- from an old mark walks the ready rows above it, the rows every walk
+-- walked before: at steady rates calls take no sample and write no mark.
 --
 -- A row made pending again under the mark (a refused row retried, or
 -- moved to another partition) is recorded by a trigger in
@@ -36,6 +40,7 @@ CREATE TABLE outbox_walk_marks (
     walked_to bigint      NOT NULL,
     seen      bigint,
     writers   jsonb,
+    bound     bigint,
     full_at   timestamptz NOT NULL
 );
 
@@ -71,10 +76,11 @@ DECLARE
     walk_parts int[];
     walk_tops bigint[];
     walk_los bigint[];
-    mark_seens bigint[];
+    mark_bounds bigint[];
     sample_seq bigint;
     sample_writers jsonb;
     sampled boolean := false;
+    safe boolean;
 BEGIN
     SELECT coalesce(array_agg(l.partition), '{}') INTO held FROM (
         SELECT partition FROM ordo_leases
@@ -88,52 +94,38 @@ BEGIN
     -- would both count the same rows), in partition order. The lock
     -- class is 'ordn'.
     PERFORM pg_advisory_xact_lock(1869767790, s.p) FROM (SELECT p FROM unnest(held) AS p ORDER BY p) AS s;
+    -- A partition's mark moves only under READ COMMITTED, where this
+    -- call's walk sees what committed before it began, and with an
+    -- identity that caches no values (a backend could insert a seq it
+    -- drew before a sample).
+    safe := current_setting('transaction_isolation') = 'read committed'
+        AND (SELECT s.seqcache FROM pg_sequence AS s
+             WHERE s.seqrelid = pg_get_serial_sequence('outbox', 'seq')::regclass) = 1;
+    sample_seq := coalesce(pg_sequence_last_value(pg_get_serial_sequence('outbox', 'seq')::regclass), 0);
     -- Where each partition's walk starts: above its mark, or below the
     -- lowest row made pending again since (taken from outbox_walk_resets
     -- in a statement of its own, before the walk's: a reset committed
     -- after it stays for the next call), or from the first row if the
     -- partition has no mark, or its last walk from there is a minute old,
     -- or the read found a row at or below the mark unnumbered (a row made
-    -- pending again by hand, or a sequence set back).
+    -- pending again by hand), or the sequence was set back below the
+    -- mark's last sample (which voids the sample's bound too).
     WITH gone AS (
         DELETE FROM outbox_walk_resets AS x WHERE x.partition = ANY(held) RETURNING x.partition, x.seq
     ), g AS (
         SELECT gone.partition, min(gone.seq) - 1 AS lo FROM gone GROUP BY gone.partition
     )
     SELECT array_agg(u.part ORDER BY u.part), array_agg(u.top ORDER BY u.part),
-           array_agg(CASE WHEN mk.partition IS NULL OR mk.full_at < now() - interval '1 minute' OR u.top <= mk.walked_to THEN 0
+           array_agg(CASE WHEN mk.partition IS NULL OR mk.full_at < now() - interval '1 minute' OR u.top <= mk.walked_to
+                               OR mk.seen > sample_seq THEN 0
                           ELSE greatest(least(mk.walked_to, coalesce(g.lo, mk.walked_to)), 0) END ORDER BY u.part),
-           array_agg(mk.seen ORDER BY u.part)
-    INTO walk_parts, walk_tops, walk_los, mark_seens
+           array_agg(CASE WHEN safe AND NOT mk.seen > sample_seq THEN mk.bound END ORDER BY u.part)
+    INTO walk_parts, walk_tops, walk_los, mark_bounds
     FROM (SELECT v.part, max(coalesce(v.top, 9223372036854775807)) AS top
           FROM unnest(partitions, up_to) AS v(part, top)
           WHERE v.part = ANY(held) GROUP BY v.part) AS u
     LEFT JOIN outbox_walk_marks AS mk ON mk.partition = u.part
     LEFT JOIN g ON g.partition = u.part;
-    -- The sequence's value, before the writers are sampled: a
-    -- transaction that takes its lock on the outbox after the sample
-    -- draws seqs above it. A sequence set back below a partition's last
-    -- sample voids its mark and the writers' bounds.
-    sample_seq := coalesce(pg_sequence_last_value(pg_get_serial_sequence('outbox', 'seq')::regclass), 0);
-    SELECT array_agg(CASE WHEN t.seen > sample_seq THEN 0 ELSE t.lo END ORDER BY t.ord) INTO walk_los
-    FROM unnest(walk_los, mark_seens) WITH ORDINALITY AS t(lo, seen, ord);
-    -- The writers, when a walk has more than 512 seqs to go: the
-    -- transactions that hold a lock on the outbox that lets them insert.
-    -- A sequence that caches values hands out seqs drawn before the
-    -- sample; then the marks stay where they are.
-    IF EXISTS (SELECT 1 FROM unnest(walk_tops, walk_los) AS t(top, lo) WHERE t.top - t.lo > 512)
-       AND current_setting('transaction_isolation') = 'read committed'
-       AND (SELECT s.seqcache FROM pg_sequence AS s
-            WHERE s.seqrelid = pg_get_serial_sequence('outbox', 'seq')::regclass) = 1 THEN
-        SELECT coalesce(jsonb_object_agg(w.vxid, w.prepared), '{}') INTO sample_writers FROM (
-            SELECT l.virtualtransaction AS vxid, bool_or(l.pid IS NULL) AS prepared FROM pg_locks AS l
-            WHERE l.locktype = 'relation' AND l.relation = 'outbox'::regclass
-              AND l.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
-              AND l.mode IN ('RowExclusiveLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
-              AND l.pid IS DISTINCT FROM pg_backend_pid()
-            GROUP BY l.virtualtransaction) AS w;
-        sampled := true;
-    END IF;
     -- Each partition walked by a range scan of its own, unless
     -- outbox_pending_by_partition is there and the outbox has statistics:
     -- that index covers the parked and held rows too, and beside a sparse
@@ -384,31 +376,50 @@ BEGIN
         GET DIAGNOSTICS parked = ROW_COUNT;
         total := total + parked;
     END IF;
-    -- The marks: every row at or below the lowest of the sequence's value
-    -- at the sample, each writer's bound and the read's highest row was
-    -- committed or rolled back before this walk began, and walked. A
-    -- walk from the first row without a sample leaves its partition's
-    -- mark at 0.
-    INSERT INTO outbox_walk_marks AS mk (partition, walked_to, seen, writers, full_at)
-    SELECT t.part,
-           CASE WHEN sampled THEN greatest(t.lo, least(t.top, sample_seq, nw.low)) ELSE 0 END,
+    -- A sample of the outbox's writers, for the walks after this one,
+    -- when this call numbered more than 64 rows or had more than 8,192
+    -- seqs to walk: the sequence's value, then the transactions that hold
+    -- a lock on the outbox that lets them insert (one that takes such a
+    -- lock after the sample draws seqs above that value). Each writer's
+    -- bound: kept from the partition's previous sample, or that sample's
+    -- value for a writer it did not see; none (0) for a prepared
+    -- transaction or without a previous sample. A walk that begins after
+    -- the sample sees every row at or below the lowest of the sample's
+    -- value and its writers' bounds (the mark's bound).
+    IF safe AND (total > 64 OR EXISTS (SELECT 1 FROM unnest(walk_tops, walk_los) AS t(top, lo) WHERE t.top - t.lo > 8192)) THEN
+        sample_seq := coalesce(pg_sequence_last_value(pg_get_serial_sequence('outbox', 'seq')::regclass), 0);
+        SELECT coalesce(jsonb_object_agg(w.vxid, w.prepared), '{}') INTO sample_writers FROM (
+            SELECT l.virtualtransaction AS vxid, bool_or(l.pid IS NULL) AS prepared FROM pg_locks AS l
+            WHERE l.locktype = 'relation' AND l.relation = 'outbox'::regclass
+              AND l.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
+              AND l.mode IN ('RowExclusiveLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
+              AND l.pid IS DISTINCT FROM pg_backend_pid()
+            GROUP BY l.virtualtransaction) AS w;
+        sampled := true;
+    END IF;
+    -- The marks: this walk began after the partition's last sample, so
+    -- it saw every row at or below that sample's bound and its own top.
+    -- Written when a mark moves, a sample is taken, or the partition was
+    -- walked from its first row.
+    INSERT INTO outbox_walk_marks AS mk (partition, walked_to, seen, writers, bound, full_at)
+    SELECT t.part, t.mark,
            CASE WHEN sampled THEN sample_seq ELSE o.seen END,
            CASE WHEN sampled THEN nw.writers ELSE o.writers END,
+           CASE WHEN sampled THEN least(sample_seq, nw.low) ELSE o.bound END,
            CASE WHEN t.lo = 0 THEN now() ELSE o.full_at END
-    FROM unnest(walk_parts, walk_tops, walk_los) AS t(part, top, lo)
+    FROM (SELECT u.part, u.lo, CASE WHEN u.bound IS NULL THEN u.lo ELSE greatest(u.lo, least(u.top, u.bound)) END AS mark
+          FROM unnest(walk_parts, walk_tops, walk_los, mark_bounds) AS u(part, top, lo, bound)) AS t
     LEFT JOIN outbox_walk_marks AS o ON o.partition = t.part
     CROSS JOIN LATERAL (
-        -- Each writer's bound: kept from the previous sample, or that
-        -- sample's value for a writer it did not see; none (0) for a
-        -- prepared transaction or where there is no previous sample.
         SELECT coalesce(jsonb_object_agg(x.vxid, x.low), '{}') AS writers, min(x.low) AS low FROM (
             SELECT w.key AS vxid,
                    CASE WHEN w.value::boolean OR o.seen > sample_seq THEN 0
                         ELSE coalesce((o.writers ->> w.key)::bigint, o.seen, 0) END AS low
             FROM jsonb_each(coalesce(sample_writers, '{}')) AS w) AS x) AS nw
-    WHERE sampled OR t.lo = 0
+    WHERE sampled OR t.lo = 0 OR o.partition IS NULL OR t.mark <> o.walked_to
     ON CONFLICT (partition) DO UPDATE
-        SET walked_to = EXCLUDED.walked_to, seen = EXCLUDED.seen, writers = EXCLUDED.writers, full_at = EXCLUDED.full_at;
+        SET walked_to = EXCLUDED.walked_to, seen = EXCLUDED.seen, writers = EXCLUDED.writers,
+            bound = EXCLUDED.bound, full_at = EXCLUDED.full_at;
     RETURN total;
 END
 $$;

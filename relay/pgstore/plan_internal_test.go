@@ -604,11 +604,12 @@ INSERT INTO outbox_numbers (id, partition, correlation_id, key_seq) SELECT id, p
 }
 
 // TestNumberingWalksFromItsMark: once the owner's numbering has walked a
-// key's first 5,000 rows, with no writer of the outbox open, the next
-// numbering of a page of 512 reads that page's rows and no others from
-// the outbox and the journal: it walks from the partition's mark
-// (docs/outbox-table.md, "Where the walk starts"). From the first row,
-// it walked the read-ahead again in every call.
+// key's first 5,000 rows (and sampled the outbox's writers: none) and
+// then the next 512 (moving the partition's mark), the numbering of the
+// next 512 reads that page's rows and no others from the outbox and the
+// journal: it walks from the mark (docs/outbox-table.md, "Where the walk
+// starts"). From the first row, it walked the read-ahead again in every
+// call.
 func TestNumberingWalksFromItsMark(t *testing.T) {
 	testkit.RequirePostgres(t)
 	bothPendingIndexes(t, numberingWalksFromItsMark)
@@ -629,12 +630,15 @@ SELECT gen_random_uuid(), 1, 'hot', 'ex', 'rk', 't', jsonb_build_object('pad', r
 	if err := pool.QueryRow(ctx, sqlJournalRows, "n1", []int32{1}, []int64{first + numbered - 1}).Scan(&n); err != nil || n != numbered {
 		t.Fatalf("numbered %d rows (%v), want %d", n, err, numbered)
 	}
+	if err := pool.QueryRow(ctx, sqlJournalRows, "n1", []int32{1}, []int64{first + numbered + page - 1}).Scan(&n); err != nil || n != page {
+		t.Fatalf("numbered %d rows (%v), want %d", n, err, page)
+	}
 	conn, notices := explainingConn(t, ctx, pool)
-	if err := conn.QueryRow(ctx, sqlJournalRows, "n1", []int32{1}, []int64{first + numbered + page - 1}).Scan(&n); err != nil || n != page {
+	if err := conn.QueryRow(ctx, sqlJournalRows, "n1", []int32{1}, []int64{first + numbered + 2*page - 1}).Scan(&n); err != nil || n != page {
 		t.Fatalf("numbered %d rows (%v), want %d", n, err, page)
 	}
 	if wrong := widestScan(notices(), page); wrong != "" {
-		t.Fatalf("the numbering of the %d rows after %d numbered: %s", page, numbered, wrong)
+		t.Fatalf("the numbering of the %d rows after %d numbered: %s", page, numbered+page, wrong)
 	}
 }
 

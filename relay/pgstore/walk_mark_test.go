@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -10,19 +11,32 @@ import (
 
 	"github.com/ordo-relay/ordo/admin"
 	"github.com/ordo-relay/ordo/internal/testkit"
+	"github.com/ordo-relay/ordo/relay"
 )
 
 // The owner's numbering walks each partition from its mark
 // (outbox_walk_marks: docs/outbox-table.md, "Where the walk starts").
 
-// fill draws n seqs with rows of a key of partition 3, committed: enough
-// of them between two reads makes the next numbering sample the outbox's
-// writers (it does when it has more than 512 seqs to walk).
-func fill(t *testing.T, h *pgHarness, n int) {
+// sampleRead inserts 70 rows of key "bulk-<p>" in partition p and reads
+// them (a page above the rows before): the numbering call numbers more
+// than 64 rows, so it samples the outbox's writers after its walk.
+func sampleRead(t *testing.T, h *pgHarness, p int) {
 	t.Helper()
-	if _, err := h.pool.Exec(testkit.Context(t, 30*time.Second), `INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload)
-		SELECT gen_random_uuid(), 3, 'filler', 'ex', 'rk', 't', '{}' FROM generate_series(1, $1)`, n); err != nil {
+	var top int64
+	if err := h.pool.QueryRow(testkit.Context(t, 10*time.Second), `SELECT coalesce(max(seq), 0) FROM outbox`).Scan(&top); err != nil {
 		t.Fatal(err)
+	}
+	keys := make([]string, 70)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("bulk-%d", p)
+	}
+	h.Insert(t, p, keys...)
+	if rows := readAll(t, h.store, relay.Cursor{Partition: p, After: top}); len(rows) != len(keys) {
+		t.Fatalf("read %d rows of partition %d; want %d", len(rows), p, len(keys))
+	}
+	var seen *int64
+	if err := h.pool.QueryRow(testkit.Context(t, 10*time.Second), `SELECT (SELECT seen FROM outbox_walk_marks WHERE partition = $1)`, p).Scan(&seen); err != nil || seen == nil || *seen <= top {
+		t.Fatalf("partition %d's mark holds no sample after the read (%v, %v)", p, deref(seen), err)
 	}
 }
 
@@ -55,10 +69,10 @@ func seqOf(t *testing.T, q interface {
 // TestWalkMarkStaysBelowAnOpenWriter: a producer's row that commits after
 // rows inserted after it were numbered lies below them, and the mark must
 // not pass it, or the key's next row would be numbered first. T1 inserts
-// a row of key k and stays open; later rows are committed and numbered
-// with more than 512 seqs to walk (the writers are sampled); T1 commits;
-// a later producer adds k's next row. T1's row is k's 1, the next row 2.
-// T1 began writing after the partition's last sample (its bound is that
+// a row of key k and stays open; calls that sample the writers number
+// later rows, and a later call moves the mark; T1 commits; a later
+// producer adds k's next row. T1's row is k's 1, the next row 2. T1
+// began writing after the partition's last sample (its bound is that
 // sample's value) or before the first (it has no bound).
 func TestWalkMarkStaysBelowAnOpenWriter(t *testing.T) {
 	testkit.RequirePostgres(t)
@@ -71,25 +85,20 @@ func TestWalkMarkStaysBelowAnOpenWriter(t *testing.T) {
 			h := newHarness(t, false)
 			ctx := testkit.Context(t, 30*time.Second)
 			if tc.sampled {
-				fill(t, h, 600)
-				h.Insert(t, 1, "a")
-				readAll(t, h.store, from(1))
-				if m := markOf(t, h, 1); m <= 600 {
-					t.Fatalf("after a read with 601 seqs to walk, partition 1's mark is %d; want the read's row", m)
-				}
+				sampleRead(t, h, 1)
 			}
 			t1 := begin(t, h)
 			first := insertIn(t, ctx, t1, 1, "k")
 			s := seqOf(t, t1, first)
-			fill(t, h, 600)
+			sampleRead(t, h, 1) // a sample with T1 open
 			h.Insert(t, 1, "x")
-			readAll(t, h.store, from(1))
+			readAll(t, h.store, relay.Cursor{Partition: 1, After: s}) // numbers x: moves the mark to that sample's bound
 			if m := markOf(t, h, 1); m >= s {
 				t.Fatalf("with T1 open, partition 1's mark is %d, at or above T1's row (seq %d)", m, s)
 			}
 			commit(t, t1)
 			next := h.Insert(t, 1, "k")[0]
-			readAll(t, h.store, from(1))
+			readAll(t, h.store, relay.Cursor{Partition: 1, After: s - 1}) // T1's row and those above it
 			if a, b := numberOf(t, h, first), numberOf(t, h, next); a == nil || b == nil || *a != 1 || *b != 2 {
 				t.Fatalf("k's rows numbered %v and %v; want T1's 1, the next 2", deref(a), deref(b))
 			}
@@ -115,13 +124,11 @@ func TestWalkStartsBelowARetriedRow(t *testing.T) {
 	h.Insert(t, 1, "a")
 	readAll(t, h.store, from(1)) // a's home is partition 1
 	stray := h.Insert(t, 2, "a")[0]
-	fill(t, h, 600)
-	h.Insert(t, 2, "b")
 	readAll(t, h.store, from(2)) // parks the stray row
 	if !h.State(t, stray).Parked {
 		t.Fatal("the stray row is not parked")
 	}
-	fill(t, h, 600)
+	sampleRead(t, h, 1)
 	h.Insert(t, 1, "c")
 	readAll(t, h.store, from(1))
 	if m, s := markOf(t, h, 1), seqOf(t, h.pool, stray); m <= s {
@@ -142,28 +149,29 @@ func TestWalkStartsBelowARetriedRow(t *testing.T) {
 
 // TestWalkAfterTheSequenceIsSetBack: rows drawn from a sequence set back
 // below a partition's mark are numbered by the next read, although it
-// also returns a row above the mark: the sequence's value below the
-// mark's sample voids the mark.
+// also returns rows above the mark: the sequence's value below the
+// mark's last sample voids the mark.
 func TestWalkAfterTheSequenceIsSetBack(t *testing.T) {
 	testkit.RequirePostgres(t)
 	h := newHarness(t, false)
 	ctx := testkit.Context(t, 30*time.Second)
-	fill(t, h, 600)
-	a := h.Insert(t, 1, "a")[0]
-	fill(t, h, 100)
-	readAll(t, h.store, from(1))
-	if m, s := markOf(t, h, 1), seqOf(t, h.pool, a); m != s {
-		t.Fatalf("partition 1's mark is %d; want a's row, %d", m, s)
+	sampleRead(t, h, 1)
+	sampleRead(t, h, 1) // moves the mark to the first sample's bound, and samples again above it
+	m := markOf(t, h, 1)
+	if m <= 0 {
+		t.Fatalf("partition 1's mark is %d; want above 0", m)
 	}
-	h.Insert(t, 1, "b")
-	if _, err := h.pool.Exec(ctx, `SELECT setval(pg_get_serial_sequence('outbox', 'seq'), $1)`, seqOf(t, h.pool, a)-10); err != nil {
+	if _, err := h.pool.Exec(ctx, `SELECT setval(pg_get_serial_sequence('outbox', 'seq'), $1)`, m-10); err != nil {
 		t.Fatal(err)
 	}
-	ids := h.Insert(t, 1, "a", "a", "a", "a", "a")
+	ids := h.Insert(t, 1, "a", "a", "a", "a", "a", "a", "a", "a", "a", "a", "a", "a", "a", "a", "a")
+	if s, e := seqOf(t, h.pool, ids[0]), seqOf(t, h.pool, ids[len(ids)-1]); s > m || e <= m {
+		t.Fatalf("the rows after the set-back run from seq %d to %d; want from below the mark %d to above it", s, e, m)
+	}
 	readAll(t, h.store, from(1))
 	for i, id := range ids {
-		if ks := numberOf(t, h, id); ks == nil || *ks != int64(i+2) {
-			t.Fatalf("a's row %d after the set-back numbered %v; want %d", i, deref(ks), i+2)
+		if ks := numberOf(t, h, id); ks == nil || *ks != int64(i+1) {
+			t.Fatalf("a's row %d after the set-back numbered %v; want %d", i, deref(ks), i+1)
 		}
 	}
 }
@@ -177,11 +185,13 @@ func TestWalkFromTheFirstRowWhenAMarkFails(t *testing.T) {
 	testkit.RequirePostgres(t)
 	h := newHarness(t, false)
 	ctx := testkit.Context(t, 30*time.Second)
-	fill(t, h, 600)
 	ids := h.Insert(t, 1, "a", "a")
 	readAll(t, h.store, from(1))
-	if m, s := markOf(t, h, 1), seqOf(t, h.pool, ids[1]); m != s {
-		t.Fatalf("partition 1's mark is %d; want a's second row, %d", m, s)
+	sampleRead(t, h, 1)
+	h.Insert(t, 1, "z")
+	readAll(t, h.store, from(1))
+	if m, s := markOf(t, h, 1), seqOf(t, h.pool, ids[1]); m <= s {
+		t.Fatalf("partition 1's mark is %d; want above a's rows (seq %d)", m, s)
 	}
 	unjournal := func(id uuid.UUID) {
 		t.Helper()
@@ -194,11 +204,13 @@ func TestWalkFromTheFirstRowWhenAMarkFails(t *testing.T) {
 	if ks := numberOf(t, h, ids[0]); ks == nil || *ks != 3 {
 		t.Fatalf("a's first row, read alone below the mark, numbered %v; want 3", deref(ks))
 	}
-	// The walk from the first row set the mark at that row; now it is
-	// found below the mark beside a row above it.
+	// Now found below the mark beside a row above it.
 	unjournal(ids[0])
 	h.Insert(t, 1, "b")
 	readAll(t, h.store, from(1))
+	if m, s := markOf(t, h, 1), seqOf(t, h.pool, ids[0]); m < s {
+		t.Fatalf("partition 1's mark is %d; the test needs it at or above a's first row (seq %d)", m, s)
+	}
 	if ks := numberOf(t, h, ids[0]); ks != nil {
 		t.Fatalf("a's first row, read below the mark beside a row above it, numbered %d before the walk from the first row", *ks)
 	}
@@ -212,21 +224,21 @@ func TestWalkFromTheFirstRowWhenAMarkFails(t *testing.T) {
 	}
 }
 
-// TestWalkMarkStaysWithoutASafeSample: the mark does not move when the
+// TestWalkMarkStaysWithoutASafeSample: the mark does not move when a
 // sample cannot bound the writers: the outbox's sequence caches values
 // (a backend draws from a range it took before the sample), or the
-// numbering runs in a repeatable-read transaction (its snapshot predates
-// the sample).
+// numbering runs in a repeatable-read transaction (its snapshot may
+// predate the sample).
 func TestWalkMarkStaysWithoutASafeSample(t *testing.T) {
 	testkit.RequirePostgres(t)
 	t.Run("cached sequence", func(t *testing.T) {
 		t.Parallel()
 		h := newHarness(t, false)
 		ctx := testkit.Context(t, 30*time.Second)
+		sampleRead(t, h, 1)
 		if _, err := h.pool.Exec(ctx, `ALTER TABLE outbox ALTER COLUMN seq SET CACHE 10`); err != nil {
 			t.Fatal(err)
 		}
-		fill(t, h, 600)
 		h.Insert(t, 1, "a")
 		readAll(t, h.store, from(1))
 		if m := markOf(t, h, 1); m != 0 {
@@ -237,7 +249,7 @@ func TestWalkMarkStaysWithoutASafeSample(t *testing.T) {
 		t.Parallel()
 		h := newHarness(t, false)
 		ctx := testkit.Context(t, 30*time.Second)
-		fill(t, h, 600)
+		sampleRead(t, h, 1)
 		id := h.Insert(t, 1, "a")[0]
 		tx, err := h.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 		if err != nil {
