@@ -64,6 +64,62 @@ CREATE TRIGGER outbox_walk_reset AFTER UPDATE OF parked_at, partition, key_seq O
           AND (OLD.parked_at IS NOT NULL OR OLD.partition IS DISTINCT FROM NEW.partition OR OLD.key_seq IS NOT NULL))
     EXECUTE FUNCTION outbox_walk_reset();
 
+-- Where each partition's walk starts, and the bound of its last sample
+-- where one may be used (safe), for outbox_journal_rows. Its statements
+-- and outbox_walk_mark's run on generic plans: custom ones, planned
+-- again in every call, doubled the cost of a call that numbers one row.
+CREATE FUNCTION outbox_walk_starts(held int[], partitions int[], up_to bigint[], sample_seq bigint, safe boolean,
+    OUT parts int[], OUT tops bigint[], OUT los bigint[], OUT bounds bigint[], OUT long_walk boolean)
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
+BEGIN
+    WITH gone AS (
+        DELETE FROM outbox_walk_resets AS x WHERE x.partition = ANY(held) RETURNING x.partition, x.seq
+    ), g AS (
+        SELECT gone.partition, min(gone.seq) - 1 AS lo FROM gone GROUP BY gone.partition
+    )
+    SELECT array_agg(u.part ORDER BY u.part), array_agg(u.top ORDER BY u.part),
+           array_agg(CASE WHEN mk.partition IS NULL OR mk.full_at < now() - interval '1 minute' OR u.top <= mk.walked_to
+                               OR mk.seen > sample_seq THEN 0
+                          ELSE greatest(least(mk.walked_to, coalesce(g.lo, mk.walked_to)), 0) END ORDER BY u.part),
+           array_agg(CASE WHEN safe AND NOT mk.seen > sample_seq THEN mk.bound END ORDER BY u.part)
+    INTO parts, tops, los, bounds
+    FROM (SELECT v.part, max(coalesce(v.top, 9223372036854775807)) AS top
+          FROM unnest(partitions, up_to) AS v(part, top)
+          WHERE v.part = ANY(held) GROUP BY v.part) AS u
+    LEFT JOIN outbox_walk_marks AS mk ON mk.partition = u.part
+    LEFT JOIN g ON g.partition = u.part;
+    long_walk := EXISTS (SELECT 1 FROM unnest(tops, los) AS t(top, lo) WHERE t.top - t.lo > 8192);
+END
+$$;
+
+-- The marks of a numbering call's partitions, after its walk (see
+-- outbox_journal_rows).
+CREATE FUNCTION outbox_walk_mark(parts int[], tops bigint[], los bigint[], bounds bigint[],
+    sampled boolean, sample_seq bigint, sample_writers jsonb) RETURNS void
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
+BEGIN
+    INSERT INTO outbox_walk_marks AS mk (partition, walked_to, seen, writers, bound, full_at)
+    SELECT t.part, t.mark,
+           CASE WHEN sampled THEN sample_seq ELSE o.seen END,
+           CASE WHEN sampled THEN nw.writers ELSE o.writers END,
+           CASE WHEN sampled THEN least(sample_seq, nw.low) ELSE o.bound END,
+           CASE WHEN t.lo = 0 THEN now() ELSE o.full_at END
+    FROM (SELECT u.part, u.lo, CASE WHEN u.bound IS NULL THEN u.lo ELSE greatest(u.lo, least(u.top, u.bound)) END AS mark
+          FROM unnest(parts, tops, los, bounds) AS u(part, top, lo, bound)) AS t
+    LEFT JOIN outbox_walk_marks AS o ON o.partition = t.part
+    CROSS JOIN LATERAL (
+        SELECT coalesce(jsonb_object_agg(x.vxid, x.low), '{}') AS writers, min(x.low) AS low FROM (
+            SELECT w.key AS vxid,
+                   CASE WHEN w.value::boolean OR o.seen > sample_seq THEN 0
+                        ELSE coalesce((o.writers ->> w.key)::bigint, o.seen, 0) END AS low
+            FROM jsonb_each(coalesce(sample_writers, '{}')) AS w) AS x) AS nw
+    WHERE sampled OR o.partition IS NULL OR t.mark <> o.walked_to OR (t.lo = 0 AND o.full_at < now() - interval '1 minute')
+    ON CONFLICT (partition) DO UPDATE
+        SET walked_to = EXCLUDED.walked_to, seen = EXCLUDED.seen, writers = EXCLUDED.writers,
+            bound = EXCLUDED.bound, full_at = EXCLUDED.full_at;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION outbox_journal_rows(node text, partitions int[], up_to bigint[]) RETURNS bigint
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
@@ -81,6 +137,7 @@ DECLARE
     sample_writers jsonb;
     sampled boolean := false;
     safe boolean;
+    long_walk boolean;
 BEGIN
     SELECT coalesce(array_agg(l.partition), '{}') INTO held FROM (
         SELECT partition FROM ordo_leases
@@ -110,22 +167,8 @@ BEGIN
     -- or the read found a row at or below the mark unnumbered (a row made
     -- pending again by hand), or the sequence was set back below the
     -- mark's last sample (which voids the sample's bound too).
-    WITH gone AS (
-        DELETE FROM outbox_walk_resets AS x WHERE x.partition = ANY(held) RETURNING x.partition, x.seq
-    ), g AS (
-        SELECT gone.partition, min(gone.seq) - 1 AS lo FROM gone GROUP BY gone.partition
-    )
-    SELECT array_agg(u.part ORDER BY u.part), array_agg(u.top ORDER BY u.part),
-           array_agg(CASE WHEN mk.partition IS NULL OR mk.full_at < now() - interval '1 minute' OR u.top <= mk.walked_to
-                               OR mk.seen > sample_seq THEN 0
-                          ELSE greatest(least(mk.walked_to, coalesce(g.lo, mk.walked_to)), 0) END ORDER BY u.part),
-           array_agg(CASE WHEN safe AND NOT mk.seen > sample_seq THEN mk.bound END ORDER BY u.part)
-    INTO walk_parts, walk_tops, walk_los, mark_bounds
-    FROM (SELECT v.part, max(coalesce(v.top, 9223372036854775807)) AS top
-          FROM unnest(partitions, up_to) AS v(part, top)
-          WHERE v.part = ANY(held) GROUP BY v.part) AS u
-    LEFT JOIN outbox_walk_marks AS mk ON mk.partition = u.part
-    LEFT JOIN g ON g.partition = u.part;
+    SELECT w.parts, w.tops, w.los, w.bounds, w.long_walk INTO walk_parts, walk_tops, walk_los, mark_bounds, long_walk
+    FROM outbox_walk_starts(held, partitions, up_to, sample_seq, safe) AS w;
     -- Each partition walked by a range scan of its own, unless
     -- outbox_pending_by_partition is there and the outbox has statistics:
     -- that index covers the parked and held rows too, and beside a sparse
@@ -386,7 +429,7 @@ BEGIN
     -- transaction or without a previous sample. A walk that begins after
     -- the sample sees every row at or below the lowest of the sample's
     -- value and its writers' bounds (the mark's bound).
-    IF safe AND (total > 64 OR EXISTS (SELECT 1 FROM unnest(walk_tops, walk_los) AS t(top, lo) WHERE t.top - t.lo > 8192)) THEN
+    IF safe AND (total > 64 OR long_walk) THEN
         sample_seq := coalesce(pg_sequence_last_value(pg_get_serial_sequence('outbox', 'seq')::regclass), 0);
         SELECT coalesce(jsonb_object_agg(w.vxid, w.prepared), '{}') INTO sample_writers FROM (
             SELECT l.virtualtransaction AS vxid, bool_or(l.pid IS NULL) AS prepared FROM pg_locks AS l
@@ -399,27 +442,10 @@ BEGIN
     END IF;
     -- The marks: this walk began after the partition's last sample, so
     -- it saw every row at or below that sample's bound and its own top.
-    -- Written when a mark moves, a sample is taken, or the partition was
-    -- walked from its first row.
-    INSERT INTO outbox_walk_marks AS mk (partition, walked_to, seen, writers, bound, full_at)
-    SELECT t.part, t.mark,
-           CASE WHEN sampled THEN sample_seq ELSE o.seen END,
-           CASE WHEN sampled THEN nw.writers ELSE o.writers END,
-           CASE WHEN sampled THEN least(sample_seq, nw.low) ELSE o.bound END,
-           CASE WHEN t.lo = 0 THEN now() ELSE o.full_at END
-    FROM (SELECT u.part, u.lo, CASE WHEN u.bound IS NULL THEN u.lo ELSE greatest(u.lo, least(u.top, u.bound)) END AS mark
-          FROM unnest(walk_parts, walk_tops, walk_los, mark_bounds) AS u(part, top, lo, bound)) AS t
-    LEFT JOIN outbox_walk_marks AS o ON o.partition = t.part
-    CROSS JOIN LATERAL (
-        SELECT coalesce(jsonb_object_agg(x.vxid, x.low), '{}') AS writers, min(x.low) AS low FROM (
-            SELECT w.key AS vxid,
-                   CASE WHEN w.value::boolean OR o.seen > sample_seq THEN 0
-                        ELSE coalesce((o.writers ->> w.key)::bigint, o.seen, 0) END AS low
-            FROM jsonb_each(coalesce(sample_writers, '{}')) AS w) AS x) AS nw
-    WHERE sampled OR t.lo = 0 OR o.partition IS NULL OR t.mark <> o.walked_to
-    ON CONFLICT (partition) DO UPDATE
-        SET walked_to = EXCLUDED.walked_to, seen = EXCLUDED.seen, writers = EXCLUDED.writers,
-            bound = EXCLUDED.bound, full_at = EXCLUDED.full_at;
+    -- Written when a mark moves or a sample is taken, and when the
+    -- partition was walked from its first row because the last such walk
+    -- was a minute old.
+    PERFORM outbox_walk_mark(walk_parts, walk_tops, walk_los, mark_bounds, sampled, sample_seq, sample_writers);
     RETURN total;
 END
 $$;
