@@ -13,8 +13,9 @@
 -- saw every such row. It is found from the writers of the outbox: a
 -- transaction takes its RowExclusiveLock on the outbox before its INSERT
 -- draws a seq, so one that holds no such lock when the sequence's value
--- is L can only draw seqs above L. A call that numbered more than 64
--- rows, or had more than 8,192 seqs to walk, samples after its walk the
+-- is L can only draw seqs above L. A call that numbered more than 16
+-- rows a partition, or had more than 65,536 seqs to walk in one,
+-- samples after its walk the
 -- sequence's value, then the transactions that hold such a lock
 -- (pg_locks), and keeps both in each of its partitions' marks: a writer
 -- the partition's previous sample did not see began writing after it,
@@ -88,7 +89,7 @@ BEGIN
           WHERE v.part = ANY(held) GROUP BY v.part) AS u
     LEFT JOIN outbox_walk_marks AS mk ON mk.partition = u.part
     LEFT JOIN g ON g.partition = u.part;
-    long_walk := EXISTS (SELECT 1 FROM unnest(tops, los) AS t(top, lo) WHERE t.top - t.lo > 8192);
+    long_walk := EXISTS (SELECT 1 FROM unnest(tops, los) AS t(top, lo) WHERE t.top - t.lo > 65536);
 END
 $$;
 
@@ -420,8 +421,8 @@ BEGIN
         total := total + parked;
     END IF;
     -- A sample of the outbox's writers, for the walks after this one,
-    -- when this call numbered more than 64 rows or had more than 8,192
-    -- seqs to walk: the sequence's value, then the transactions that hold
+    -- when this call numbered more than 16 rows a partition or had more
+    -- than 65,536 seqs to walk in one: the sequence's value, then the transactions that hold
     -- a lock on the outbox that lets them insert (one that takes such a
     -- lock after the sample draws seqs above that value). Each writer's
     -- bound: kept from the partition's previous sample, or that sample's
@@ -429,7 +430,7 @@ BEGIN
     -- transaction or without a previous sample. A walk that begins after
     -- the sample sees every row at or below the lowest of the sample's
     -- value and its writers' bounds (the mark's bound).
-    IF safe AND (total > 64 OR long_walk) THEN
+    IF safe AND (total > 16 * cardinality(walk_parts) OR long_walk) THEN
         sample_seq := coalesce(pg_sequence_last_value(pg_get_serial_sequence('outbox', 'seq')::regclass), 0);
         SELECT coalesce(jsonb_object_agg(w.vxid, w.prepared), '{}') INTO sample_writers FROM (
             SELECT l.virtualtransaction AS vxid, bool_or(l.pid IS NULL) AS prepared FROM pg_locks AS l

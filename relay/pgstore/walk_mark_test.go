@@ -19,7 +19,8 @@ import (
 
 // sampleRead inserts 70 rows of key "bulk-<p>" in partition p and reads
 // them (a page above the rows before): the numbering call numbers more
-// than 64 rows, so it samples the outbox's writers after its walk.
+// than 16 rows a partition, so it samples the outbox's writers after its
+// walk.
 func sampleRead(t *testing.T, h *pgHarness, p int) {
 	t.Helper()
 	var top int64
