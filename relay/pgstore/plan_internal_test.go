@@ -549,6 +549,35 @@ func explainingConn(t *testing.T, ctx context.Context, pool *pgxpool.Pool) (*pgx
 	}
 }
 
+// hotKeyBacklog is planDBPending without the key_seq trigger, holding
+// 20,000 pending rows of one key in partition 1, analyzed; it returns
+// their first seq.
+func hotKeyBacklog(t *testing.T, pendingIndex bool) (*pgxpool.Pool, context.Context, int64) {
+	t.Helper()
+	pool, ctx := planDBPending(t, pendingIndex)
+	exec(t, pool, `DROP TRIGGER outbox_assign_key_seq ON outbox`)
+	exec(t, pool, `INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload)
+SELECT gen_random_uuid(), 1, 'hot', 'ex', 'rk', 't', jsonb_build_object('pad', repeat('x', 250)) FROM generate_series(1, 20000)`)
+	exec(t, pool, `ANALYZE outbox`)
+	var first int64
+	if err := pool.QueryRow(ctx, `SELECT min(seq) FROM outbox`).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	return pool, ctx, first
+}
+
+// numberTo numbers partition 1's rows up to seq top on q and checks that
+// it numbered want.
+func numberTo(t *testing.T, ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, top, want int64) {
+	t.Helper()
+	var n int64
+	if err := q.QueryRow(ctx, sqlJournalRows, "n1", []int32{1}, []int64{top}).Scan(&n); err != nil || n != want {
+		t.Fatalf("numbered %d rows (%v), want %d", n, err, want)
+	}
+}
+
 // TestNumberingReadsOnlyWhatItWalks: the owner's numbering of a page of
 // one key's backlog reads, from the outbox and from the journal, the rows
 // it walks (the partition's ready rows up to the page) and no others,
@@ -565,21 +594,10 @@ func TestNumberingReadsOnlyWhatItWalks(t *testing.T) {
 }
 
 func numberingReadsOnlyWhatItWalks(t *testing.T, pendingIndex bool) {
-	const backlog, numbered, page = 20000, 5000, 512
-	pool, ctx := planDBPending(t, pendingIndex)
-	exec(t, pool, `DROP TRIGGER outbox_assign_key_seq ON outbox`)
-	exec(t, pool, fmt.Sprintf(`INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload)
-SELECT gen_random_uuid(), 1, 'hot', 'ex', 'rk', 't', jsonb_build_object('pad', repeat('x', 250)) FROM generate_series(1, %d)`, backlog))
-	exec(t, pool, `ANALYZE outbox`)
-	var first int64
-	if err := pool.QueryRow(ctx, `SELECT min(seq) FROM outbox`).Scan(&first); err != nil {
-		t.Fatal(err)
-	}
+	const numbered, page = 5000, 512
+	pool, ctx, first := hotKeyBacklog(t, pendingIndex)
 	// The rows a relay has read ahead: numbered, not yet marked.
-	var n int64
-	if err := pool.QueryRow(ctx, sqlJournalRows, "n1", []int32{1}, []int64{first + numbered - 1}).Scan(&n); err != nil || n != numbered {
-		t.Fatalf("numbered %d rows (%v), want %d", n, err, numbered)
-	}
+	numberTo(t, ctx, pool, first+numbered-1, numbered)
 	exec(t, pool, `ANALYZE outbox, outbox_numbers`) // as autovacuum would, in a drain
 	exec(t, pool, `WITH done AS (
     INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload, processed_at)
@@ -594,9 +612,7 @@ INSERT INTO outbox_numbers (id, partition, correlation_id, key_seq) SELECT id, p
 		}
 		conn, notices := explainingConn(t, ctx, pool)
 		walked += page
-		if err := conn.QueryRow(ctx, sqlJournalRows, "n1", []int32{1}, []int64{first + walked - 1}).Scan(&n); err != nil || n != page {
-			t.Fatalf("numbered %d rows (%v), want %d", n, err, page)
-		}
+		numberTo(t, ctx, conn, first+walked-1, page)
 		if wrong := widestScan(notices(), walked); wrong != "" {
 			t.Fatalf("analyzed %v: the numbering of %d rows (it walks %d): %s", analyzed, page, walked, wrong)
 		}
@@ -616,27 +632,12 @@ func TestNumberingWalksFromItsMark(t *testing.T) {
 }
 
 func numberingWalksFromItsMark(t *testing.T, pendingIndex bool) {
-	const backlog, numbered, page = 20000, 5000, 512
-	pool, ctx := planDBPending(t, pendingIndex)
-	exec(t, pool, `DROP TRIGGER outbox_assign_key_seq ON outbox`)
-	exec(t, pool, fmt.Sprintf(`INSERT INTO outbox (id, partition, correlation_id, exchange, routing_key, type, payload)
-SELECT gen_random_uuid(), 1, 'hot', 'ex', 'rk', 't', jsonb_build_object('pad', repeat('x', 250)) FROM generate_series(1, %d)`, backlog))
-	exec(t, pool, `ANALYZE outbox`)
-	var first int64
-	if err := pool.QueryRow(ctx, `SELECT min(seq) FROM outbox`).Scan(&first); err != nil {
-		t.Fatal(err)
-	}
-	var n int64
-	if err := pool.QueryRow(ctx, sqlJournalRows, "n1", []int32{1}, []int64{first + numbered - 1}).Scan(&n); err != nil || n != numbered {
-		t.Fatalf("numbered %d rows (%v), want %d", n, err, numbered)
-	}
-	if err := pool.QueryRow(ctx, sqlJournalRows, "n1", []int32{1}, []int64{first + numbered + page - 1}).Scan(&n); err != nil || n != page {
-		t.Fatalf("numbered %d rows (%v), want %d", n, err, page)
-	}
+	const numbered, page = 5000, 512
+	pool, ctx, first := hotKeyBacklog(t, pendingIndex)
+	numberTo(t, ctx, pool, first+numbered-1, numbered)
+	numberTo(t, ctx, pool, first+numbered+page-1, page)
 	conn, notices := explainingConn(t, ctx, pool)
-	if err := conn.QueryRow(ctx, sqlJournalRows, "n1", []int32{1}, []int64{first + numbered + 2*page - 1}).Scan(&n); err != nil || n != page {
-		t.Fatalf("numbered %d rows (%v), want %d", n, err, page)
-	}
+	numberTo(t, ctx, conn, first+numbered+2*page-1, page)
 	if wrong := widestScan(notices(), page); wrong != "" {
 		t.Fatalf("the numbering of the %d rows after %d numbered: %s", page, numbered+page, wrong)
 	}
