@@ -139,6 +139,7 @@ DECLARE
     sampled boolean := false;
     safe boolean;
     long_walk boolean;
+    seq_of regclass := pg_get_serial_sequence('outbox', 'seq')::regclass;
 BEGIN
     SELECT coalesce(array_agg(l.partition), '{}') INTO held FROM (
         SELECT partition FROM ordo_leases
@@ -158,8 +159,8 @@ BEGIN
     -- drew before a sample).
     safe := current_setting('transaction_isolation') = 'read committed'
         AND (SELECT s.seqcache FROM pg_sequence AS s
-             WHERE s.seqrelid = pg_get_serial_sequence('outbox', 'seq')::regclass) = 1;
-    sample_seq := coalesce(pg_sequence_last_value(pg_get_serial_sequence('outbox', 'seq')::regclass), 0);
+             WHERE s.seqrelid = seq_of) = 1;
+    sample_seq := coalesce(pg_sequence_last_value(seq_of), 0);
     -- Where each partition's walk starts: above its mark, or below the
     -- lowest row made pending again since (taken from outbox_walk_resets
     -- in a statement of its own, before the walk's: a reset committed
@@ -431,7 +432,7 @@ BEGIN
     -- the sample sees every row at or below the lowest of the sample's
     -- value and its writers' bounds (the mark's bound).
     IF safe AND (total > 16 * cardinality(walk_parts) OR long_walk) THEN
-        sample_seq := coalesce(pg_sequence_last_value(pg_get_serial_sequence('outbox', 'seq')::regclass), 0);
+        sample_seq := coalesce(pg_sequence_last_value(seq_of), 0);
         SELECT coalesce(jsonb_object_agg(w.vxid, w.prepared), '{}') INTO sample_writers FROM (
             SELECT l.virtualtransaction AS vxid, bool_or(l.pid IS NULL) AS prepared FROM pg_locks AS l
             WHERE l.locktype = 'relation' AND l.relation = 'outbox'::regclass
