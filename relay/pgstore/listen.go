@@ -44,10 +44,21 @@ const (
 // drawn by then has committed or rolled back, and any later draw moves the
 // sequence. The identity must keep CACHE 1 (a cached draw does not move
 // last_value).
+//
+// The trigger can go while Listen runs (outbox.DropKeySeqTrigger with the
+// nodes up): from then on no producer notifies or takes an arm's lock, so
+// a partition armed under the trigger would wait for the relay's poll
+// (PollInterval, a second by default) for every commit. While it has
+// partitions armed without the watch, Listen looks for the trigger every
+// triggerCheck; once it is gone it disarms and wakes them all, as when the
+// sequence moved, and the relay arms them again under the watch.
 const (
-	watchTick   = 2 * time.Millisecond
-	sqlArmState = `
-SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'outbox_assign_key_seq' AND tgrelid = 'outbox'::regclass),
+	watchTick     = 2 * time.Millisecond
+	triggerCheck  = 200 * time.Millisecond
+	sqlTrigger    = `EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'outbox_assign_key_seq' AND tgrelid = 'outbox'::regclass)`
+	sqlHasTrigger = `SELECT ` + sqlTrigger
+	sqlArmState   = `
+SELECT ` + sqlTrigger + `,
        (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM outbox_seq_seq),
        EXISTS (SELECT 1 FROM pg_locks
                WHERE locktype = 'relation' AND relation = 'outbox'::regclass AND mode = 'RowExclusiveLock'
@@ -169,8 +180,12 @@ func (s *Store) listenOnce(ctx context.Context, wake func(int), down *outage.Log
 	var w watch
 	for {
 		tick := time.Duration(0)
-		if w.on && len(armed) > 0 {
+		switch {
+		case len(armed) == 0:
+		case w.on:
 			tick = cmp.Or(s.watchTick, watchTick)
+		default:
+			tick = triggerCheck
 		}
 		n, req, err := s.next(ctx, conn, tick)
 		if req != nil {
@@ -179,7 +194,12 @@ func (s *Store) listenOnce(ctx context.Context, wake func(int), down *outage.Log
 			}
 		}
 		if errors.Is(err, errTick) {
-			if err := s.watchSeq(ctx, conn, armed, &w, wake); err != nil {
+			if w.on {
+				err = s.watchSeq(ctx, conn, armed, &w, wake)
+			} else {
+				err = checkTrigger(ctx, conn, armed, wake)
+			}
+			if err != nil {
 				return true, err
 			}
 			continue
@@ -222,6 +242,26 @@ func (s *Store) watchSeq(ctx context.Context, conn *pgx.Conn, armed map[int]bool
 		return nil
 	}
 	w.last = v
+	return wakeArmed(ctx, conn, armed, wake)
+}
+
+// checkTrigger looks whether the key_seq trigger is still there and, if it
+// is gone, disarms and wakes every armed partition (see triggerCheck).
+func checkTrigger(ctx context.Context, conn *pgx.Conn, armed map[int]bool, wake func(int)) error {
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var trigger bool
+	if err := conn.QueryRow(qctx, sqlHasTrigger).Scan(&trigger); err != nil {
+		return fmt.Errorf("look for the key_seq trigger: %w", err)
+	}
+	if trigger {
+		return nil
+	}
+	return wakeArmed(ctx, conn, armed, wake)
+}
+
+// wakeArmed disarms and wakes every armed partition.
+func wakeArmed(ctx context.Context, conn *pgx.Conn, armed map[int]bool, wake func(int)) error {
 	parts := make([]int32, 0, len(armed))
 	for p := range armed {
 		parts = append(parts, int32(p))

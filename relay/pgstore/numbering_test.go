@@ -679,3 +679,73 @@ func TestArmWaitsForOpenProducers(t *testing.T) {
 		t.Fatal("no wake-up after an insert into an armed partition")
 	}
 }
+
+// TestArmedPartitionsWokenOnceTheTriggerIsDropped: a partition armed
+// while the key_seq trigger is installed is woken by the trigger's
+// notification. Once the trigger is dropped with Listen running, no
+// producer notifies: Listen finds the trigger gone and wakes the
+// partitions it armed under it, and an arm after that watches the
+// sequence, so the next insert wakes its partition too.
+func TestArmedPartitionsWokenOnceTheTriggerIsDropped(t *testing.T) {
+	testkit.RequirePostgres(t)
+	h := newHarness(t, true)
+	ctx, cancel := context.WithCancel(testkit.Context(t, 60*time.Second))
+	woke := make(chan int, 64)
+	done := make(chan error, 1)
+	go func() {
+		done <- h.store.Listen(ctx, func(p int) {
+			select {
+			case woke <- p:
+			default:
+			}
+		})
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Listen: %v", err)
+		}
+	}()
+	arm := func() {
+		t.Helper()
+		var got []int
+		var err error
+		testkit.WaitFor(t, 10*time.Second, "Listen connected", func() bool {
+			got, err = h.store.Arm(testkit.Context(t, 10*time.Second), []int{1})
+			return !errors.Is(err, pgstore.ErrNotListening)
+		})
+		if err != nil || len(got) != 1 {
+			t.Fatalf("Arm: %v, %v; want [1]", got, err)
+		}
+		for len(woke) > 0 {
+			<-woke // Listen's connect
+		}
+	}
+	wokeUp := func(what string) {
+		t.Helper()
+		began := time.Now()
+		select {
+		case p := <-woke:
+			if p != 1 {
+				t.Fatalf("woke %d; want 1", p)
+			}
+			t.Logf("%s: woken after %v", what, time.Since(began))
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: partition 1 not woken", what)
+		}
+	}
+	arm()
+	h.Insert(t, 1, "a")
+	wokeUp("an insert under the trigger")
+
+	arm()
+	if err := outbox.DropKeySeqTrigger(testkit.Context(t, 30*time.Second), h.pool); err != nil {
+		t.Fatal(err)
+	}
+	h.Insert(t, 1, "b")
+	wokeUp("an insert after the trigger was dropped")
+
+	arm()
+	h.Insert(t, 1, "c")
+	wokeUp("an insert into a partition armed again")
+}
