@@ -179,7 +179,7 @@ func TestScenarioTakesOnlyItsFlags(t *testing.T) {
 	}{
 		{"drain", join(backlog, []string{"-analyze=false", "-nodes", "1,2", "-lean", "-wal-inspect"}), "-rate", "latency"},
 		{"outage", join(keyed, []string{"-before", "1s", "-outage", "2s"}), "-rows", "drain"},
-		{"latency", join(keyed, []string{"-duration", "5s", "-warmup", "1s"}), "-nodes", "drain"},
+		{"latency", join(keyed, []string{"-duration", "5s", "-warmup", "1s", "-lean"}), "-nodes", "drain"},
 		{"broker", join(backlog, []string{"-broker-window", "8"}), "-workers", "latency"},
 		{"classic", join(backlog, polling, []string{"-analyze", "-instances", "1"}), "-nodes", "drain"},
 		{"classic-latency", join(keyed, polling, []string{"-duration", "5s", "-warmup", "1s", "-instances", "2"}), "-rows", "broker"},

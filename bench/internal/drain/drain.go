@@ -14,7 +14,6 @@ import (
 
 	"github.com/ordo-relay/ordo/bench/internal/harness"
 	"github.com/ordo-relay/ordo/bench/internal/result"
-	"github.com/ordo-relay/ordo/outbox"
 )
 
 // Options are drain's: a backlog drained by each count of -nodes.
@@ -225,11 +224,7 @@ func Backlog(ctx context.Context, o measure.Common, spec measure.SystemSpec, pla
 	fmt.Printf("%s ready in %v\n", spec, ready.Round(time.Millisecond))
 	if plan.Lean {
 		res.Param("lean", true)
-		err := harness.WaitUntil(ctx, 30*time.Second, 50*time.Millisecond, "the key_seq trigger dropped", func() (bool, error) {
-			err := outbox.DropKeySeqTrigger(ctx, r.Pool)
-			return err == nil, nil
-		})
-		if err != nil {
+		if err := measure.DropKeySeqTrigger(ctx, r); err != nil {
 			return nil, costs, err
 		}
 	}

@@ -2,8 +2,10 @@ package measure
 
 import (
 	"context"
+	"time"
 
 	"github.com/ordo-relay/ordo/bench/internal/harness"
+	"github.com/ordo-relay/ordo/outbox"
 )
 
 // Harness returns the options the harness needs.
@@ -37,4 +39,15 @@ func StartRigConsumer(ctx context.Context, r *harness.Rig, durable bool) (*Consu
 	}
 	r.OnClose("stop consumer", func(context.Context) error { return c.Close() })
 	return c, nil
+}
+
+// DropKeySeqTrigger drops the producers' key_seq trigger on r's database
+// once the nodes run (outbox.DropKeySeqTrigger, which refuses while a
+// node holding a lease has not recorded that it numbers rows), trying for
+// up to 30 s: the rows then arrive without key_seq and the partition
+// owners number them.
+func DropKeySeqTrigger(ctx context.Context, r *harness.Rig) error {
+	return harness.WaitUntil(ctx, 30*time.Second, 50*time.Millisecond, "the key_seq trigger dropped", func() (bool, error) {
+		return outbox.DropKeySeqTrigger(ctx, r.Pool) == nil, nil
+	})
 }

@@ -18,6 +18,7 @@ type LatencyOptions struct {
 	measure.KeyedTraffic
 	Duration time.Duration // how long producers run
 	Warmup   time.Duration // commits in this first part are not measured
+	Lean     bool          // the producers' key_seq trigger dropped once the node runs (Ordo's runs)
 }
 
 func DefaultLatencyOptions() LatencyOptions {
@@ -25,6 +26,12 @@ func DefaultLatencyOptions() LatencyOptions {
 }
 
 func (o *LatencyOptions) AddFlags(fs *flag.FlagSet) {
+	o.addSteadyFlags(fs)
+	fs.BoolVar(&o.Lean, "lean", o.Lean, "drop the producers' key_seq trigger once the node runs (outbox.DropKeySeqTrigger): the rows arrive without key_seq and the partition owner numbers them")
+}
+
+// addSteadyFlags adds the flags latency shares with classic-latency.
+func (o *LatencyOptions) addSteadyFlags(fs *flag.FlagSet) {
 	o.KeyedTraffic.AddFlags(fs)
 	fs.DurationVar(&o.Duration, "duration", o.Duration, "how long producers run")
 	WarmupVar(fs, &o.Warmup)
@@ -58,7 +65,7 @@ func DefaultClassicLatencyOptions() ClassicLatencyOptions {
 }
 
 func (o *ClassicLatencyOptions) AddFlags(fs *flag.FlagSet) {
-	o.LatencyOptions.AddFlags(fs)
+	o.addSteadyFlags(fs)
 	o.ClassicPolling.AddFlags(fs)
 	measure.CountsVar(fs, "instances", &o.Instances, "classic instances: the first of these comma-separated counts")
 }
@@ -129,6 +136,12 @@ func LatencyOnce(ctx context.Context, o LatencyOptions, spec measure.SystemSpec)
 	sys, err := spec.Start(ctx, r)
 	if err != nil {
 		return nil, err
+	}
+	if o.Lean && !spec.Classic {
+		res.Param("lean", true)
+		if err := measure.DropKeySeqTrigger(ctx, r); err != nil {
+			return nil, err
+		}
 	}
 	p, err := measure.NewProducer(measure.ProducerConfig{Rate: rate, Workers: o.Workers, Keys: keys, Payload: o.Payload, Exchange: r.Exchange}, r.Pool, o.Partitions)
 	if err != nil {
