@@ -34,3 +34,25 @@ func TestListenReachesASlowServer(t *testing.T) {
 	testkit.WaitFor(t, 30*time.Second, "Listen connected", s.listening.Load)
 	t.Logf("listening %v after the start", time.Since(began))
 }
+
+// TestWatchSlowsWhileTheSequenceIsStill: the sequence is looked at every
+// base while commits come, and less often the longer it has been still,
+// up to watchIdleTick; a base longer than that is kept.
+func TestWatchSlowsWhileTheSequenceIsStill(t *testing.T) {
+	now := time.Now()
+	for _, tc := range []struct {
+		still, base, want time.Duration
+	}{
+		{0, watchTick, watchTick},
+		{50 * time.Millisecond, watchTick, watchTick},
+		{100 * time.Millisecond, watchTick, 4 * time.Millisecond},
+		{250 * time.Millisecond, watchTick, watchIdleTick},
+		{time.Hour, watchTick, watchIdleTick},
+		{time.Hour, 50 * time.Millisecond, 50 * time.Millisecond},
+	} {
+		w := watch{on: true, moved: now.Add(-tc.still)}
+		if got := w.tick(now, tc.base); got != tc.want {
+			t.Errorf("still for %v, base %v: tick %v, want %v", tc.still, tc.base, got, tc.want)
+		}
+	}
+}
