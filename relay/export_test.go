@@ -8,3 +8,10 @@ func (r *Relay) ReadWaits() int64 {
 	defer r.mu.Unlock()
 	return r.wake.readWaits
 }
+
+// RefusedArms returns how many arms in a row left a partition unarmed.
+func (r *Relay) RefusedArms() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.wake.refused
+}

@@ -200,8 +200,11 @@ func TestCoreRefusedArmIsTriedAgainSoon(t *testing.T) {
 		}
 		return true
 	})
+	// Each refusal brings the next try closer (pollGapLocked).
+	testkit.WaitFor(t, waitTimeout, "refused arms counted", func() bool { return c.r.RefusedArms() > 0 })
 	c.store.RefuseArm(2, false) // the producer's transaction ended
 	testkit.WaitFor(t, waitTimeout, "partition 2 armed once it may be", c.allArmed)
+	testkit.WaitFor(t, waitTimeout, "the count of refusals reset", func() bool { return c.r.RefusedArms() == 0 })
 	id := c.store.Insert(2, "later")[0]
 	testkit.WaitFor(t, waitTimeout, "the commit after the arm delivered", func() bool { return c.delivered(id) })
 }
