@@ -183,7 +183,7 @@ func TestScenarioTakesOnlyItsFlags(t *testing.T) {
 		{"broker", join(backlog, []string{"-broker-window", "8"}), "-workers", "latency"},
 		{"classic", join(backlog, polling, []string{"-analyze", "-instances", "1"}), "-nodes", "drain"},
 		{"classic-latency", join(keyed, polling, []string{"-duration", "5s", "-warmup", "1s", "-instances", "2"}), "-rows", "broker"},
-		{"orders", []string{"-rate", "100", "-orders-workers", "4", "-duration", "5s", "-warmup", "1s", "-orders-api-conns", "4"}, "-nodes", "drain"},
+		{"orders", []string{"-rate", "100", "-orders-workers", "4", "-duration", "5s", "-warmup", "1s", "-orders-api-conns", "4", "-lean"}, "-nodes", "drain"},
 		{"race", join(traffic, polling, []string{"-orders", "10", "-race-instances", "1", "-race-nodes", "1"}), "-keys", "drain"},
 		{"failover", join(keyed, []string{"-reps", "1", "-failover-target", "2s"}), "-join-target", "join"},
 		{"join", join(keyed, []string{"-reps", "1", "-join-target", "2s"}), "-failover-target", "failover"},

@@ -29,6 +29,7 @@ type OrdersOptions struct {
 	Duration time.Duration // how long orders are placed
 	Warmup   time.Duration // orders placed in this first part are not measured
 	APIConns int           // the order API's pool (ORDO_DB_MAX_CONNS)
+	Lean     bool          // the producers' key_seq trigger dropped once the node runs
 }
 
 func DefaultOrdersOptions() OrdersOptions {
@@ -41,6 +42,7 @@ func (o *OrdersOptions) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Duration, "duration", o.Duration, "how long orders are placed")
 	WarmupVar(fs, &o.Warmup)
 	fs.IntVar(&o.APIConns, "orders-api-conns", o.APIConns, "the order API's PostgreSQL pool (ORDO_DB_MAX_CONNS)")
+	fs.BoolVar(&o.Lean, "lean", o.Lean, "drop the producers' key_seq trigger once the node runs (outbox.DropKeySeqTrigger): the order API's rows arrive without key_seq and the partition owner numbers them")
 }
 
 func (o OrdersOptions) Validate() error {
@@ -99,6 +101,12 @@ func RunOrders(ctx context.Context, o OrdersOptions, emit func(*result.Result)) 
 	}
 	if err := node.WaitReady(ctx, o.Timeout); err != nil {
 		return err
+	}
+	if o.Lean {
+		res.Param("lean", true)
+		if err := measure.DropKeySeqTrigger(ctx, r); err != nil {
+			return err
+		}
 	}
 	api, err := r.StartOrderAPI(ctx, "orderapi", r.DBURL, r.Exchange, fmt.Sprintf("ORDO_DB_MAX_CONNS=%d", o.APIConns))
 	if err != nil {
