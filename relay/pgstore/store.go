@@ -84,7 +84,8 @@ func (s *Store) PeekPending(ctx context.Context, c relay.Cursor, limit int) ([]r
 // readPending runs query, sqlReadPending or sqlPeekPending. If rows come
 // without key_seq, it numbers their partitions' rows up to them in the
 // journal (sqlJournalRows, fenced by the leases, committed before
-// anything is returned) and reads again; a row still unnumbered then (its partition
+// anything is returned) and reads again, the two in one round trip; a row
+// still unnumbered then (its partition
 // is no longer held here) is left out. Rows behind a parked row of their
 // key it holds out of later reads (sqlHoldBehindParked), and returns them,
 // and the rows of the page that hold held too, marked BehindParked.
@@ -132,10 +133,24 @@ func (s *Store) numbered(ctx context.Context, conn *pgx.Conn, query string, part
 	for p, seq := range upTo {
 		numParts, numUpTo = append(numParts, p), append(numUpTo, seq)
 	}
-	if _, err := conn.Exec(ctx, sqlJournalRows, planFresh, s.node, numParts, numUpTo); err != nil {
+	// The numbering and the second read go in one round trip, one
+	// implicit transaction: the read sees the numbers, and its rows are
+	// returned only once the batch's end has committed them.
+	b := &pgx.Batch{}
+	b.Queue(sqlJournalRows, s.node, numParts, numUpTo)
+	b.Queue(query, parts, after, limit)
+	br := conn.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		br.Close()
 		return nil, nil, fmt.Errorf("read pending rows: number the rows of %d partition(s): %w", len(numParts), err)
 	}
-	out, unnumbered, behind, err = s.readRows(ctx, conn, query, parts, after, limit)
+	rows, err := br.Query()
+	if err == nil {
+		out, unnumbered, behind, err = s.scanRead(rows)
+	}
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("read pending rows: commit the numbers of %d partition(s): %w", len(numParts), cerr)
+	}
 	if err != nil || len(unnumbered) == 0 {
 		return out, behind, err
 	}
@@ -187,6 +202,12 @@ func (s *Store) readRows(ctx context.Context, conn *pgx.Conn, query string, part
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("read pending rows: %w", err)
 	}
+	return s.scanRead(rows)
+}
+
+// scanRead takes in the rows of a read (sqlReadPending or
+// sqlPeekPending): see readRows.
+func (s *Store) scanRead(rows pgx.Rows) (out, unnumbered []relay.Row, behind map[uuid.UUID]int64, err error) {
 	out = make([]relay.Row, 0, min(s.lastRead.Load(), maxReadHint))
 	out, err = pgx.AppendRows(out, rows, func(r pgx.CollectableRow) (relay.Row, error) {
 		var x relay.Row
