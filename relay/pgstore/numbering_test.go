@@ -620,15 +620,13 @@ func TestDropKeySeqTriggerWaitsForOldNodes(t *testing.T) {
 	}
 }
 
-// TestArmWaitsForOpenProducers: without the trigger, an arm succeeds only
-// once no producer's transaction that wrote to the outbox is open (its
-// row, committed after the relay's last read, would wake nobody), and an
-// armed partition is woken by the next insert, which moves the sequence.
-func TestArmWaitsForOpenProducers(t *testing.T) {
-	testkit.RequirePostgres(t)
-	h := newHarness(t, false)
+// listening runs h's Listen until the test ends and returns its wake-ups
+// (partitions; -1 for a connect) and an arm of partition 1, which waits
+// until Listen is connected.
+func listening(t *testing.T, h *pgHarness) (woke chan int, arm func() []int) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(testkit.Context(t, 60*time.Second))
-	woke := make(chan int, 64)
+	woke = make(chan int, 64)
 	done := make(chan error, 1)
 	go func() {
 		done <- h.store.Listen(ctx, func(p int) {
@@ -638,13 +636,13 @@ func TestArmWaitsForOpenProducers(t *testing.T) {
 			}
 		})
 	}()
-	defer func() {
+	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("Listen: %v", err)
 		}
-	}()
-	arm := func() []int {
+	})
+	arm = func() []int {
 		t.Helper()
 		var got []int
 		var err error
@@ -657,8 +655,41 @@ func TestArmWaitsForOpenProducers(t *testing.T) {
 		}
 		return got
 	}
+	return woke, arm
+}
+
+// wokenUp waits for partition 1's wake-up after what.
+func wokenUp(t *testing.T, woke chan int, what string) {
+	t.Helper()
+	began := time.Now()
+	select {
+	case p := <-woke:
+		if p != 1 {
+			t.Fatalf("%s: woke %d; want 1", what, p)
+		}
+		t.Logf("%s: woken after %v", what, time.Since(began))
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s: partition 1 not woken", what)
+	}
+}
+
+// drainWakes drops the wake-ups so far (Listen's connect).
+func drainWakes(woke chan int) {
+	for len(woke) > 0 {
+		<-woke
+	}
+}
+
+// TestArmWaitsForOpenProducers: without the trigger, an arm succeeds only
+// once no producer's transaction that wrote to the outbox is open (its
+// row, committed after the relay's last read, would wake nobody), and an
+// armed partition is woken by the next insert, which moves the sequence.
+func TestArmWaitsForOpenProducers(t *testing.T) {
+	testkit.RequirePostgres(t)
+	h := newHarness(t, false)
+	woke, arm := listening(t, h)
 	open := begin(t, h)
-	insertIn(t, ctx, open, 1, "a")
+	insertIn(t, testkit.Context(t, 30*time.Second), open, 1, "a")
 	if got := arm(); len(got) != 0 {
 		t.Fatalf("armed %v while a producer's transaction is open; want none", got)
 	}
@@ -666,18 +697,9 @@ func TestArmWaitsForOpenProducers(t *testing.T) {
 	if got := arm(); len(got) != 1 {
 		t.Fatalf("armed %v once the producer committed; want [1]", got)
 	}
-	for len(woke) > 0 {
-		<-woke // Listen's connect
-	}
+	drainWakes(woke)
 	h.Insert(t, 1, "b")
-	select {
-	case p := <-woke:
-		if p != 1 {
-			t.Fatalf("woke %d; want 1", p)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no wake-up after an insert into an armed partition")
-	}
+	wokenUp(t, woke, "an insert into an armed partition")
 }
 
 // TestArmedPartitionsWokenOnceTheTriggerIsDropped: a partition armed
@@ -689,63 +711,26 @@ func TestArmWaitsForOpenProducers(t *testing.T) {
 func TestArmedPartitionsWokenOnceTheTriggerIsDropped(t *testing.T) {
 	testkit.RequirePostgres(t)
 	h := newHarness(t, true)
-	ctx, cancel := context.WithCancel(testkit.Context(t, 60*time.Second))
-	woke := make(chan int, 64)
-	done := make(chan error, 1)
-	go func() {
-		done <- h.store.Listen(ctx, func(p int) {
-			select {
-			case woke <- p:
-			default:
-			}
-		})
-	}()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Listen: %v", err)
-		}
-	}()
-	arm := func() {
+	woke, arm := listening(t, h)
+	armed := func() {
 		t.Helper()
-		var got []int
-		var err error
-		testkit.WaitFor(t, 10*time.Second, "Listen connected", func() bool {
-			got, err = h.store.Arm(testkit.Context(t, 10*time.Second), []int{1})
-			return !errors.Is(err, pgstore.ErrNotListening)
-		})
-		if err != nil || len(got) != 1 {
-			t.Fatalf("Arm: %v, %v; want [1]", got, err)
+		if got := arm(); len(got) != 1 {
+			t.Fatalf("armed %v; want [1]", got)
 		}
-		for len(woke) > 0 {
-			<-woke // Listen's connect
-		}
+		drainWakes(woke)
 	}
-	wokeUp := func(what string) {
-		t.Helper()
-		began := time.Now()
-		select {
-		case p := <-woke:
-			if p != 1 {
-				t.Fatalf("woke %d; want 1", p)
-			}
-			t.Logf("%s: woken after %v", what, time.Since(began))
-		case <-time.After(30 * time.Second):
-			t.Fatalf("%s: partition 1 not woken", what)
-		}
-	}
-	arm()
+	armed()
 	h.Insert(t, 1, "a")
-	wokeUp("an insert under the trigger")
+	wokenUp(t, woke, "an insert under the trigger")
 
-	arm()
+	armed()
 	if err := outbox.DropKeySeqTrigger(testkit.Context(t, 30*time.Second), h.pool); err != nil {
 		t.Fatal(err)
 	}
 	h.Insert(t, 1, "b")
-	wokeUp("an insert after the trigger was dropped")
+	wokenUp(t, woke, "an insert after the trigger was dropped")
 
-	arm()
+	armed()
 	h.Insert(t, 1, "c")
-	wokeUp("an insert into a partition armed again")
+	wokenUp(t, woke, "an insert into a partition armed again")
 }
