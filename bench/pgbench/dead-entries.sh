@@ -18,8 +18,6 @@ here=$(cd "$(dirname "$0")" && pwd)
 mig=$here/../../outbox/migrations
 secs=$1; shift
 db=ordo_dead_entries
-pgbench=$(ls /usr/lib/postgresql/*/bin/pgbench 2>/dev/null | head -1)
-pgbench=${pgbench:-pgbench}
 psqlq() { PGOPTIONS="-c client_min_messages=warning" psql -h 127.0.0.1 -U postgres -X -q -v ON_ERROR_STOP=1 "$@"; }
 script=$(mktemp)
 trap 'rm -f "$script"; psqlq -d postgres -c "DROP DATABASE IF EXISTS $db" >/dev/null' EXIT
@@ -29,7 +27,7 @@ SELECT count(*) FROM (SELECT id FROM outbox AS x
     ORDER BY x.seq LIMIT 512) AS s;
 SQL
 latency() {
-	"$pgbench" -h 127.0.0.1 -U postgres -n -c 1 -T "$secs" -M prepared -f "$script" "$db" 2>&1 |
+	pgbench -h 127.0.0.1 -U postgres -n -c 1 -T "$secs" -M prepared -f "$script" "$db" 2>&1 |
 		sed -n 's/^latency average = \([0-9.]*\) ms$/\1/p'
 }
 for n in "$@"; do

@@ -85,8 +85,8 @@ func (s *Store) PeekPending(ctx context.Context, c relay.Cursor, limit int) ([]r
 // without key_seq, it numbers their partitions' rows up to them in the
 // journal (sqlJournalRows, fenced by the leases, committed before
 // anything is returned) and reads again, the two in one round trip; a row
-// still unnumbered then (its partition
-// is no longer held here) is left out. Rows behind a parked row of their
+// still unnumbered then (its partition is no longer held here) is left
+// out. Rows behind a parked row of their
 // key it holds out of later reads (sqlHoldBehindParked), and returns them,
 // and the rows of the page that hold held too, marked BehindParked.
 func (s *Store) readPending(ctx context.Context, query string, cursors []relay.Cursor, limit int) ([]relay.Row, error) {
